@@ -1,0 +1,44 @@
+//! peerlb: a self-balancing peer cluster node.
+//!
+//! N identical nodes run behind an L4 sprayer. Every node is both an *entry
+//! node* (it accepts client HTTP requests) and a *target* (it serves them
+//! with its local app). For each request the entry node decides the
+//! *owner* (consistent-hash ring fed by data-centric rules, a sticky route,
+//! or another balancing policy), serves it itself or forwards it to the
+//! owner over QUIC with mutual TLS, tagged as proxied, and streams the
+//! response back. Membership and health travel by chitchat gossip; a peer
+//! whose QUIC connection drops is ejected at once and its requests fail
+//! over to the next node on the ring.
+//!
+//! # Layout
+//!
+//! - [`config`]: `cluster.toml` model and validation into a [`NodeConfig`].
+//! - `engine/` (I/O-free, no clock, seeded randomness): `ring` (consistent
+//!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
+//!   (sticky route cookie / URL parameter), `balance` (policies),
+//!   `membership` (immutable [`MembershipView`]), `route` (the decision).
+//! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
+//!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
+//!   server and the request path), `app` (built-in and upstream app),
+//!   `tls` (cluster CA, node certificates, mutual TLS).
+//! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
+//! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
+//! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`).
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod adapters;
+pub mod config;
+mod engine;
+pub mod env;
+pub mod node;
+
+pub use adapters::tls;
+pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};
+pub use engine::balance::PolicyKind;
+pub use engine::membership::{Member, MembershipView, NodeId, NodeStatus};
+pub use engine::ring::Ring;
+pub use engine::route::{Decision, Reason, Router};
+pub use engine::rules::{RequestView, RuleSpec, Rules};
+pub use env::Env;
+pub use node::Node;

@@ -1,0 +1,12 @@
+//! Adapters: everything that does I/O. They own tasks, spans, timeouts and
+//! retries, translate I/O into engine values and back, and hold no policy
+//! logic.
+
+pub(crate) mod admin;
+pub(crate) mod app;
+pub(crate) mod body;
+pub(crate) mod gossip;
+pub(crate) mod ingress;
+pub(crate) mod peer;
+pub mod tls;
+pub(crate) mod wire;

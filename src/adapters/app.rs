@@ -1,0 +1,314 @@
+//! The app a node serves requests with: the built-in demo app or an upstream
+//! HTTP application behind a connection pool.
+//!
+//! Built-in demo app endpoints:
+//!
+//! | path | answer |
+//! | --- | --- |
+//! | `/session` | starts a session: sets the cookie `session=<node>-<n>` |
+//! | `/bytes/<n>` | streams a body of `n` bytes (at most 1 GiB), in 64 KiB chunks |
+//! | `/echo` | streams the request body back |
+//! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key` |
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+
+use super::body::{self, Body, BodyError};
+use crate::config::AppKind;
+
+/// Largest body `/bytes/<n>` streams (1 GiB).
+pub const MAX_BYTES_BODY: u64 = 1 << 30;
+
+/// What the app is told about a request besides the request itself.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeCtx<'a> {
+    /// The node serving it.
+    pub node: &'a str,
+    /// The node that received it from the client.
+    pub entry: &'a str,
+    /// The hash key it was routed on.
+    pub key: Option<&'a str>,
+    /// The client address the entry saw.
+    pub client: SocketAddr,
+}
+
+/// The upstream app could not be reached or failed before a response head.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream app {uri}: {source}")]
+pub struct AppError {
+    /// The upstream base URI.
+    pub uri: String,
+    /// The client's error.
+    pub source: hyper_util::client::legacy::Error,
+}
+
+/// The local app of a node.
+pub enum App {
+    /// The built-in demo app.
+    Builtin {
+        /// Sessions started so far, for session ids.
+        sessions: AtomicU64,
+    },
+    /// A local upstream application.
+    Upstream {
+        /// `http://host:port` of the app.
+        base: http::Uri,
+        /// Pooled HTTP/1.1 client.
+        client: Client<HttpConnector, Body>,
+    },
+}
+
+impl App {
+    /// Builds the app (does no I/O: the pool connects lazily).
+    pub fn new(kind: &AppKind) -> App {
+        match kind {
+            AppKind::Builtin => App::Builtin {
+                sessions: AtomicU64::new(0),
+            },
+            AppKind::Upstream(base) => {
+                let mut conn = HttpConnector::new();
+                conn.set_nodelay(true);
+                conn.set_connect_timeout(Some(Duration::from_secs(2)));
+                let client = Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(30))
+                    .build(conn);
+                App::Upstream {
+                    base: base.clone(),
+                    client,
+                }
+            }
+        }
+    }
+
+    /// Serves one request. `req`'s URI is the request-target as received
+    /// (path and query).
+    ///
+    /// # Errors
+    /// [`AppError`] when the upstream app cannot be reached; the built-in
+    /// app never fails.
+    pub async fn serve(&self, req: Request<Body>, ctx: ServeCtx<'_>) -> Result<Response<Body>, AppError> {
+        match self {
+            App::Builtin { sessions } => Ok(builtin(req, ctx, sessions)),
+            App::Upstream { base, client } => upstream(base, client, req, ctx).await,
+        }
+    }
+}
+
+fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Response<Body> {
+    let path = req.uri().path();
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        return match n.parse::<u64>() {
+            Ok(n) if n <= MAX_BYTES_BODY => bytes_response(n),
+            _ => text(StatusCode::BAD_REQUEST, "want /bytes/<n> with n <= 1073741824\n"),
+        };
+    }
+    if path == "/echo" {
+        let len = req.headers().get(header::CONTENT_LENGTH).cloned();
+        let mut resp = Response::new(req.into_body());
+        if let Some(len) = len {
+            resp.headers_mut().insert(header::CONTENT_LENGTH, len);
+        }
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        return resp;
+    }
+    let mut info = serde_json::json!({
+        "node": ctx.node,
+        "entry": ctx.entry,
+        "proxied": ctx.node != ctx.entry,
+        "method": req.method().as_str(),
+        "path": path,
+        "key": ctx.key,
+        "client": ctx.client.to_string(),
+    });
+    let mut resp = Response::builder().header(header::CONTENT_TYPE, "application/json");
+    if path == "/session" {
+        let id = format!("{}-{}", ctx.node, sessions.fetch_add(1, Ordering::Relaxed) + 1);
+        resp = resp.header(header::SET_COOKIE, format!("session={id}; Path=/"));
+        info["session"] = id.into();
+    }
+    let mut text = info.to_string();
+    text.push('\n');
+    resp.body(body::full(text)).expect("static response parts are valid")
+}
+
+fn text(status: StatusCode, msg: &'static str) -> Response<Body> {
+    let mut r = Response::new(body::full(Bytes::from_static(msg.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// `n` bytes of a repeating pattern, streamed in 64 KiB chunks.
+fn bytes_response(n: u64) -> Response<Body> {
+    const CHUNK: usize = 64 * 1024;
+    let pattern: Bytes = (0..CHUNK).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+    let mut left = n;
+    let stream = std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        let take = left.min(CHUNK as u64) as usize;
+        left -= take as u64;
+        Some(Ok::<_, BodyError>(http_body::Frame::data(pattern.slice(..take))))
+    });
+    let body = http_body_util::StreamBody::new(IterStream(stream));
+    let mut r = Response::new(body.boxed_unsync());
+    r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    r
+}
+
+/// An iterator as a (always ready) stream, so a generated body is polled
+/// lazily chunk by chunk instead of being built whole.
+struct IterStream<I>(I);
+
+impl<I: Iterator + Unpin> futures_core::Stream for IterStream<I> {
+    type Item = I::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<I::Item>> {
+        std::task::Poll::Ready(self.0.next())
+    }
+}
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+async fn upstream(
+    base: &http::Uri,
+    client: &Client<HttpConnector, Body>,
+    req: Request<Body>,
+    ctx: ServeCtx<'_>,
+) -> Result<Response<Body>, AppError> {
+    let (mut parts, body) = req.into_parts();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    let mut uri = http::uri::Parts::from(base.clone());
+    uri.path_and_query = Some(pq.parse().expect("request-target was already parsed"));
+    parts.uri = http::Uri::from_parts(uri).expect("base URI has scheme and authority");
+    for h in HOP_BY_HOP {
+        parts.headers.remove(h);
+    }
+    if let Ok(v) = HeaderValue::from_str(&ctx.client.ip().to_string()) {
+        parts.headers.append("x-forwarded-for", v);
+    }
+    let resp = client
+        .request(Request::from_parts(parts, body))
+        .await
+        .map_err(|source| AppError {
+            uri: base.to_string(),
+            source,
+        })?;
+    let (mut parts, body) = resp.into_parts();
+    for h in HOP_BY_HOP {
+        parts.headers.remove(h);
+    }
+    Ok(Response::from_parts(
+        parts,
+        body.map_err(BodyError::Upstream).boxed_unsync(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> ServeCtx<'static> {
+        ServeCtx {
+            node: "n2",
+            entry: "n1",
+            key: Some("alice"),
+            client: "127.0.0.1:4000".parse().unwrap(),
+        }
+    }
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).body(body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn json_answer_names_node_entry_and_key() {
+        let app = App::new(&AppKind::Builtin);
+        let r = app.serve(get("/x?user=alice"), ctx()).await.unwrap();
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["node"], "n2");
+        assert_eq!(v["entry"], "n1");
+        assert_eq!(v["proxied"], true);
+        assert_eq!(v["key"], "alice");
+        assert_eq!(v["path"], "/x");
+    }
+
+    #[tokio::test]
+    async fn session_sets_a_cookie_with_increasing_ids() {
+        let app = App::new(&AppKind::Builtin);
+        for n in 1..=2 {
+            let r = app.serve(get("/session"), ctx()).await.unwrap();
+            assert_eq!(
+                r.headers()[header::SET_COOKIE],
+                format!("session=n2-{n}; Path=/").as_str()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_streams_exactly_n_bytes_of_the_pattern() {
+        let app = App::new(&AppKind::Builtin);
+        let r = app.serve(get("/bytes/200000"), ctx()).await.unwrap();
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "200000");
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(b.len(), 200_000);
+        assert!(b.iter().enumerate().all(|(i, &x)| x == ((i % (64 * 1024)) % 251) as u8));
+        let r = app.serve(get("/bytes/huge"), ctx()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn echo_returns_the_body() {
+        let app = App::new(&AppKind::Builtin);
+        let req = Request::post("/echo")
+            .header(header::CONTENT_LENGTH, "5")
+            .body(body::full("hello"))
+            .unwrap();
+        let r = app.serve(req, ctx()).await.unwrap();
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "5");
+        assert_eq!(&r.into_body().collect().await.unwrap().to_bytes()[..], b"hello");
+    }
+
+    #[tokio::test]
+    async fn unreachable_upstream_is_an_app_error() {
+        // Port 9 on loopback: nothing listens (discard service is not run here).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let app = App::new(&AppKind::Upstream(format!("http://{addr}").parse().unwrap()));
+        let e = app.serve(get("/"), ctx()).await.unwrap_err();
+        assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    }
+}

@@ -1,0 +1,178 @@
+//! Streaming bodies: the one body type the node passes around, a body read
+//! from a QUIC stream, and the pump that writes a body into a QUIC stream.
+//! Nothing here buffers a whole body.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
+
+use super::wire;
+
+/// The body type of every request and response inside the node.
+pub type Body = UnsyncBoxBody<Bytes, BodyError>;
+
+/// Why a body stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The client's connection failed while its request body was read.
+    #[error("client body: {0}")]
+    Client(hyper::Error),
+    /// The peer stream failed or was reset while a body was read from it.
+    #[error("peer stream: {0}")]
+    Peer(#[from] quinn::ReadError),
+    /// The upstream app's response body failed.
+    #[error("upstream body: {0}")]
+    Upstream(hyper::Error),
+}
+
+/// A body of `bytes`.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// A client's request body (hyper) as a [`Body`].
+pub fn from_incoming(b: hyper::body::Incoming) -> Body {
+    b.map_err(BodyError::Client).boxed_unsync()
+}
+
+/// Bytes read per poll of a QUIC stream.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// A body read from a QUIC receive stream until its FIN.
+///
+/// With a known length (`Content-Length`), it looks for the FIN right after
+/// the last byte, so the stream is read to its end and dropping the body
+/// costs no STOP_SENDING frame (DESIGN.md, performance notes).
+pub struct QuicBody {
+    recv: quinn::RecvStream,
+    buf: BytesMut,
+    remaining: Option<u64>,
+    done: bool,
+}
+
+impl QuicBody {
+    /// Wraps `recv`; `length` is the announced body length, if any.
+    pub fn new(recv: quinn::RecvStream, length: Option<u64>) -> QuicBody {
+        QuicBody {
+            recv,
+            buf: BytesMut::new(),
+            remaining: length,
+            done: false,
+        }
+    }
+
+    /// Polls one read into the spare capacity of `buf`; `Ok(0)` is the FIN.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<usize, quinn::ReadError>> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        let spare = self.buf.spare_capacity_mut();
+        let mut rb = tokio::io::ReadBuf::uninit(spare);
+        ready!(self.recv.poll_read_buf(cx, &mut rb))?;
+        let n = rb.filled().len();
+        // SAFETY: `poll_read_buf` initialised the first `n` bytes of the
+        // spare capacity (`ReadBuf::filled`).
+        unsafe { self.buf.set_len(self.buf.len() + n) };
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl HttpBody for QuicBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let n = match ready!(this.poll_read(cx)) {
+            Ok(n) => n,
+            Err(e) => {
+                this.done = true;
+                return Poll::Ready(Some(Err(e.into())));
+            }
+        };
+        if n == 0 {
+            this.done = true;
+            return Poll::Ready(None);
+        }
+        let data = this.buf.split().freeze();
+        if let Some(rem) = &mut this.remaining {
+            *rem = rem.saturating_sub(n as u64);
+            if *rem == 0 {
+                // Read the FIN now if it is already here (it usually arrives
+                // with the last bytes), so the stream ends cleanly.
+                if let Poll::Ready(Ok(0)) = this.poll_read(cx) {
+                    this.done = true;
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// Why [`pump`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PumpError {
+    /// The body source failed; the stream was reset with [`wire::RESET_BODY_FAILED`].
+    #[error("body source failed: {0}")]
+    Source(BodyError),
+    /// The stream could not be written (peer stopped it, connection lost).
+    #[error("peer stream write failed: {0}")]
+    Write(#[from] quinn::WriteError),
+}
+
+/// Writes `body` into `send` chunk by chunk, then finishes the stream.
+/// Trailers are dropped (the peer wire does not carry them).
+///
+/// # Errors
+/// [`PumpError::Source`] after resetting the stream when the body fails;
+/// [`PumpError::Write`] when the stream cannot be written.
+pub async fn pump<B>(mut body: B, send: &mut quinn::SendStream) -> Result<u64, PumpError>
+where
+    B: HttpBody<Data = Bytes, Error = BodyError> + Unpin,
+{
+    let mut sent = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => {
+                if let Ok(data) = f.into_data() {
+                    if data.is_empty() {
+                        continue;
+                    }
+                    sent += data.len() as u64;
+                    send.write_chunk(data).await?;
+                }
+            }
+            Err(e) => {
+                let _ = send.reset(wire::RESET_BODY_FAILED.into());
+                return Err(PumpError::Source(e));
+            }
+        }
+    }
+    let _ = send.finish();
+    Ok(sent)
+}

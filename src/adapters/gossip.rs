@@ -1,0 +1,189 @@
+//! Membership through chitchat gossip: publish this node's state, watch the
+//! live set and turn it into [`Member`] values.
+//!
+//! Keys each node publishes: `peer_addr`, `http_addr`, `weight`, `status`
+//! (`serving` | `draining` | `leaving`), `load` (0..=100, 100 idle),
+//! `inflight`. chitchat's phi-accrual detector decides liveness; a member is
+//! only considered once it has published `peer_addr`. Gossip is plain UDP
+//! and only a hint: the peer layer admits a member to routing only after an
+//! mTLS handshake proves its identity.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chitchat::transport::Transport;
+use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, NodeState};
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::engine::membership::{Member, NodeId, NodeStatus};
+
+/// Gossip settings for one node.
+#[derive(Debug, Clone)]
+pub struct GossipSettings {
+    /// chitchat cluster id (the cluster name).
+    pub cluster: String,
+    /// This node's id.
+    pub node_id: NodeId,
+    /// This run's generation (increases on every restart).
+    pub generation: u64,
+    /// The address to gossip on (bound by the transport).
+    pub gossip_addr: SocketAddr,
+    /// Seed addresses.
+    pub seeds: Vec<String>,
+    /// Gossip round interval.
+    pub interval: Duration,
+    /// Phi threshold.
+    pub phi_threshold: f64,
+    /// How long dead members are kept.
+    pub dead_node_grace: Duration,
+}
+
+/// The state this node publishes.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Peer QUIC address.
+    pub peer_addr: SocketAddr,
+    /// Client HTTP address.
+    pub http_addr: SocketAddr,
+    /// Weight.
+    pub weight: u32,
+    /// Status.
+    pub status: NodeStatus,
+}
+
+/// Gossip could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("gossip on {addr}: {message}")]
+pub struct GossipError {
+    /// The gossip address.
+    pub addr: SocketAddr,
+    /// chitchat's message.
+    pub message: String,
+}
+
+/// Publishes this node's keys (status, load) into gossip.
+#[derive(Clone)]
+pub struct Publisher(std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>);
+
+impl Publisher {
+    /// Publishes a new status (e.g. `leaving` on SIGTERM).
+    pub async fn set_status(&self, status: NodeStatus) {
+        self.0.lock().await.self_node_state().set("status", status.as_str());
+    }
+
+    /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
+    pub async fn set_load(&self, load: u8, inflight: u32) {
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("load", load.min(100));
+        st.set("inflight", inflight);
+    }
+}
+
+/// A running gossip member.
+pub struct Gossip {
+    handle: ChitchatHandle,
+    members: watch::Receiver<Vec<Member>>,
+}
+
+/// Starts gossip on `transport` (which opens the UDP socket).
+///
+/// # Errors
+/// [`GossipError`] when chitchat cannot open its socket.
+pub async fn start(
+    s: &GossipSettings,
+    me: &Published,
+    transport: &dyn Transport,
+) -> Result<Gossip, GossipError> {
+    let config = ChitchatConfig {
+        chitchat_id: ChitchatId::new(s.node_id.to_string(), s.generation, s.gossip_addr),
+        cluster_id: s.cluster.clone(),
+        gossip_interval: s.interval,
+        listen_addr: s.gossip_addr,
+        seed_nodes: s.seeds.clone(),
+        failure_detector_config: FailureDetectorConfig {
+            phi_threshold: s.phi_threshold,
+            initial_interval: s.interval,
+            dead_node_grace_period: s.dead_node_grace,
+            ..FailureDetectorConfig::default()
+        },
+        marked_for_deletion_grace_period: Duration::from_secs(3600),
+        catchup_callback: None,
+        extra_liveness_predicate: Some(Box::new(|st: &NodeState| st.get("peer_addr").is_some())),
+        protocol_version: chitchat::ProtocolVersion::V0,
+    };
+    let initial = vec![
+        ("peer_addr".to_owned(), me.peer_addr.to_string()),
+        ("http_addr".to_owned(), me.http_addr.to_string()),
+        ("weight".to_owned(), me.weight.to_string()),
+        ("status".to_owned(), me.status.as_str().to_owned()),
+        ("load".to_owned(), "100".to_owned()),
+        ("inflight".to_owned(), "0".to_owned()),
+    ];
+    let handle = chitchat::spawn_chitchat(config, initial, transport)
+        .await
+        .map_err(|e| GossipError {
+            addr: s.gossip_addr,
+            message: format!("{e:#}"),
+        })?;
+    let mut live = handle.chitchat().lock().await.live_nodes_watcher();
+    let first = to_members(&live.borrow_and_update());
+    let (tx, members) = watch::channel(first);
+    tokio::spawn(async move {
+        while live.changed().await.is_ok() {
+            let m = to_members(&live.borrow_and_update());
+            if tx.send(m).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(Gossip { handle, members })
+}
+
+fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<Member> {
+    live.iter()
+        .filter_map(|(id, st)| match member(id, st) {
+            Ok(m) => Some(m),
+            Err(key) => {
+                warn!(node = %id.node_id, key, "ignoring member with a missing or invalid key");
+                None
+            }
+        })
+        .collect()
+}
+
+fn member(id: &ChitchatId, st: &NodeState) -> Result<Member, &'static str> {
+    fn get<T: std::str::FromStr>(st: &NodeState, key: &'static str) -> Result<T, &'static str> {
+        st.get(key).and_then(|v| v.parse().ok()).ok_or(key)
+    }
+    Ok(Member {
+        id: NodeId::from(&*id.node_id),
+        generation: id.generation_id,
+        peer_addr: get(st, "peer_addr")?,
+        http_addr: get(st, "http_addr")?,
+        weight: get(st, "weight")?,
+        status: get(st, "status")?,
+        load: get::<u8>(st, "load")?.min(100),
+        inflight: get(st, "inflight")?,
+    })
+}
+
+impl Gossip {
+    /// The live members (this node included), updated on every change.
+    pub fn members(&self) -> watch::Receiver<Vec<Member>> {
+        self.members.clone()
+    }
+
+    /// A clonable handle that publishes this node's state.
+    pub fn publisher(&self) -> Publisher {
+        Publisher(self.handle.chitchat())
+    }
+
+    /// Stops gossiping.
+    pub async fn shutdown(self) {
+        if let Err(e) = self.handle.shutdown().await {
+            warn!(error = %e, "gossip shutdown");
+        }
+    }
+}

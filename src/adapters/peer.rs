@@ -1,0 +1,509 @@
+//! The peer layer: one quinn endpoint per node, serving proxied requests
+//! from peers and forwarding this node's requests to their owners.
+//!
+//! - One QUIC connection per ordered peer pair (ALPN `peerlb/1`, mutual TLS
+//!   with the cluster CA), kept alive with keep-alives well under the idle
+//!   timeout, so a dead peer is noticed within about the idle timeout.
+//! - A supervisor task per known peer connects, watches the connection and
+//!   reconnects with backoff. The set of peers with a live, authenticated
+//!   connection is published on a watch channel: a peer is routable only
+//!   while it is in that set, so a lost connection ejects it at once (no
+//!   waiting for gossip) and a new connection takes it back.
+//! - One bidirectional stream per request (see [`super::wire`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response};
+use http_body::Body as _;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::body::{self, Body, QuicBody};
+use super::tls::{self, TlsMaterial};
+use super::wire::{self, RequestHead, ResponseHead};
+use crate::engine::membership::NodeId;
+
+/// Peer link settings.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    /// QUIC keep-alive interval.
+    pub keep_alive: Duration,
+    /// QUIC idle timeout (a silent peer's connection closes after this).
+    pub idle_timeout: Duration,
+    /// Longest wait for a handshake or a stream to open.
+    pub connect_timeout: Duration,
+}
+
+/// Errors setting up the endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerSetupError {
+    /// The TLS material could not be turned into QUIC configs.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The UDP socket could not be used by quinn.
+    #[error("peer endpoint: {0}")]
+    Endpoint(std::io::Error),
+}
+
+/// A forward that failed before any byte of the request reached the owner:
+/// always safe to retry on the next candidate.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// No live authenticated connection to that peer right now.
+    #[error("no connection to peer {0}")]
+    NotConnected(NodeId),
+    /// Opening a stream failed (connection lost, or timed out waiting for
+    /// stream credit).
+    #[error("cannot open a stream to peer {peer}: {reason}")]
+    Stream {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A forward that failed after the request head was sent: the owner may
+/// have processed it.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The owner refused the stream before processing it (shutting down):
+    /// safe to retry.
+    #[error("peer {0} refused the request")]
+    Refused(NodeId),
+    /// The connection or stream failed before the response head.
+    #[error("peer {peer}: {reason}")]
+    Failed {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: String,
+    },
+    /// No response head within the response timeout.
+    #[error("peer {0} sent no response head in time")]
+    Timeout(NodeId),
+}
+
+/// Serves requests that peers forward to this node.
+pub trait ProxiedHandler: Send + Sync + 'static {
+    /// This node's id (the `served_by` of every response head).
+    fn node_id(&self) -> &str;
+    /// Serves one proxied request (never forwarded again: hop limit 1).
+    fn serve(
+        &self,
+        head: &RequestHead,
+        req: Request<Body>,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send;
+}
+
+struct Slot {
+    addr: SocketAddr,
+    conn: Option<quinn::Connection>,
+    task: JoinHandle<()>,
+}
+
+/// The client side: connections to every known peer.
+pub struct PeerLinks {
+    self_id: NodeId,
+    endpoint: quinn::Endpoint,
+    client: quinn::ClientConfig,
+    settings: PeerSettings,
+    slots: Mutex<BTreeMap<NodeId, Slot>>,
+    connected: watch::Sender<BTreeSet<NodeId>>,
+}
+
+fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(s.keep_alive));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(s.idle_timeout).expect("idle timeout fits a QUIC varint"),
+    ));
+    t.max_concurrent_bidi_streams(4096u32.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    Arc::new(t)
+}
+
+/// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors never bind).
+///
+/// # Errors
+/// [`PeerSetupError`] when the TLS material does not make valid configs or
+/// the socket cannot be registered with the runtime.
+pub fn endpoint(
+    socket: std::net::UdpSocket,
+    tls_material: &TlsMaterial,
+    settings: &PeerSettings,
+) -> Result<(quinn::Endpoint, quinn::ClientConfig), PeerSetupError> {
+    let mut server = tls::quinn_server_config(tls_material)?;
+    server.transport_config(transport(settings));
+    let mut client = tls::quinn_client_config(tls_material)?;
+    client.transport_config(transport(settings));
+    let ep = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(PeerSetupError::Endpoint)?;
+    Ok((ep, client))
+}
+
+impl PeerLinks {
+    /// Creates the link table (no connections yet: see [`Self::sync`]).
+    pub fn new(
+        self_id: NodeId,
+        endpoint: quinn::Endpoint,
+        client: quinn::ClientConfig,
+        settings: PeerSettings,
+    ) -> Arc<PeerLinks> {
+        Arc::new(PeerLinks {
+            self_id,
+            endpoint,
+            client,
+            settings,
+            slots: Mutex::new(BTreeMap::new()),
+            connected: watch::channel(BTreeSet::new()).0,
+        })
+    }
+
+    /// Peers with a live authenticated connection; changes on every connect/loss.
+    pub fn connected(&self) -> watch::Receiver<BTreeSet<NodeId>> {
+        self.connected.subscribe()
+    }
+
+    /// Makes the supervised peer set equal to `peers` (id, peer address):
+    /// starts supervisors for new peers, restarts those whose address
+    /// changed, and stops and forgets the rest.
+    pub fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
+        let mut slots = self.slots.lock().expect("peer slots lock");
+        let wanted: BTreeMap<&NodeId, SocketAddr> = peers
+            .iter()
+            .filter(|(id, _)| *id != self.self_id)
+            .map(|(id, a)| (id, *a))
+            .collect();
+        let stale: Vec<NodeId> = slots
+            .iter()
+            .filter(|(id, s)| wanted.get(id) != Some(&s.addr))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            if let Some(s) = slots.remove(&id) {
+                s.task.abort();
+                if let Some(c) = s.conn {
+                    c.close(0u32.into(), b"forgotten");
+                }
+                self.connected.send_if_modified(|set| set.remove(&id));
+                debug!(peer = %id, "peer forgotten");
+            }
+        }
+        for (id, addr) in wanted {
+            if slots.contains_key(id) {
+                continue;
+            }
+            let me = Arc::clone(self);
+            let peer = id.clone();
+            let task = tokio::spawn(
+                async move { me.supervise(peer, addr).await }
+                    .instrument(info_span!("peer", peer = %id, %addr)),
+            );
+            slots.insert(
+                id.clone(),
+                Slot {
+                    addr,
+                    conn: None,
+                    task,
+                },
+            );
+        }
+    }
+
+    async fn supervise(self: Arc<Self>, id: NodeId, addr: SocketAddr) {
+        let server_name = tls::node_server_name(&id);
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let attempt = async {
+                let connecting = self
+                    .endpoint
+                    .connect_with(self.client.clone(), addr, &server_name)
+                    .map_err(|e| e.to_string())?;
+                connecting.await.map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
+                Ok(Ok(conn)) => {
+                    backoff = Duration::from_millis(50);
+                    info!("peer connected");
+                    self.set_conn(&id, Some(conn.clone()));
+                    let why = conn.closed().await;
+                    self.set_conn(&id, None);
+                    warn!(reason = %why, "peer connection lost: ejected until it reconnects");
+                }
+                Ok(Err(e)) => debug!(error = %e, "peer connect failed"),
+                Err(_) => debug!("peer connect timed out"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    fn set_conn(&self, id: &NodeId, conn: Option<quinn::Connection>) {
+        let up = conn.is_some();
+        if let Some(slot) = self.slots.lock().expect("peer slots lock").get_mut(id) {
+            slot.conn = conn;
+        }
+        self.connected.send_if_modified(|set| {
+            if up {
+                set.insert(id.clone())
+            } else {
+                set.remove(id)
+            }
+        });
+    }
+
+    /// Opens a request stream to `peer`. Nothing has reached the peer when
+    /// this fails.
+    ///
+    /// # Errors
+    /// [`OpenError`] when there is no connection or no stream could be opened.
+    pub async fn open(&self, peer: &NodeId) -> Result<(quinn::SendStream, quinn::RecvStream), OpenError> {
+        let conn = self
+            .slots
+            .lock()
+            .expect("peer slots lock")
+            .get(peer)
+            .and_then(|s| s.conn.clone())
+            .ok_or_else(|| OpenError::NotConnected(peer.clone()))?;
+        match tokio::time::timeout(self.settings.connect_timeout, conn.open_bi()).await {
+            Ok(Ok(pair)) => Ok(pair),
+            Ok(Err(e)) => Err(OpenError::Stream {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(OpenError::Stream {
+                peer: peer.clone(),
+                reason: "timed out waiting for stream credit".into(),
+            }),
+        }
+    }
+
+    /// Closes every connection and the endpoint, and waits for the close
+    /// frames to be sent.
+    pub async fn close(&self) {
+        for (_, s) in std::mem::take(&mut *self.slots.lock().expect("peer slots lock")) {
+            s.task.abort();
+        }
+        self.endpoint.close(0u32.into(), b"node stopping");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}
+
+/// Sends one request on an opened stream and waits for the response head.
+///
+/// The request body streams in a task of its own, so a large upload and
+/// the response flow at the same time.
+///
+/// # Errors
+/// [`ExchangeError`]; the owner may have processed the request unless it
+/// is [`ExchangeError::Refused`].
+pub async fn exchange(
+    peer: &NodeId,
+    (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
+    head: &RequestHead,
+    body: Body,
+    timeout: Duration,
+) -> Result<(ResponseHead, QuicBody), ExchangeError> {
+    let failed = |reason: String| ExchangeError::Failed {
+        peer: peer.clone(),
+        reason,
+    };
+    let frame = wire::encode(head).map_err(|e| failed(e.to_string()))?;
+    send.write_chunk(Bytes::from(frame))
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    if body.is_end_stream() {
+        let _ = send.finish();
+    } else {
+        tokio::spawn(async move {
+            if let Err(e) = body::pump(body, &mut send).await {
+                debug!(error = %e, "request body to peer stopped");
+            }
+        });
+    }
+    let read = async {
+        let resp: ResponseHead = read_head(&mut recv).await.map_err(|e| match e {
+            HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
+                if code.into_inner() == u64::from(wire::RESET_REFUSED) =>
+            {
+                ExchangeError::Refused(peer.clone())
+            }
+            e => failed(e.to_string()),
+        })?;
+        Ok(resp)
+    };
+    let resp = tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
+    let len = resp
+        .headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok());
+    Ok((resp, QuicBody::new(recv, len)))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum HeadError {
+    #[error("reading head: {0}")]
+    Read(#[from] quinn::ReadExactError),
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+}
+
+async fn read_head<T: serde::de::DeserializeOwned>(recv: &mut quinn::RecvStream) -> Result<T, HeadError> {
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await?;
+    let len = wire::head_len(prefix)?;
+    let mut buf = vec![0u8; len];
+    recv.read_exact(&mut buf).await?;
+    Ok(wire::decode(&buf)?)
+}
+
+/// Turns a response head from a peer into an HTTP response with `body`.
+/// Header lines that are not valid HTTP are dropped (and logged).
+pub fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let h = resp.headers_mut();
+    for (k, v) in head.headers {
+        match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_bytes(&v)) {
+            (Ok(k), Ok(v)) => {
+                h.append(k, v);
+            }
+            _ => warn!(header = %k, "dropping invalid header from peer"),
+        }
+    }
+    resp
+}
+
+/// Accepts peer connections on `endpoint` until it is closed, serving each
+/// stream with `handler`.
+pub async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let handler = handler.clone();
+        let remote = incoming.remote_address();
+        tokio::spawn(
+            async move {
+                match incoming.await {
+                    Ok(conn) => serve_connection(conn, handler).await,
+                    Err(e) => debug!(error = %e, "peer handshake failed"),
+                }
+            }
+            .instrument(info_span!("peer_conn", %remote)),
+        );
+    }
+}
+
+async fn serve_connection<H: ProxiedHandler>(conn: quinn::Connection, handler: Arc<H>) {
+    let certs: Arc<Vec<rustls_pki_types::CertificateDer<'static>>> = match conn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>().ok())
+    {
+        Some(c) => Arc::new(*c),
+        None => {
+            conn.close(1u32.into(), b"client certificate required");
+            return;
+        }
+    };
+    // The entry node id this connection proved it is (checked on first use).
+    let verified: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    loop {
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(reason = %e, "peer connection closed");
+                return;
+            }
+        };
+        let handler = handler.clone();
+        let certs = certs.clone();
+        let verified = verified.clone();
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            serve_stream(conn, send, recv, handler, &certs, &verified).await;
+        });
+    }
+}
+
+async fn serve_stream<H: ProxiedHandler>(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    handler: Arc<H>,
+    certs: &[rustls_pki_types::CertificateDer<'static>],
+    verified: &Mutex<Option<String>>,
+) {
+    let head: RequestHead = match read_head(&mut recv).await {
+        Ok(h) => h,
+        Err(e) => {
+            warn!(error = %e, "bad request frame from peer: closing that stream");
+            let _ = recv.stop(wire::RESET_BAD_FRAME.into());
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+            return;
+        }
+    };
+    let known = verified.lock().expect("verified lock").as_deref() == Some(head.entry.as_str());
+    if !known {
+        if let Err(e) = tls::verify_peer_is(certs, &head.entry) {
+            warn!(claimed = %head.entry, error = %e, "peer certificate does not match the entry it claims: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match entry node id");
+            return;
+        }
+        *verified.lock().expect("verified lock") = Some(head.entry.clone());
+    }
+    let mut builder = Request::builder().method(head.method.as_str()).uri(head.uri.as_str());
+    let mut len = None;
+    for (k, v) in &head.headers {
+        if k == "content-length" {
+            len = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+        }
+        builder = builder.header(k.as_str(), v.as_slice());
+    }
+    let req = match builder.body(http_body_util::BodyExt::boxed_unsync(QuicBody::new(recv, len))) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "bad request head from peer: closing that stream");
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+            return;
+        }
+    };
+    let span = info_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
+    let resp = handler.serve(&head, req).instrument(span).await;
+    let (parts, body) = resp.into_parts();
+    let rh = ResponseHead {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+        served_by: handler.node_id().to_owned(),
+    };
+    let frame = match wire::encode(&rh) {
+        Ok(f) => f,
+        Err(e) => {
+            warn!(error = %e, "cannot encode response head");
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+            return;
+        }
+    };
+    if send.write_chunk(Bytes::from(frame)).await.is_err() {
+        return;
+    }
+    if let Err(e) = body::pump(body, &mut send).await {
+        debug!(error = %e, "response body to peer stopped");
+    }
+}

@@ -1,0 +1,185 @@
+//! Frames on a peer stream. All encoding lives here so the codec can be
+//! swapped in one file.
+//!
+//! One bidirectional QUIC stream carries one request:
+//!
+//! ```text
+//! entry -> owner: [u32 BE length][RequestHead, bincode 2 (serde)]  body bytes ...  FIN
+//! owner -> entry: [u32 BE length][ResponseHead, bincode 2 (serde)] body bytes ...  FIN
+//! ```
+//!
+//! Bodies are the raw bytes after the head, ended by the stream's FIN; they
+//! stream both ways and are never buffered whole. A body that fails midway
+//! resets the stream ([`RESET_BODY_FAILED`]), so the other side sees an error,
+//! never a truncated body that looks complete. A head longer than
+//! [`MAX_HEAD_LEN`] or one that does not decode closes that stream only.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest encoded head accepted, in bytes (64 KiB).
+pub const MAX_HEAD_LEN: usize = 64 * 1024;
+
+/// Stream reset code: the sender's body source failed midway.
+pub const RESET_BODY_FAILED: u32 = 1;
+/// Stream reset code: the owner refused the request before processing it
+/// (it is shutting down); the entry may retry it on another node.
+pub const RESET_REFUSED: u32 = 2;
+/// Stream reset / stop code: a frame could not be decoded.
+pub const RESET_BAD_FRAME: u32 = 3;
+
+/// The head of a proxied request (entry -> owner).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestHead {
+    /// Request id (UUID as u128), the same in both nodes' logs.
+    pub request_id: u128,
+    /// Node id of the entry node; the owner checks it against the peer's certificate.
+    pub entry: String,
+    /// Hops taken so far: 1 on a proxied request. An owner never forwards again.
+    pub hops: u8,
+    /// The entry's membership view version when it routed the request.
+    pub view_version: u64,
+    /// HTTP method.
+    pub method: String,
+    /// Request-target (path and query, as received).
+    pub uri: String,
+    /// Header fields in order, names lowercase; values as raw bytes.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The client's address as the entry saw it.
+    pub client: SocketAddr,
+    /// The hash key the entry routed on, if any.
+    pub hash_key: Option<String>,
+}
+
+/// The head of a proxied response (owner -> entry).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseHead {
+    /// HTTP status code.
+    pub status: u16,
+    /// Header fields in order; values as raw bytes.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Node id of the node that served the request.
+    pub served_by: String,
+}
+
+/// A frame that could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The announced head length exceeds [`MAX_HEAD_LEN`]: the peer is broken
+    /// or hostile; the stream is closed.
+    #[error("head of {0} bytes exceeds the {MAX_HEAD_LEN}-byte limit")]
+    TooLong(usize),
+    /// The head bytes are not a valid frame of this version.
+    #[error("malformed head: {0}")]
+    Decode(#[from] bincode::error::DecodeError),
+    /// The head could not be encoded (a value bincode cannot represent).
+    #[error("cannot encode head: {0}")]
+    Encode(#[from] bincode::error::EncodeError),
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_HEAD_LEN>()
+}
+
+/// Encodes `head` as a length-prefixed frame: `[u32 BE len][bincode]`.
+///
+/// # Errors
+/// [`WireError::Encode`] if bincode fails, [`WireError::TooLong`] past [`MAX_HEAD_LEN`].
+pub fn encode<T: Serialize>(head: &T) -> Result<Vec<u8>, WireError> {
+    let mut buf = vec![0u8; 4];
+    bincode::serde::encode_into_std_write(head, &mut buf, config())?;
+    let len = buf.len() - 4;
+    if len > MAX_HEAD_LEN {
+        return Err(WireError::TooLong(len));
+    }
+    buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(buf)
+}
+
+/// Reads the 4-byte length prefix; checks it against [`MAX_HEAD_LEN`].
+///
+/// # Errors
+/// [`WireError::TooLong`].
+pub fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > MAX_HEAD_LEN {
+        return Err(WireError::TooLong(len));
+    }
+    Ok(len)
+}
+
+/// Decodes a head from exactly the bytes after the length prefix.
+///
+/// # Errors
+/// [`WireError::Decode`] when the bytes are not one complete head.
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    let (v, used) = bincode::serde::decode_from_slice(bytes, config())?;
+    if used != bytes.len() {
+        return Err(WireError::Decode(
+            bincode::error::DecodeError::OtherString(format!(
+                "{} trailing bytes after the head",
+                bytes.len() - used
+            )),
+        ));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head() -> RequestHead {
+        RequestHead {
+            request_id: 0x1234_5678_9abc_def0_1122_3344_5566_7788,
+            entry: "n1".into(),
+            hops: 1,
+            view_version: 42,
+            method: "POST".into(),
+            uri: "/a?user=x".into(),
+            headers: vec![("x-user".into(), b"\xffbin".to_vec())],
+            client: "127.0.0.1:5555".parse().unwrap(),
+            hash_key: Some("x".into()),
+        }
+    }
+
+    #[test]
+    fn request_head_round_trips_with_its_length_prefix() {
+        let buf = encode(&head()).unwrap();
+        let len = head_len(buf[..4].try_into().unwrap()).unwrap();
+        assert_eq!(len, buf.len() - 4);
+        let back: RequestHead = decode(&buf[4..]).unwrap();
+        assert_eq!(back, head());
+    }
+
+    #[test]
+    fn response_head_round_trips() {
+        let h = ResponseHead {
+            status: 201,
+            headers: vec![("set-cookie".into(), b"a=b".to_vec())],
+            served_by: "n3".into(),
+        };
+        let buf = encode(&h).unwrap();
+        assert_eq!(decode::<ResponseHead>(&buf[4..]).unwrap(), h);
+    }
+
+    #[test]
+    fn oversized_length_prefix_is_refused() {
+        let e = head_len(((MAX_HEAD_LEN + 1) as u32).to_be_bytes()).unwrap_err();
+        assert!(matches!(e, WireError::TooLong(n) if n == MAX_HEAD_LEN + 1));
+    }
+
+    #[test]
+    fn garbage_and_truncated_heads_are_decode_errors() {
+        assert!(matches!(
+            decode::<RequestHead>(&[0xff; 7]),
+            Err(WireError::Decode(_))
+        ));
+        let buf = encode(&head()).unwrap();
+        assert!(decode::<RequestHead>(&buf[4..buf.len() - 1]).is_err());
+        let mut long = buf[4..].to_vec();
+        long.push(0);
+        assert!(decode::<RequestHead>(&long).is_err());
+    }
+}

@@ -1,0 +1,27 @@
+//! The routing engine: everything peerlb decides, with no I/O.
+//!
+//! No sockets, no tokio/hyper/quinn/chitchat, no clock and no unseeded
+//! randomness: time comes in as `now: Duration` since an arbitrary epoch and
+//! randomness as a caller-seeded `&mut impl rand::Rng`, so a simulation with
+//! the same seed makes the same decisions. Results go out as values
+//! (`route::Decision`). Iteration that can reach a decision uses sorted
+//! `Vec`s and `BTreeMap`s, never `HashMap`.
+//!
+//! # Layout
+//!
+//! - `ring`: consistent-hash ring with weighted virtual nodes; owner and
+//!   failover candidates of a key.
+//! - `rules`: data-centric rules (TOML model, compiled form) extracting a
+//!   hash key from a request; the default key.
+//! - `sticky`: the sticky route cookie and `;peerlb-route=` path parameter.
+//! - `balance`: policies as pure state machines (round robin, random, ...).
+//! - `membership`: the published node state and the immutable membership
+//!   view with its ring and version.
+//! - `route`: `Router::decide(request, view, now, rng) -> Decision`.
+
+pub(crate) mod balance;
+pub(crate) mod membership;
+pub(crate) mod ring;
+pub(crate) mod route;
+pub(crate) mod rules;
+pub(crate) mod sticky;

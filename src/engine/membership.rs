@@ -1,0 +1,401 @@
+//! Membership: the node state each node publishes in gossip ([`Member`]) and
+//! the immutable snapshot routing decides against ([`MembershipView`]).
+//!
+//! The gossip adapter turns chitchat's live node states into `Member`s and
+//! builds a new view whenever they change; the view builds the consistent-hash
+//! ring once, from the members whose status is [`NodeStatus::Serving`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::ring::Ring;
+
+/// A node's stable identity (`node_id` in the config): a name, never an index.
+/// Cheap to clone; ordered and compared as a string.
+pub type NodeId = Arc<str>;
+
+/// A node's published lifecycle state (gossip key `status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeStatus {
+    /// Accepts new requests; on the ring.
+    Serving,
+    /// Finishing in-flight requests; receives no new ones (off the ring).
+    Draining,
+    /// Shutting down (SIGTERM received); receives no new requests.
+    Leaving,
+}
+
+impl NodeStatus {
+    /// The gossip/wire spelling: `"serving"`, `"draining"` or `"leaving"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Serving => "serving",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Leaving => "leaving",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            NodeStatus::Serving => 0,
+            NodeStatus::Draining => 1,
+            NodeStatus::Leaving => 2,
+        }
+    }
+}
+
+impl fmt::Display for NodeStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status string that is not `serving`, `draining` or `leaving`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown node status {0:?} (expected serving, draining or leaving)")]
+pub struct ParseStatusError(pub String);
+
+impl FromStr for NodeStatus {
+    type Err = ParseStatusError;
+
+    /// Parses the exact lowercase spelling of [`NodeStatus::as_str`].
+    ///
+    /// # Errors
+    ///
+    /// [`ParseStatusError`] for any other string; a gossip adapter should
+    /// treat such a member as not serving (it may run a newer version).
+    fn from_str(s: &str) -> Result<NodeStatus, ParseStatusError> {
+        match s {
+            "serving" => Ok(NodeStatus::Serving),
+            "draining" => Ok(NodeStatus::Draining),
+            "leaving" => Ok(NodeStatus::Leaving),
+            other => Err(ParseStatusError(other.to_owned())),
+        }
+    }
+}
+
+/// One member of the cluster as seen in gossip.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    /// The node's id.
+    pub id: NodeId,
+    /// Increases on every restart of the node (chitchat `generation_id`); the
+    /// highest generation of an id is the live one (case C9).
+    pub generation: u64,
+    /// QUIC address peers forward to.
+    pub peer_addr: SocketAddr,
+    /// HTTP address the node's ingress listens on.
+    pub http_addr: SocketAddr,
+    /// Relative share; 100 is the unit (`vnodes` ring points), 0 = no share.
+    pub weight: u32,
+    /// Lifecycle state.
+    pub status: NodeStatus,
+    /// Smoothed load metric, 0..=100, 100 = idle (mod_oc4j convention).
+    pub load: u8,
+    /// Requests in flight on the node when it last published.
+    pub inflight: u32,
+}
+
+impl Member {
+    /// The fields that determine ring ownership and the view version.
+    fn rank(&self) -> (u64, u8, u32, SocketAddr, SocketAddr, u8, u32) {
+        (
+            self.generation,
+            // Prefer the more final state for equal generations.
+            self.status.code(),
+            self.weight,
+            self.peer_addr,
+            self.http_addr,
+            self.load,
+            self.inflight,
+        )
+    }
+}
+
+/// An immutable snapshot of the cluster: members by id, the serving set, the
+/// ring built from it, and a version checksum.
+///
+/// Cheap to clone (the ring is shared).
+#[derive(Clone, Debug)]
+pub struct MembershipView {
+    self_id: NodeId,
+    members: BTreeMap<NodeId, Member>,
+    serving: Vec<NodeId>,
+    ring: Arc<Ring>,
+    version: u64,
+}
+
+impl MembershipView {
+    /// Builds a view as seen by node `self_id`.
+    ///
+    /// If two members share an id, the one with the highest generation is kept
+    /// (an old generation never lingers as a ghost: case C9); for equal
+    /// generations the choice is still independent of input order. The ring is
+    /// built once from the [`NodeStatus::Serving`] members with their weights
+    /// and `vnodes` points per unit of weight (see [`Ring::build`]).
+    pub fn new(self_id: NodeId, members: impl IntoIterator<Item = Member>, vnodes: u32) -> Self {
+        Self::assemble(self_id, members, vnodes, None)
+    }
+
+    /// Builds the next view from a fresh member list, reusing this view's
+    /// ring when the serving set and weights (and `vnodes`) are unchanged, so
+    /// frequent load/inflight reports do not rebuild the ring. Same result as
+    /// [`MembershipView::new`] with this view's self id.
+    pub fn with_members(&self, members: impl IntoIterator<Item = Member>, vnodes: u32) -> Self {
+        Self::assemble(self.self_id.clone(), members, vnodes, Some(&self.ring))
+    }
+
+    fn assemble(
+        self_id: NodeId,
+        members: impl IntoIterator<Item = Member>,
+        vnodes: u32,
+        previous: Option<&Arc<Ring>>,
+    ) -> Self {
+        let mut by_id: BTreeMap<NodeId, Member> = BTreeMap::new();
+        for m in members {
+            match by_id.get(&m.id) {
+                Some(old) if old.rank() >= m.rank() => {}
+                _ => {
+                    by_id.insert(m.id.clone(), m);
+                }
+            }
+        }
+        let serving: Vec<NodeId> = by_id
+            .values()
+            .filter(|m| m.status == NodeStatus::Serving)
+            .map(|m| m.id.clone())
+            .collect();
+        let ring_input: Vec<(NodeId, u32)> = by_id
+            .values()
+            .filter(|m| m.status == NodeStatus::Serving && m.weight > 0)
+            .map(|m| (m.id.clone(), m.weight))
+            .collect();
+        let reusable = previous.filter(|r| {
+            r.vnodes() == vnodes
+                && r.node_count() == ring_input.len()
+                && r.nodes()
+                    .zip(&ring_input)
+                    .all(|((id, w), (id2, w2))| id == id2 && w == *w2)
+        });
+        let ring = match reusable {
+            Some(r) => Arc::clone(r),
+            None => Arc::new(Ring::build(&ring_input, vnodes)),
+        };
+
+        let mut h = Xxh3::new();
+        for m in by_id.values() {
+            h.update(&(m.id.len() as u64).to_le_bytes());
+            h.update(m.id.as_bytes());
+            h.update(&m.generation.to_le_bytes());
+            h.update(&[m.status.code()]);
+            h.update(&m.weight.to_le_bytes());
+        }
+        MembershipView {
+            self_id,
+            members: by_id,
+            serving,
+            ring,
+            version: h.digest(),
+        }
+    }
+
+    /// The id of the node holding this view.
+    pub fn self_id(&self) -> &NodeId {
+        &self.self_id
+    }
+
+    /// All members (any status), in id order.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// The member with id `id`, if known.
+    pub fn get(&self, id: &str) -> Option<&Member> {
+        self.members.get(id)
+    }
+
+    /// True if `id` is a member with status [`NodeStatus::Serving`].
+    pub fn is_serving(&self, id: &str) -> bool {
+        self.get(id)
+            .is_some_and(|m| m.status == NodeStatus::Serving)
+    }
+
+    /// The ids of the serving members (any weight), sorted ascending.
+    pub fn serving_ids(&self) -> &[NodeId] {
+        &self.serving
+    }
+
+    /// The consistent-hash ring of the serving members with weight > 0.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// Checksum of the view: xxh3-64 over the id-sorted list of
+    /// `(id, generation, status, weight)` (length-prefixed ids, little-endian
+    /// integers). Two nodes with the same live set have the same version,
+    /// whatever order they learned the members in; load and inflight reports
+    /// do not change it. Carried on proxied requests to detect skew (C5).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Number of members (any status).
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// True when the view has no members at all.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A serving member of weight 100 with addresses derived from `port`.
+    pub(crate) fn member(id: &str, generation: u64, status: NodeStatus) -> Member {
+        Member {
+            id: NodeId::from(id),
+            generation,
+            peer_addr: SocketAddr::from(([127, 0, 0, 1], 7000)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            weight: 100,
+            status,
+            load: 100,
+            inflight: 0,
+        }
+    }
+
+    pub(crate) fn view(self_id: &str, members: &[(&str, NodeStatus)]) -> MembershipView {
+        MembershipView::new(
+            NodeId::from(self_id),
+            members.iter().map(|(id, s)| member(id, 1, *s)),
+            64,
+        )
+    }
+
+    #[test]
+    fn status_roundtrip() {
+        for s in [
+            NodeStatus::Serving,
+            NodeStatus::Draining,
+            NodeStatus::Leaving,
+        ] {
+            assert_eq!(s.as_str().parse::<NodeStatus>(), Ok(s));
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        assert_eq!(
+            "Serving".parse::<NodeStatus>().unwrap_err().to_string(),
+            "unknown node status \"Serving\" (expected serving, draining or leaving)"
+        );
+    }
+
+    #[test]
+    fn serving_set_ring_and_lookup() {
+        use NodeStatus::*;
+        let v = view(
+            "b",
+            &[
+                ("c", Serving),
+                ("a", Serving),
+                ("b", Draining),
+                ("d", Leaving),
+            ],
+        );
+        assert_eq!(v.self_id().as_ref(), "b");
+        assert_eq!(v.len(), 4);
+        let ids: Vec<&str> = v.members().map(|m| &*m.id).collect();
+        assert_eq!(ids, ["a", "b", "c", "d"]);
+        let serving: Vec<&str> = v.serving_ids().iter().map(|s| &**s).collect();
+        assert_eq!(serving, ["a", "c"]);
+        assert!(v.is_serving("a"));
+        assert!(!v.is_serving("b"));
+        assert!(!v.is_serving("zz"));
+        assert_eq!(v.get("d").map(|m| m.status), Some(Leaving));
+        assert_eq!(v.ring().node_count(), 2);
+        assert_eq!(v.ring().len(), 128);
+    }
+
+    #[test]
+    fn c9_highest_generation_wins_in_any_order() {
+        let old = member("n1", 1, NodeStatus::Serving);
+        let mut new = member("n1", 2, NodeStatus::Serving);
+        new.peer_addr = SocketAddr::from(([127, 0, 0, 1], 7100));
+        let a = MembershipView::new("x".into(), [old.clone(), new.clone()], 64);
+        let b = MembershipView::new("x".into(), [new.clone(), old.clone()], 64);
+        assert_eq!(a.get("n1"), Some(&new));
+        assert_eq!(b.get("n1"), Some(&new));
+        assert_eq!(a.len(), 1);
+        assert_eq!(a.version(), b.version());
+    }
+
+    #[test]
+    fn version_ignores_order_and_load_but_not_status() {
+        let ms = [
+            member("a", 1, NodeStatus::Serving),
+            member("b", 3, NodeStatus::Serving),
+            member("c", 2, NodeStatus::Serving),
+        ];
+        let mut rev = ms.clone();
+        rev.reverse();
+        let v1 = MembershipView::new("a".into(), ms.clone(), 64);
+        let v2 = MembershipView::new("c".into(), rev, 64);
+        assert_eq!(v1.version(), v2.version());
+
+        let mut loaded = ms.clone();
+        loaded[1].load = 3;
+        loaded[1].inflight = 99;
+        assert_eq!(
+            MembershipView::new("a".into(), loaded, 64).version(),
+            v1.version()
+        );
+
+        let mut drained = ms.clone();
+        drained[1].status = NodeStatus::Draining;
+        assert_ne!(
+            MembershipView::new("a".into(), drained, 64).version(),
+            v1.version()
+        );
+
+        let mut reweighted = ms.clone();
+        reweighted[1].weight = 50;
+        assert_ne!(
+            MembershipView::new("a".into(), reweighted, 64).version(),
+            v1.version()
+        );
+    }
+
+    #[test]
+    fn with_members_reuses_the_ring_only_when_unchanged() {
+        let ms = vec![
+            member("a", 1, NodeStatus::Serving),
+            member("b", 1, NodeStatus::Serving),
+        ];
+        let v1 = MembershipView::new("a".into(), ms.clone(), 64);
+        let mut loaded = ms.clone();
+        loaded[0].load = 10;
+        let v2 = v1.with_members(loaded.clone(), 64);
+        assert!(Arc::ptr_eq(&v1.ring, &v2.ring));
+        assert_eq!(v2.get("a").map(|m| m.load), Some(10));
+
+        let mut reweighted = ms.clone();
+        reweighted[0].weight = 50;
+        let v3 = v1.with_members(reweighted.clone(), 64);
+        assert!(!Arc::ptr_eq(&v1.ring, &v3.ring));
+        assert_eq!(
+            *v3.ring,
+            Ring::build(&[("a".into(), 50), ("b".into(), 100)], 64)
+        );
+        let v4 = v1.with_members(ms.clone(), 32);
+        assert_eq!(v4.ring().vnodes(), 32);
+        let v5 = v1.with_members(ms[..1].to_vec(), 64);
+        assert_eq!(v5.ring().node_count(), 1);
+    }
+}

@@ -1,0 +1,296 @@
+//! Sticky routes: the node that owns a session, carried by the client.
+//!
+//! The route travels in the `peerlb-route` cookie, or, when the client refuses
+//! cookies, as a path parameter on the last path segment
+//! (`/cart;peerlb-route=n1`, the `;jsessionid=` convention of servlet
+//! containers and mod_proxy_balancer's `stickysession=...|jsessionid`).
+//! The node id is percent-encoded: every byte outside RFC 3986 *unreserved*
+//! (`A-Z a-z 0-9 - . _ ~`) becomes `%XX`, which is valid in both a cookie
+//! value (RFC 6265) and a path segment.
+//!
+//! A route is only a hint: the router honours it only when it names a serving
+//! member (a forged or stale route gains nothing, cases H4 and C7).
+
+use std::borrow::Cow;
+
+use http::HeaderMap;
+use http::header::COOKIE;
+
+/// Name of the sticky route cookie.
+pub(crate) const ROUTE_COOKIE: &str = "peerlb-route";
+
+/// Name of the sticky route path parameter (`;peerlb-route=<id>`).
+pub(crate) const ROUTE_PARAM: &str = "peerlb-route";
+
+/// The sticky route a request carries, decoded: the `peerlb-route` cookie if
+/// present and non-empty (the first one, over all `Cookie` headers), else the
+/// `;peerlb-route=` parameter of the last path segment. `None` if neither.
+pub(crate) fn route_from_request(headers: &HeaderMap, uri: &http::Uri) -> Option<String> {
+    if let Some(v) = cookies(headers)
+        .find(|(name, _)| *name == ROUTE_COOKIE)
+        .map(|c| c.1)
+        && !v.is_empty()
+    {
+        return Some(percent_decode(v, false).into_owned());
+    }
+    let path = uri.path();
+    let last = &path[path.rfind('/').map_or(0, |i| i + 1)..];
+    last.split(';')
+        .skip(1)
+        .filter_map(|p| p.split_once('='))
+        .find(|(name, _)| *name == ROUTE_PARAM)
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_empty())
+        .map(|v| percent_decode(v, false).into_owned())
+}
+
+/// The `Set-Cookie` header value that makes the client stick to `node`:
+/// `peerlb-route=<pct-encoded id>; Path=/; HttpOnly; SameSite=Lax`.
+/// Always a valid header value (ASCII, no control characters).
+pub(crate) fn set_cookie_value(node: &str) -> String {
+    format!(
+        "{ROUTE_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax",
+        percent_encode(node)
+    )
+}
+
+/// The path parameter naming `node`, to append to the last path segment of
+/// URLs the app emits when cookies are refused: `;peerlb-route=<pct id>`.
+pub(crate) fn encode_route_param(node: &str) -> String {
+    format!(";{ROUTE_PARAM}={}", percent_encode(node))
+}
+
+/// Removes every `;peerlb-route=...` parameter from the last segment of
+/// `path` (a path without query), keeping other parameters, so the app sees
+/// the path it emitted. Borrows when there is nothing to strip.
+pub(crate) fn strip_route_param(path: &str) -> Cow<'_, str> {
+    let seg_start = path.rfind('/').map_or(0, |i| i + 1);
+    let last = &path[seg_start..];
+    let is_route = |p: &str| p.split_once('=').map_or(p, |(n, _)| n) == ROUTE_PARAM;
+    if !last.split(';').skip(1).any(is_route) {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    out.push_str(&path[..seg_start]);
+    let mut parts = last.split(';');
+    out.push_str(parts.next().unwrap_or(""));
+    for p in parts.filter(|p| !is_route(p)) {
+        out.push(';');
+        out.push_str(p);
+    }
+    Cow::Owned(out)
+}
+
+/// Iterates the `name=value` pairs of all `Cookie` headers in order
+/// (RFC 6265 §5.4 `a=1; b=2`), names and values trimmed, a value's
+/// surrounding double quotes removed. Non-UTF-8 headers and pairs without
+/// `=` are skipped.
+pub(crate) fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| {
+            let (n, v) = pair.split_once('=')?;
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            Some((n.trim(), v))
+        })
+}
+
+/// Percent-encodes `s`: every byte outside RFC 3986 unreserved
+/// (`A-Z a-z 0-9 - . _ ~`) becomes `%XX` (uppercase hex).
+pub(crate) fn percent_encode(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 15)] as char);
+        }
+    }
+    out
+}
+
+/// Percent-decodes `s` (WHATWG URL rules): `%XX` becomes the byte, a `%` not
+/// followed by two hex digits is kept as is, and with `plus_as_space` a `+`
+/// becomes a space (`application/x-www-form-urlencoded` query strings).
+/// Invalid UTF-8 in the result is replaced by U+FFFD. Borrows when nothing
+/// changes.
+pub(crate) fn percent_decode(s: &str, plus_as_space: bool) -> Cow<'_, str> {
+    let bytes = s.as_bytes();
+    if !bytes
+        .iter()
+        .any(|&b| b == b'%' || (plus_as_space && b == b'+'))
+    {
+        return Cow::Borrowed(s);
+    }
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let pair = bytes
+                    .get(i + 1)
+                    .copied()
+                    .and_then(hex)
+                    .zip(bytes.get(i + 2).copied().and_then(hex));
+                if let Some((h, l)) = pair {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b'+' if plus_as_space => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    match String::from_utf8(out) {
+        Ok(s) => Cow::Owned(s),
+        Err(e) => Cow::Owned(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderValue, Uri};
+
+    fn headers(cookies: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for c in cookies {
+            h.append(COOKIE, HeaderValue::from_str(c).unwrap());
+        }
+        h
+    }
+
+    const ODD_IDS: [&str; 7] = [
+        "n1",
+        "10.0.0.1:555",
+        "node with spaces",
+        "a;b=c,d\"e\\f",
+        "ünïcødé/ノード",
+        "100%+plus",
+        "-._~",
+    ];
+
+    #[test]
+    fn encode_is_unreserved_only() {
+        assert_eq!(percent_encode("10.0.0.1:555"), "10.0.0.1%3A555");
+        assert_eq!(percent_encode("a b/ü"), "a%20b%2F%C3%BC");
+        assert_eq!(percent_encode("-._~"), "-._~");
+        assert_eq!(
+            set_cookie_value("s1:1"),
+            "peerlb-route=s1%3A1; Path=/; HttpOnly; SameSite=Lax"
+        );
+        assert_eq!(encode_route_param("s1:1"), ";peerlb-route=s1%3A1");
+    }
+
+    #[test]
+    fn decode_rules() {
+        assert_eq!(percent_decode("a%20b", false), "a b");
+        assert_eq!(percent_decode("a+b", false), "a+b");
+        assert_eq!(percent_decode("a+b", true), "a b");
+        assert_eq!(percent_decode("100%", false), "100%");
+        assert_eq!(percent_decode("%4", false), "%4");
+        assert_eq!(percent_decode("%zz%41", false), "%zzA");
+        assert_eq!(percent_decode("%C3%BC", false), "ü");
+        assert_eq!(percent_decode("%FF", false), "\u{FFFD}");
+        assert!(matches!(
+            percent_decode("plain", true),
+            Cow::Borrowed("plain")
+        ));
+    }
+
+    #[test]
+    fn cookie_roundtrip_with_odd_ids() {
+        for id in ODD_IDS {
+            let set = set_cookie_value(id);
+            assert!(HeaderValue::from_str(&set).is_ok(), "{set}");
+            // The client echoes name=value (the part before the first ';').
+            let echoed = set.split(';').next().unwrap();
+            let h = headers(&["theme=dark", echoed]);
+            let uri = Uri::from_static("/cart");
+            assert_eq!(route_from_request(&h, &uri).as_deref(), Some(id));
+        }
+    }
+
+    #[test]
+    fn param_roundtrip_with_odd_ids() {
+        for id in ODD_IDS {
+            let path = format!("/shop/cart{}", encode_route_param(id));
+            let uri: Uri = format!("{path}?x=1").parse().unwrap();
+            assert_eq!(
+                route_from_request(&HeaderMap::new(), &uri).as_deref(),
+                Some(id)
+            );
+            assert_eq!(strip_route_param(uri.path()), "/shop/cart");
+        }
+    }
+
+    #[test]
+    fn cookie_wins_over_param_and_first_cookie_wins() {
+        let uri = Uri::from_static("/a;peerlb-route=p");
+        assert_eq!(
+            route_from_request(&headers(&["peerlb-route=c"]), &uri).as_deref(),
+            Some("c")
+        );
+        let h = headers(&["x=1; peerlb-route=\"first\"", "peerlb-route=second"]);
+        assert_eq!(route_from_request(&h, &uri).as_deref(), Some("first"));
+        // An empty cookie does not hide the parameter.
+        assert_eq!(
+            route_from_request(&headers(&["peerlb-route="]), &uri).as_deref(),
+            Some("p")
+        );
+        assert_eq!(
+            route_from_request(&HeaderMap::new(), &uri).as_deref(),
+            Some("p")
+        );
+    }
+
+    #[test]
+    fn param_only_on_last_segment() {
+        let none = |u: &'static str| route_from_request(&HeaderMap::new(), &Uri::from_static(u));
+        assert_eq!(none("/a;peerlb-route=n1/b"), None);
+        assert_eq!(
+            none("/a;jsessionid=x;peerlb-route=n2").as_deref(),
+            Some("n2")
+        );
+        assert_eq!(none("/a;peerlb-route="), None);
+        assert_eq!(none("/a;peerlb-routex=n1"), None);
+        assert_eq!(none("/a?peerlb-route=n1"), None);
+        assert_eq!(none("/"), None);
+    }
+
+    #[test]
+    fn strip_keeps_other_params_and_borrows_when_clean() {
+        assert!(matches!(strip_route_param("/a/b"), Cow::Borrowed("/a/b")));
+        assert!(matches!(
+            strip_route_param("/a;peerlb-route=x/b"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            strip_route_param("/a/b;jsessionid=1;peerlb-route=n1;v=2"),
+            "/a/b;jsessionid=1;v=2"
+        );
+        assert_eq!(strip_route_param(";peerlb-route=n1"), "");
+        assert_eq!(strip_route_param("/x;peerlb-route"), "/x");
+    }
+
+    #[test]
+    fn cookie_parsing() {
+        let h = headers(&["a=1; b = 2 ;c", "d=\"q\"; e=x=y"]);
+        let all: Vec<_> = cookies(&h).collect();
+        assert_eq!(all, [("a", "1"), ("b", "2"), ("d", "q"), ("e", "x=y")]);
+    }
+}

@@ -1,0 +1,264 @@
+//! The composition root: [`Node::build`] wires the engine to the adapters;
+//! [`Node::run`] serves until the shutdown future resolves, then drains.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::adapters::app::App;
+use crate::adapters::gossip::{self, GossipSettings, Published};
+use crate::adapters::ingress::{self, Ingress, IngressSettings};
+use crate::adapters::peer::{self, PeerLinks, PeerSettings};
+use crate::adapters::tls::{self, TlsMaterial};
+use crate::config::NodeConfig;
+use crate::engine::membership::{Member, MembershipView, NodeStatus};
+use crate::engine::route::Router;
+use crate::env::Env;
+
+/// A node could not be built or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// TLS material missing or invalid: run `peerlb certs` (or `peerlb up`).
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The QUIC endpoint could not be set up.
+    #[error(transparent)]
+    Peer(#[from] peer::PeerSetupError),
+    /// Gossip could not start.
+    #[error(transparent)]
+    Gossip(#[from] gossip::GossipError),
+    /// A listener could not be registered with the runtime.
+    #[error("listener: {0}")]
+    Listener(std::io::Error),
+}
+
+/// One peerlb node, built but not running.
+pub struct Node {
+    config: NodeConfig,
+    env: Env,
+    tls: TlsMaterial,
+}
+
+impl Node {
+    /// Builds a node from a validated config and the bound sockets of `env`.
+    /// Reads the TLS files; binds nothing.
+    ///
+    /// # Errors
+    /// [`NodeError::Tls`] when the CA, certificate or key cannot be loaded.
+    pub fn build(config: NodeConfig, env: Env) -> Result<Node, NodeError> {
+        let tls = TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?;
+        // A node handed another node's files must not start under a false name.
+        tls::verify_peer_is(tls.cert_chain(), &config.node.id)?;
+        Ok(Node { config, env, tls })
+    }
+
+    /// Serves until `shutdown` resolves, then drains: publishes `leaving`,
+    /// keeps serving for `drain_grace` so every peer stops routing here,
+    /// closes the listeners, waits (up to `drain_timeout`) for in-flight
+    /// requests, and closes the peer links and gossip.
+    ///
+    /// # Errors
+    /// [`NodeError`] when the endpoint, gossip or listeners cannot start.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+        let Node { config, env, tls } = self;
+        let me = config.node.clone();
+        let settings = PeerSettings {
+            keep_alive: config.keep_alive,
+            idle_timeout: config.idle_timeout,
+            connect_timeout: config.connect_timeout,
+        };
+        let (endpoint, client) = peer::endpoint(env.peer_socket, &tls, &settings)?;
+        let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
+        let gossip = gossip::start(
+            &GossipSettings {
+                cluster: config.cluster.clone(),
+                node_id: me.id.clone(),
+                generation: env.generation,
+                gossip_addr: me.gossip_addr,
+                seeds: config.seeds.clone(),
+                interval: config.gossip_interval,
+                phi_threshold: config.phi_threshold,
+                dead_node_grace: config.dead_node_grace,
+            },
+            &Published {
+                peer_addr: me.peer_addr,
+                http_addr: me.http_addr,
+                weight: me.weight,
+                status: NodeStatus::Serving,
+            },
+            &*env.gossip,
+        )
+        .await?;
+
+        let self_member = Member {
+            id: me.id.clone(),
+            generation: env.generation,
+            peer_addr: me.peer_addr,
+            http_addr: me.http_addr,
+            weight: me.weight,
+            status: NodeStatus::Serving,
+            load: 100,
+            inflight: 0,
+        };
+        let (view_tx, view_rx) = watch::channel(Arc::new(MembershipView::new(
+            me.id.clone(),
+            [self_member.clone()],
+            config.vnodes,
+        )));
+        let view_task = tokio::spawn(maintain_view(
+            gossip.members(),
+            links.clone(),
+            view_tx,
+            self_member,
+            config.vnodes,
+        ));
+
+        let ingress = Arc::new(Ingress::new(
+            me.id.clone(),
+            view_rx,
+            Router::new(config.policy, config.rules.clone()),
+            links.clone(),
+            App::new(&config.app),
+            IngressSettings {
+                max_request_target: config.max_request_target,
+                response_timeout: config.response_timeout,
+                header_served_by: config.header_served_by,
+                header_entry: config.header_entry,
+            },
+            env.seed,
+        ));
+        let peer_task = tokio::spawn(peer::serve(endpoint, ingress.clone()));
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let graceful = Arc::new(GracefulShutdown::new());
+        let mut listeners = Vec::new();
+        for l in env.http_listeners {
+            let addr = l.local_addr().ok();
+            let l = tokio::net::TcpListener::from_std(l).map_err(NodeError::Listener)?;
+            info!(addr = ?addr, "listening for clients");
+            listeners.push(tokio::spawn(ingress::serve(
+                l,
+                ingress.clone(),
+                stop_rx.clone(),
+                graceful.clone(),
+            )));
+        }
+        info!(node = %me.id, generation = env.generation, peer = %me.peer_addr, gossip = %me.gossip_addr, "node running");
+
+        let load_task = {
+            let ingress = ingress.clone();
+            let publisher = gossip.publisher();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                let mut last = (100u8, 0u32);
+                loop {
+                    tick.tick().await;
+                    let inflight = ingress.inflight();
+                    let load = 100u32.saturating_sub(inflight.min(100)) as u8;
+                    if (load, inflight) != last {
+                        publisher.set_load(load, inflight).await;
+                        last = (load, inflight);
+                    }
+                }
+            })
+        };
+
+        shutdown.await;
+        info!(grace = ?config.drain_grace, "draining: published leaving, still serving");
+        gossip.publisher().set_status(NodeStatus::Leaving).await;
+        tokio::time::sleep(config.drain_grace).await;
+        let _ = stop_tx.send(true);
+        for l in listeners {
+            let _ = l.await;
+        }
+        let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
+        let drained = tokio::time::timeout(config.drain_timeout, async {
+            graceful.shutdown().await;
+            while ingress.inflight() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            warn!(inflight = ingress.inflight(), "drain timeout: closing with requests in flight");
+        }
+        load_task.abort();
+        view_task.abort();
+        links.close().await;
+        peer_task.abort();
+        gossip.shutdown().await;
+        info!("node stopped");
+        Ok(())
+    }
+}
+
+/// Rebuilds the membership view whenever gossip's live set or the set of
+/// authenticated peer connections changes. A peer is routable only while
+/// gossip says it is live AND its QUIC connection is up; this node is
+/// always in its own view.
+async fn maintain_view(
+    mut gossip: watch::Receiver<Vec<Member>>,
+    links: Arc<PeerLinks>,
+    view_tx: watch::Sender<Arc<MembershipView>>,
+    self_member: Member,
+    vnodes: u32,
+) {
+    let mut connected = links.connected();
+    loop {
+        let members = gossip.borrow_and_update().clone();
+        let peers: Vec<_> = members
+            .iter()
+            .filter(|m| m.id != self_member.id)
+            .map(|m| (m.id.clone(), m.peer_addr))
+            .collect();
+        links.sync(&peers);
+        let up: BTreeSet<_> = connected.borrow_and_update().clone();
+        let mut me = self_member.clone();
+        if let Some(m) = members
+            .iter()
+            .filter(|m| m.id == me.id)
+            .max_by_key(|m| m.generation)
+        {
+            me.status = m.status;
+            me.load = m.load;
+            me.inflight = m.inflight;
+        }
+        let self_id = me.id.clone();
+        let view = MembershipView::new(
+            self_id.clone(),
+            members
+                .into_iter()
+                .filter(|m| m.id != self_id && up.contains(&m.id))
+                .chain(std::iter::once(me)),
+            vnodes,
+        );
+        let changed = view_tx.borrow().version() != view.version();
+        if changed {
+            info!(
+                version = view.version(),
+                serving = ?view.serving_ids(),
+                "membership view changed"
+            );
+        }
+        view_tx.send_replace(Arc::new(view));
+        tokio::select! {
+            r = gossip.changed() => if r.is_err() { return },
+            r = connected.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// Makes sure the certificates of every node listed in `config` exist
+/// (used by `peerlb up`).
+///
+/// # Errors
+/// [`tls::TlsError`] when they cannot be written.
+pub fn ensure_local_certs(config: &NodeConfig) -> Result<(), tls::TlsError> {
+    let ids: Vec<&str> = config.nodes.iter().map(|n| &*n.id).collect();
+    tls::ensure_local(&config.tls.dir, &config.cluster, &ids).map(|_| ())
+}
