@@ -532,7 +532,7 @@ impl ClusterFile {
             }
             out.push(a);
         }
-        Rules::compile(&self.rules).map_err(|e| inv("rules", e.to_string()))?;
+        Rules::compile(&self.rules).map_err(|e| rule_error(src, e))?;
         Ok(out)
     }
 
@@ -637,7 +637,7 @@ impl ClusterFile {
             shared_listen,
             seeds,
             policy: parse_policy(&self.policy).map_err(|m| inv("policy", m))?,
-            rules: Rules::compile(&self.rules).map_err(|e| inv("rules", e.to_string()))?,
+            rules: Rules::compile(&self.rules).map_err(|e| rule_error(src, e))?,
             app,
             vnodes: self.ring.vnodes,
             tls,
@@ -654,6 +654,17 @@ impl ClusterFile {
             keep_alive: ms(self.peer.keep_alive_ms),
             idle_timeout: ms(self.peer.idle_timeout_ms),
         })
+    }
+}
+
+fn rule_error(src: &Source, e: crate::engine::rules::RuleError) -> ConfigError {
+    ConfigError::Invalid {
+        origin: src.origin.clone(),
+        message: match &e.rule {
+            Some(name) => format!("{} (rule {name:?})", e.kind),
+            None => e.kind.to_string(),
+        },
+        field: e.path,
     }
 }
 
@@ -767,7 +778,7 @@ mod tests {
     fn bad_rule_is_reported_under_rules() {
         let text = format!("{ONE}[[rules]]\nextract = [{{ path_regex = \"(\" }}]\n");
         let e = validate(&text, "n1").unwrap_err().to_string();
-        assert!(e.contains(": rules: "), "{e}");
+        assert!(e.starts_with("test.toml: rules[0].extract[0].path_regex: "), "{e}");
     }
 
     #[test]

@@ -229,8 +229,7 @@ async fn maintain_view(
             me.inflight = m.inflight;
         }
         let self_id = me.id.clone();
-        let view = MembershipView::new(
-            self_id.clone(),
+        let view = view_tx.borrow().with_members(
             members
                 .into_iter()
                 .filter(|m| m.id != self_id && up.contains(&m.id))

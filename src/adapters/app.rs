@@ -8,7 +8,7 @@
 //! | `/session` | starts a session: sets the cookie `session=<node>-<n>` |
 //! | `/bytes/<n>` | streams a body of `n` bytes (at most 1 GiB), in 64 KiB chunks |
 //! | `/echo` | streams the request body back |
-//! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key` |
+//! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,6 +129,13 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
         "path": path,
         "key": ctx.key,
         "client": ctx.client.to_string(),
+        // Marks the node uses itself; a client must never be able to set them (H4).
+        "peerlb_headers": req
+            .headers()
+            .keys()
+            .filter(|k| k.as_str().starts_with("peerlb-"))
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>(),
     });
     let mut resp = Response::builder().header(header::CONTENT_TYPE, "application/json");
     if path == "/session" {

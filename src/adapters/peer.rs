@@ -482,7 +482,14 @@ async fn serve_stream<H: ProxiedHandler>(
     };
     let span = info_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     let resp = handler.serve(&head, req).instrument(span).await;
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        // A body of known size keeps its length across the hop, so the
+        // entry answers the client with Content-Length, not chunked.
+        if let Some(n) = body.size_hint().exact() {
+            parts.headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
     let rh = ResponseHead {
         status: parts.status.as_u16(),
         headers: parts

@@ -72,7 +72,7 @@ impl FromStr for PolicyKind {
     ///
     /// # Errors
     ///
-    /// [`ParsePolicyError`] for any other string.
+    /// `ParsePolicyError` for any other string.
     fn from_str(s: &str) -> Result<PolicyKind, ParsePolicyError> {
         PolicyKind::ALL
             .into_iter()

@@ -67,7 +67,7 @@ impl FromStr for NodeStatus {
     ///
     /// # Errors
     ///
-    /// [`ParseStatusError`] for any other string; a gossip adapter should
+    /// `ParseStatusError` for any other string; a gossip adapter should
     /// treat such a member as not serving (it may run a newer version).
     fn from_str(s: &str) -> Result<NodeStatus, ParseStatusError> {
         match s {

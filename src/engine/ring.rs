@@ -147,7 +147,7 @@ impl Ring {
         }
     }
 
-    /// The node owning `key`: the first vnode clockwise from [`hash_key`]`(key)`.
+    /// The node owning `key`: the first vnode clockwise from `hash_key(key)`.
     /// `None` when the ring is empty. Allocation-free (one binary search).
     pub fn owner(&self, key: &str) -> Option<&NodeId> {
         self.owner_of_point(hash_key(key))

@@ -229,7 +229,7 @@ impl Rules {
     ///
     /// # Errors
     ///
-    /// The first invalid field, as a [`RuleError`] naming it: an extractor
+    /// The first invalid field, as a `RuleError` naming it: an extractor
     /// without exactly one source, an empty `extract` list, an empty name, a
     /// regex that does not compile or (for extractors) has no capture group,
     /// an invalid method or header name.
