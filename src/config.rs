@@ -497,7 +497,10 @@ impl ClusterFile {
             }
         }
         if self.nodes.is_empty() {
-            return Err(inv("nodes", "at least one [[nodes]] entry is required".into()));
+            return Err(inv(
+                "nodes",
+                "at least one [[nodes]] entry is required".into(),
+            ));
         }
         let mut out: Vec<NodeAddrs> = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
@@ -556,11 +559,12 @@ impl ClusterFile {
         let mut nodes = self.check(src)?;
         tls::validate_node_id(node_id).map_err(|e| inv("--node", e.to_string()))?;
         let pos = nodes.iter().position(|n| &*n.id == node_id);
-        let addr_flag = |flag: &str, v: &Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
-            v.as_deref()
-                .map(|s| parse_addr(s).map_err(|m| inv(flag, m)))
-                .transpose()
-        };
+        let addr_flag =
+            |flag: &str, v: &Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
+                v.as_deref()
+                    .map(|s| parse_addr(s).map_err(|m| inv(flag, m)))
+                    .transpose()
+            };
         let http = addr_flag("--http-addr", &ov.http_addr)?;
         let peer = addr_flag("--peer-addr", &ov.peer_addr)?;
         let gossip = addr_flag("--gossip-addr", &ov.gossip_addr)?;
@@ -598,11 +602,13 @@ impl ClusterFile {
             }
         };
         if me.weight > 10_000 {
-            return Err(inv("--weight", format!("{} is out of range 0..=10000", me.weight)));
+            return Err(inv(
+                "--weight",
+                format!("{} is out of range 0..=10000", me.weight),
+            ));
         }
-        let app = parse_app(ov.app.as_deref().unwrap_or(&self.app)).map_err(|m| {
-            inv(if ov.app.is_some() { "--app" } else { "app" }, m)
-        })?;
+        let app = parse_app(ov.app.as_deref().unwrap_or(&self.app))
+            .map_err(|m| inv(if ov.app.is_some() { "--app" } else { "app" }, m))?;
         let shared_listen = addr_flag("--shared-listen", &ov.shared_listen)?;
         if shared_listen == Some(me.http_addr) {
             return Err(inv(
@@ -712,7 +718,11 @@ mod tests {
     #[test]
     fn embedded_default_is_valid_three_nodes_on_loopback() {
         let s = Source::load(None).unwrap();
-        let c = s.parse().unwrap().validate(&s, "n2", &Overrides::default()).unwrap();
+        let c = s
+            .parse()
+            .unwrap()
+            .validate(&s, "n2", &Overrides::default())
+            .unwrap();
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(&*c.node.id, "n2");
         assert_eq!(c.node.http_addr, "127.0.0.1:8082".parse().unwrap());
@@ -766,7 +776,10 @@ mod tests {
                 format!("[peer]\nkeep_alive_ms = 2000\nidle_timeout_ms = 1000\n{ONE}"),
                 "peer.keep_alive_ms",
             ),
-            (format!("[limits]\nresponse_timeout_ms = 0\n{ONE}"), "limits.response_timeout_ms"),
+            (
+                format!("[limits]\nresponse_timeout_ms = 0\n{ONE}"),
+                "limits.response_timeout_ms",
+            ),
             (String::new(), "nodes"),
         ] {
             let e = validate(&text, "n1").unwrap_err().to_string();
@@ -778,7 +791,10 @@ mod tests {
     fn bad_rule_is_reported_under_rules() {
         let text = format!("{ONE}[[rules]]\nextract = [{{ path_regex = \"(\" }}]\n");
         let e = validate(&text, "n1").unwrap_err().to_string();
-        assert!(e.starts_with("test.toml: rules[0].extract[0].path_regex: "), "{e}");
+        assert!(
+            e.starts_with("test.toml: rules[0].extract[0].path_regex: "),
+            "{e}"
+        );
     }
 
     #[test]
@@ -815,7 +831,12 @@ mod tests {
             gossip_addr: Some("x".into()),
             ..Overrides::default()
         };
-        let e = s.parse().unwrap().validate(&s, "n1", &bad).unwrap_err().to_string();
+        let e = s
+            .parse()
+            .unwrap()
+            .validate(&s, "n1", &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--gossip-addr"), "{e}");
     }
 

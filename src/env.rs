@@ -48,13 +48,14 @@ impl Env {
     pub fn bind(config: &NodeConfig) -> Result<Env, BindError> {
         let n = &config.node;
         let err = |what, addr| move |source| BindError { what, addr, source };
-        let mut http_listeners = vec![
-            tcp_listener(n.http_addr, false).map_err(err("http_addr", n.http_addr))?,
-        ];
+        let mut http_listeners =
+            vec![tcp_listener(n.http_addr, false).map_err(err("http_addr", n.http_addr))?];
         if let Some(shared) = config.shared_listen {
-            http_listeners.push(tcp_listener(shared, true).map_err(err("shared listen address", shared))?);
+            http_listeners
+                .push(tcp_listener(shared, true).map_err(err("shared listen address", shared))?);
         }
-        let peer_socket = std::net::UdpSocket::bind(n.peer_addr).map_err(err("peer_addr", n.peer_addr))?;
+        let peer_socket =
+            std::net::UdpSocket::bind(n.peer_addr).map_err(err("peer_addr", n.peer_addr))?;
         peer_socket
             .set_nonblocking(true)
             .map_err(err("peer_addr", n.peer_addr))?;

@@ -185,7 +185,10 @@ impl Node {
         })
         .await;
         if drained.is_err() {
-            warn!(inflight = ingress.inflight(), "drain timeout: closing with requests in flight");
+            warn!(
+                inflight = ingress.inflight(),
+                "drain timeout: closing with requests in flight"
+            );
         }
         load_task.abort();
         view_task.abort();

@@ -26,7 +26,10 @@ pub fn answer(ingress: &Ingress, path: &str) -> Option<Response<Body>> {
     let (status, text) = if path == STATUS {
         (http::StatusCode::OK, status_json(ingress))
     } else {
-        (http::StatusCode::NOT_FOUND, "{\"error\":\"unknown admin path\"}".to_owned())
+        (
+            http::StatusCode::NOT_FOUND,
+            "{\"error\":\"unknown admin path\"}".to_owned(),
+        )
     };
     let mut r = Response::new(body::full(text + "\n"));
     *r.status_mut() = status;

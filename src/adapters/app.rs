@@ -93,7 +93,11 @@ impl App {
     /// # Errors
     /// [`AppError`] when the upstream app cannot be reached; the built-in
     /// app never fails.
-    pub async fn serve(&self, req: Request<Body>, ctx: ServeCtx<'_>) -> Result<Response<Body>, AppError> {
+    pub async fn serve(
+        &self,
+        req: Request<Body>,
+        ctx: ServeCtx<'_>,
+    ) -> Result<Response<Body>, AppError> {
         match self {
             App::Builtin { sessions } => Ok(builtin(req, ctx, sessions)),
             App::Upstream { base, client } => upstream(base, client, req, ctx).await,
@@ -106,7 +110,10 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
     if let Some(n) = path.strip_prefix("/bytes/") {
         return match n.parse::<u64>() {
             Ok(n) if n <= MAX_BYTES_BODY => bytes_response(n),
-            _ => text(StatusCode::BAD_REQUEST, "want /bytes/<n> with n <= 1073741824\n"),
+            _ => text(
+                StatusCode::BAD_REQUEST,
+                "want /bytes/<n> with n <= 1073741824\n",
+            ),
         };
     }
     if path == "/echo" {
@@ -139,13 +146,18 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
     });
     let mut resp = Response::builder().header(header::CONTENT_TYPE, "application/json");
     if path == "/session" {
-        let id = format!("{}-{}", ctx.node, sessions.fetch_add(1, Ordering::Relaxed) + 1);
+        let id = format!(
+            "{}-{}",
+            ctx.node,
+            sessions.fetch_add(1, Ordering::Relaxed) + 1
+        );
         resp = resp.header(header::SET_COOKIE, format!("session={id}; Path=/"));
         info["session"] = id.into();
     }
     let mut text = info.to_string();
     text.push('\n');
-    resp.body(body::full(text)).expect("static response parts are valid")
+    resp.body(body::full(text))
+        .expect("static response parts are valid")
 }
 
 fn text(status: StatusCode, msg: &'static str) -> Response<Body> {
@@ -159,7 +171,10 @@ fn text(status: StatusCode, msg: &'static str) -> Response<Body> {
 /// `n` bytes of a repeating pattern, streamed in 64 KiB chunks.
 fn bytes_response(n: u64) -> Response<Body> {
     const CHUNK: usize = 64 * 1024;
-    let pattern: Bytes = (0..CHUNK).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+    let pattern: Bytes = (0..CHUNK)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
     let mut left = n;
     let stream = std::iter::from_fn(move || {
         if left == 0 {
@@ -167,11 +182,14 @@ fn bytes_response(n: u64) -> Response<Body> {
         }
         let take = left.min(CHUNK as u64) as usize;
         left -= take as u64;
-        Some(Ok::<_, BodyError>(http_body::Frame::data(pattern.slice(..take))))
+        Some(Ok::<_, BodyError>(http_body::Frame::data(
+            pattern.slice(..take),
+        )))
     });
     let body = http_body_util::StreamBody::new(IterStream(stream));
     let mut r = Response::new(body.boxed_unsync());
-    r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -291,7 +309,11 @@ mod tests {
         assert_eq!(r.headers()[header::CONTENT_LENGTH], "200000");
         let b = r.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(b.len(), 200_000);
-        assert!(b.iter().enumerate().all(|(i, &x)| x == ((i % (64 * 1024)) % 251) as u8));
+        assert!(
+            b.iter()
+                .enumerate()
+                .all(|(i, &x)| x == ((i % (64 * 1024)) % 251) as u8)
+        );
         let r = app.serve(get("/bytes/huge"), ctx()).await.unwrap();
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
@@ -305,7 +327,10 @@ mod tests {
             .unwrap();
         let r = app.serve(req, ctx()).await.unwrap();
         assert_eq!(r.headers()[header::CONTENT_LENGTH], "5");
-        assert_eq!(&r.into_body().collect().await.unwrap().to_bytes()[..], b"hello");
+        assert_eq!(
+            &r.into_body().collect().await.unwrap().to_bytes()[..],
+            b"hello"
+        );
     }
 
     #[tokio::test]
@@ -314,7 +339,9 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let app = App::new(&AppKind::Upstream(format!("http://{addr}").parse().unwrap()));
+        let app = App::new(&AppKind::Upstream(
+            format!("http://{addr}").parse().unwrap(),
+        ));
         let e = app.serve(get("/"), ctx()).await.unwrap_err();
         assert!(e.to_string().contains(&addr.to_string()), "{e}");
     }

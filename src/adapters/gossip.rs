@@ -69,7 +69,11 @@ pub struct Publisher(std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>);
 impl Publisher {
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
     pub async fn set_status(&self, status: NodeStatus) {
-        self.0.lock().await.self_node_state().set("status", status.as_str());
+        self.0
+            .lock()
+            .await
+            .self_node_state()
+            .set("status", status.as_str());
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.

@@ -280,7 +280,14 @@ impl Ingress {
         };
         let span = info_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
         let (mut resp, served_by) = self
-            .serve_candidates(req, client, &decision.candidates, decision.key.as_deref(), request_id, view.version())
+            .serve_candidates(
+                req,
+                client,
+                &decision.candidates,
+                decision.key.as_deref(),
+                request_id,
+                view.version(),
+            )
             .instrument(span)
             .await?;
         if sticky_on && route.as_deref() != Some(&*served_by) {
@@ -478,7 +485,10 @@ mod tests {
     #[test]
     fn target_len_counts_the_request_target_as_sent() {
         assert_eq!(target_len(&"/a?b=c".parse().unwrap()), 6);
-        assert_eq!(target_len(&"http://h:1/a".parse().unwrap()), "http://h:1/a".len());
+        assert_eq!(
+            target_len(&"http://h:1/a".parse().unwrap()),
+            "http://h:1/a".len()
+        );
     }
 
     #[test]

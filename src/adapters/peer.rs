@@ -268,7 +268,10 @@ impl PeerLinks {
     ///
     /// # Errors
     /// [`OpenError`] when there is no connection or no stream could be opened.
-    pub async fn open(&self, peer: &NodeId) -> Result<(quinn::SendStream, quinn::RecvStream), OpenError> {
+    pub async fn open(
+        &self,
+        peer: &NodeId,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), OpenError> {
         let conn = self
             .slots
             .lock()
@@ -362,7 +365,9 @@ enum HeadError {
     Wire(#[from] wire::WireError),
 }
 
-async fn read_head<T: serde::de::DeserializeOwned>(recv: &mut quinn::RecvStream) -> Result<T, HeadError> {
+async fn read_head<T: serde::de::DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+) -> Result<T, HeadError> {
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
     let len = wire::head_len(prefix)?;
@@ -379,7 +384,10 @@ pub fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let h = resp.headers_mut();
     for (k, v) in head.headers {
-        match (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_bytes(&v)) {
+        match (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_bytes(&v),
+        ) {
             (Ok(k), Ok(v)) => {
                 h.append(k, v);
             }
@@ -408,16 +416,17 @@ pub async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>
 }
 
 async fn serve_connection<H: ProxiedHandler>(conn: quinn::Connection, handler: Arc<H>) {
-    let certs: Arc<Vec<rustls_pki_types::CertificateDer<'static>>> = match conn
-        .peer_identity()
-        .and_then(|id| id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>().ok())
-    {
-        Some(c) => Arc::new(*c),
-        None => {
-            conn.close(1u32.into(), b"client certificate required");
-            return;
-        }
-    };
+    let certs: Arc<Vec<rustls_pki_types::CertificateDer<'static>>> =
+        match conn.peer_identity().and_then(|id| {
+            id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+                .ok()
+        }) {
+            Some(c) => Arc::new(*c),
+            None => {
+                conn.close(1u32.into(), b"client certificate required");
+                return;
+            }
+        };
     // The entry node id this connection proved it is (checked on first use).
     let verified: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     loop {
@@ -464,7 +473,9 @@ async fn serve_stream<H: ProxiedHandler>(
         }
         *verified.lock().expect("verified lock") = Some(head.entry.clone());
     }
-    let mut builder = Request::builder().method(head.method.as_str()).uri(head.uri.as_str());
+    let mut builder = Request::builder()
+        .method(head.method.as_str())
+        .uri(head.uri.as_str());
     let mut len = None;
     for (k, v) in &head.headers {
         if k == "content-length" {
@@ -472,7 +483,9 @@ async fn serve_stream<H: ProxiedHandler>(
         }
         builder = builder.header(k.as_str(), v.as_slice());
     }
-    let req = match builder.body(http_body_util::BodyExt::boxed_unsync(QuicBody::new(recv, len))) {
+    let req = match builder.body(http_body_util::BodyExt::boxed_unsync(QuicBody::new(
+        recv, len,
+    ))) {
         Ok(r) => r,
         Err(e) => {
             warn!(error = %e, "bad request head from peer: closing that stream");
@@ -480,14 +493,17 @@ async fn serve_stream<H: ProxiedHandler>(
             return;
         }
     };
-    let span = info_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
+    let span =
+        info_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     let resp = handler.serve(&head, req).instrument(span).await;
     let (mut parts, body) = resp.into_parts();
     if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
         // A body of known size keeps its length across the hop, so the
         // entry answers the client with Content-Length, not chunked.
         if let Some(n) = body.size_hint().exact() {
-            parts.headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+            parts
+                .headers
+                .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
         }
     }
     let rh = ResponseHead {

@@ -116,12 +116,9 @@ pub fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
 pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     let (v, used) = bincode::serde::decode_from_slice(bytes, config())?;
     if used != bytes.len() {
-        return Err(WireError::Decode(
-            bincode::error::DecodeError::OtherString(format!(
-                "{} trailing bytes after the head",
-                bytes.len() - used
-            )),
-        ));
+        return Err(WireError::Decode(bincode::error::DecodeError::OtherString(
+            format!("{} trailing bytes after the head", bytes.len() - used),
+        )));
     }
     Ok(v)
 }

@@ -72,7 +72,13 @@ impl Cluster {
 
     /// Like [`Cluster::start`]; with `shared`, every node also listens on one
     /// shared SO_REUSEPORT address (the kernel as sprayer).
-    pub fn start_with(tag: &str, n: usize, extra_head: &str, extra_tail: &str, shared: bool) -> Cluster {
+    pub fn start_with(
+        tag: &str,
+        n: usize,
+        extra_head: &str,
+        extra_tail: &str,
+        shared: bool,
+    ) -> Cluster {
         let dir = temp_dir(tag);
         let nodes: Vec<NodeInfo> = (1..=n)
             .map(|i| NodeInfo {
@@ -82,7 +88,8 @@ impl Cluster {
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
             })
             .collect();
-        let mut text = format!("name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\n\n");
+        let mut text =
+            format!("name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\n\n");
         for node in &nodes {
             text += &format!(
                 "[[nodes]]\nid = \"{}\"\nhttp_addr = \"{}\"\npeer_addr = \"{}\"\ngossip_addr = \"{}\"\n\n",
@@ -97,7 +104,11 @@ impl Cluster {
             .arg(&config)
             .output()
             .unwrap();
-        assert!(out.status.success(), "peerlb certs: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "peerlb certs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let shared = shared.then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap());
         let mut c = Cluster {
             dir,
@@ -149,11 +160,19 @@ impl Cluster {
             .cloned()
             .collect();
         self.wait_until(Duration::from_secs(20), || {
-            running.iter().all(|x| serving(x.http).map(|s| s.len()) == Some(n))
+            running
+                .iter()
+                .all(|x| serving(x.http).map(|s| s.len()) == Some(n))
         })
         .unwrap_or_else(|_| {
-            let logs: Vec<String> = running.iter().map(|x| format!("--- {}:\n{}", x.id, self.log(&x.id))).collect();
-            panic!("cluster did not converge to {n} serving members\n{}", logs.join("\n"))
+            let logs: Vec<String> = running
+                .iter()
+                .map(|x| format!("--- {}:\n{}", x.id, self.log(&x.id)))
+                .collect();
+            panic!(
+                "cluster did not converge to {n} serving members\n{}",
+                logs.join("\n")
+            )
         });
     }
 
@@ -214,7 +233,8 @@ pub fn status(addr: SocketAddr) -> Option<serde_json::Value> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: t\r\n\r\n").ok()?;
+    s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: t\r\n\r\n")
+        .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
     let text = String::from_utf8_lossy(&buf);
@@ -297,7 +317,11 @@ impl Conn {
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
-        Ok(Resp { status, headers, body })
+        Ok(Resp {
+            status,
+            headers,
+            body,
+        })
     }
 
     pub async fn get(&mut self, target: &str, headers: &[(&str, &str)]) -> Result<Resp, String> {
@@ -307,8 +331,12 @@ impl Conn {
 
 /// One request on a fresh connection.
 pub async fn get(addr: SocketAddr, target: &str, headers: &[(&str, &str)]) -> Resp {
-    let mut c = Conn::open(addr).await.unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    c.get(target, headers).await.unwrap_or_else(|e| panic!("GET {target} via {addr}: {e}"))
+    let mut c = Conn::open(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    c.get(target, headers)
+        .await
+        .unwrap_or_else(|e| panic!("GET {target} via {addr}: {e}"))
 }
 
 /// Path of the test's working directory for extra files.
