@@ -12,27 +12,6 @@ use bytes::Bytes;
 use peerlb::{NodeId, Ring};
 use support::*;
 
-const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
-
-/// The ring every node builds for `ids` (equal weights) with `vnodes`.
-fn ring(ids: &[&str], vnodes: u32) -> Ring {
-    let nodes: Vec<(NodeId, u32)> = ids.iter().map(|id| (NodeId::from(*id), 100)).collect();
-    Ring::build(&nodes, vnodes)
-}
-
-/// The first `user` value (u0, u1, ...) whose owner is `pred`.
-fn user_where(ring: &Ring, pred: impl Fn(&str) -> bool) -> String {
-    (0..10_000)
-        .map(|i| format!("u{i}"))
-        .find(|u| pred(ring.owner(u).unwrap()))
-        .expect("some key matches")
-}
-
-fn counter(addr: std::net::SocketAddr, name: &str) -> u64 {
-    status(addr).expect("status")["counters"][name]
-        .as_u64()
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_reaches_the_same_owner_from_every_entry_and_keys_cover_all_nodes() {
@@ -159,6 +138,9 @@ fn load(
                                 error: Some(format!("status {} {:?}", r.status, r.body)),
                             });
                         }
+                        // The server closed the idle connection (drain): the
+                        // request was never sent; reconnect.
+                        Err(e) if e.starts_with(NOT_SENT) => conn = None,
                         Err(e) => {
                             recs.push(Rec {
                                 at: Instant::now(),

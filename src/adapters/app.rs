@@ -8,6 +8,7 @@
 //! | `/session` | starts a session: sets the cookie `session=<node>-<n>` |
 //! | `/bytes/<n>` | streams a body of `n` bytes (at most 1 GiB), in 64 KiB chunks |
 //! | `/echo` | streams the request body back |
+//! | `/delay/<ms>` | waits `ms` milliseconds (at most 60000), then answers like any other path |
 //! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
 
 use std::net::SocketAddr;
@@ -25,6 +26,9 @@ use crate::config::AppKind;
 
 /// Largest body `/bytes/<n>` streams (1 GiB).
 pub const MAX_BYTES_BODY: u64 = 1 << 30;
+
+/// Longest wait `/delay/<ms>` accepts, in milliseconds.
+pub const MAX_DELAY_MS: u64 = 60_000;
 
 /// What the app is told about a request besides the request itself.
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +103,22 @@ impl App {
         ctx: ServeCtx<'_>,
     ) -> Result<Response<Body>, AppError> {
         match self {
-            App::Builtin { sessions } => Ok(builtin(req, ctx, sessions)),
+            App::Builtin { sessions } => {
+                if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
+                    match ms.parse::<u64>() {
+                        Ok(ms) if ms <= MAX_DELAY_MS => {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        _ => {
+                            return Ok(text(
+                                StatusCode::BAD_REQUEST,
+                                "want /delay/<ms> with ms <= 60000\n",
+                            ));
+                        }
+                    }
+                }
+                Ok(builtin(req, ctx, sessions))
+            }
             App::Upstream { base, client } => upstream(base, client, req, ctx).await,
         }
     }
@@ -315,6 +334,17 @@ mod tests {
                 .all(|(i, &x)| x == ((i % (64 * 1024)) % 251) as u8)
         );
         let r = app.serve(get("/bytes/huge"), ctx()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_waits_then_answers_and_refuses_too_long() {
+        let app = App::new(&AppKind::Builtin);
+        let t0 = tokio::time::Instant::now();
+        let r = app.serve(get("/delay/1500"), ctx()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(t0.elapsed(), Duration::from_millis(1500));
+        let r = app.serve(get("/delay/60001"), ctx()).await.unwrap();
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
 

@@ -12,6 +12,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use peerlb::{NodeId, Ring};
+
+/// The default rules: query `user`, else header `x-user`, else cookie `session`.
+pub const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
 
 /// The `peerlb` binary under test.
 pub fn bin() -> &'static str {
@@ -270,6 +274,10 @@ impl Resp {
     }
 }
 
+/// Error prefix for a request that was never sent (the server had closed
+/// the connection before it).
+pub const NOT_SENT: &str = "not sent";
+
 /// One keep-alive HTTP/1.1 client connection.
 pub struct Conn {
     pub addr: SocketAddr,
@@ -296,7 +304,10 @@ impl Conn {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Result<Resp, String> {
-        self.send.ready().await.map_err(|e| e.to_string())?;
+        self.send
+            .ready()
+            .await
+            .map_err(|e| format!("{NOT_SENT}: {e}"))?;
         let mut b = http::Request::builder()
             .method(method)
             .uri(target)
@@ -345,3 +356,24 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// The ring every node builds for `ids` (equal weights) with `vnodes`.
+pub fn ring(ids: &[&str], vnodes: u32) -> Ring {
+    let nodes: Vec<(NodeId, u32)> = ids.iter().map(|id| (NodeId::from(*id), 100)).collect();
+    Ring::build(&nodes, vnodes)
+}
+
+/// The first `user` value (u0, u1, ...) whose owner is `pred`.
+pub fn user_where(ring: &Ring, pred: impl Fn(&str) -> bool) -> String {
+    (0..10_000)
+        .map(|i| format!("u{i}"))
+        .find(|u| pred(ring.owner(u).unwrap()))
+        .expect("some key matches")
+}
+
+pub fn counter(addr: std::net::SocketAddr, name: &str) -> u64 {
+    status(addr).expect("status")["counters"][name]
+        .as_u64()
+        .unwrap()
+}
+
