@@ -10,14 +10,21 @@
 //! # Layout
 //!
 //! - `ring`: consistent-hash ring with weighted virtual nodes; owner and
-//!   failover candidates of a key.
+//!   failover candidates of a key; bounded-load candidates (Mirrokni et al.,
+//!   HAProxy `hash-balance-factor`).
 //! - `rules`: data-centric rules (TOML model, compiled form) extracting a
-//!   hash key from a request; the default key.
+//!   hash key from a request; the default key. `rules/xml` parses SailFin's
+//!   `data-centric-rules.xml` (quick-xml), `rules/tree` evaluates its
+//!   `or` / `and` / `if` expressions.
 //! - `sticky`: the sticky route cookie and `;peerlb-route=` path parameter.
-//! - `balance`: policies as pure state machines (round robin, random, ...).
+//! - `balance`: policies as pure state machines and the `Policy` name
+//!   (`kind[:local]`): round robin, random, weighted random; `balance/`
+//!   holds mod_proxy_balancer's byrequests and bytraffic, mod_oc4j's metric
+//!   (and its smoothing), and least-load.
 //! - `membership`: the published node state and the immutable membership
 //!   view with its ring and version.
-//! - `route`: `Router::decide(request, view, now, rng) -> Decision`.
+//! - `route`: `Router::decide(request, view, now, rng) -> Decision` (and
+//!   `decide_with_loads` with the entry's own in-flight counts).
 
 pub(crate) mod balance;
 pub(crate) mod membership;

@@ -1,35 +1,68 @@
-//! Balancing policies as pure state machines: given the serving members (and,
-//! for later policies, their weights and load), pick the owner of a request.
+//! Balancing policies as pure state machines: given the serving members
+//! (their ids, weights, load figures and metrics) pick the owner of a request.
+//! No I/O, no clock; randomness only through a caller-seeded RNG.
 //!
-//! Policies here: round robin (keyed on the last pick's node id, so it skips
-//! members that are down and resumes them without a burst, case A11) and
-//! uniform random. Weighted round robin (mod_proxy_balancer byrequests),
-//! by-traffic, metric (mod_oc4j), least-load and the `:local` variants come
-//! with later issues.
+//! - [`RoundRobin`]: the next serving id after the last pick (A11).
+//! - [`random_pick`] / [`weighted_random_pick`]: uniform or weight-proportional.
+//! - [`byrequests::ByRequests`]: mod_proxy_balancer `byrequests` (lbfactor /
+//!   lbstatus), the scheduler of `weighted-round-robin` and `metric`.
+//! - [`bytraffic::ByTraffic`]: mod_proxy_balancer `bytraffic`.
+//! - [`metric`]: the mod_oc4j load metric: effective values, smoothing, and
+//!   how a node computes its own metric.
+//! - [`least_load::LeastLoad`]: lowest `N * (10000 / weight)`, ties round robin.
+//!
+//! "Configured order" (the tie-break of the reference schedulers) is node id
+//! order: peerlb has no list order that every node agrees on (members come
+//! from gossip, in any order), and a position is never an identity, so ids
+//! sorted ascending are the only order that gives every entry node the same
+//! schedule.
 
 use std::fmt;
 use std::str::FromStr;
 
 use rand::{Rng, RngExt};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::membership::NodeId;
 
-/// The balancing policy (config `policy`, kebab-case).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub(crate) mod byrequests;
+pub(crate) mod bytraffic;
+pub(crate) mod least_load;
+pub(crate) mod metric;
+
+/// The balancing algorithm (config `policy`, kebab-case). The `:local`
+/// affinity suffix is part of [`Policy`], not of the kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     /// `consistent-hash`: hash the key from the data-centric rules (or the
-    /// default key) on the ring. With no rules configured at all, HTTP uses
-    /// sticky round robin.
+    /// default key) on the ring, optionally with bounded loads. With no rules
+    /// configured at all, HTTP uses sticky round robin.
     ConsistentHash,
     /// `sticky-round-robin`: new requests go round robin; requests carrying a
     /// sticky route go to that node while it serves.
     StickyRoundRobin,
-    /// `round-robin`: each request goes to the next serving node by id.
+    /// `round-robin`: each request goes to the next serving node by id;
+    /// members that are down are skipped and rejoin without a burst (A11).
     RoundRobin,
     /// `random`: a uniformly random serving node (caller-seeded RNG).
     Random,
+    /// `weighted-random`: a random serving node with probability
+    /// `weight / sum of weights` (WebLogic's weight-based selection, A10).
+    WeightedRandom,
+    /// `weighted-round-robin`: mod_proxy_balancer `byrequests` with lbfactor =
+    /// the member's weight (A1-A4, A10).
+    WeightedRoundRobin,
+    /// `by-traffic`: mod_proxy_balancer `bytraffic`: the node with the fewest
+    /// bytes per unit of weight (A5). Bytes come from
+    /// `Router::record_bytes`.
+    ByTraffic,
+    /// `metric`: mod_oc4j's metric routing: each node's share is its load
+    /// metric (0..=100, 100 = idle; unreported = 50) over the sum (A6-A8).
+    Metric,
+    /// `least-load`: the lowest `N * (10000 / weight)` with `N` the node's
+    /// load figure (in-flight requests); ties round robin (A9).
+    LeastLoad,
 }
 
 impl PolicyKind {
@@ -40,16 +73,34 @@ impl PolicyKind {
             PolicyKind::StickyRoundRobin => "sticky-round-robin",
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::Random => "random",
+            PolicyKind::WeightedRandom => "weighted-random",
+            PolicyKind::WeightedRoundRobin => "weighted-round-robin",
+            PolicyKind::ByTraffic => "by-traffic",
+            PolicyKind::Metric => "metric",
+            PolicyKind::LeastLoad => "least-load",
         }
     }
 
     /// Every policy, in declaration order (for help texts and errors).
-    pub const ALL: [PolicyKind; 4] = [
+    pub const ALL: [PolicyKind; 9] = [
         PolicyKind::ConsistentHash,
         PolicyKind::StickyRoundRobin,
         PolicyKind::RoundRobin,
         PolicyKind::Random,
+        PolicyKind::WeightedRandom,
+        PolicyKind::WeightedRoundRobin,
+        PolicyKind::ByTraffic,
+        PolicyKind::Metric,
+        PolicyKind::LeastLoad,
     ];
+
+    /// True when the policy has a `:local` variant. Every policy has one
+    /// except `consistent-hash`: serving a keyed request on the entry node
+    /// would defeat the key's ownership (and its cache locality) on every
+    /// node at once.
+    pub fn has_local_variant(self) -> bool {
+        self != PolicyKind::ConsistentHash
+    }
 }
 
 impl fmt::Display for PolicyKind {
@@ -58,26 +109,134 @@ impl fmt::Display for PolicyKind {
     }
 }
 
-/// A policy name that is not one of [`PolicyKind::ALL`].
+/// A policy name that is not one of [`PolicyKind::ALL`] (optionally with
+/// `:local`), or `consistent-hash:local`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown policy {0:?} (expected consistent-hash, sticky-round-robin, round-robin or random)"
-)]
-pub struct ParsePolicyError(pub String);
+pub enum ParsePolicyError {
+    /// Not a policy name.
+    #[error(
+        "unknown policy {0:?} (expected consistent-hash, sticky-round-robin, round-robin, random, weighted-random, weighted-round-robin, by-traffic, metric or least-load, optionally with :local)"
+    )]
+    Unknown(String),
+    /// `consistent-hash:local`: a keyed policy has no local variant; use
+    /// `consistent-hash`, or a rotation policy with `:local`.
+    #[error("policy {0:?} has no :local variant (the key decides the owner)")]
+    NoLocalVariant(String),
+}
 
 impl FromStr for PolicyKind {
     type Err = ParsePolicyError;
 
-    /// Parses the exact kebab-case name.
+    /// Parses the exact kebab-case name (no `:local` suffix; see [`Policy`]).
     ///
     /// # Errors
     ///
-    /// `ParsePolicyError` for any other string.
+    /// `ParsePolicyError::Unknown` for any other string.
     fn from_str(s: &str) -> Result<PolicyKind, ParsePolicyError> {
         PolicyKind::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| ParsePolicyError(s.to_owned()))
+            .ok_or_else(|| ParsePolicyError::Unknown(s.to_owned()))
+    }
+}
+
+/// A configured policy: the algorithm and whether it has local affinity.
+///
+/// Spelled `"<kind>"` or `"<kind>:local"` (e.g. `"least-load:local"`), as
+/// mod_oc4j's `Oc4jSelectMethod` spells `metric:local`. With local affinity
+/// the entry node serves a request itself whenever it is serving (and, for the
+/// weighted policies, has a weight above 0); otherwise the algorithm decides.
+/// A sticky route still wins over local affinity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Policy {
+    kind: PolicyKind,
+    local: bool,
+}
+
+impl Policy {
+    /// The policy `kind` without local affinity.
+    pub fn new(kind: PolicyKind) -> Policy {
+        Policy { kind, local: false }
+    }
+
+    /// The `:local` variant of `kind`.
+    ///
+    /// # Errors
+    ///
+    /// `ParsePolicyError::NoLocalVariant` for `consistent-hash`.
+    pub fn local(kind: PolicyKind) -> Result<Policy, ParsePolicyError> {
+        if !kind.has_local_variant() {
+            return Err(ParsePolicyError::NoLocalVariant(format!("{kind}:local")));
+        }
+        Ok(Policy { kind, local: true })
+    }
+
+    /// The algorithm.
+    pub fn kind(self) -> PolicyKind {
+        self.kind
+    }
+
+    /// True for a `:local` variant.
+    pub fn is_local(self) -> bool {
+        self.local
+    }
+}
+
+impl From<PolicyKind> for Policy {
+    fn from(kind: PolicyKind) -> Policy {
+        Policy::new(kind)
+    }
+}
+
+impl PartialEq<PolicyKind> for Policy {
+    /// A policy equals a kind when it is that kind without `:local`.
+    fn eq(&self, other: &PolicyKind) -> bool {
+        !self.local && self.kind == *other
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind.as_str())?;
+        if self.local {
+            f.write_str(":local")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = ParsePolicyError;
+
+    /// Parses `"<kind>"` or `"<kind>:local"`.
+    ///
+    /// # Errors
+    ///
+    /// `Unknown` for a name that is not a policy; `NoLocalVariant` for
+    /// `consistent-hash:local`.
+    fn from_str(s: &str) -> Result<Policy, ParsePolicyError> {
+        match s.strip_suffix(":local") {
+            Some(kind) => {
+                let kind = kind
+                    .parse::<PolicyKind>()
+                    .map_err(|_| ParsePolicyError::Unknown(s.to_owned()))?;
+                Policy::local(kind)
+            }
+            None => s.parse::<PolicyKind>().map(Policy::new),
+        }
+    }
+}
+
+impl Serialize for Policy {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Policy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -134,6 +293,27 @@ pub(crate) fn random_pick(serving: &[NodeId], rng: &mut impl Rng) -> Option<Node
     Some(serving[rng.random_range(0..serving.len())].clone())
 }
 
+/// Weight-proportional random choice (WebLogic's weight-based load
+/// balancing): index `i` with probability `weights[i] / sum`. Uses one draw
+/// of `rng` in `0..sum` and walks the cumulative weights in order. `None` when
+/// the slice is empty or every weight is 0.
+pub(crate) fn weighted_random_pick(weights: &[u32], rng: &mut impl Rng) -> Option<usize> {
+    let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut r = rng.random_range(0..total);
+    weights.iter().position(|&w| {
+        let w = u64::from(w);
+        if r < w {
+            true
+        } else {
+            r -= w;
+            false
+        }
+    })
+}
+
 /// `serving` in rotation order starting at index `start`: `serving[start..]`
 /// then `serving[..start]` (the failover order of the rotation policies).
 pub(crate) fn rotation_from(serving: &[NodeId], start: usize) -> impl Iterator<Item = &NodeId> {
@@ -161,6 +341,13 @@ mod tests {
     fn policy_names_roundtrip() {
         for p in PolicyKind::ALL {
             assert_eq!(p.to_string().parse::<PolicyKind>(), Ok(p));
+            assert_eq!(p.to_string().parse::<Policy>(), Ok(Policy::new(p)));
+            if p.has_local_variant() {
+                let local = format!("{p}:local").parse::<Policy>().unwrap();
+                assert_eq!((local.kind(), local.is_local()), (p, true));
+                assert_eq!(local.to_string(), format!("{p}:local"));
+                assert_ne!(local, p);
+            }
         }
         assert_eq!(
             "sticky-round-robin".parse(),
@@ -168,7 +355,26 @@ mod tests {
         );
         assert_eq!(
             "RoundRobin".parse::<PolicyKind>().unwrap_err().to_string(),
-            "unknown policy \"RoundRobin\" (expected consistent-hash, sticky-round-robin, round-robin or random)"
+            "unknown policy \"RoundRobin\" (expected consistent-hash, sticky-round-robin, round-robin, random, weighted-random, weighted-round-robin, by-traffic, metric or least-load, optionally with :local)"
+        );
+        assert_eq!(
+            "least-load:local".parse::<PolicyKind>(),
+            Err(ParsePolicyError::Unknown("least-load:local".into()))
+        );
+        assert_eq!(
+            "consistent-hash:local"
+                .parse::<Policy>()
+                .unwrap_err()
+                .to_string(),
+            "policy \"consistent-hash:local\" has no :local variant (the key decides the owner)"
+        );
+        assert_eq!(
+            "metric:remote".parse::<Policy>(),
+            Err(ParsePolicyError::Unknown("metric:remote".into()))
+        );
+        assert_eq!(
+            "nope:local".parse::<Policy>(),
+            Err(ParsePolicyError::Unknown("nope:local".into()))
         );
         #[derive(Deserialize)]
         struct C {
@@ -176,6 +382,32 @@ mod tests {
         }
         let c: C = toml::from_str("policy = \"consistent-hash\"").unwrap();
         assert_eq!(c.policy, PolicyKind::ConsistentHash);
+        #[derive(Deserialize, Debug)]
+        struct P {
+            policy: Policy,
+        }
+        let c: P = toml::from_str("policy = \"metric:local\"").unwrap();
+        assert_eq!(c.policy, Policy::local(PolicyKind::Metric).unwrap());
+        assert_eq!(Policy::from(PolicyKind::Metric), PolicyKind::Metric);
+        let bad = toml::from_str::<P>("policy = \"consistent-hash:local\"");
+        assert!(bad.unwrap_err().to_string().contains("no :local variant"));
+    }
+
+    #[test]
+    fn a10_weighted_random_shares_follow_weights() {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(10);
+        let mut counts = [0u32; 3];
+        for _ in 0..50_000 {
+            counts[weighted_random_pick(&[50, 100, 100], &mut rng).unwrap()] += 1;
+        }
+        // Expected 10 000 / 20 000 / 20 000.
+        assert_eq!(counts.iter().sum::<u32>(), 50_000);
+        for (c, want) in counts.iter().zip([10_000.0, 20_000.0, 20_000.0]) {
+            assert!((f64::from(*c) / want - 1.0).abs() < 0.03, "{counts:?}");
+        }
+        assert_eq!(weighted_random_pick(&[0, 0], &mut rng), None);
+        assert_eq!(weighted_random_pick(&[], &mut rng), None);
+        assert_eq!(weighted_random_pick(&[0, 7, 0], &mut rng), Some(1));
     }
 
     #[test]

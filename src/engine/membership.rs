@@ -79,6 +79,10 @@ impl FromStr for NodeStatus {
     }
 }
 
+/// [`Member::load`] of a member that published no load metric (gossip key
+/// `load` absent or unparsable). Any value above 100 means the same.
+pub(crate) const NO_METRIC: u8 = u8::MAX;
+
 /// One member of the cluster as seen in gossip.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Member {
@@ -95,9 +99,14 @@ pub struct Member {
     pub weight: u32,
     /// Lifecycle state.
     pub status: NodeStatus,
-    /// Smoothed load metric, 0..=100, 100 = idle (mod_oc4j convention).
+    /// Smoothed load metric, 0..=100, 100 = idle (mod_oc4j convention; see
+    /// `balance::metric` for how a node computes and smooths it), or
+    /// `NO_METRIC` (255) when the node published none (the `metric` policy then
+    /// counts it as 50).
     pub load: u8,
-    /// Requests in flight on the node when it last published.
+    /// Requests in flight on the node when it last published: its load
+    /// figure for `least-load` and bounded-load hashing (plus the entry's own
+    /// count, see `Router::decide_with_loads`).
     pub inflight: u32,
 }
 

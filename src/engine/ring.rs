@@ -42,8 +42,21 @@ use super::membership::NodeId;
 /// The default is 1024: max/avg 1.045 on `node-N` ids (1.048 mean), 12 KiB
 /// per node, about 10 comparisons more per lookup than one point per node;
 /// the ring is rebuilt only when the serving set or a weight changes (see
-/// `MembershipView::with_members`). Meeting 1.03 needs Maglev or bounded
-/// loads (a later issue).
+/// `MembershipView::with_members`).
+///
+/// Why not Maglev (Eisenbud et al., "Maglev: A Fast and Reliable Software
+/// Network Load Balancer", NSDI 2016): its lookup table balances to within
+/// one entry in `M` (max/avg about 1.0002 for `M` = 65537), but it is only
+/// *minimally* disruptive: removing one backend also reassigns some table
+/// entries of other backends (the paper measures this disruption), which
+/// breaks the invariant that only a leaving node's keys move (C2). Jump hash
+/// cannot remove an arbitrary node; rendezvous hashing is monotone and
+/// balanced but costs one hash per node per lookup (about 1000 at 1000 nodes,
+/// far over the 100 ns lookup goal). Peerlb therefore keeps the monotone ring
+/// for key ownership and evens out *load* (rather than key share) with
+/// bounded-load hashing (`Ring::bounded_candidates`, opt-in by
+/// `hash_balance_factor`), which caps every node at `c` x the average
+/// in-flight load whatever the key share.
 pub(crate) const DEFAULT_VNODES: u32 = 1024;
 
 /// Hashes a routing key to its point on the ring: xxh3-64 of the key's UTF-8
@@ -240,6 +253,74 @@ impl Ring {
             .zip(arcs)
             .map(|(id, a)| (Arc::clone(id), a as f64 / space))
             .collect()
+    }
+}
+
+impl Ring {
+    /// Bounded-load consistent hashing (Mirrokni, Thorup, Zadimoghaddam,
+    /// "Consistent Hashing with Bounded Loads", SODA 2018 / arXiv 2016), with
+    /// the weighted capacities of HAProxy's `hash-balance-factor`
+    /// (`chash_server_is_eligible`): the failover order of `key`, where the
+    /// owner is the first node in ring order whose load is below its capacity.
+    ///
+    /// With `factor_pct` = 100 x c (at least 100) and `total` the sum of
+    /// `load` over the ring's nodes, the cluster has
+    /// `slots = ceil((total + 1) * factor_pct / 100)` (the `+ 1` is the
+    /// request being placed); each node gets a share of the slots proportional
+    /// to its weight (`weight * (slots / W)` plus its part of the remainder,
+    /// split by cumulative weight in id order, `W` the total weight), at
+    /// least 1. A node is eligible when `load < its slots`. Some node is
+    /// always eligible (the slots exceed the total load), so keys of a node
+    /// above c times the average move to the next node on the ring, and
+    /// the same keys move the same way on every entry node with the same
+    /// loads.
+    ///
+    /// Returns the candidates (the chosen owner first, then the remaining
+    /// nodes in ring order; each ring node once) and how many nodes were
+    /// passed over. Empty for an empty ring.
+    pub fn bounded_candidates(
+        &self,
+        key: &str,
+        factor_pct: u32,
+        load: impl Fn(&NodeId) -> u64,
+    ) -> (Vec<NodeId>, usize) {
+        let order: Vec<&NodeId> = self.candidates(key).collect();
+        if order.is_empty() {
+            return (Vec::new(), 0);
+        }
+        let loads: Vec<u64> = self.nodes.iter().map(&load).collect();
+        let total_load: u128 = loads.iter().map(|&l| u128::from(l)).sum();
+        let total_weight: u128 = self.weights.iter().map(|&w| u128::from(w)).sum();
+        let slots = ((total_load + 1) * u128::from(factor_pct.max(100))).div_ceil(100);
+        let (per_weight, remainder) = (slots / total_weight, slots % total_weight);
+        let mut eligible = vec![false; self.nodes.len()];
+        let mut cumulative = 0u128;
+        for (i, &w) in self.weights.iter().enumerate() {
+            let w = u128::from(w);
+            let mut cap = w * per_weight + ((cumulative + w) * remainder) / total_weight
+                - (cumulative * remainder) / total_weight;
+            cumulative += w;
+            if cap == 0 {
+                cap = 1;
+            }
+            eligible[i] = u128::from(loads[i]) < cap;
+        }
+        let index = |id: &NodeId| {
+            self.nodes
+                .binary_search(id)
+                .expect("candidates come from the ring")
+        };
+        let skipped = order.iter().position(|id| eligible[index(id)]).unwrap_or(0);
+        let mut out = Vec::with_capacity(order.len());
+        out.push(order[skipped].clone());
+        out.extend(
+            order
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != skipped)
+                .map(|(_, id)| (*id).clone()),
+        );
+        (out, skipped)
     }
 }
 
@@ -590,6 +671,65 @@ mod tests {
         assert_eq!(ring.owner_of_point(10).map(|n| &**n), Some("b")); // wraps to 3
         let c: Vec<&str> = ring.candidates_of_point(4).map(|n| &**n).collect();
         assert_eq!(c, ["a", "b"]);
+    }
+
+    fn loads_of<'a>(pairs: &'a [(&'a str, u64)]) -> impl Fn(&NodeId) -> u64 + 'a {
+        move |id: &NodeId| pairs.iter().find(|p| p.0 == &**id).map_or(0, |p| p.1)
+    }
+
+    #[test]
+    fn bounded_load_passes_over_hot_nodes_in_ring_order() {
+        let ring = Ring::build(&ids(&["n1", "n2", "n3"]), 64);
+        let plain: Vec<NodeId> = ring.candidates("k").cloned().collect();
+        let [first, second, third] = [&*plain[0], &*plain[1], &*plain[2]];
+        // Balanced: 10 in flight total, c = 1.25: slots ceil(11 * 1.25) = 14,
+        // split 4 / 5 / 5 by cumulative weight in id order.
+        let even = [(first, 3), (second, 3), (third, 4)];
+        let (c, skipped) = ring.bounded_candidates("k", 125, loads_of(&even));
+        assert_eq!((c, skipped), (plain.clone(), 0));
+        // The owner is hot: it is passed over for the next node on the ring.
+        let hot = [(first, 9), (second, 1), (third, 0)];
+        let (c, skipped) = ring.bounded_candidates("k", 125, loads_of(&hot));
+        assert_eq!(skipped, 1);
+        assert_eq!(c, [plain[1].clone(), plain[0].clone(), plain[2].clone()]);
+        // Owner and successor hot: the third.
+        let hot2 = [(first, 9), (second, 9), (third, 0)];
+        let (c, skipped) = ring.bounded_candidates("k", 125, loads_of(&hot2));
+        assert_eq!(skipped, 2);
+        assert_eq!(c, [plain[2].clone(), plain[0].clone(), plain[1].clone()]);
+        // A huge factor never passes over.
+        let (c, _) = ring.bounded_candidates("k", 100_000, loads_of(&hot2));
+        assert_eq!(c, plain);
+        // Idle cluster: every node has at least one slot.
+        let (c, _) = ring.bounded_candidates("k", 100, |_| 0);
+        assert_eq!(c, plain);
+        assert_eq!(
+            Ring::build(&[], 8).bounded_candidates("k", 125, |_| 0),
+            (vec![], 0)
+        );
+    }
+
+    #[test]
+    fn bounded_load_keeps_every_node_within_c_times_average() {
+        // 10 nodes, 20 000 keys placed one by one with their load counted
+        // (nothing finishes): no node exceeds ceil(1.25 * average) + 1.
+        let ring = Ring::build(&ten(), 64);
+        let mut load: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(9);
+        let mut spilled = 0;
+        for placed in 0..20_000u64 {
+            let key = format!("k{:016x}", rng.next_u64());
+            let (c, skipped) =
+                ring.bounded_candidates(&key, 125, |id| load.get(id).copied().unwrap_or(0));
+            spilled += usize::from(skipped > 0);
+            *load.entry(c[0].clone()).or_insert(0) += 1;
+            let max = *load.values().max().unwrap();
+            assert!(
+                max as f64 <= (1.25 * (placed + 1) as f64 / 10.0).ceil() + 1.0,
+                "{max} after {placed}"
+            );
+        }
+        assert!(spilled > 0);
     }
 
     proptest! {

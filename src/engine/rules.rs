@@ -29,6 +29,11 @@ use serde::{Deserialize, Serialize};
 
 use super::sticky::{cookies, percent_decode};
 
+mod tree;
+mod xml;
+
+pub(crate) use xml::XmlElement;
+
 /// One rule as written in `cluster.toml` (`[[rules]]`).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -90,6 +95,11 @@ pub struct ExtractorSpec {
     /// First value of this header, trimmed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
+    /// The user part of the URI in the first value of this header (SailFin's
+    /// `request.<header>.uri.user`): `alice` from
+    /// `"Alice" <sip:alice@example.com>;tag=1` or `sip:alice;x=y@host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_uri_user: Option<String>,
     /// Value of the first cookie of this name over all `Cookie` headers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cookie: Option<String>,
@@ -146,7 +156,7 @@ pub enum RuleErrorKind {
     #[error("regex has no capture group (the key is the first capture group)")]
     NoCaptureGroup,
     /// An extractor with zero or several sources.
-    #[error("exactly one of query, header, cookie, path_regex, target_regex")]
+    #[error("exactly one of query, header, header_uri_user, cookie, path_regex, target_regex")]
     ExtractorSource,
     /// A rule with an empty `extract` list.
     #[error("at least one extractor is required")]
@@ -160,6 +170,32 @@ pub enum RuleErrorKind {
     /// Not a valid HTTP header name.
     #[error("invalid header name {0:?}")]
     InvalidHeaderName(String),
+    /// DCR XML that is not well-formed (the parser's message).
+    #[error("malformed XML: {0}")]
+    Xml(String),
+    /// A DCR XML element that is not allowed here; the message lists the
+    /// allowed ones.
+    #[error("unknown element <{element}> (expected {expected})")]
+    UnknownElement {
+        /// The element found.
+        element: String,
+        /// The elements allowed at this place.
+        expected: &'static str,
+    },
+    /// A DCR XML attribute the element does not have.
+    #[error("unknown attribute {0:?}")]
+    UnknownAttribute(String),
+    /// A required DCR XML attribute is missing.
+    #[error("missing attribute {0:?}")]
+    MissingAttribute(&'static str),
+    /// A DCR `return` attribute that is not a known variable.
+    #[error(
+        "invalid return variable {0:?} (expected request.<header>, request.<header>.uri.user, parameter.<name>, cookie.<name> or match)"
+    )]
+    InvalidReturn(String),
+    /// A DCR XML element with the wrong content (the message says what).
+    #[error("{0}")]
+    Structure(String),
 }
 
 /// The parts of an incoming request the rules look at, borrowed from the
@@ -188,13 +224,21 @@ pub(crate) fn default_key(client: SocketAddr) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct Rules {
     rules: Vec<Rule>,
+    sip: Option<XmlElement>,
 }
 
 #[derive(Clone, Debug)]
 struct Rule {
     name: Option<String>,
-    when: When,
-    extract: Vec<Extractor>,
+    body: Body,
+}
+
+/// A rule's logic: the TOML form (conditions, then extractors) or a SailFin
+/// DCR expression tree (`or` / `and` / `if` / tests).
+#[derive(Clone, Debug)]
+enum Body {
+    Flat { when: When, extract: Vec<Extractor> },
+    Tree(tree::Expr),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -219,6 +263,7 @@ struct Extractor {
 enum Source {
     Query(String),
     Header(HeaderName),
+    HeaderUriUser(HeaderName),
     Cookie(String),
     PathRegex(Regex),
     TargetRegex(Regex),
@@ -239,7 +284,7 @@ impl Rules {
             .enumerate()
             .map(|(i, spec)| compile_rule(i, spec))
             .collect::<Result<_, _>>()?;
-        Ok(Rules { rules })
+        Ok(Rules { rules, sip: None })
     }
 
     /// True when no rules are configured (the router then uses sticky round
@@ -264,17 +309,46 @@ impl Rules {
     /// included), or `None` when no rule yields a key.
     pub fn extract(&self, req: &RequestView<'_>) -> Option<(usize, String)> {
         self.rules.iter().enumerate().find_map(|(i, rule)| {
-            if !rule.when.holds(req) {
-                return None;
-            }
-            rule.extract
-                .iter()
-                .find_map(|x| {
-                    let v = x.source.value(req)?;
-                    (!v.is_empty()).then(|| format!("{}{v}", x.prefix))
-                })
-                .map(|k| (i, k))
+            let key = match &rule.body {
+                Body::Flat { when, extract } => {
+                    if !when.holds(req) {
+                        return None;
+                    }
+                    extract.iter().find_map(|x| {
+                        let v = x.source.value(req)?;
+                        (!v.is_empty()).then(|| format!("{}{v}", x.prefix))
+                    })
+                }
+                Body::Tree(expr) => expr
+                    .eval(req)
+                    .filter(|k| !k.is_empty())
+                    .map(|k| k.into_owned()),
+            };
+            key.map(|k| (i, k))
         })
+    }
+
+    /// Parses SailFin's `data-centric-rules.xml` (root `user-centric-rules`)
+    /// into rules: each child of `http-rules` is one rule, in order, evaluated
+    /// with SailFin's semantics (see the `rules::xml` module doc) and yielding
+    /// the key when its result is non-empty. `sip-rules` is checked for
+    /// well-formedness and kept (`Rules::sip_rules`) for a later SIP
+    /// front end.
+    ///
+    /// # Errors
+    ///
+    /// A `RuleError` whose `path` names the element and its line
+    /// (`<header> at line 7`): malformed XML, an unknown element or attribute,
+    /// a missing `name`/`parameter`/`return`, an invalid return variable,
+    /// header name or regex (a `match` regex needs a capture group).
+    pub fn from_xml(text: &str) -> Result<Rules, RuleError> {
+        xml::parse(text)
+    }
+
+    /// The `sip-rules` element of a DCR XML file, if it had one, as parsed
+    /// (not interpreted yet).
+    pub(crate) fn sip_rules(&self) -> Option<&XmlElement> {
+        self.sip.as_ref()
     }
 }
 
@@ -369,15 +443,21 @@ fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
         let source = match (
             &x.query,
             &x.header,
+            &x.header_uri_user,
             &x.cookie,
             &x.path_regex,
             &x.target_regex,
         ) {
-            (Some(q), None, None, None, None) => Source::Query(nonempty(&at(".query"), q)?),
-            (None, Some(h), None, None, None) => Source::Header(header(&at(".header"), h)?),
-            (None, None, Some(c), None, None) => Source::Cookie(nonempty(&at(".cookie"), c)?),
-            (None, None, None, Some(p), None) => Source::PathRegex(capture_re(".path_regex", p)?),
-            (None, None, None, None, Some(p)) => {
+            (Some(q), None, None, None, None, None) => Source::Query(nonempty(&at(".query"), q)?),
+            (None, Some(h), None, None, None, None) => Source::Header(header(&at(".header"), h)?),
+            (None, None, Some(h), None, None, None) => {
+                Source::HeaderUriUser(header(&at(".header_uri_user"), h)?)
+            }
+            (None, None, None, Some(c), None, None) => Source::Cookie(nonempty(&at(".cookie"), c)?),
+            (None, None, None, None, Some(p), None) => {
+                Source::PathRegex(capture_re(".path_regex", p)?)
+            }
+            (None, None, None, None, None, Some(p)) => {
                 Source::TargetRegex(capture_re(".target_regex", p)?)
             }
             _ => return Err(err(at(""), RuleErrorKind::ExtractorSource)),
@@ -389,8 +469,7 @@ fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
     }
     Ok(Rule {
         name: spec.name.clone(),
-        when,
-        extract,
+        body: Body::Flat { when, extract },
     })
 }
 
@@ -443,20 +522,10 @@ fn request_host<'a>(req: &RequestView<'a>) -> Option<&'a str> {
 impl Source {
     fn value<'a>(&self, req: &RequestView<'a>) -> Option<Cow<'a, str>> {
         match self {
-            Source::Query(name) => req.uri.query()?.split('&').find_map(|pair| {
-                let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
-                (percent_decode(n, true) == name.as_str()).then(|| percent_decode(v, true))
-            }),
-            Source::Header(name) => {
-                let v = req.headers.get(name)?;
-                Some(match String::from_utf8_lossy(v.as_bytes()) {
-                    Cow::Borrowed(s) => Cow::Borrowed(s.trim()),
-                    Cow::Owned(s) => Cow::Owned(s.trim().to_owned()),
-                })
-            }
-            Source::Cookie(name) => cookies(req.headers)
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| Cow::Borrowed(v)),
+            Source::Query(name) => query_param(req, name),
+            Source::Header(name) => header_value(req, name),
+            Source::HeaderUriUser(name) => uri_user_cow(header_value(req, name)?),
+            Source::Cookie(name) => cookie_value(req, name),
             Source::PathRegex(re) => {
                 Some(Cow::Borrowed(re.captures(req.uri.path())?.get(1)?.as_str()))
             }
@@ -472,9 +541,71 @@ impl Source {
     }
 }
 
+/// First value of query parameter `name`, percent-decoded (`+` = space).
+pub(crate) fn query_param<'a>(req: &RequestView<'a>, name: &str) -> Option<Cow<'a, str>> {
+    req.uri.query()?.split('&').find_map(|pair| {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(n, true) == name).then(|| percent_decode(v, true))
+    })
+}
+
+/// First value of header `name`, trimmed (invalid UTF-8 replaced).
+pub(crate) fn header_value<'a>(req: &RequestView<'a>, name: &HeaderName) -> Option<Cow<'a, str>> {
+    let v = req.headers.get(name)?;
+    Some(match String::from_utf8_lossy(v.as_bytes()) {
+        Cow::Borrowed(s) => Cow::Borrowed(s.trim()),
+        Cow::Owned(s) => Cow::Owned(s.trim().to_owned()),
+    })
+}
+
+/// Value of the first cookie `name` over all `Cookie` headers.
+pub(crate) fn cookie_value<'a>(req: &RequestView<'a>, name: &str) -> Option<Cow<'a, str>> {
+    cookies(req.headers)
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| Cow::Borrowed(v))
+}
+
+/// The user part of a URI-valued header value (SIP `From` / `To` /
+/// `P-Asserted-Identity` style): the URI is the part inside `<...>` if
+/// present, else the whole value; a leading `scheme:` (and `//`) is dropped;
+/// the user is what precedes `@`, cut at the first `;` or `:` (user
+/// parameters, password). `None` without `@` or when the user is empty.
+pub(crate) fn uri_user(value: &str) -> Option<&str> {
+    let uri = match value.find('<') {
+        Some(i) => {
+            let rest = &value[i + 1..];
+            &rest[..rest.find('>').unwrap_or(rest.len())]
+        }
+        None => value,
+    };
+    let uri = uri.trim();
+    let after_scheme = match uri.find(':') {
+        Some(i)
+            if i > 0
+                && uri[..i]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            &uri[i + 1..]
+        }
+        _ => uri,
+    };
+    let after_scheme = after_scheme.strip_prefix("//").unwrap_or(after_scheme);
+    let userinfo = &after_scheme[..after_scheme.find('@')?];
+    let user = &userinfo[..userinfo.find([';', ':']).unwrap_or(userinfo.len())];
+    (!user.is_empty()).then_some(user)
+}
+
+fn uri_user_cow(v: Cow<'_, str>) -> Option<Cow<'_, str>> {
+    match v {
+        Cow::Borrowed(s) => uri_user(s).map(Cow::Borrowed),
+        Cow::Owned(s) => uri_user(&s).map(|u| Cow::Owned(u.to_owned())),
+    }
+}
+
 /// The request-target as received: path and query for origin-form, the whole
 /// URI for absolute-form, the authority for authority-form (CONNECT).
-fn request_target(uri: &Uri) -> Cow<'_, str> {
+pub(crate) fn request_target(uri: &Uri) -> Cow<'_, str> {
     match (uri.scheme(), uri.path_and_query()) {
         (None, Some(pq)) => Cow::Borrowed(pq.as_str()),
         (None, None) => Cow::Borrowed(uri.authority().map_or("", |a| a.as_str())),
@@ -483,347 +614,4 @@ fn request_target(uri: &Uri) -> Cow<'_, str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderValue;
-
-    struct Req {
-        method: Method,
-        uri: Uri,
-        headers: HeaderMap,
-        client: SocketAddr,
-    }
-
-    impl Req {
-        fn new(method: &str, uri: &str, headers: &[(&str, &str)]) -> Req {
-            let mut h = HeaderMap::new();
-            for (n, v) in headers {
-                h.append(
-                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                    HeaderValue::from_str(v).unwrap(),
-                );
-            }
-            Req {
-                method: method.parse().unwrap(),
-                uri: uri.parse().unwrap(),
-                headers: h,
-                client: "192.0.2.7:40123".parse().unwrap(),
-            }
-        }
-
-        fn view(&self) -> RequestView<'_> {
-            RequestView {
-                method: &self.method,
-                uri: &self.uri,
-                headers: &self.headers,
-                client: self.client,
-            }
-        }
-    }
-
-    fn rules(toml_src: &str) -> Rules {
-        Rules::compile(&specs(toml_src)).unwrap()
-    }
-
-    fn specs(toml_src: &str) -> Vec<RuleSpec> {
-        #[derive(Deserialize)]
-        struct File {
-            rules: Vec<RuleSpec>,
-        }
-        toml::from_str::<File>(toml_src).unwrap().rules
-    }
-
-    fn key(r: &Rules, req: &Req) -> Option<(usize, String)> {
-        r.extract(&req.view())
-    }
-
-    fn compile_err(toml_src: &str) -> String {
-        Rules::compile(&specs(toml_src)).unwrap_err().to_string()
-    }
-
-    const USERS: &str = r#"
-        [[rules]]
-        name = "users"
-        extract = [{ query = "user" }, { header = "x-user" }, { cookie = "session" },
-                   { path_regex = "^/users/([^/]+)", prefix = "u:" },
-                   { target_regex = "[?&]t=([0-9]+)", prefix = "t:" }]
-    "#;
-
-    #[test]
-    fn module_doc_example_parses() {
-        let r = rules(
-            r#"
-            [[rules]]
-            name = "users"
-            when = { path_prefix = "/api/", header_absent = "x-internal" }
-            extract = [{ query = "user" }, { header = "x-user" }, { cookie = "session" },
-                       { path_regex = "^/users/([^/]+)", prefix = "u:" }]
-            "#,
-        );
-        let req = Req::new("GET", "/api/x?user=ann", &[]);
-        assert_eq!(key(&r, &req), Some((0, "ann".into())));
-        let req = Req::new("GET", "/api/x?user=ann", &[("x-internal", "1")]);
-        assert_eq!(key(&r, &req), None);
-    }
-
-    #[test]
-    fn toml_model_parses() {
-        let s = specs(USERS);
-        assert_eq!(s.len(), 1);
-        assert_eq!(s[0].name.as_deref(), Some("users"));
-        assert_eq!(s[0].when, Condition::default());
-        assert_eq!(
-            s[0].extract[0],
-            ExtractorSpec {
-                query: Some("user".into()),
-                ..Default::default()
-            }
-        );
-        assert_eq!(
-            s[0].extract[3],
-            ExtractorSpec {
-                path_regex: Some("^/users/([^/]+)".into()),
-                prefix: Some("u:".into()),
-                ..Default::default()
-            }
-        );
-        #[derive(Deserialize, Debug)]
-        #[allow(dead_code)]
-        struct File {
-            rules: Vec<RuleSpec>,
-        }
-        let unknown = toml::from_str::<File>("[[rules]]\nextract = [{ qurey = \"u\" }]");
-        assert!(
-            unknown
-                .unwrap_err()
-                .to_string()
-                .contains("unknown field `qurey`")
-        );
-        let unknown = toml::from_str::<File>("[[rules]]\nextract = []\nwhen = { paht = \"/\" }");
-        assert!(
-            unknown
-                .unwrap_err()
-                .to_string()
-                .contains("unknown field `paht`")
-        );
-    }
-
-    /// (request-target, headers, expected key)
-    type Case = (
-        &'static str,
-        &'static [(&'static str, &'static str)],
-        Option<&'static str>,
-    );
-
-    #[test]
-    fn each_extractor_kind() {
-        let r = rules(USERS);
-        assert!(!r.is_empty());
-        assert_eq!(r.len(), 1);
-        assert_eq!(r.name(0), Some("users"));
-        let cases: [Case; 10] = [
-            ("/x?a=1&user=al%20ice&user=bob", &[], Some("al ice")),
-            ("/x?user=a+b", &[], Some("a b")),
-            ("/x?us%65r=enc", &[], Some("enc")),
-            ("/x?user=&other=1", &[("x-user", "  hdr  ")], Some("hdr")),
-            ("/x", &[("x-user", "h1"), ("x-user", "h2")], Some("h1")),
-            (
-                "/x",
-                &[("cookie", "a=1; session=s1"), ("cookie", "session=s2")],
-                Some("s1"),
-            ),
-            ("/users/42/orders?x=1", &[], Some("u:42")),
-            ("/other?x=1&t=99", &[], Some("t:99")),
-            ("/users/?t=", &[("x-user", "   ")], None),
-            ("/", &[("cookie", "session=")], None),
-        ];
-        for (uri, headers, want) in cases {
-            let req = Req::new("GET", uri, headers);
-            assert_eq!(
-                key(&r, &req),
-                want.map(|k| (0, k.to_owned())),
-                "{uri} {headers:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn first_non_empty_rule_wins() {
-        let r = rules(
-            r#"
-            [[rules]]
-            when = { path_prefix = "/api/" }
-            extract = [{ query = "id" }]
-            [[rules]]
-            extract = [{ header = "x-tenant" }]
-            [[rules]]
-            extract = [{ query = "id", prefix = "late:" }]
-            "#,
-        );
-        // Rule 0 applies and yields.
-        assert_eq!(
-            key(&r, &Req::new("GET", "/api/x?id=7", &[("x-tenant", "t")])),
-            Some((0, "7".into()))
-        );
-        // Rule 0 applies but is empty: rule 1.
-        assert_eq!(
-            key(&r, &Req::new("GET", "/api/x?id=", &[("x-tenant", "t")])),
-            Some((1, "t".into()))
-        );
-        // Rule 0 does not apply, rule 1 empty: rule 2.
-        assert_eq!(
-            key(&r, &Req::new("GET", "/web?id=7", &[])),
-            Some((2, "late:7".into()))
-        );
-        assert_eq!(key(&r, &Req::new("GET", "/web", &[])), None);
-    }
-
-    #[test]
-    fn conditions_all_must_hold() {
-        let r = rules(
-            r#"
-            [[rules]]
-            extract = [{ header = "x-a" }]
-            [rules.when]
-            method = "POST"
-            host = "Shop.Example"
-            path_regex = "^/cart(/|$)"
-            header_present = "x-a"
-            header_absent = "x-b"
-            cookie_present = "c1"
-            cookie_absent = "c2"
-            "#,
-        );
-        let ok: &[(&str, &str)] = &[
-            ("host", "shop.example:8080"),
-            ("x-a", "k"),
-            ("cookie", "c1="),
-        ];
-        assert_eq!(
-            key(&r, &Req::new("POST", "/cart/1", ok)),
-            Some((0, "k".into()))
-        );
-        assert_eq!(
-            key(&r, &Req::new("POST", "http://SHOP.example/cart", &ok[1..])),
-            Some((0, "k".into()))
-        );
-        assert_eq!(key(&r, &Req::new("GET", "/cart/1", ok)), None);
-        assert_eq!(key(&r, &Req::new("post", "/cart/1", ok)), None);
-        assert_eq!(key(&r, &Req::new("POST", "/carts", ok)), None);
-        assert_eq!(key(&r, &Req::new("POST", "/cart", &ok[1..])), None); // no host
-        let other_host = [("host", "other.example"), ok[1], ok[2]];
-        assert_eq!(key(&r, &Req::new("POST", "/cart", &other_host)), None);
-        let with_b = [ok[0], ok[1], ok[2], ("x-b", "1")];
-        assert_eq!(key(&r, &Req::new("POST", "/cart", &with_b)), None);
-        let no_c1 = [ok[0], ok[1], ("cookie", "c3=1")];
-        assert_eq!(key(&r, &Req::new("POST", "/cart", &no_c1)), None);
-        let with_c2 = [ok[0], ok[1], ("cookie", "c1=1; c2=2")];
-        assert_eq!(key(&r, &Req::new("POST", "/cart", &with_c2)), None);
-    }
-
-    #[test]
-    fn ipv6_host_header() {
-        let r = rules("[[rules]]\nwhen = { host = \"[::1]\" }\nextract = [{ header = \"x\" }]");
-        let req = Req::new("GET", "/", &[("host", "[::1]:8080"), ("x", "v")]);
-        assert_eq!(key(&r, &req), Some((0, "v".into())));
-    }
-
-    #[test]
-    fn h2_default_key_is_remote_host_and_port() {
-        assert_eq!(
-            default_key("192.0.2.7:40123".parse().unwrap()),
-            "192.0.2.7:40123"
-        );
-        assert_eq!(
-            default_key("[2001:db8::1]:443".parse().unwrap()),
-            "[2001:db8::1]:443"
-        );
-        assert_eq!(
-            default_key("[::ffff:192.0.2.7]:40123".parse().unwrap()),
-            "192.0.2.7:40123"
-        );
-        let r = rules("[[rules]]\nextract = [{ header = \"x-user\" }]");
-        let req = Req::new("GET", "/", &[]);
-        assert_eq!(key(&r, &req), None);
-        assert_eq!(default_key(req.client), "192.0.2.7:40123");
-    }
-
-    #[test]
-    fn empty_rules() {
-        let r = Rules::compile(&[]).unwrap();
-        assert!(r.is_empty());
-        assert_eq!(key(&r, &Req::new("GET", "/?user=1", &[])), None);
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let cases = [
-            (
-                "[[rules]]\nextract = [{ query = \"a\" }]\n[[rules]]\nextract = [{ path_regex = \"(\" }]",
-                "rules[1].extract[0].path_regex: invalid regex: ",
-            ),
-            (
-                "[[rules]]\nextract = [{ query = \"a\" }, {}, { query = \"a\", cookie = \"b\" }]",
-                "rules[0].extract[1]: exactly one of query, header, cookie, path_regex, target_regex",
-            ),
-            (
-                "[[rules]]\nname = \"u\"\nextract = [{ query = \"a\", cookie = \"b\" }]",
-                "rules[0].extract[0]: exactly one of query, header, cookie, path_regex, target_regex (rule \"u\")",
-            ),
-            (
-                "[[rules]]\nextract = [{ prefix = \"p\" }]",
-                "rules[0].extract[0]: exactly one of",
-            ),
-            (
-                "[[rules]]\nextract = [{ target_regex = \"^/x\" }]",
-                "rules[0].extract[0].target_regex: regex has no capture group (the key is the first capture group)",
-            ),
-            (
-                "[[rules]]\nextract = []",
-                "rules[0].extract: at least one extractor is required",
-            ),
-            (
-                "[[rules]]\nextract = [{ query = \"\" }]",
-                "rules[0].extract[0].query: must not be empty",
-            ),
-            (
-                "[[rules]]\nextract = [{ header = \"bad header\" }]",
-                "rules[0].extract[0].header: invalid header name \"bad header\"",
-            ),
-            (
-                "[[rules]]\nwhen = { method = \"GE T\" }\nextract = [{ query = \"a\" }]",
-                "rules[0].when.method: invalid HTTP method \"GE T\"",
-            ),
-            (
-                "[[rules]]\nwhen = { path_regex = \"[\" }\nextract = [{ query = \"a\" }]",
-                "rules[0].when.path_regex: invalid regex: ",
-            ),
-            (
-                "[[rules]]\nwhen = { header_absent = \"\" }\nextract = [{ query = \"a\" }]",
-                "rules[0].when.header_absent: must not be empty",
-            ),
-        ];
-        for (src, want) in cases {
-            let got = compile_err(src);
-            assert!(got.starts_with(want), "got {got:?}, want {want:?}");
-        }
-        let e = Rules::compile(&specs(
-            "[[rules]]\nname = \"r\"\nextract = [{ path_regex = \"(\" }]",
-        ))
-        .unwrap_err();
-        assert_eq!(e.path, "rules[0].extract[0].path_regex");
-        assert_eq!(e.rule.as_deref(), Some("r"));
-        assert!(matches!(e.kind, RuleErrorKind::InvalidRegex(_)));
-        assert!(std::error::Error::source(&e).is_some());
-    }
-
-    #[test]
-    fn request_target_forms() {
-        assert_eq!(request_target(&Uri::from_static("/a?b=1")), "/a?b=1");
-        assert_eq!(
-            request_target(&Uri::from_static("http://h/a?b=1")),
-            "http://h/a?b=1"
-        );
-        assert_eq!(request_target(&Uri::from_static("h:443")), "h:443");
-    }
-}
+mod tests;

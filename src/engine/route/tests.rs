@@ -1,0 +1,753 @@
+//! Router tests: precedence, every policy through `decide`, golden
+//! sequences from cases/algorithms.md, and the candidates invariant.
+use super::*;
+use crate::engine::balance::Policy;
+use crate::engine::membership::NO_METRIC;
+use crate::engine::membership::NodeStatus::{self, *};
+use crate::engine::membership::tests::{member, view};
+use crate::engine::rules::RuleSpec;
+use crate::engine::sticky::encode_route_param;
+use http::header::COOKIE;
+use http::{HeaderMap, HeaderValue, Method, Uri};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+const T0: Duration = Duration::ZERO;
+
+struct Req {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    client: SocketAddr,
+}
+
+impl Req {
+    fn new(uri: &str, cookie: Option<&str>, client: &str) -> Req {
+        let mut headers = HeaderMap::new();
+        if let Some(c) = cookie {
+            headers.insert(COOKIE, HeaderValue::from_str(c).unwrap());
+        }
+        Req {
+            method: Method::GET,
+            uri: uri.parse().unwrap(),
+            headers,
+            client: client.parse().unwrap(),
+        }
+    }
+
+    fn view(&self) -> RequestView<'_> {
+        RequestView {
+            method: &self.method,
+            uri: &self.uri,
+            headers: &self.headers,
+            client: self.client,
+        }
+    }
+}
+
+fn rng() -> Xoshiro256PlusPlus {
+    Xoshiro256PlusPlus::seed_from_u64(42)
+}
+
+fn user_rules() -> Rules {
+    Rules::compile(&[RuleSpec {
+        name: None,
+        when: Default::default(),
+        extract: vec![crate::engine::rules::ExtractorSpec {
+            query: Some("user".into()),
+            ..Default::default()
+        }],
+    }])
+    .unwrap()
+}
+
+fn three() -> MembershipView {
+    view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)])
+}
+
+fn ids(d: &Decision) -> Vec<&str> {
+    d.candidates.iter().map(|s| &**s).collect()
+}
+
+fn decide(router: &mut Router, req: &Req, v: &MembershipView) -> Decision {
+    router.decide(&req.view(), v, T0, &mut rng())
+}
+
+#[test]
+fn reason_names() {
+    assert_eq!(Reason::Rule(3).as_str(), "rule");
+    assert_eq!(Reason::Rule(3).to_string(), "rule[3]");
+    assert_eq!(Reason::StickyRoute.to_string(), "sticky-route");
+    assert_eq!(Reason::NoMembers.as_str(), "no-members");
+}
+
+#[test]
+fn consistent_hash_rule_key() {
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    assert!(!r.is_sticky());
+    let v = three();
+    let d = decide(
+        &mut r,
+        &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
+        &v,
+    );
+    assert_eq!(d.key.as_deref(), Some("alice"));
+    assert_eq!(d.reason, Reason::Rule(0));
+    assert_eq!(Some(&d.owner), v.ring().owner("alice"));
+    let want: Vec<NodeId> = v.ring().candidates("alice").cloned().collect();
+    assert_eq!(d.candidates, want);
+    // Same key from another client: same owner.
+    let d2 = decide(
+        &mut r,
+        &Req::new("/y?user=alice", None, "192.0.2.9:2000"),
+        &v,
+    );
+    assert_eq!(d2.candidates, d.candidates);
+}
+
+#[test]
+fn h2_no_rule_matching_uses_client_host_and_port() {
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let v = three();
+    let d = decide(&mut r, &Req::new("/x", None, "192.0.2.1:1000"), &v);
+    assert_eq!(d.key.as_deref(), Some("192.0.2.1:1000"));
+    assert_eq!(d.reason, Reason::DefaultKey);
+    assert_eq!(Some(&d.owner), v.ring().owner("192.0.2.1:1000"));
+}
+
+#[test]
+fn h3_no_rules_means_sticky_round_robin() {
+    let mut r = Router::new(PolicyKind::ConsistentHash, Rules::default());
+    assert!(r.is_sticky());
+    let v = three();
+    let req = Req::new("/", None, "192.0.2.1:1000");
+    let want = [
+        ["n1", "n2", "n3"],
+        ["n2", "n3", "n1"],
+        ["n3", "n1", "n2"],
+        ["n1", "n2", "n3"],
+    ];
+    for w in want {
+        let d = decide(&mut r, &req, &v);
+        assert_eq!((d.reason, d.key.as_deref()), (Reason::RoundRobin, None));
+        assert_eq!(&*d.owner, w[0]);
+        assert_eq!(ids(&d), w);
+    }
+    // Once the session exists, the route sticks, and does not advance
+    // the rotation.
+    let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1000");
+    for _ in 0..3 {
+        let d = decide(&mut r, &sticky, &v);
+        assert_eq!(ids(&d), ["n3", "n1", "n2"]);
+        assert_eq!(d.reason, Reason::StickyRoute);
+    }
+    assert_eq!(&*decide(&mut r, &req, &v).owner, "n2");
+}
+
+#[test]
+fn a11_round_robin_policy_over_views() {
+    let mut r = Router::new(PolicyKind::RoundRobin, Rules::default());
+    assert!(!r.is_sticky());
+    let req = Req::new("/", None, "192.0.2.1:1000");
+    let down = view("n1", &[("n1", Serving), ("n2", Leaving), ("n3", Serving)]);
+    let owners: Vec<String> = (0..4)
+        .map(|_| decide(&mut r, &req, &down).owner.to_string())
+        .collect();
+    assert_eq!(owners, ["n1", "n3", "n1", "n3"]);
+    let d = decide(&mut r, &req, &down);
+    assert_eq!(ids(&d), ["n1", "n3"]);
+    let owners: Vec<String> = (0..3)
+        .map(|_| decide(&mut r, &req, &three()).owner.to_string())
+        .collect();
+    assert_eq!(owners, ["n2", "n3", "n1"]);
+}
+
+#[test]
+fn sticky_route_wins_under_consistent_hash() {
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let v = three();
+    let plain = decide(
+        &mut r,
+        &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
+        &v,
+    );
+    let other = plain.candidates[2].clone();
+    let req = Req::new(
+        "/x?user=alice",
+        Some(&format!("peerlb-route={other}")),
+        "192.0.2.1:1000",
+    );
+    let d = decide(&mut r, &req, &v);
+    assert_eq!(d.reason, Reason::StickyRoute);
+    assert_eq!(d.owner, other);
+    assert_eq!(d.key.as_deref(), Some("alice"));
+    let want = vec![
+        plain.candidates[2].clone(),
+        plain.candidates[0].clone(),
+        plain.candidates[1].clone(),
+    ];
+    assert_eq!(d.candidates, want);
+}
+
+#[test]
+fn h4_forged_or_non_serving_route_is_ignored() {
+    let v = view("n1", &[("n1", Serving), ("n2", Draining), ("n3", Serving)]);
+    for policy in PolicyKind::ALL {
+        for route in ["ghost", "n2", "", "n1%00"] {
+            let rules = if policy == PolicyKind::ConsistentHash {
+                user_rules()
+            } else {
+                Rules::default()
+            };
+            let (mut a, mut b) = (
+                Router::new(policy, rules.clone()),
+                Router::new(policy, rules),
+            );
+            let honest = Req::new("/x?user=u", None, "192.0.2.1:1000");
+            let forged_cookie = Req::new(
+                "/x?user=u",
+                Some(&format!("peerlb-route={route}")),
+                "192.0.2.1:1000",
+            );
+            let forged_param = Req::new(
+                &format!("/x{}?user=u", encode_route_param(route)),
+                None,
+                "192.0.2.1:1000",
+            );
+            for forged in [&forged_cookie, &forged_param] {
+                let want = decide(&mut a, &honest, &v);
+                let got = decide(&mut b, forged, &v);
+                assert_eq!(got, want, "{policy} {route:?}");
+                assert_ne!(got.reason, Reason::StickyRoute);
+                assert!(!got.candidates.iter().any(|c| &**c == "n2"));
+            }
+        }
+    }
+}
+
+#[test]
+fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
+    let mut r = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
+    assert!(r.is_sticky());
+    let req = Req::new("/cart", Some("peerlb-route=n2"), "192.0.2.1:1000");
+    assert_eq!(&*decide(&mut r, &req, &three()).owner, "n2");
+    // n2 died (gone from the view) or is leaving: the route is ignored.
+    for v in [
+        view("n1", &[("n1", Serving), ("n3", Serving)]),
+        view("n1", &[("n1", Serving), ("n2", Leaving), ("n3", Serving)]),
+    ] {
+        let d = decide(&mut r, &req, &v);
+        assert_ne!(&*d.owner, "n2");
+        assert_eq!(d.reason, Reason::RoundRobin);
+        assert!(d.candidates.iter().all(|c| v.is_serving(c)));
+        // The ingress rewrites the cookie to d.owner; the next request sticks.
+        let next = Req::new(
+            "/cart",
+            Some(&format!("peerlb-route={}", d.owner)),
+            "192.0.2.1:1000",
+        );
+        let d2 = decide(&mut r, &next, &v);
+        assert_eq!((d2.owner, d2.reason), (d.owner, Reason::StickyRoute));
+    }
+}
+
+#[test]
+fn c6_dead_owner_next_node_on_ring_takes_over() {
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let req = Req::new("/x?user=bob", None, "192.0.2.1:1000");
+    let v = three();
+    let before = decide(&mut r, &req, &v);
+    let dead = before.owner.to_string();
+    let members: Vec<(&str, NodeStatus)> = ["n1", "n2", "n3"]
+        .into_iter()
+        .map(|id| (id, if id == dead { Leaving } else { Serving }))
+        .collect();
+    let after = decide(&mut r, &req, &view("n1", &members));
+    assert_eq!(after.candidates, before.candidates[1..]);
+}
+
+#[test]
+fn c4_views_from_any_order_decide_alike() {
+    let ms: Vec<_> = ["d", "a", "c", "b"]
+        .iter()
+        .map(|id| member(id, 1, Serving))
+        .collect();
+    let mut rev = ms.clone();
+    rev.reverse();
+    let va = MembershipView::new("a".into(), ms, 160);
+    let vb = MembershipView::new("b".into(), rev, 160);
+    let mut ra = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let mut rb = Router::new(PolicyKind::ConsistentHash, user_rules());
+    for u in 0..200 {
+        let req = Req::new(&format!("/?user=u{u}"), None, "192.0.2.1:1000");
+        assert_eq!(decide(&mut ra, &req, &va), decide(&mut rb, &req, &vb));
+    }
+}
+
+#[test]
+fn random_is_seeded() {
+    let v = view(
+        "n1",
+        &[
+            ("n1", Serving),
+            ("n2", Serving),
+            ("n3", Serving),
+            ("n4", Serving),
+        ],
+    );
+    let req = Req::new("/", None, "192.0.2.1:1000");
+    let run = |seed: u64| {
+        let mut r = Router::new(PolicyKind::Random, Rules::default());
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        (0..20)
+            .map(|_| r.decide(&req.view(), &v, T0, &mut rng))
+            .collect::<Vec<_>>()
+    };
+    let a = run(1);
+    assert_eq!(a, run(1));
+    assert_ne!(a, run(2));
+    for d in &a {
+        assert_eq!(d.reason, Reason::Random);
+        let i = v
+            .serving_ids()
+            .iter()
+            .position(|id| *id == d.owner)
+            .unwrap();
+        let want: Vec<NodeId> = rotation_from(v.serving_ids(), i).cloned().collect();
+        assert_eq!(d.candidates, want);
+    }
+}
+
+#[test]
+fn no_serving_members_the_entry_serves_itself() {
+    let v = view("self", &[("self", Draining), ("n2", Leaving)]);
+    let empty = MembershipView::new("self".into(), [], 160);
+    for v in [v, empty] {
+        for policy in PolicyKind::ALL {
+            let mut r = Router::new(policy, user_rules());
+            let d = decide(
+                &mut r,
+                &Req::new("/?user=a", Some("peerlb-route=n2"), "192.0.2.1:1"),
+                &v,
+            );
+            assert_eq!(
+                d,
+                Decision {
+                    owner: "self".into(),
+                    candidates: vec!["self".into()],
+                    key: None,
+                    reason: Reason::NoMembers
+                }
+            );
+        }
+    }
+}
+
+#[test]
+fn hash_with_all_weights_zero_falls_back_to_rotation() {
+    let mut m = vec![member("a", 1, Serving), member("b", 1, Serving)];
+    for x in &mut m {
+        x.weight = 0;
+    }
+    let v = MembershipView::new("a".into(), m, 160);
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let d = decide(&mut r, &Req::new("/?user=x", None, "192.0.2.1:1"), &v);
+    assert_eq!((ids(&d), d.reason), (vec!["a", "b"], Reason::RoundRobin));
+}
+
+/// A view of serving members `(id, weight, load metric, inflight)`.
+fn weighted(self_id: &str, ms: &[(&str, u32, u8, u32)]) -> MembershipView {
+    MembershipView::new(
+        self_id.into(),
+        ms.iter().map(|(id, w, load, inflight)| {
+            let mut m = member(id, 1, Serving);
+            m.weight = *w;
+            m.load = *load;
+            m.inflight = *inflight;
+            m
+        }),
+        64,
+    )
+}
+
+fn owners(r: &mut Router, v: &MembershipView, n: usize) -> Vec<String> {
+    let req = Req::new("/", None, "192.0.2.1:1000");
+    (0..n)
+        .map(|_| decide(r, &req, v).owner.to_string())
+        .collect()
+}
+
+fn count(picks: &[String], id: &str) -> usize {
+    picks.iter().filter(|p| *p == id).count()
+}
+
+#[test]
+fn a3_weighted_round_robin_through_the_router() {
+    let v = weighted("a", &[("a", 70, 100, 0), ("b", 30, 100, 0)]);
+    let mut r = Router::new(PolicyKind::WeightedRoundRobin, Rules::default());
+    assert!(!r.is_sticky());
+    assert_eq!(
+        owners(&mut r, &v, 10),
+        ["a", "b", "a", "a", "a", "b", "a", "a", "b", "a"]
+    );
+    let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        (ids(&d), d.reason),
+        (vec!["a", "b"], Reason::WeightedRoundRobin)
+    );
+}
+
+#[test]
+fn a1_weighted_round_robin_skips_a_down_member() {
+    let mut v = vec![member("a", 1, Serving), member("b", 1, Draining)];
+    v.extend([member("c", 1, Serving), member("d", 1, Serving)]);
+    for m in &mut v {
+        m.weight = 25;
+    }
+    let v = MembershipView::new("a".into(), v, 64);
+    let mut r = Router::new(PolicyKind::WeightedRoundRobin, Rules::default());
+    assert_eq!(owners(&mut r, &v, 6), ["a", "c", "d", "a", "c", "d"]);
+}
+
+#[test]
+fn a10_weights_50_100_100() {
+    let v = weighted(
+        "a",
+        &[("a", 50, 100, 0), ("b", 100, 100, 0), ("c", 100, 100, 0)],
+    );
+    let mut r = Router::new(PolicyKind::WeightedRoundRobin, Rules::default());
+    let got = owners(&mut r, &v, 500);
+    assert_eq!(
+        (count(&got, "a"), count(&got, "b"), count(&got, "c")),
+        (100, 200, 200)
+    );
+    // weighted-random: the same shares in expectation (seeded).
+    let mut r = Router::new(PolicyKind::WeightedRandom, Rules::default());
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
+    let req = Req::new("/", None, "192.0.2.1:1");
+    let mut n = BTreeMap::new();
+    for _ in 0..20_000 {
+        let d = r.decide(&req.view(), &v, T0, &mut rng);
+        assert_eq!(d.reason, Reason::WeightedRandom);
+        *n.entry(d.owner.to_string()).or_insert(0u32) += 1;
+    }
+    let a = f64::from(n["a"]);
+    for other in ["b", "c"] {
+        let ratio = a / f64::from(n[other]);
+        assert!((ratio - 0.5).abs() < 0.03, "a/{other} {ratio}");
+    }
+}
+
+#[test]
+fn a6_a7_metric_shares() {
+    let v = weighted(
+        "n1",
+        &[("n1", 100, 20, 0), ("n2", 100, 40, 0), ("n3", 100, 90, 0)],
+    );
+    let mut r = Router::new(PolicyKind::Metric, Rules::default());
+    for _ in 0..3 {
+        let got = owners(&mut r, &v, 150);
+        assert_eq!(
+            (count(&got, "n1"), count(&got, "n2"), count(&got, "n3")),
+            (20, 40, 90)
+        );
+    }
+    let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        (ids(&d), d.reason),
+        (vec!["n3", "n1", "n2"], Reason::Metric)
+    );
+    // A7: no metric counts as 50.
+    let v = weighted("n1", &[("n1", 100, NO_METRIC, 0), ("n2", 100, 100, 0)]);
+    let mut r = Router::new(PolicyKind::Metric, Rules::default());
+    let got = owners(&mut r, &v, 150);
+    assert_eq!((count(&got, "n1"), count(&got, "n2")), (50, 100));
+    // Everyone fully busy (metric 0): equal shares, still the metric policy.
+    let v = weighted("n1", &[("n1", 100, 0, 0), ("n2", 100, 0, 0)]);
+    let got = owners(&mut r, &v, 4);
+    assert_eq!(got, ["n1", "n2", "n1", "n2"]);
+}
+
+#[test]
+fn a9_least_load_through_the_router() {
+    use std::cell::RefCell;
+    // Published figures 20, 70, 80; each request this entry sends adds
+    // 10 to its service's figure (the entry's local in-flight count).
+    let v = weighted(
+        "s1",
+        &[
+            ("s1", 100, 100, 20),
+            ("s2", 100, 100, 70),
+            ("s3", 100, 100, 80),
+        ],
+    );
+    let local = RefCell::new(BTreeMap::<String, u32>::new());
+    let mut r = Router::new(PolicyKind::LeastLoad, Rules::default());
+    let req = Req::new("/", None, "192.0.2.1:1");
+    let mut got = Vec::new();
+    for i in 0..12 {
+        let loads = |id: &str| local.borrow().get(id).copied().unwrap_or(0);
+        let d = r.decide_with_loads(&req.view(), &v, T0, &mut rng(), &loads);
+        assert_eq!(d.reason, Reason::LeastLoad);
+        if i == 5 {
+            // s1 and s2 tie at 70 and s2 wins: failover goes to s1 (70)
+            // before s3 (80).
+            assert_eq!(ids(&d), ["s2", "s1", "s3"]);
+        }
+        *local.borrow_mut().entry(d.owner.to_string()).or_insert(0) += 10;
+        got.push(d.owner.to_string());
+    }
+    assert_eq!(
+        got,
+        [
+            "s1", "s1", "s1", "s1", "s1", "s2", "s1", "s2", "s3", "s1", "s2", "s3"
+        ]
+    );
+    // decide() without local counts: only the published figures.
+    assert_eq!(owners(&mut r, &v, 2), ["s1", "s1"]);
+}
+
+#[test]
+fn a5_by_traffic_through_the_router() {
+    let v = weighted(
+        "a",
+        &[("a", 100, 100, 0), ("b", 200, 100, 0), ("c", 100, 100, 0)],
+    );
+    let mut r = Router::new(PolicyKind::ByTraffic, Rules::default());
+    let req = Req::new("/", None, "192.0.2.1:1");
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        let d = decide(&mut r, &req, &v);
+        assert_eq!(d.reason, Reason::ByTraffic);
+        r.record_bytes(&d.owner, 1500);
+        got.push(d.owner.to_string());
+    }
+    assert_eq!(got, ["a", "b", "c", "b", "a", "b", "c", "b"]);
+    // Other policies ignore byte counts.
+    let mut rr = Router::new(PolicyKind::RoundRobin, Rules::default());
+    rr.record_bytes("a", 1 << 40);
+    assert_eq!(owners(&mut rr, &v, 3), ["a", "b", "c"]);
+}
+
+#[test]
+fn weighted_policies_with_no_weight_fall_back_to_round_robin() {
+    let v = weighted("a", &[("a", 0, 100, 0), ("b", 0, 100, 0)]);
+    for p in [
+        PolicyKind::WeightedRandom,
+        PolicyKind::WeightedRoundRobin,
+        PolicyKind::ByTraffic,
+        PolicyKind::LeastLoad,
+    ] {
+        let mut r = Router::new(p, Rules::default());
+        assert_eq!(owners(&mut r, &v, 3), ["a", "b", "a"], "{p}");
+        let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+        assert_eq!(d.reason, Reason::RoundRobin);
+    }
+}
+
+#[test]
+fn local_affinity_prefers_the_entry_node() {
+    let req = Req::new("/", None, "192.0.2.1:1");
+    let v = weighted(
+        "n2",
+        &[
+            ("n1", 100, 100, 0),
+            ("n2", 100, 100, 50),
+            ("n3", 100, 100, 0),
+        ],
+    );
+    for p in PolicyKind::ALL
+        .into_iter()
+        .filter(|p| p.has_local_variant())
+    {
+        let mut r = Router::new(Policy::local(p).unwrap(), Rules::default());
+        assert_eq!(r.policy(), p);
+        assert!(r.policy_spec().is_local());
+        for _ in 0..3 {
+            let d = decide(&mut r, &req, &v);
+            assert_eq!(
+                (ids(&d), d.reason),
+                (vec!["n2", "n3", "n1"], Reason::Local),
+                "{p}"
+            );
+        }
+        // A sticky route still wins.
+        let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1");
+        assert_eq!(decide(&mut r, &sticky, &v).reason, Reason::StickyRoute);
+    }
+    // Not a candidate (draining, or weight 0 for weighted policies, or
+    // metric 0): the policy decides, from its untouched state.
+    let draining = view("n2", &[("n1", Serving), ("n2", Draining), ("n3", Serving)]);
+    let mut r = Router::new(
+        "round-robin:local".parse::<Policy>().unwrap(),
+        Rules::default(),
+    );
+    assert_eq!(owners(&mut r, &draining, 3), ["n1", "n3", "n1"]);
+    let zero = weighted(
+        "n2",
+        &[("n1", 100, 100, 0), ("n2", 0, 0, 0), ("n3", 100, 100, 0)],
+    );
+    let mut r = Router::new(
+        "weighted-round-robin:local".parse::<Policy>().unwrap(),
+        Rules::default(),
+    );
+    assert_eq!(owners(&mut r, &zero, 2), ["n1", "n3"]);
+    let mut r = Router::new("metric:local".parse::<Policy>().unwrap(), Rules::default());
+    assert_eq!(decide(&mut r, &req, &zero).reason, Reason::Metric);
+    // round-robin (no weights): weight 0 does not matter.
+    let mut r = Router::new(
+        "round-robin:local".parse::<Policy>().unwrap(),
+        Rules::default(),
+    );
+    assert_eq!(decide(&mut r, &req, &zero).reason, Reason::Local);
+}
+
+#[test]
+fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
+    let opts = RouterOptions {
+        hash_balance_factor: Some(1.25),
+    };
+    let mut r = Router::with_options(PolicyKind::ConsistentHash, user_rules(), opts).unwrap();
+    assert_eq!(r.options(), opts);
+    let req = Req::new("/x?user=alice", None, "192.0.2.1:1000");
+    let idle = three();
+    let plain = decide(&mut r, &req, &idle);
+    assert_eq!(plain.reason, Reason::Rule(0));
+    // The owner has 30 requests in flight, the others none: passed over.
+    let hot: Vec<(&str, u32, u8, u32)> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| (*id, 100, 100, if *id == &*plain.owner { 30 } else { 0 }))
+        .collect();
+    let v = weighted("n1", &hot);
+    let d = decide(&mut r, &req, &v);
+    assert_eq!(d.reason, Reason::BoundedLoad { rule: Some(0) });
+    assert_eq!(d.reason.to_string(), "bounded-load[0]");
+    assert_eq!(
+        d.candidates,
+        [
+            plain.candidates[1].clone(),
+            plain.candidates[0].clone(),
+            plain.candidates[2].clone()
+        ]
+    );
+    // The entry's own in-flight counts too.
+    let owner = plain.owner.clone();
+    let local = |id: &str| if id == &*owner { 30 } else { 0 };
+    let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
+    assert_eq!(d.owner, plain.candidates[1]);
+    // The default key spills with rule None.
+    let req = Req::new("/x", None, "192.0.2.1:1000");
+    let d0 = decide(&mut r, &req, &idle);
+    let local = |id: &str| if id == &*d0.owner { 30 } else { 0 };
+    let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
+    assert_eq!(d.reason, Reason::BoundedLoad { rule: None });
+    assert_eq!(d.reason.to_string(), "bounded-load[default-key]");
+    // Without the factor nothing spills.
+    let mut plain_r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let d = plain_r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
+    assert_eq!(d.owner, d0.owner);
+}
+
+#[test]
+fn router_options_are_validated() {
+    for bad in [0.99, f64::NAN, f64::INFINITY, -1.0, 1000.5] {
+        let e = Router::with_options(
+            PolicyKind::ConsistentHash,
+            Rules::default(),
+            RouterOptions {
+                hash_balance_factor: Some(bad),
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("hash_balance_factor must be a number in 1.0..=1000.0")
+        );
+    }
+    let r = Router::with_options(
+        PolicyKind::ConsistentHash,
+        Rules::default(),
+        RouterOptions {
+            hash_balance_factor: Some(1.256),
+        },
+    )
+    .unwrap();
+    assert_eq!(r.options().hash_balance_factor, Some(1.26));
+    assert_eq!(
+        Router::with_options(
+            PolicyKind::Metric,
+            Rules::default(),
+            RouterOptions::default()
+        )
+        .unwrap()
+        .options(),
+        RouterOptions::default()
+    );
+}
+
+#[test]
+fn set_rules_affects_later_decisions() {
+    let mut r = Router::new(PolicyKind::ConsistentHash, Rules::default());
+    assert!(r.is_sticky());
+    r.set_rules(user_rules());
+    assert!(!r.is_sticky());
+    let d = decide(&mut r, &Req::new("/?user=z", None, "192.0.2.1:1"), &three());
+    assert_eq!(d.key.as_deref(), Some("z"));
+    assert_eq!(r.rules().len(), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Every decision of every policy: owner first, candidates distinct
+    /// and serving.
+    #[test]
+    fn candidates_are_distinct_and_serving(
+        statuses in proptest::collection::vec(0u8..3, 1..8),
+        weights in proptest::collection::vec(0u32..300, 8),
+        inflight in proptest::collection::vec(0u32..50, 8),
+        policy in 0usize..PolicyKind::ALL.len(),
+        local in any::<bool>(),
+        bounded in any::<bool>(),
+        user in "[a-z]{0,4}",
+        route in 0usize..10,
+        seed in any::<u64>(),
+    ) {
+        let names: Vec<String> = (0..statuses.len()).map(|i| format!("n{i}")).collect();
+        let members = names.iter().enumerate().map(|(i, n)| {
+            let mut m = member(n, 1, [Serving, Draining, Leaving][statuses[i] as usize]);
+            m.weight = weights[i];
+            m.inflight = inflight[i];
+            m.load = (weights[i] % 101) as u8;
+            m
+        });
+        let v = MembershipView::new("n0".into(), members, 16);
+        let kind = PolicyKind::ALL[policy];
+        let policy = if local && kind.has_local_variant() { Policy::local(kind).unwrap() } else { Policy::new(kind) };
+        let opts = RouterOptions { hash_balance_factor: bounded.then_some(1.25) };
+        let mut r = Router::with_options(policy, user_rules(), opts).unwrap();
+        let req = Req::new(&format!("/?user={user}"), Some(&format!("peerlb-route=n{route}")), "192.0.2.1:1");
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        for _ in 0..3 {
+            let d = r.decide(&req.view(), &v, T0, &mut rng);
+            prop_assert_eq!(&d.candidates[0], &d.owner);
+            let set: std::collections::BTreeSet<_> = d.candidates.iter().collect();
+            prop_assert_eq!(set.len(), d.candidates.len());
+            if d.reason == Reason::NoMembers {
+                prop_assert!(v.serving_ids().is_empty());
+            } else {
+                prop_assert!(d.candidates.iter().all(|c| v.is_serving(c)));
+                if d.key.is_none() {
+                    prop_assert_eq!(d.candidates.len(), v.serving_ids().len());
+                } else {
+                    // Hash: the ring's nodes (weight > 0), plus a sticky owner.
+                    prop_assert!(d.candidates.len() >= v.ring().node_count());
+                }
+            }
+            r.record_bytes(&d.owner, 100);
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Rule tests: the TOML model, every extractor and condition, errors.
+use super::*;
+use http::HeaderValue;
+
+struct Req {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    client: SocketAddr,
+}
+
+impl Req {
+    fn new(method: &str, uri: &str, headers: &[(&str, &str)]) -> Req {
+        let mut h = HeaderMap::new();
+        for (n, v) in headers {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        Req {
+            method: method.parse().unwrap(),
+            uri: uri.parse().unwrap(),
+            headers: h,
+            client: "192.0.2.7:40123".parse().unwrap(),
+        }
+    }
+
+    fn view(&self) -> RequestView<'_> {
+        RequestView {
+            method: &self.method,
+            uri: &self.uri,
+            headers: &self.headers,
+            client: self.client,
+        }
+    }
+}
+
+fn rules(toml_src: &str) -> Rules {
+    Rules::compile(&specs(toml_src)).unwrap()
+}
+
+fn specs(toml_src: &str) -> Vec<RuleSpec> {
+    #[derive(Deserialize)]
+    struct File {
+        rules: Vec<RuleSpec>,
+    }
+    toml::from_str::<File>(toml_src).unwrap().rules
+}
+
+fn key(r: &Rules, req: &Req) -> Option<(usize, String)> {
+    r.extract(&req.view())
+}
+
+fn compile_err(toml_src: &str) -> String {
+    Rules::compile(&specs(toml_src)).unwrap_err().to_string()
+}
+
+const USERS: &str = r#"
+    [[rules]]
+    name = "users"
+    extract = [{ query = "user" }, { header = "x-user" }, { cookie = "session" },
+               { path_regex = "^/users/([^/]+)", prefix = "u:" },
+               { target_regex = "[?&]t=([0-9]+)", prefix = "t:" }]
+"#;
+
+#[test]
+fn module_doc_example_parses() {
+    let r = rules(
+        r#"
+        [[rules]]
+        name = "users"
+        when = { path_prefix = "/api/", header_absent = "x-internal" }
+        extract = [{ query = "user" }, { header = "x-user" }, { cookie = "session" },
+                   { path_regex = "^/users/([^/]+)", prefix = "u:" }]
+        "#,
+    );
+    let req = Req::new("GET", "/api/x?user=ann", &[]);
+    assert_eq!(key(&r, &req), Some((0, "ann".into())));
+    let req = Req::new("GET", "/api/x?user=ann", &[("x-internal", "1")]);
+    assert_eq!(key(&r, &req), None);
+}
+
+#[test]
+fn toml_model_parses() {
+    let s = specs(USERS);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].name.as_deref(), Some("users"));
+    assert_eq!(s[0].when, Condition::default());
+    assert_eq!(
+        s[0].extract[0],
+        ExtractorSpec {
+            query: Some("user".into()),
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        s[0].extract[3],
+        ExtractorSpec {
+            path_regex: Some("^/users/([^/]+)".into()),
+            prefix: Some("u:".into()),
+            ..Default::default()
+        }
+    );
+    #[derive(Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct File {
+        rules: Vec<RuleSpec>,
+    }
+    let unknown = toml::from_str::<File>("[[rules]]\nextract = [{ qurey = \"u\" }]");
+    assert!(
+        unknown
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `qurey`")
+    );
+    let unknown = toml::from_str::<File>("[[rules]]\nextract = []\nwhen = { paht = \"/\" }");
+    assert!(
+        unknown
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `paht`")
+    );
+}
+
+/// (request-target, headers, expected key)
+type Case = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Option<&'static str>,
+);
+
+#[test]
+fn each_extractor_kind() {
+    let r = rules(USERS);
+    assert!(!r.is_empty());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r.name(0), Some("users"));
+    let cases: [Case; 10] = [
+        ("/x?a=1&user=al%20ice&user=bob", &[], Some("al ice")),
+        ("/x?user=a+b", &[], Some("a b")),
+        ("/x?us%65r=enc", &[], Some("enc")),
+        ("/x?user=&other=1", &[("x-user", "  hdr  ")], Some("hdr")),
+        ("/x", &[("x-user", "h1"), ("x-user", "h2")], Some("h1")),
+        (
+            "/x",
+            &[("cookie", "a=1; session=s1"), ("cookie", "session=s2")],
+            Some("s1"),
+        ),
+        ("/users/42/orders?x=1", &[], Some("u:42")),
+        ("/other?x=1&t=99", &[], Some("t:99")),
+        ("/users/?t=", &[("x-user", "   ")], None),
+        ("/", &[("cookie", "session=")], None),
+    ];
+    for (uri, headers, want) in cases {
+        let req = Req::new("GET", uri, headers);
+        assert_eq!(
+            key(&r, &req),
+            want.map(|k| (0, k.to_owned())),
+            "{uri} {headers:?}"
+        );
+    }
+}
+
+#[test]
+fn first_non_empty_rule_wins() {
+    let r = rules(
+        r#"
+        [[rules]]
+        when = { path_prefix = "/api/" }
+        extract = [{ query = "id" }]
+        [[rules]]
+        extract = [{ header = "x-tenant" }]
+        [[rules]]
+        extract = [{ query = "id", prefix = "late:" }]
+        "#,
+    );
+    // Rule 0 applies and yields.
+    assert_eq!(
+        key(&r, &Req::new("GET", "/api/x?id=7", &[("x-tenant", "t")])),
+        Some((0, "7".into()))
+    );
+    // Rule 0 applies but is empty: rule 1.
+    assert_eq!(
+        key(&r, &Req::new("GET", "/api/x?id=", &[("x-tenant", "t")])),
+        Some((1, "t".into()))
+    );
+    // Rule 0 does not apply, rule 1 empty: rule 2.
+    assert_eq!(
+        key(&r, &Req::new("GET", "/web?id=7", &[])),
+        Some((2, "late:7".into()))
+    );
+    assert_eq!(key(&r, &Req::new("GET", "/web", &[])), None);
+}
+
+#[test]
+fn conditions_all_must_hold() {
+    let r = rules(
+        r#"
+        [[rules]]
+        extract = [{ header = "x-a" }]
+        [rules.when]
+        method = "POST"
+        host = "Shop.Example"
+        path_regex = "^/cart(/|$)"
+        header_present = "x-a"
+        header_absent = "x-b"
+        cookie_present = "c1"
+        cookie_absent = "c2"
+        "#,
+    );
+    let ok: &[(&str, &str)] = &[
+        ("host", "shop.example:8080"),
+        ("x-a", "k"),
+        ("cookie", "c1="),
+    ];
+    assert_eq!(
+        key(&r, &Req::new("POST", "/cart/1", ok)),
+        Some((0, "k".into()))
+    );
+    assert_eq!(
+        key(&r, &Req::new("POST", "http://SHOP.example/cart", &ok[1..])),
+        Some((0, "k".into()))
+    );
+    assert_eq!(key(&r, &Req::new("GET", "/cart/1", ok)), None);
+    assert_eq!(key(&r, &Req::new("post", "/cart/1", ok)), None);
+    assert_eq!(key(&r, &Req::new("POST", "/carts", ok)), None);
+    assert_eq!(key(&r, &Req::new("POST", "/cart", &ok[1..])), None); // no host
+    let other_host = [("host", "other.example"), ok[1], ok[2]];
+    assert_eq!(key(&r, &Req::new("POST", "/cart", &other_host)), None);
+    let with_b = [ok[0], ok[1], ok[2], ("x-b", "1")];
+    assert_eq!(key(&r, &Req::new("POST", "/cart", &with_b)), None);
+    let no_c1 = [ok[0], ok[1], ("cookie", "c3=1")];
+    assert_eq!(key(&r, &Req::new("POST", "/cart", &no_c1)), None);
+    let with_c2 = [ok[0], ok[1], ("cookie", "c1=1; c2=2")];
+    assert_eq!(key(&r, &Req::new("POST", "/cart", &with_c2)), None);
+}
+
+#[test]
+fn ipv6_host_header() {
+    let r = rules("[[rules]]\nwhen = { host = \"[::1]\" }\nextract = [{ header = \"x\" }]");
+    let req = Req::new("GET", "/", &[("host", "[::1]:8080"), ("x", "v")]);
+    assert_eq!(key(&r, &req), Some((0, "v".into())));
+}
+
+#[test]
+fn h2_default_key_is_remote_host_and_port() {
+    assert_eq!(
+        default_key("192.0.2.7:40123".parse().unwrap()),
+        "192.0.2.7:40123"
+    );
+    assert_eq!(
+        default_key("[2001:db8::1]:443".parse().unwrap()),
+        "[2001:db8::1]:443"
+    );
+    assert_eq!(
+        default_key("[::ffff:192.0.2.7]:40123".parse().unwrap()),
+        "192.0.2.7:40123"
+    );
+    let r = rules("[[rules]]\nextract = [{ header = \"x-user\" }]");
+    let req = Req::new("GET", "/", &[]);
+    assert_eq!(key(&r, &req), None);
+    assert_eq!(default_key(req.client), "192.0.2.7:40123");
+}
+
+#[test]
+fn empty_rules() {
+    let r = Rules::compile(&[]).unwrap();
+    assert!(r.is_empty());
+    assert_eq!(key(&r, &Req::new("GET", "/?user=1", &[])), None);
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        (
+            "[[rules]]\nextract = [{ query = \"a\" }]\n[[rules]]\nextract = [{ path_regex = \"(\" }]",
+            "rules[1].extract[0].path_regex: invalid regex: ",
+        ),
+        (
+            "[[rules]]\nextract = [{ query = \"a\" }, {}, { query = \"a\", cookie = \"b\" }]",
+            "rules[0].extract[1]: exactly one of query, header, header_uri_user, cookie, path_regex, target_regex",
+        ),
+        (
+            "[[rules]]\nname = \"u\"\nextract = [{ query = \"a\", cookie = \"b\" }]",
+            "rules[0].extract[0]: exactly one of query, header, header_uri_user, cookie, path_regex, target_regex (rule \"u\")",
+        ),
+        (
+            "[[rules]]\nextract = [{ prefix = \"p\" }]",
+            "rules[0].extract[0]: exactly one of",
+        ),
+        (
+            "[[rules]]\nextract = [{ target_regex = \"^/x\" }]",
+            "rules[0].extract[0].target_regex: regex has no capture group (the key is the first capture group)",
+        ),
+        (
+            "[[rules]]\nextract = []",
+            "rules[0].extract: at least one extractor is required",
+        ),
+        (
+            "[[rules]]\nextract = [{ query = \"\" }]",
+            "rules[0].extract[0].query: must not be empty",
+        ),
+        (
+            "[[rules]]\nextract = [{ header = \"bad header\" }]",
+            "rules[0].extract[0].header: invalid header name \"bad header\"",
+        ),
+        (
+            "[[rules]]\nwhen = { method = \"GE T\" }\nextract = [{ query = \"a\" }]",
+            "rules[0].when.method: invalid HTTP method \"GE T\"",
+        ),
+        (
+            "[[rules]]\nwhen = { path_regex = \"[\" }\nextract = [{ query = \"a\" }]",
+            "rules[0].when.path_regex: invalid regex: ",
+        ),
+        (
+            "[[rules]]\nwhen = { header_absent = \"\" }\nextract = [{ query = \"a\" }]",
+            "rules[0].when.header_absent: must not be empty",
+        ),
+    ];
+    for (src, want) in cases {
+        let got = compile_err(src);
+        assert!(got.starts_with(want), "got {got:?}, want {want:?}");
+    }
+    let e = Rules::compile(&specs(
+        "[[rules]]\nname = \"r\"\nextract = [{ path_regex = \"(\" }]",
+    ))
+    .unwrap_err();
+    assert_eq!(e.path, "rules[0].extract[0].path_regex");
+    assert_eq!(e.rule.as_deref(), Some("r"));
+    assert!(matches!(e.kind, RuleErrorKind::InvalidRegex(_)));
+    assert!(std::error::Error::source(&e).is_some());
+}
+
+#[test]
+fn request_target_forms() {
+    assert_eq!(request_target(&Uri::from_static("/a?b=1")), "/a?b=1");
+    assert_eq!(
+        request_target(&Uri::from_static("http://h/a?b=1")),
+        "http://h/a?b=1"
+    );
+    assert_eq!(request_target(&Uri::from_static("h:443")), "h:443");
+}
