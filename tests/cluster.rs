@@ -12,7 +12,6 @@ use bytes::Bytes;
 use peerlb::{NodeId, Ring};
 use support::*;
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_reaches_the_same_owner_from_every_entry_and_keys_cover_all_nodes() {
     let c = Cluster::start("owner", 3, "[ring]\nvnodes = 1024\n", USER_RULES);
