@@ -43,6 +43,9 @@ use crate::engine::sticky;
 pub const SERVED_BY: &str = "peerlb-served-by";
 /// Response header naming the entry node.
 pub const ENTRY: &str = "peerlb-entry";
+/// Response header carrying a new sticky route as a path parameter
+/// (`;peerlb-route=<id>`), for clients that refuse cookies.
+pub const ROUTE: &str = "peerlb-route";
 
 /// Why a request got no answer from an app: each maps to one status in
 /// [`error_response`].
@@ -177,6 +180,44 @@ fn strip_peerlb_headers(h: &mut http::HeaderMap) {
     }
 }
 
+/// Removes `;peerlb-route=` from the request-target's last path segment;
+/// true when there was one.
+fn strip_route_param(uri: &mut http::Uri) -> bool {
+    let std::borrow::Cow::Owned(path) = sticky::strip_route_param(uri.path()) else {
+        return false;
+    };
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = std::mem::take(uri).into_parts();
+    parts.path_and_query = pq.parse().ok();
+    *uri = http::Uri::from_parts(parts).unwrap_or_default();
+    true
+}
+
+/// Tells the client its (new) sticky route: the `peerlb-route` cookie, the
+/// `peerlb-route` response header, and, for a client that carries the
+/// route in the URL (cookies refused), the route parameter on `Location`.
+fn set_route(resp: &mut Response<Body>, node: &str, in_url: bool) {
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&sticky::set_cookie_value(node)) {
+        h.append(header::SET_COOKIE, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&sticky::encode_route_param(node)) {
+        h.insert(ROUTE, v);
+    }
+    if in_url {
+        let rewritten = h
+            .get(header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(|l| sticky::with_route_param(l, node));
+        if let Some(v) = rewritten.and_then(|l| HeaderValue::from_str(&l).ok()) {
+            h.insert(header::LOCATION, v);
+        }
+    }
+}
+
 impl Ingress {
     /// Creates the request path. `seed` seeds request ids and random picks.
     pub fn new(
@@ -278,6 +319,8 @@ impl Ingress {
         } else {
             None
         };
+        // The route parameter is peerlb's own mark: the app never sees it.
+        let route_in_url = strip_route_param(req.uri_mut());
         let span = info_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
         let (mut resp, served_by) = self
             .serve_candidates(
@@ -293,9 +336,7 @@ impl Ingress {
         if sticky_on && route.as_deref() != Some(&*served_by) {
             let starts = resp.headers().contains_key(header::SET_COOKIE);
             if starts || route.is_some() {
-                if let Ok(v) = HeaderValue::from_str(&sticky::set_cookie_value(&served_by)) {
-                    resp.headers_mut().append(header::SET_COOKIE, v);
-                }
+                set_route(&mut resp, &served_by, route_in_url);
             }
         }
         if self.settings.header_served_by {
@@ -480,6 +521,16 @@ mod tests {
         strip_peerlb_headers(&mut h);
         assert_eq!(h.len(), 1);
         assert_eq!(h["x-user"], "a");
+    }
+
+    #[test]
+    fn route_param_is_stripped_from_the_request_target() {
+        let mut u: http::Uri = "/cart;peerlb-route=n2?x=1".parse().unwrap();
+        assert!(strip_route_param(&mut u));
+        assert_eq!(u, "/cart?x=1");
+        let mut u: http::Uri = "/cart;v=1".parse().unwrap();
+        assert!(!strip_route_param(&mut u));
+        assert_eq!(u, "/cart;v=1");
     }
 
     #[test]
