@@ -583,24 +583,41 @@ async fn h5_with_cookies_refused_the_route_travels_as_a_url_path_parameter() {
     // parameter the response names.
     let start = get(c.nodes[0].http, "/session", &[]).await;
     let node = start.served_by().to_owned();
-    assert_eq!(start.header("peerlb-route"), Some(format!(";peerlb-route={node}").as_str()));
+    assert_eq!(
+        start.header("peerlb-route"),
+        Some(format!(";peerlb-route={node}").as_str())
+    );
     for i in 0..9 {
         let entry = &c.nodes[i % 3];
-        let resp = get(entry.http, &format!("/cart;peerlb-route={node}?item={i}"), &[]).await;
+        let resp = get(
+            entry.http,
+            &format!("/cart;peerlb-route={node}?item={i}"),
+            &[],
+        )
+        .await;
         assert_eq!(resp.status, 200);
         assert_eq!(resp.served_by(), node, "via {}", entry.id);
-        assert_eq!(resp.json()["path"], "/cart", "the app never sees the route parameter");
+        assert_eq!(
+            resp.json()["path"],
+            "/cart",
+            "the app never sees the route parameter"
+        );
     }
     // Its node dies: the request fails over and names the new route.
     c.kill9(&node);
     let survivor = c.nodes.iter().find(|n| n.id != node).unwrap().clone();
-    c.wait_until(Duration::from_secs(5), || serving(survivor.http).map(|s| s.len()) == Some(2))
-        .expect("the survivor ejects the dead node");
+    c.wait_until(Duration::from_secs(5), || {
+        serving(survivor.http).map(|s| s.len()) == Some(2)
+    })
+    .expect("the survivor ejects the dead node");
     let moved = get(survivor.http, &format!("/cart;peerlb-route={node}"), &[]).await;
     assert_eq!(moved.status, 200);
     let second = moved.served_by().to_owned();
     assert_ne!(second, node);
-    assert_eq!(moved.header("peerlb-route"), Some(format!(";peerlb-route={second}").as_str()));
+    assert_eq!(
+        moved.header("peerlb-route"),
+        Some(format!(";peerlb-route={second}").as_str())
+    );
     for n in c.nodes.iter().filter(|n| n.id != node) {
         let resp = get(n.http, &format!("/cart;peerlb-route={second}"), &[]).await;
         assert_eq!(resp.served_by(), second);

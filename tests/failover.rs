@@ -12,7 +12,7 @@ use bytes::Bytes;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owner_dying_mid_request_retries_a_get_and_fails_a_post_with_502() {
+async fn owner_dying_mid_request_retries_get_and_put_and_fails_a_post_with_502() {
     let mut c = Cluster::start("midreq", 3, "[ring]\nvnodes = 1024\n", USER_RULES);
     let r = ring(&["n1", "n2", "n3"], 1024);
     // A key owned by n2 whose next node is n3, entering at n1.
@@ -37,11 +37,26 @@ async fn owner_dying_mid_request_retries_a_get_and_fails_a_post_with_502() {
             .unwrap()
         }
     });
-    // Both requests are now in flight on n2: it dies before answering.
+    // A PUT with a small body: kept for replay (at most 64 KiB).
+    let put_task = tokio::spawn({
+        let user = user.clone();
+        async move {
+            let mut conn = Conn::open(entry).await.unwrap();
+            conn.request(
+                "PUT",
+                &format!("/delay/1500?user={user}"),
+                &[],
+                Bytes::from_static(b"state"),
+            )
+            .await
+            .unwrap()
+        }
+    });
+    // The three requests are now in flight on n2: it dies before answering.
     c.wait_until(Duration::from_secs(5), || {
-        status(c.nodes[1].http).is_some_and(|s| s["inflight"].as_u64() == Some(2))
+        status(c.nodes[1].http).is_some_and(|s| s["inflight"].as_u64() == Some(3))
     })
-    .expect("both requests reach n2");
+    .expect("all three requests reach n2");
     c.kill9("n2");
     let got = get_task.await.unwrap();
     assert_eq!(
@@ -49,6 +64,12 @@ async fn owner_dying_mid_request_retries_a_get_and_fails_a_post_with_502() {
         "an idempotent request that may have reached the dead owner is retried"
     );
     assert_eq!(got.served_by(), next);
+    let put = put_task.await.unwrap();
+    assert_eq!(
+        put.status, 200,
+        "a PUT with a small body is replayed on the next node"
+    );
+    assert_eq!(put.served_by(), next);
     let posted = post_task.await.unwrap();
     assert_eq!(
         posted.status, 502,

@@ -12,7 +12,7 @@
 //! Errors become HTTP statuses in exactly one function: [`error_response`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,6 +69,9 @@ pub enum RequestError {
     /// The owner sent no response head within the response timeout (504).
     #[error("owner timed out: {0}")]
     Timeout(String),
+    /// The client's request body could not be read (400).
+    #[error("reading the request body: {0}")]
+    ClientBody(String),
     /// The local upstream app failed (502).
     #[error(transparent)]
     App(#[from] AppError),
@@ -78,6 +81,7 @@ pub enum RequestError {
 pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     let status = match err {
         RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+        RequestError::ClientBody(_) => StatusCode::BAD_REQUEST,
         RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
         RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -132,6 +136,7 @@ pub struct Ingress {
     app: App,
     settings: IngressSettings,
     inflight: AtomicU32,
+    accepting: AtomicBool,
     epoch: tokio::time::Instant,
     /// Request counters.
     pub counters: Counters,
@@ -142,6 +147,14 @@ impl Drop for Inflight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Largest body kept for replay on the next candidate (64 KiB), like
+/// Envoy's per-request retry buffer.
+pub const REPLAY_LIMIT: u64 = 64 * 1024;
+
+fn content_length(h: &http::HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 fn is_idempotent(m: &http::Method) -> bool {
@@ -238,6 +251,7 @@ impl Ingress {
             app,
             settings,
             inflight: AtomicU32::new(0),
+            accepting: AtomicBool::new(true),
             epoch: tokio::time::Instant::now(),
             counters: Counters::default(),
         }
@@ -246,6 +260,12 @@ impl Ingress {
     /// Requests in flight on this node (client and proxied).
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting proxied requests (they are refused, retryable):
+    /// called when the node closes its listeners on shutdown.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
     }
 
     /// This node's id.
@@ -359,12 +379,29 @@ impl Ingress {
     ) -> Result<(Response<Body>, NodeId), RequestError> {
         let (parts, incoming) = req.into_parts();
         let empty_body = incoming.is_end_stream();
-        let mut body = Some(body::from_incoming(incoming));
+        // A small body of an idempotent request is kept so the request can
+        // be replayed on the next candidate; other bodies stream once.
+        let (replay, mut body) = if !empty_body
+            && is_idempotent(&parts.method)
+            && content_length(&parts.headers).is_some_and(|n| n <= REPLAY_LIMIT)
+        {
+            let collected = http_body_util::Limited::new(incoming, REPLAY_LIMIT as usize)
+                .collect()
+                .await
+                .map_err(|e| RequestError::ClientBody(e.to_string()))?;
+            (Some(collected.to_bytes()), None)
+        } else {
+            (None, Some(body::from_incoming(incoming)))
+        };
+        let replayable = empty_body || replay.is_some();
         let mut last_err: Option<RequestError> = None;
         let mut head: Option<RequestHead> = None;
         for cand in candidates {
             if *cand == self.node_id {
-                let b = body.take().unwrap_or_else(body::empty);
+                let b = match &replay {
+                    Some(bytes) => body::full(bytes.clone()),
+                    None => body.take().unwrap_or_else(body::empty),
+                };
                 let ctx = ServeCtx {
                     node: &self.node_id,
                     entry: &self.node_id,
@@ -399,13 +436,13 @@ impl Ingress {
                 client,
                 hash_key: key.map(str::to_owned),
             });
-            let b = if empty_body {
-                body::empty()
-            } else {
-                match body.take() {
+            let b = match (&replay, empty_body) {
+                (Some(bytes), _) => body::full(bytes.clone()),
+                (None, true) => body::empty(),
+                (None, false) => match body.take() {
                     Some(b) => b,
                     None => break,
-                }
+                },
             };
             self.counters.forwarded.fetch_add(1, Ordering::Relaxed);
             match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
@@ -417,7 +454,7 @@ impl Ingress {
                     return Err(RequestError::Timeout(p.to_string()));
                 }
                 Err(e) => {
-                    let retry = empty_body
+                    let retry = replayable
                         && (matches!(e, ExchangeError::Refused(_)) || is_idempotent(&parts.method));
                     warn!(error = %e, retry, "forward failed after the request was sent");
                     if !retry {
@@ -435,6 +472,10 @@ impl Ingress {
 impl ProxiedHandler for Ingress {
     fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    fn accepting(&self) -> bool {
+        self.accepting.load(Ordering::Relaxed)
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
@@ -549,6 +590,7 @@ mod tests {
             (RequestError::NoNode("x".into()), 503),
             (RequestError::OwnerFailed("x".into()), 502),
             (RequestError::Timeout("x".into()), 504),
+            (RequestError::ClientBody("x".into()), 400),
         ] {
             assert_eq!(error_response(&e, "n1").status().as_u16(), s);
         }

@@ -95,7 +95,11 @@ pub(crate) fn with_route_param(location: &str, node: &str) -> String {
         .unwrap_or(0);
     let (origin, path) = head.split_at(path_start);
     let path = if path.is_empty() { "/" } else { path };
-    format!("{origin}{}{}{tail}", strip_route_param(path), encode_route_param(node))
+    format!(
+        "{origin}{}{}{tail}",
+        strip_route_param(path),
+        encode_route_param(node)
+    )
 }
 
 /// Iterates the `name=value` pairs of all `Cookie` headers in order
@@ -183,7 +187,10 @@ mod tests {
     #[test]
     fn location_gets_the_route_param_on_its_last_segment() {
         use super::with_route_param;
-        assert_eq!(with_route_param("/a/b?x=1", "n2"), "/a/b;peerlb-route=n2?x=1");
+        assert_eq!(
+            with_route_param("/a/b?x=1", "n2"),
+            "/a/b;peerlb-route=n2?x=1"
+        );
         assert_eq!(
             with_route_param("/a/b;peerlb-route=n1#top", "n2"),
             "/a/b;peerlb-route=n2#top"
@@ -192,7 +199,10 @@ mod tests {
             with_route_param("http://h:80/cart", "n 3"),
             "http://h:80/cart;peerlb-route=n%203"
         );
-        assert_eq!(with_route_param("http://h", "n1"), "http://h/;peerlb-route=n1");
+        assert_eq!(
+            with_route_param("http://h", "n1"),
+            "http://h/;peerlb-route=n1"
+        );
     }
 
     use super::*;
