@@ -171,6 +171,10 @@ pub struct LimitsSection {
     pub drain_grace_ms: u64,
     /// On SIGTERM, the longest wait for in-flight requests, in ms (default 30000).
     pub drain_timeout_ms: u64,
+    /// At start, the longest wait for authenticated connections to every
+    /// live peer before accepting clients, in ms (default 3000). Until then
+    /// a new node would own every key alone.
+    pub startup_wait_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -181,6 +185,7 @@ impl Default for LimitsSection {
             connect_timeout_ms: 1_000,
             drain_grace_ms: 1_500,
             drain_timeout_ms: 30_000,
+            startup_wait_ms: 3_000,
         }
     }
 }
@@ -355,6 +360,8 @@ pub struct NodeConfig {
     pub drain_grace: Duration,
     /// Longest wait for in-flight requests on SIGTERM.
     pub drain_timeout: Duration,
+    /// Longest wait for peer connections before accepting clients.
+    pub startup_wait: Duration,
     /// Add `peerlb-served-by`.
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
@@ -454,10 +461,11 @@ impl ClusterFile {
             return Err(inv("tls.dir", "must not be empty".into()));
         }
         let l = &self.limits;
-        if !(64..=1 << 20).contains(&l.max_request_target) {
+        // hyper's HTTP/1 parser answers 414 itself past 65534 bytes.
+        if !(64..=65_534).contains(&l.max_request_target) {
             return Err(inv(
                 "limits.max_request_target",
-                format!("{} is out of range 64..=1048576", l.max_request_target),
+                format!("{} is out of range 64..=65534", l.max_request_target),
             ));
         }
         for (name, v) in [
@@ -652,6 +660,7 @@ impl ClusterFile {
             connect_timeout: ms(self.limits.connect_timeout_ms),
             drain_grace: ms(self.limits.drain_grace_ms),
             drain_timeout: ms(self.limits.drain_timeout_ms),
+            startup_wait: ms(self.limits.startup_wait_ms),
             header_served_by: self.headers.served_by,
             header_entry: self.headers.entry,
             gossip_interval: ms(self.gossip.interval_ms),

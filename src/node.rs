@@ -16,7 +16,7 @@ use crate::adapters::ingress::{self, Ingress, IngressSettings};
 use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::NodeConfig;
-use crate::engine::membership::{Member, MembershipView, NodeStatus};
+use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 use crate::engine::route::Router;
 use crate::env::Env;
 
@@ -134,6 +134,21 @@ impl Node {
         ));
         let peer_task = tokio::spawn(peer::serve(endpoint, ingress.clone()));
 
+        // Accept clients only once every live peer is connected (or after
+        // startup_wait): until then this node would own every key alone.
+        // The kernel queues client connections meanwhile.
+        let waited = wait_for_peers(
+            &me.id,
+            gossip.members(),
+            links.connected(),
+            config.gossip_interval * 3,
+            config.startup_wait,
+        )
+        .await;
+        if !waited {
+            warn!(wait = ?config.startup_wait, "not every live peer is connected yet: accepting clients anyway");
+        }
+
         let (stop_tx, stop_rx) = watch::channel(false);
         let graceful = Arc::new(GracefulShutdown::new());
         let mut listeners = Vec::new();
@@ -172,6 +187,7 @@ impl Node {
         info!(grace = ?config.drain_grace, "draining: published leaving, still serving");
         gossip.publisher().set_status(NodeStatus::Leaving).await;
         tokio::time::sleep(config.drain_grace).await;
+        ingress.stop_accepting();
         let _ = stop_tx.send(true);
         for l in listeners {
             let _ = l.await;
@@ -198,6 +214,43 @@ impl Node {
         info!("node stopped");
         Ok(())
     }
+}
+
+/// Waits until at least `settle` has passed (gossip has had a few rounds
+/// with the seeds) and every live serving peer has an authenticated
+/// connection; gives up after `limit`. True when the peers are connected.
+async fn wait_for_peers(
+    self_id: &NodeId,
+    mut gossip: watch::Receiver<Vec<Member>>,
+    mut connected: watch::Receiver<BTreeSet<NodeId>>,
+    settle: Duration,
+    limit: Duration,
+) -> bool {
+    let start = tokio::time::Instant::now();
+    let settled_at = start + settle.min(limit);
+    let all_connected = tokio::time::timeout(limit, async {
+        loop {
+            let missing = {
+                let up = connected.borrow_and_update();
+                gossip
+                    .borrow_and_update()
+                    .iter()
+                    .filter(|m| m.id != *self_id && m.status == NodeStatus::Serving)
+                    .any(|m| !up.contains(&m.id))
+            };
+            let settled = tokio::time::Instant::now() >= settled_at;
+            if settled && !missing {
+                return;
+            }
+            tokio::select! {
+                r = gossip.changed() => if r.is_err() { return },
+                r = connected.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(settled_at), if !settled => {},
+            }
+        }
+    })
+    .await;
+    all_connected.is_ok()
 }
 
 /// Rebuilds the membership view whenever gossip's live set or the set of

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use peerlb::{NodeId, Ring};
 use support::*;
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_reaches_the_same_owner_from_every_entry_and_keys_cover_all_nodes() {
     let c = Cluster::start("owner", 3, "[ring]\nvnodes = 1024\n", USER_RULES);
@@ -90,6 +89,8 @@ struct Rec {
     entry: String,
     served_by: Option<String>,
     error: Option<String>,
+    /// Which client connection carried it: (client loop, connection number).
+    conn: (usize, u32),
 }
 
 /// Sends GETs on `conns` keep-alive connections to each address in `addrs`
@@ -104,15 +105,20 @@ fn load(
         for k in 0..conns {
             let stop = stop.clone();
             let label = label.clone();
+            let loop_id = tasks.len();
             tasks.push(tokio::spawn(async move {
                 let mut recs = Vec::new();
                 let mut i = k * 1000;
                 let mut conn: Option<Conn> = None;
+                let mut conn_no = 0u32;
                 let mut entry = label.clone();
                 while !stop.load(Ordering::Relaxed) {
                     if conn.is_none() {
                         match Conn::open(addr).await {
-                            Ok(c) => conn = Some(c),
+                            Ok(c) => {
+                                conn = Some(c);
+                                conn_no += 1;
+                            }
                             // The node behind this address is gone: no request
                             // was sent, so nothing is lost; this client stops.
                             Err(_) => break,
@@ -124,6 +130,7 @@ fn load(
                         Ok(r) if r.status == 200 => {
                             entry = r.header("peerlb-entry").unwrap_or("?").to_owned();
                             recs.push(Rec {
+                                conn: (loop_id, conn_no),
                                 at: Instant::now(),
                                 entry: entry.clone(),
                                 served_by: Some(r.served_by().to_owned()),
@@ -132,6 +139,7 @@ fn load(
                         }
                         Ok(r) => {
                             recs.push(Rec {
+                                conn: (loop_id, conn_no),
                                 at: Instant::now(),
                                 entry: entry.clone(),
                                 served_by: None,
@@ -143,6 +151,7 @@ fn load(
                         Err(e) if e.starts_with(NOT_SENT) => conn = None,
                         Err(e) => {
                             recs.push(Rec {
+                                conn: (loop_id, conn_no),
                                 at: Instant::now(),
                                 entry: entry.clone(),
                                 served_by: None,
@@ -179,13 +188,23 @@ fn check_kill_run(recs: &[Rec], victim: &str, killed_at: Instant, victim_conns: 
         failed_survivor.is_empty(),
         "requests entering through a survivor failed: {failed_survivor:#?}"
     );
-    let failed_victim = recs
+    // The only requests that may fail are those in flight on a client
+    // connection to the killed node itself: at most one per connection
+    // (counting connections the client opened while the node was dying).
+    let failed_victim: Vec<&Rec> = recs
         .iter()
         .filter(|r| r.error.is_some() && r.entry == victim)
-        .count();
+        .collect();
+    let failed_conns: BTreeSet<(usize, u32)> = failed_victim.iter().map(|r| r.conn).collect();
+    assert_eq!(
+        failed_conns.len(),
+        failed_victim.len(),
+        "a connection to the killed node failed twice: {failed_victim:#?}"
+    );
+    let victim_loops: BTreeSet<usize> = failed_victim.iter().map(|r| r.conn.0).collect();
     assert!(
-        failed_victim <= victim_conns,
-        "{failed_victim} failures on connections to the killed node, more than its {victim_conns} connections"
+        victim_loops.len() <= victim_conns,
+        "failures on more client connections than the {victim_conns} open to the killed node: {failed_victim:#?}"
     );
     let after = killed_at + Duration::from_secs(1);
     let late: Vec<&Rec> = recs
@@ -554,5 +573,53 @@ async fn c7_a_sticky_session_whose_node_died_fails_over_and_the_route_is_rewritt
                 "the session sticks to its new node"
             );
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h5_with_cookies_refused_the_route_travels_as_a_url_path_parameter() {
+    let mut c = Cluster::start("h5", 3, "", "");
+    // The session starts; the client keeps no cookies, only the route
+    // parameter the response names.
+    let start = get(c.nodes[0].http, "/session", &[]).await;
+    let node = start.served_by().to_owned();
+    assert_eq!(
+        start.header("peerlb-route"),
+        Some(format!(";peerlb-route={node}").as_str())
+    );
+    for i in 0..9 {
+        let entry = &c.nodes[i % 3];
+        let resp = get(
+            entry.http,
+            &format!("/cart;peerlb-route={node}?item={i}"),
+            &[],
+        )
+        .await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.served_by(), node, "via {}", entry.id);
+        assert_eq!(
+            resp.json()["path"],
+            "/cart",
+            "the app never sees the route parameter"
+        );
+    }
+    // Its node dies: the request fails over and names the new route.
+    c.kill9(&node);
+    let survivor = c.nodes.iter().find(|n| n.id != node).unwrap().clone();
+    c.wait_until(Duration::from_secs(5), || {
+        serving(survivor.http).map(|s| s.len()) == Some(2)
+    })
+    .expect("the survivor ejects the dead node");
+    let moved = get(survivor.http, &format!("/cart;peerlb-route={node}"), &[]).await;
+    assert_eq!(moved.status, 200);
+    let second = moved.served_by().to_owned();
+    assert_ne!(second, node);
+    assert_eq!(
+        moved.header("peerlb-route"),
+        Some(format!(";peerlb-route={second}").as_str())
+    );
+    for n in c.nodes.iter().filter(|n| n.id != node) {
+        let resp = get(n.http, &format!("/cart;peerlb-route={second}"), &[]).await;
+        assert_eq!(resp.served_by(), second);
     }
 }

@@ -12,7 +12,7 @@
 //! Errors become HTTP statuses in exactly one function: [`error_response`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ use crate::engine::sticky;
 pub const SERVED_BY: &str = "peerlb-served-by";
 /// Response header naming the entry node.
 pub const ENTRY: &str = "peerlb-entry";
+/// Response header carrying a new sticky route as a path parameter
+/// (`;peerlb-route=<id>`), for clients that refuse cookies.
+pub const ROUTE: &str = "peerlb-route";
 
 /// Why a request got no answer from an app: each maps to one status in
 /// [`error_response`].
@@ -66,6 +69,9 @@ pub enum RequestError {
     /// The owner sent no response head within the response timeout (504).
     #[error("owner timed out: {0}")]
     Timeout(String),
+    /// The client's request body could not be read (400).
+    #[error("reading the request body: {0}")]
+    ClientBody(String),
     /// The local upstream app failed (502).
     #[error(transparent)]
     App(#[from] AppError),
@@ -75,6 +81,7 @@ pub enum RequestError {
 pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     let status = match err {
         RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+        RequestError::ClientBody(_) => StatusCode::BAD_REQUEST,
         RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
         RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -129,6 +136,7 @@ pub struct Ingress {
     app: App,
     settings: IngressSettings,
     inflight: AtomicU32,
+    accepting: AtomicBool,
     epoch: tokio::time::Instant,
     /// Request counters.
     pub counters: Counters,
@@ -139,6 +147,14 @@ impl Drop for Inflight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Largest body kept for replay on the next candidate (64 KiB), like
+/// Envoy's per-request retry buffer.
+pub const REPLAY_LIMIT: u64 = 64 * 1024;
+
+fn content_length(h: &http::HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 fn is_idempotent(m: &http::Method) -> bool {
@@ -177,6 +193,44 @@ fn strip_peerlb_headers(h: &mut http::HeaderMap) {
     }
 }
 
+/// Removes `;peerlb-route=` from the request-target's last path segment;
+/// true when there was one.
+fn strip_route_param(uri: &mut http::Uri) -> bool {
+    let std::borrow::Cow::Owned(path) = sticky::strip_route_param(uri.path()) else {
+        return false;
+    };
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = std::mem::take(uri).into_parts();
+    parts.path_and_query = pq.parse().ok();
+    *uri = http::Uri::from_parts(parts).unwrap_or_default();
+    true
+}
+
+/// Tells the client its (new) sticky route: the `peerlb-route` cookie, the
+/// `peerlb-route` response header, and, for a client that carries the
+/// route in the URL (cookies refused), the route parameter on `Location`.
+fn set_route(resp: &mut Response<Body>, node: &str, in_url: bool) {
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&sticky::set_cookie_value(node)) {
+        h.append(header::SET_COOKIE, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&sticky::encode_route_param(node)) {
+        h.insert(ROUTE, v);
+    }
+    if in_url {
+        let rewritten = h
+            .get(header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(|l| sticky::with_route_param(l, node));
+        if let Some(v) = rewritten.and_then(|l| HeaderValue::from_str(&l).ok()) {
+            h.insert(header::LOCATION, v);
+        }
+    }
+}
+
 impl Ingress {
     /// Creates the request path. `seed` seeds request ids and random picks.
     pub fn new(
@@ -197,6 +251,7 @@ impl Ingress {
             app,
             settings,
             inflight: AtomicU32::new(0),
+            accepting: AtomicBool::new(true),
             epoch: tokio::time::Instant::now(),
             counters: Counters::default(),
         }
@@ -205,6 +260,12 @@ impl Ingress {
     /// Requests in flight on this node (client and proxied).
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting proxied requests (they are refused, retryable):
+    /// called when the node closes its listeners on shutdown.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
     }
 
     /// This node's id.
@@ -278,6 +339,8 @@ impl Ingress {
         } else {
             None
         };
+        // The route parameter is peerlb's own mark: the app never sees it.
+        let route_in_url = strip_route_param(req.uri_mut());
         let span = info_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
         let (mut resp, served_by) = self
             .serve_candidates(
@@ -293,9 +356,7 @@ impl Ingress {
         if sticky_on && route.as_deref() != Some(&*served_by) {
             let starts = resp.headers().contains_key(header::SET_COOKIE);
             if starts || route.is_some() {
-                if let Ok(v) = HeaderValue::from_str(&sticky::set_cookie_value(&served_by)) {
-                    resp.headers_mut().append(header::SET_COOKIE, v);
-                }
+                set_route(&mut resp, &served_by, route_in_url);
             }
         }
         if self.settings.header_served_by {
@@ -318,12 +379,29 @@ impl Ingress {
     ) -> Result<(Response<Body>, NodeId), RequestError> {
         let (parts, incoming) = req.into_parts();
         let empty_body = incoming.is_end_stream();
-        let mut body = Some(body::from_incoming(incoming));
+        // A small body of an idempotent request is kept so the request can
+        // be replayed on the next candidate; other bodies stream once.
+        let (replay, mut body) = if !empty_body
+            && is_idempotent(&parts.method)
+            && content_length(&parts.headers).is_some_and(|n| n <= REPLAY_LIMIT)
+        {
+            let collected = http_body_util::Limited::new(incoming, REPLAY_LIMIT as usize)
+                .collect()
+                .await
+                .map_err(|e| RequestError::ClientBody(e.to_string()))?;
+            (Some(collected.to_bytes()), None)
+        } else {
+            (None, Some(body::from_incoming(incoming)))
+        };
+        let replayable = empty_body || replay.is_some();
         let mut last_err: Option<RequestError> = None;
         let mut head: Option<RequestHead> = None;
         for cand in candidates {
             if *cand == self.node_id {
-                let b = body.take().unwrap_or_else(body::empty);
+                let b = match &replay {
+                    Some(bytes) => body::full(bytes.clone()),
+                    None => body.take().unwrap_or_else(body::empty),
+                };
                 let ctx = ServeCtx {
                     node: &self.node_id,
                     entry: &self.node_id,
@@ -358,13 +436,13 @@ impl Ingress {
                 client,
                 hash_key: key.map(str::to_owned),
             });
-            let b = if empty_body {
-                body::empty()
-            } else {
-                match body.take() {
+            let b = match (&replay, empty_body) {
+                (Some(bytes), _) => body::full(bytes.clone()),
+                (None, true) => body::empty(),
+                (None, false) => match body.take() {
                     Some(b) => b,
                     None => break,
-                }
+                },
             };
             self.counters.forwarded.fetch_add(1, Ordering::Relaxed);
             match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
@@ -376,7 +454,7 @@ impl Ingress {
                     return Err(RequestError::Timeout(p.to_string()));
                 }
                 Err(e) => {
-                    let retry = empty_body
+                    let retry = replayable
                         && (matches!(e, ExchangeError::Refused(_)) || is_idempotent(&parts.method));
                     warn!(error = %e, retry, "forward failed after the request was sent");
                     if !retry {
@@ -394,6 +472,10 @@ impl Ingress {
 impl ProxiedHandler for Ingress {
     fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    fn accepting(&self) -> bool {
+        self.accepting.load(Ordering::Relaxed)
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
@@ -483,6 +565,16 @@ mod tests {
     }
 
     #[test]
+    fn route_param_is_stripped_from_the_request_target() {
+        let mut u: http::Uri = "/cart;peerlb-route=n2?x=1".parse().unwrap();
+        assert!(strip_route_param(&mut u));
+        assert_eq!(u, "/cart?x=1");
+        let mut u: http::Uri = "/cart;v=1".parse().unwrap();
+        assert!(!strip_route_param(&mut u));
+        assert_eq!(u, "/cart;v=1");
+    }
+
+    #[test]
     fn target_len_counts_the_request_target_as_sent() {
         assert_eq!(target_len(&"/a?b=c".parse().unwrap()), 6);
         assert_eq!(
@@ -498,6 +590,7 @@ mod tests {
             (RequestError::NoNode("x".into()), 503),
             (RequestError::OwnerFailed("x".into()), 502),
             (RequestError::Timeout("x".into()), 504),
+            (RequestError::ClientBody("x".into()), 400),
         ] {
             assert_eq!(error_response(&e, "n1").status().as_u16(), s);
         }

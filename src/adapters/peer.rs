@@ -93,6 +93,10 @@ pub enum ExchangeError {
 pub trait ProxiedHandler: Send + Sync + 'static {
     /// This node's id (the `served_by` of every response head).
     fn node_id(&self) -> &str;
+    /// False once the node is shutting down: new streams are refused with
+    /// [`wire::RESET_REFUSED`] before they are processed, so the entry may
+    /// retry them elsewhere.
+    fn accepting(&self) -> bool;
     /// Serves one proxied request (never forwarded again: hop limit 1).
     fn serve(
         &self,
@@ -464,6 +468,12 @@ async fn serve_stream<H: ProxiedHandler>(
             return;
         }
     };
+    if !handler.accepting() {
+        debug!(entry = %head.entry, "refusing a proxied request: this node is shutting down");
+        let _ = recv.stop(wire::RESET_REFUSED.into());
+        let _ = send.reset(wire::RESET_REFUSED.into());
+        return;
+    }
     let known = verified.lock().expect("verified lock").as_deref() == Some(head.entry.as_str());
     if !known {
         if let Err(e) = tls::verify_peer_is(certs, &head.entry) {

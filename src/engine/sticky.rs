@@ -81,6 +81,27 @@ pub(crate) fn strip_route_param(path: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Rewrites a `Location` value (absolute URL or path) so its last path
+/// segment carries `;peerlb-route=<node>` instead of any route it had: how
+/// a client that refuses cookies learns its route (servlet `encodeRedirectURL`).
+pub(crate) fn with_route_param(location: &str, node: &str) -> String {
+    // The path ends at the query or the fragment.
+    let end = location.find(['?', '#']).unwrap_or(location.len());
+    let (head, tail) = location.split_at(end);
+    // In an absolute URL the path starts after "scheme://authority".
+    let path_start = head
+        .find("://")
+        .map(|i| head[i + 3..].find('/').map_or(head.len(), |j| i + 3 + j))
+        .unwrap_or(0);
+    let (origin, path) = head.split_at(path_start);
+    let path = if path.is_empty() { "/" } else { path };
+    format!(
+        "{origin}{}{}{tail}",
+        strip_route_param(path),
+        encode_route_param(node)
+    )
+}
+
 /// Iterates the `name=value` pairs of all `Cookie` headers in order
 /// (RFC 6265 §5.4 `a=1; b=2`), names and values trimmed, a value's
 /// surrounding double quotes removed. Non-UTF-8 headers and pairs without
@@ -163,6 +184,27 @@ pub(crate) fn percent_decode(s: &str, plus_as_space: bool) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn location_gets_the_route_param_on_its_last_segment() {
+        use super::with_route_param;
+        assert_eq!(
+            with_route_param("/a/b?x=1", "n2"),
+            "/a/b;peerlb-route=n2?x=1"
+        );
+        assert_eq!(
+            with_route_param("/a/b;peerlb-route=n1#top", "n2"),
+            "/a/b;peerlb-route=n2#top"
+        );
+        assert_eq!(
+            with_route_param("http://h:80/cart", "n 3"),
+            "http://h:80/cart;peerlb-route=n%203"
+        );
+        assert_eq!(
+            with_route_param("http://h", "n1"),
+            "http://h/;peerlb-route=n1"
+        );
+    }
+
     use super::*;
     use http::{HeaderValue, Uri};
 

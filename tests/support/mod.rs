@@ -376,4 +376,3 @@ pub fn counter(addr: std::net::SocketAddr, name: &str) -> u64 {
         .as_u64()
         .unwrap()
 }
-

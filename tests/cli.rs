@@ -1,0 +1,204 @@
+//! The `peerlb` command line as a user runs it: `check-config`, `node` with
+//! a bad config, and `up` (the quick start) with the kernel as sprayer.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use support::*;
+
+#[test]
+fn check_config_accepts_the_embedded_default() {
+    let out = Command::new(bin()).arg("check-config").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("valid") && text.contains("3 nodes") && text.contains("consistent-hash"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_invalid_config_names_the_field_and_exits_64_before_binding() {
+    let dir = temp_dir("badcfg");
+    // Valid TOML, bad value: the field path must be named.
+    let port = free_port();
+    let bad = write(
+        &dir,
+        "bad.toml",
+        &format!(
+            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{port}\"\npeer_addr = \"127.0.0.1:1\"\ngossip_addr = \"not an address\"\n"
+        ),
+    );
+    for args in [
+        vec!["check-config", "--config"],
+        vec!["node", "--node", "n1", "--config"],
+    ] {
+        let out = Command::new(bin()).args(&args).arg(&bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("nodes[0].gossip_addr"), "{args:?}: {err}");
+    }
+    // Nothing was bound: the node's http port is still free.
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port stayed free");
+    // Unknown fields are named too.
+    let unknown = write(&dir, "unknown.toml", "nmae = \"typo\"\n");
+    let out = Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&unknown)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nmae"));
+    // A node id that is not in the file.
+    let ok = write(
+        &dir,
+        "ok.toml",
+        "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:1\"\npeer_addr = \"127.0.0.1:2\"\ngossip_addr = \"127.0.0.1:3\"\n",
+    );
+    let out = Command::new(bin())
+        .args(["node", "--node", "n7", "--config"])
+        .arg(&ok)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--node"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_node_without_certificates_is_told_to_run_peerlb_certs() {
+    let dir = temp_dir("nocerts");
+    let cfg = write(
+        &dir,
+        "c.toml",
+        &format!(
+            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            free_port(),
+            free_port(),
+            free_port()
+        ),
+    );
+    let out = Command::new(bin())
+        .args(["node", "--node", "n1", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("peerlb certs") && err.contains("ca.pem"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `peerlb up`: three children behind one SO_REUSEPORT address; `kill -9`
+/// of one leaves the others serving every key; SIGTERM stops them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_starts_every_node_behind_one_shared_address_and_survives_a_kill() {
+    let dir = temp_dir("up");
+    let sprayer: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut text =
+        format!("name = \"up\"\nsprayer_addr = \"{sprayer}\"\n[gossip]\ninterval_ms = 100\n");
+    for i in 1..=3 {
+        text += &format!(
+            "[[nodes]]\nid = \"n{i}\"\nhttp_addr = \"127.0.0.1:{}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            free_port(),
+            free_port(),
+            free_port()
+        );
+    }
+    text += USER_RULES;
+    let cfg = write(&dir, "cluster.toml", &text);
+    let mut up = Command::new(bin())
+        .args(["up", "--config"])
+        .arg(&cfg)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = up.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut pids = std::collections::BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("peerlb up reports the cluster ready within 30 s");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() >= 2 && ["n1", "n2", "n3"].contains(&words[0]) {
+            if let Ok(pid) = words[1].parse::<u32>() {
+                pids.insert(words[0].to_owned(), pid);
+            }
+        }
+        if line.starts_with("cluster ready") {
+            break;
+        }
+    }
+    assert_eq!(pids.len(), 3, "the table names every node's pid");
+    assert!(
+        dir.join("certs/ca.pem").is_file(),
+        "up creates the certificates"
+    );
+    // The kernel spreads connections over the three nodes.
+    let mut entries = std::collections::BTreeSet::new();
+    for i in 0..60 {
+        let r = get(sprayer, &format!("/x?user=u{i}"), &[]).await;
+        assert_eq!(r.status, 200);
+        entries.insert(r.header("peerlb-entry").unwrap().to_owned());
+    }
+    assert_eq!(
+        entries.len(),
+        3,
+        "SO_REUSEPORT sprays connections to every node: {entries:?}"
+    );
+    // kill -9 one child: every request through the shared address still succeeds.
+    // SAFETY: kill(2) on a child of the `up` process we started.
+    unsafe { libc::kill(pids["n2"] as libc::pid_t, libc::SIGKILL) };
+    let exited = (0..200).find(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        rx.try_iter()
+            .any(|l| l.starts_with("node n2") && l.contains("exited"))
+    });
+    assert!(exited.is_some(), "up reports that n2 exited");
+    let mut served = std::collections::BTreeSet::new();
+    for i in 0..60 {
+        let r = get(sprayer, &format!("/x?user=u{i}"), &[]).await;
+        assert_eq!(r.status, 200, "request {i} after the kill");
+        assert_ne!(r.header("peerlb-entry"), Some("n2"));
+        served.insert(r.served_by().to_owned());
+    }
+    assert!(!served.contains("n2"));
+    // SIGTERM to up: it stops the remaining nodes and exits 0.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(up.id() as libc::pid_t, libc::SIGTERM) };
+    let status = (0..400)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            up.try_wait().unwrap()
+        })
+        .expect("up exits after SIGTERM");
+    assert!(status.success());
+    for id in ["n1", "n3"] {
+        // SAFETY: signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(pids[id] as libc::pid_t, 0) } == 0;
+        assert!(!alive, "{id} still runs after up stopped");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
