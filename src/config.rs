@@ -15,7 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::adapters::tls;
-use crate::engine::balance::PolicyKind;
+use crate::engine::balance::Policy;
+use crate::engine::route::RouterOptions;
 use crate::engine::membership::NodeId;
 use crate::engine::rules::{RuleSpec, Rules};
 
@@ -65,9 +66,14 @@ pub struct ClusterFile {
     /// Cluster name: the chitchat cluster id; nodes of other clusters are ignored.
     #[serde(default = "default_name")]
     pub name: String,
-    /// Balancing policy (kebab-case name, e.g. `consistent-hash`).
+    /// Balancing policy: a kebab-case name, optionally with `:local`
+    /// affinity (e.g. `consistent-hash`, `least-load:local`).
     #[serde(default = "default_policy")]
     pub policy: String,
+    /// SailFin `data-centric-rules.xml` to take the rules from, relative to
+    /// this file; exclusive with `[[rules]]`. Reloaded when it changes.
+    #[serde(default)]
+    pub rules_file: Option<String>,
     /// The app: `"builtin"` or the `http://host:port` URL of an upstream app.
     #[serde(default = "default_app")]
     pub app: String,
@@ -81,6 +87,9 @@ pub struct ClusterFile {
     /// Ring parameters.
     #[serde(default)]
     pub ring: RingSection,
+    /// Policy parameters.
+    #[serde(default)]
+    pub balance: BalanceSection,
     /// TLS material for the peer links.
     #[serde(default)]
     pub tls: TlsSection,
@@ -126,6 +135,36 @@ impl Default for RingSection {
     fn default() -> Self {
         Self {
             vnodes: crate::engine::ring::DEFAULT_VNODES,
+        }
+    }
+}
+
+/// `[balance]`: parameters of the balancing policies.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalanceSection {
+    /// Bounded-load factor `c` for consistent-hash (HAProxy
+    /// `hash-balance-factor` / 100): a node at or above `c` x the average
+    /// in-flight load is passed over for the next node on the ring. Unset:
+    /// no bound. Range 1.0..=1000.0.
+    pub hash_balance_factor: Option<f64>,
+    /// History proportion `h` of the published load metric (mod_oc4j):
+    /// `smoothed = (1 - h) * metric + h * previous`. Range 0.0..1.0 (default 0.3).
+    pub metric_history: f64,
+    /// In-flight requests at which a node's metric reaches 0 (fully busy), default 100.
+    pub metric_capacity: u32,
+    /// Mean serve time in ms at which a node's metric reaches 0, default
+    /// 1000; 0 leaves latency out of the metric.
+    pub metric_latency_limit_ms: u32,
+}
+
+impl Default for BalanceSection {
+    fn default() -> Self {
+        Self {
+            hash_balance_factor: None,
+            metric_history: 0.3,
+            metric_capacity: 100,
+            metric_latency_limit_ms: 1000,
         }
     }
 }
@@ -341,7 +380,17 @@ pub struct NodeConfig {
     /// Gossip seeds.
     pub seeds: Vec<String>,
     /// Balancing policy.
-    pub policy: PolicyKind,
+    pub policy: Policy,
+    /// Router options (bounded load).
+    pub router: RouterOptions,
+    /// Metric smoothing history `h`.
+    pub metric_history: f64,
+    /// In-flight requests at which the metric is 0.
+    pub metric_capacity: u32,
+    /// Serve time (ms) at which the metric is 0; 0 = ignore latency.
+    pub metric_latency_limit_ms: u32,
+    /// Where the rules come from, for reloads.
+    pub rules_source: RulesSource,
     /// Compiled data-centric rules.
     pub rules: Rules,
     /// The app.
@@ -385,6 +434,8 @@ pub struct Source {
     pub origin: String,
     /// Directory relative paths are resolved against.
     pub base_dir: PathBuf,
+    /// The file, or `None` for the embedded default.
+    pub path: Option<PathBuf>,
     /// The file's text.
     pub text: String,
 }
@@ -399,6 +450,7 @@ impl Source {
             None => Ok(Source {
                 origin: "<embedded cluster.toml>".to_owned(),
                 base_dir: PathBuf::from("."),
+                path: None,
                 text: DEFAULT_CLUSTER_TOML.to_owned(),
             }),
             Some(p) => {
@@ -413,6 +465,7 @@ impl Source {
                 Ok(Source {
                     origin: p.display().to_string(),
                     base_dir,
+                    path: Some(p.to_path_buf()),
                     text,
                 })
             }
@@ -543,7 +596,25 @@ impl ClusterFile {
             }
             out.push(a);
         }
-        Rules::compile(&self.rules).map_err(|e| rule_error(src, e))?;
+        let b = &self.balance;
+        if let Some(c) = b.hash_balance_factor {
+            if !(1.0..=1000.0).contains(&c) {
+                return Err(inv(
+                    "balance.hash_balance_factor",
+                    format!("{c} is out of range 1.0..=1000.0"),
+                ));
+            }
+        }
+        if !(0.0..1.0).contains(&b.metric_history) {
+            return Err(inv(
+                "balance.metric_history",
+                format!("{} is out of range 0.0..1.0", b.metric_history),
+            ));
+        }
+        if b.metric_capacity == 0 {
+            return Err(inv("balance.metric_capacity", "must be greater than 0".into()));
+        }
+        self.rules_source(src)?.load()?;
         Ok(out)
     }
 
@@ -651,7 +722,14 @@ impl ClusterFile {
             shared_listen,
             seeds,
             policy: parse_policy(&self.policy).map_err(|m| inv("policy", m))?,
-            rules: Rules::compile(&self.rules).map_err(|e| rule_error(src, e))?,
+            rules: self.rules_source(src)?.load()?,
+            rules_source: self.rules_source(src)?,
+            router: RouterOptions {
+                hash_balance_factor: self.balance.hash_balance_factor,
+            },
+            metric_history: self.balance.metric_history,
+            metric_capacity: self.balance.metric_capacity,
+            metric_latency_limit_ms: self.balance.metric_latency_limit_ms,
             app,
             vnodes: self.ring.vnodes,
             tls,
@@ -672,6 +750,70 @@ impl ClusterFile {
     }
 }
 
+/// Where a node's data-centric rules come from, so they can be reloaded.
+#[derive(Debug, Clone)]
+pub enum RulesSource {
+    /// `[[rules]]` of a config text that is not a file (the embedded
+    /// default): cannot change.
+    Inline(Box<Source>),
+    /// `[[rules]]` of this cluster file.
+    Toml(PathBuf),
+    /// A SailFin `data-centric-rules.xml` (`rules_file`).
+    Xml(PathBuf),
+}
+
+impl ClusterFile {
+    fn rules_source(&self, src: &Source) -> Result<RulesSource, ConfigError> {
+        match (&self.rules_file, src.path.as_ref()) {
+            (Some(_), _) if !self.rules.is_empty() => Err(ConfigError::Invalid {
+                origin: src.origin.clone(),
+                field: "rules_file".into(),
+                message: "give either rules_file or [[rules]], not both".into(),
+            }),
+            (Some(f), _) => Ok(RulesSource::Xml(src.base_dir.join(f))),
+            (None, Some(p)) => Ok(RulesSource::Toml(p.clone())),
+            (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
+        }
+    }
+}
+
+impl RulesSource {
+    /// Reads and compiles the rules (again).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file and the rule or element at fault.
+    pub fn load(&self) -> Result<Rules, ConfigError> {
+        match self {
+            RulesSource::Inline(s) => {
+                Rules::compile(&s.parse()?.rules).map_err(|e| rule_error(s, e))
+            }
+            RulesSource::Toml(p) => {
+                let s = Source::load(Some(p))?;
+                Rules::compile(&s.parse()?.rules).map_err(|e| rule_error(&s, e))
+            }
+            RulesSource::Xml(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                Rules::from_xml(&text).map_err(|e| ConfigError::Invalid {
+                    origin: p.display().to_string(),
+                    field: e.path.clone(),
+                    message: e.kind.to_string(),
+                })
+            }
+        }
+    }
+
+    /// The file to watch for changes, if any.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            RulesSource::Inline(_) => None,
+            RulesSource::Toml(p) | RulesSource::Xml(p) => Some(p),
+        }
+    }
+}
+
 fn rule_error(src: &Source, e: crate::engine::rules::RuleError) -> ConfigError {
     ConfigError::Invalid {
         origin: src.origin.clone(),
@@ -688,8 +830,8 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not an ip:port socket address"))
 }
 
-fn parse_policy(s: &str) -> Result<PolicyKind, String> {
-    s.parse::<PolicyKind>().map_err(|e| format!("{s:?}: {e}"))
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    s.parse::<Policy>().map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn parse_app(s: &str) -> Result<AppKind, String> {
@@ -715,6 +857,7 @@ mod tests {
         Source {
             origin: "test.toml".into(),
             base_dir: PathBuf::from("/etc/peerlb"),
+            path: None,
             text: text.into(),
         }
     }
@@ -735,7 +878,7 @@ mod tests {
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(&*c.node.id, "n2");
         assert_eq!(c.node.http_addr, "127.0.0.1:8082".parse().unwrap());
-        assert_eq!(c.policy, PolicyKind::ConsistentHash);
+        assert_eq!(c.policy, Policy::from(crate::engine::balance::PolicyKind::ConsistentHash));
         assert_eq!(c.app, AppKind::Builtin);
         assert_eq!(c.max_request_target, 8192);
         assert_eq!(c.seeds, vec!["127.0.0.1:7181", "127.0.0.1:7183"]);

@@ -27,7 +27,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::admin;
 use super::app::{App, AppError, ServeCtx};
@@ -107,6 +107,8 @@ pub struct IngressSettings {
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
     pub header_entry: bool,
+    /// Where the rules come from, for reloads.
+    pub rules_source: Option<crate::config::RulesSource>,
 }
 
 /// Request counters (monotonic).
@@ -126,11 +128,124 @@ pub struct Counters {
     pub errors: AtomicU64,
 }
 
+/// Whether the router's policy reads load figures.
+fn router_tracks_load(r: &Router) -> bool {
+    use crate::engine::balance::PolicyKind;
+    matches!(r.policy(), PolicyKind::LeastLoad | PolicyKind::ByTraffic)
+        || r.options().hash_balance_factor.is_some()
+}
+
+/// Requests an entry node has outstanding, per node.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
+}
+
+/// Counts one outstanding request to `node` until dropped; then, under
+/// by-traffic, records the bytes it moved.
+struct Outstanding {
+    tracker: Arc<Tracker>,
+    router: Arc<Mutex<Router>>,
+    node: NodeId,
+    bytes: u64,
+}
+
+impl Outstanding {
+    fn new(tracker: &Arc<Tracker>, router: &Arc<Mutex<Router>>, node: NodeId, request_bytes: u64) -> Outstanding {
+        *tracker
+            .counts
+            .lock()
+            .expect("tracker lock")
+            .entry(node.clone())
+            .or_insert(0) += 1;
+        Outstanding {
+            tracker: tracker.clone(),
+            router: router.clone(),
+            node,
+            bytes: request_bytes,
+        }
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        let mut counts = self.tracker.counts.lock().expect("tracker lock");
+        if let Some(n) = counts.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.node);
+            }
+        }
+        drop(counts);
+        self.router
+            .lock()
+            .expect("router lock")
+            .record_bytes(&self.node, self.bytes);
+    }
+}
+
+/// A response body that keeps its request counted as outstanding until the
+/// body ends, and counts the bytes it carries.
+struct TrackedBody {
+    inner: Body,
+    guard: Option<Outstanding>,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = body::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, body::BodyError>>> {
+        let this = &mut *self;
+        let r = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            std::task::Poll::Ready(Some(Ok(f))) => {
+                if let (Some(g), Some(d)) = (this.guard.as_mut(), f.data_ref()) {
+                    g.bytes += d.len() as u64;
+                }
+            }
+            std::task::Poll::Ready(_) => this.guard = None,
+            std::task::Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps `resp`'s body so `guard` lives until the body ends.
+fn track_body(resp: Response<Body>, guard: Option<Outstanding>) -> Response<Body> {
+    match guard {
+        None => resp,
+        Some(g) => resp.map(|inner| {
+            TrackedBody {
+                inner,
+                guard: Some(g),
+            }
+            .boxed_unsync()
+        }),
+    }
+}
+
 /// The request path of one node, shared by its client and peer servers.
 pub struct Ingress {
     node_id: NodeId,
     view: watch::Receiver<Arc<MembershipView>>,
-    router: Mutex<Router>,
+    router: Arc<Mutex<Router>>,
+    /// Requests this entry has outstanding per node, when the policy needs
+    /// load figures (least-load, by-traffic, bounded load).
+    tracker: Option<Arc<Tracker>>,
+    /// Mean time the local app takes to answer, in µs (EWMA, 1/8 weight).
+    latency_us: AtomicU64,
     rng: Mutex<SmallRng>,
     links: Arc<PeerLinks>,
     app: App,
@@ -245,7 +360,9 @@ impl Ingress {
         Ingress {
             node_id,
             view,
-            router: Mutex::new(router),
+            tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::default())),
+            router: Arc::new(Mutex::new(router)),
+            latency_us: AtomicU64::new(0),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             links,
             app,
@@ -260,6 +377,46 @@ impl Ingress {
     /// Requests in flight on this node (client and proxied).
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Reads and compiles the rules again and puts them in force for new
+    /// requests. On error the rules in force stay.
+    ///
+    /// # Errors
+    /// The config error naming the file and rule at fault, or a message when
+    /// the rules come from the embedded config (nothing to reload).
+    pub fn reload_rules(&self) -> Result<usize, String> {
+        let Some(src) = &self.settings.rules_source else {
+            return Err("the rules come from the embedded cluster.toml: nothing to reload".into());
+        };
+        let rules = src.load().map_err(|e| e.to_string())?;
+        let n = rules.len();
+        self.router.lock().expect("router lock").set_rules(rules);
+        info!(rules = n, "data-centric rules reloaded");
+        Ok(n)
+    }
+
+    /// Counts a request to `node` as outstanding, when the policy needs it.
+    fn track(&self, node: &NodeId, request_bytes: u64) -> Option<Outstanding> {
+        self.tracker
+            .as_ref()
+            .map(|t| Outstanding::new(t, &self.router, node.clone(), request_bytes))
+    }
+
+    /// Serves with the local app, keeping the mean serve time for the load metric.
+    async fn serve_app(&self, req: Request<Body>, ctx: ServeCtx<'_>) -> Result<Response<Body>, AppError> {
+        let start = tokio::time::Instant::now();
+        let r = self.app.serve(req, ctx).await;
+        let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u64;
+        let old = self.latency_us.load(Ordering::Relaxed);
+        let new = if old == 0 { us } else { (old * 7 + us) / 8 };
+        self.latency_us.store(new, Ordering::Relaxed);
+        r
+    }
+
+    /// Mean time the local app took to answer recently (EWMA), in ms.
+    pub fn app_latency_ms(&self) -> u32 {
+        (self.latency_us.load(Ordering::Relaxed) / 1000) as u32
     }
 
     /// Stops accepting proxied requests (they are refused, retryable):
@@ -286,7 +443,7 @@ impl Ingress {
     /// Handles one client request end to end; never fails (errors become
     /// statuses).
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
-        if let Some(r) = admin::answer(self, req.uri().path()) {
+        if let Some(r) = admin::answer(self, req.method(), req.uri().path()) {
             return r;
         }
         let _inflight = self.enter();
@@ -331,7 +488,14 @@ impl Ingress {
             };
             let mut rng = self.rng.lock().expect("rng lock");
             let mut router = self.router.lock().expect("router lock");
-            let d = router.decide(&rv, &view, now, &mut *rng);
+            let d = match &self.tracker {
+                Some(t) => {
+                    let counts = t.counts.lock().expect("tracker lock");
+                    let local = |id: &str| counts.get(id).copied().unwrap_or(0);
+                    router.decide_with_loads(&rv, &view, now, &mut *rng, &local)
+                }
+                None => router.decide(&rv, &view, now, &mut *rng),
+            };
             (d, router.is_sticky(), rng.random::<u128>())
         };
         let route = if sticky_on {
@@ -379,6 +543,7 @@ impl Ingress {
     ) -> Result<(Response<Body>, NodeId), RequestError> {
         let (parts, incoming) = req.into_parts();
         let empty_body = incoming.is_end_stream();
+        let request_bytes = content_length(&parts.headers).unwrap_or(0);
         // A small body of an idempotent request is kept so the request can
         // be replayed on the next candidate; other bodies stream once.
         let (replay, mut body) = if !empty_body
@@ -409,8 +574,9 @@ impl Ingress {
                     client,
                 };
                 self.counters.served_local.fetch_add(1, Ordering::Relaxed);
-                let resp = self.app.serve(Request::from_parts(parts, b), ctx).await?;
-                return Ok((resp, self.node_id.clone()));
+                let guard = self.track(cand, request_bytes);
+                let resp = self.serve_app(Request::from_parts(parts, b), ctx).await?;
+                return Ok((track_body(resp, guard), self.node_id.clone()));
             }
             let pair = match self.links.open(cand).await {
                 Ok(p) => p,
@@ -445,10 +611,12 @@ impl Ingress {
                 },
             };
             self.counters.forwarded.fetch_add(1, Ordering::Relaxed);
+            let guard = self.track(cand, request_bytes);
             match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
                 Ok((rh, qb)) => {
                     let served = NodeId::from(rh.served_by.as_str());
-                    return Ok((peer::response_from_head(rh, qb.boxed_unsync()), served));
+                    let resp = peer::response_from_head(rh, qb.boxed_unsync());
+                    return Ok((track_body(resp, guard), served));
                 }
                 Err(ExchangeError::Timeout(p)) => {
                     return Err(RequestError::Timeout(p.to_string()));
@@ -496,7 +664,7 @@ impl ProxiedHandler for Ingress {
             key: head.hash_key.as_deref(),
             client: head.client,
         };
-        match self.app.serve(req, ctx).await {
+        match self.serve_app(req, ctx).await {
             Ok(r) => r,
             Err(e) => {
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
