@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::adapters::tls;
 use crate::engine::balance::Policy;
-use crate::engine::route::RouterOptions;
 use crate::engine::membership::NodeId;
+use crate::engine::route::RouterOptions;
 use crate::engine::rules::{RuleSpec, Rules};
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1
@@ -612,7 +612,10 @@ impl ClusterFile {
             ));
         }
         if b.metric_capacity == 0 {
-            return Err(inv("balance.metric_capacity", "must be greater than 0".into()));
+            return Err(inv(
+                "balance.metric_capacity",
+                "must be greater than 0".into(),
+            ));
         }
         self.rules_source(src)?.load()?;
         Ok(out)
@@ -878,7 +881,10 @@ mod tests {
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(&*c.node.id, "n2");
         assert_eq!(c.node.http_addr, "127.0.0.1:8082".parse().unwrap());
-        assert_eq!(c.policy, Policy::from(crate::engine::balance::PolicyKind::ConsistentHash));
+        assert_eq!(
+            c.policy,
+            Policy::from(crate::engine::balance::PolicyKind::ConsistentHash)
+        );
         assert_eq!(c.app, AppKind::Builtin);
         assert_eq!(c.max_request_target, 8192);
         assert_eq!(c.seeds, vec!["127.0.0.1:7181", "127.0.0.1:7183"]);
@@ -937,6 +943,53 @@ mod tests {
             let e = validate(&text, "n1").unwrap_err().to_string();
             assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
         }
+    }
+
+    #[test]
+    fn policies_with_local_affinity_and_balance_ranges() {
+        let c = validate(&format!("policy = \"least-load:local\"\n{ONE}"), "n1").unwrap();
+        assert_eq!(c.policy.to_string(), "least-load:local");
+        for (text, field) in [
+            (
+                format!("policy = \"consistent-hash:local\"\n{ONE}"),
+                "policy",
+            ),
+            (
+                format!("[balance]\nhash_balance_factor = 0.5\n{ONE}"),
+                "balance.hash_balance_factor",
+            ),
+            (
+                format!("[balance]\nmetric_history = 1.0\n{ONE}"),
+                "balance.metric_history",
+            ),
+            (
+                format!("[balance]\nmetric_capacity = 0\n{ONE}"),
+                "balance.metric_capacity",
+            ),
+            (
+                format!(
+                    "rules_file = \"r.xml\"\n{ONE}[[rules]]\nextract = [{{ query = \"u\" }}]\n"
+                ),
+                "rules_file",
+            ),
+        ] {
+            let e = validate(&text, "n1").unwrap_err().to_string();
+            assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+        }
+        let c = validate(
+            &format!("[balance]\nhash_balance_factor = 1.25\n{ONE}"),
+            "n1",
+        )
+        .unwrap();
+        assert_eq!(c.router.hash_balance_factor, Some(1.25));
+    }
+
+    #[test]
+    fn a_missing_rules_file_names_the_file() {
+        let e = validate(&format!("rules_file = \"nope.xml\"\n{ONE}"), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/etc/peerlb/nope.xml"), "{e}");
     }
 
     #[test]
