@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use peerlb::config::{EXIT_CONFIG, NodeConfig};
-use peerlb::{ClusterFile, Env, Node, Overrides, Source, tls};
+use peerlb::{ClusterFile, Env, Node, Overrides, Source, explain, tls};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// peerlb: a self-balancing peer cluster node.
@@ -41,6 +41,8 @@ enum Cmd {
         #[arg(long = "node")]
         nodes: Vec<String>,
     },
+    /// Explain the owner the engine picks for one request (no network).
+    Route(RouteArgs),
     /// Validate cluster.toml and exit: 0 when valid, 64 when not.
     CheckConfig {
         /// cluster.toml to check (default: the embedded one).
@@ -50,6 +52,44 @@ enum Cmd {
         #[arg(long, env = "PEERLB_NODE")]
         node: Option<String>,
     },
+}
+
+#[derive(Args)]
+struct RouteArgs {
+    /// cluster.toml whose policy, rules and nodes to use (default: the embedded one).
+    #[arg(long, env = "PEERLB_CONFIG")]
+    config: Option<PathBuf>,
+    /// The request: "METHOD /target", e.g. "GET /cart?user=alice".
+    #[arg(long)]
+    request: String,
+    /// A request header "Name: value" (repeatable).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// A request cookie "name=value" (repeatable).
+    #[arg(long = "cookie")]
+    cookies: Vec<String>,
+    /// The client address the entry node sees.
+    #[arg(long, default_value = "127.0.0.1:40000")]
+    from: std::net::SocketAddr,
+    /// The members in view: "n1,n2=weight:200/load:40/inflight:3,n3=down"
+    /// (default: every node of the config, serving, with its weight).
+    #[arg(long)]
+    members: Option<String>,
+    /// The entry node (default: the first member).
+    #[arg(long)]
+    entry: Option<String>,
+    /// Override the config's policy, e.g. "weighted-round-robin".
+    #[arg(long)]
+    policy: Option<String>,
+    /// Also print the owners of N such requests in a row.
+    #[arg(long, default_value_t = 0)]
+    count: usize,
+    /// Seed for random policies.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -88,6 +128,7 @@ fn main() -> ExitCode {
         Cmd::Up { config } => up(config.as_deref()),
         Cmd::Certs { config, dir, nodes } => certs(config.as_deref(), dir, nodes),
         Cmd::CheckConfig { config, node } => check_config(config.as_deref(), node.as_deref()),
+        Cmd::Route(a) => route(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),
@@ -169,6 +210,64 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: leaving the cluster"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving the cluster"),
     }
+}
+
+fn route(a: RouteArgs) -> anyhow::Result<u8> {
+    let (src, file) = match load(a.config.as_deref()) {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let c = match first_node(&src, &file) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let usage = |e: &dyn std::fmt::Display| {
+        eprintln!("peerlb route: {e}");
+        EXIT_CONFIG as u8
+    };
+    let policy = match &a.policy {
+        Some(p) => match p.parse() {
+            Ok(p) => p,
+            Err(e) => return Ok(usage(&format!("--policy: {p:?}: {e}"))),
+        },
+        None => c.policy,
+    };
+    let members = match &a.members {
+        Some(spec) => match explain::parse_members(spec) {
+            Ok(m) => m,
+            Err(e) => return Ok(usage(&e)),
+        },
+        None => c
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut m = explain::parse_members(&n.id).expect("validated node id");
+                m[0].weight = n.weight;
+                m.remove(0)
+            })
+            .collect(),
+    };
+    let entry = a
+        .entry
+        .clone()
+        .or_else(|| members.first().map(|m| m.id.to_string()))
+        .unwrap_or_default();
+    let req = match explain::parse_request(&a.request, &a.headers, &a.cookies) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(&e)),
+    };
+    let e = match explain::explain(
+        policy, c.rules, c.router, c.vnodes, members, &entry, &req, a.from, a.count, a.seed,
+    ) {
+        Ok(e) => e,
+        Err(e) => return Ok(usage(&e)),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&e)?);
+    } else {
+        print!("{e}");
+    }
+    Ok(0)
 }
 
 fn check_config(config: Option<&Path>, node: Option<&str>) -> anyhow::Result<u8> {
