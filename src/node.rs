@@ -16,8 +16,8 @@ use crate::adapters::ingress::{self, Ingress, IngressSettings};
 use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::NodeConfig;
-use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
+use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 use crate::engine::route::Router;
 use crate::env::Env;
 
@@ -260,7 +260,12 @@ async fn publish_load(
     loop {
         tick.tick().await;
         let inflight = ingress.inflight();
-        let raw = raw_metric(inflight, capacity, ingress.app_latency_ms(), latency_limit_ms);
+        let raw = raw_metric(
+            inflight,
+            capacity,
+            ingress.app_latency_ms(),
+            latency_limit_ms,
+        );
         let load = smoother.observe(raw);
         if last != Some((load, inflight)) {
             publisher.set_load(load, inflight).await;

@@ -31,7 +31,10 @@ pub fn answer(ingress: &Ingress, method: &http::Method, path: &str) -> Option<Re
     let (status, text) = match (method, path) {
         (&http::Method::GET, STATUS) => (StatusCode::OK, status_json(ingress)),
         (&http::Method::POST, RELOAD_RULES) => match ingress.reload_rules() {
-            Ok(n) => (StatusCode::OK, serde_json::json!({ "rules": n }).to_string()),
+            Ok(n) => (
+                StatusCode::OK,
+                serde_json::json!({ "rules": n }).to_string(),
+            ),
             Err(e) if e.contains("embedded") => (
                 StatusCode::CONFLICT,
                 serde_json::json!({ "error": e }).to_string(),

@@ -151,7 +151,12 @@ struct Outstanding {
 }
 
 impl Outstanding {
-    fn new(tracker: &Arc<Tracker>, router: &Arc<Mutex<Router>>, node: NodeId, request_bytes: u64) -> Outstanding {
+    fn new(
+        tracker: &Arc<Tracker>,
+        router: &Arc<Mutex<Router>>,
+        node: NodeId,
+        request_bytes: u64,
+    ) -> Outstanding {
         *tracker
             .counts
             .lock()
@@ -404,7 +409,11 @@ impl Ingress {
     }
 
     /// Serves with the local app, keeping the mean serve time for the load metric.
-    async fn serve_app(&self, req: Request<Body>, ctx: ServeCtx<'_>) -> Result<Response<Body>, AppError> {
+    async fn serve_app(
+        &self,
+        req: Request<Body>,
+        ctx: ServeCtx<'_>,
+    ) -> Result<Response<Body>, AppError> {
         let start = tokio::time::Instant::now();
         let r = self.app.serve(req, ctx).await;
         let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u64;
