@@ -24,7 +24,8 @@
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
-//! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`).
+//! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`,
+//!   `app`: the built-in app alone, a benchmark backend).
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -35,6 +36,7 @@ pub mod env;
 pub mod explain;
 pub mod node;
 
+pub use adapters::app::serve_standalone as serve_app;
 pub use adapters::tls;
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};
 pub use engine::balance::PolicyKind;

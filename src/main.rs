@@ -1,4 +1,4 @@
-//! The `peerlb` command line: `node`, `up`, `certs`, `check-config`.
+//! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`, `app`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -43,6 +43,16 @@ enum Cmd {
     },
     /// Explain the owner the engine picks for one request (no network).
     Route(RouteArgs),
+    /// Serve the built-in demo app alone over plain HTTP/1.1 (no cluster,
+    /// no peers): a backend for benchmarks (bench/compare.sh).
+    App {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9001")]
+        listen: std::net::SocketAddr,
+        /// Name the app reports as serving node and entry.
+        #[arg(long, default_value = "app")]
+        name: String,
+    },
     /// Validate cluster.toml and exit: 0 when valid, 64 when not.
     CheckConfig {
         /// cluster.toml to check (default: the embedded one).
@@ -129,6 +139,7 @@ fn main() -> ExitCode {
         Cmd::Certs { config, dir, nodes } => certs(config.as_deref(), dir, nodes),
         Cmd::CheckConfig { config, node } => check_config(config.as_deref(), node.as_deref()),
         Cmd::Route(a) => route(a),
+        Cmd::App { listen, name } => app(listen, name),
     };
     match code {
         Ok(c) => ExitCode::from(c),
@@ -210,6 +221,20 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: leaving the cluster"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving the cluster"),
     }
+}
+
+fn app(listen: std::net::SocketAddr, name: String) -> anyhow::Result<u8> {
+    runtime()?.block_on(async move {
+        let l = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        tracing::info!(addr = %listen, "serving the built-in app");
+        tokio::select! {
+            _ = peerlb::serve_app(l, name) => {}
+            _ = shutdown_signal() => {}
+        }
+        anyhow::Ok(0)
+    })
 }
 
 fn route(a: RouteArgs) -> anyhow::Result<u8> {

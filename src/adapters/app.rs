@@ -124,6 +124,64 @@ impl App {
     }
 }
 
+/// Serves the built-in demo app alone over plain HTTP/1.1 on `listener`
+/// (keep-alive, `TCP_NODELAY`), with no cluster, gossip or peer link:
+/// `peerlb app`, the backend of the side-by-side benchmark (bench/).
+/// Every request is answered as if node `name` were both entry and owner.
+/// Runs until the listener fails for good; a failed accept is logged and
+/// retried.
+pub async fn serve_standalone(listener: tokio::net::TcpListener, name: String) {
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use tracing::{debug, warn};
+
+    let app = std::sync::Arc::new(App::new(&AppKind::Builtin));
+    let name: std::sync::Arc<str> = name.into();
+    loop {
+        let (stream, client) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (app, name) = (app.clone(), name.clone());
+        let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+            let (app, name) = (app.clone(), name.clone());
+            async move {
+                let ctx = ServeCtx {
+                    node: &name,
+                    entry: &name,
+                    key: None,
+                    client,
+                };
+                let resp = app
+                    .serve(req.map(body::from_incoming), ctx)
+                    .await
+                    .unwrap_or_else(|e| text_owned(StatusCode::BAD_GATEWAY, e.to_string()));
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        });
+        tokio::spawn(async move {
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                debug!(error = %e, %client, "app connection ended with an error");
+            }
+        });
+    }
+}
+
+fn text_owned(status: StatusCode, msg: String) -> Response<Body> {
+    let mut r = Response::new(body::full(msg));
+    *r.status_mut() = status;
+    r
+}
+
 fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Response<Body> {
     let path = req.uri().path();
     if let Some(n) = path.strip_prefix("/bytes/") {
@@ -187,13 +245,24 @@ fn text(status: StatusCode, msg: &'static str) -> Response<Body> {
     r
 }
 
+/// Chunk size of `/bytes/<n>` bodies.
+const CHUNK: usize = 64 * 1024;
+
+/// The `/bytes/<n>` pattern: byte `i` of every chunk is `i % 251`. Built
+/// at compile time, so a response costs no allocation or fill.
+static PATTERN: [u8; CHUNK] = {
+    let mut a = [0u8; CHUNK];
+    let mut i = 0;
+    while i < CHUNK {
+        a[i] = (i % 251) as u8;
+        i += 1;
+    }
+    a
+};
+
 /// `n` bytes of a repeating pattern, streamed in 64 KiB chunks.
 fn bytes_response(n: u64) -> Response<Body> {
-    const CHUNK: usize = 64 * 1024;
-    let pattern: Bytes = (0..CHUNK)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
+    let pattern = Bytes::from_static(&PATTERN);
     let mut left = n;
     let stream = std::iter::from_fn(move || {
         if left == 0 {

@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of peerlb against HAProxy and nginx on loopback.
+
+Run it through bench/compare.sh (which builds the release binary first).
+Every contender forwards the same wrk load to the same three backends
+(`peerlb app`, the built-in demo app alone over HTTP/1.1):
+
+  direct     wrk straight to backend 1 (the limit)
+  haproxy    HAProxy, HTTP mode, balance url_param user + hash-type consistent
+  nginx      nginx, hash $arg_user consistent, keep-alive upstreams
+  peerlb-3   3 peerlb nodes on one SO_REUSEPORT address, node i's app is
+             upstream backend i (about 2/3 of requests cross a QUIC hop)
+  peerlb-1   1 peerlb node, app upstream backend 1 (entry always owns)
+
+All contenders stay up for the whole run; each measurement resets the
+balancer's peak RSS (/proc/PID/clear_refs 5), reads its CPU ticks from
+/proc/PID/stat before and after, and runs wrk (keys uniform over 10,000
+`user` values, keep-alive). Rounds alternate the contenders (the order
+rotates every round) so drift on a shared machine spreads over all of them;
+the tables give medians over rounds, and the ratios are medians of the
+per-round ratios (each taken from measurements seconds apart).
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1"]
+BASE = (200, 16)  # response bytes, connections: the point the ratios use
+SIZES = [200, 16 * 1024, 1024 * 1024]
+CONNS = [1, 16, 128]
+
+
+def points(which):
+    """(size, conns) points: the base, then the size and concurrency sweeps."""
+    if which == "base":
+        return [BASE]
+    out = [BASE]
+    for s in SIZES:
+        if (s, BASE[1]) not in out:
+            out.append((s, BASE[1]))
+    for c in CONNS:
+        if (BASE[0], c) not in out:
+            out.append((BASE[0], c))
+    return out
+
+
+def size_label(n):
+    if n >= 1 << 20:
+        return f"{n >> 20} MiB"
+    if n >= 1 << 10:
+        return f"{n >> 10} KiB"
+    return f"{n} B"
+
+
+# ---------------------------------------------------------------- /proc ----
+
+
+def descendants(pid):
+    """pid and all its descendants (nginx workers, ...)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        ppid = int(st[st.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_ticks(pids):
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total
+
+
+def reset_peak_rss(pids):
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+
+def peak_rss_kib(pids):
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+# ------------------------------------------------------------ processes ----
+
+
+class Procs:
+    """Processes this script started; stopped (by pid) on exit."""
+
+    def __init__(self, logdir):
+        self.logdir = logdir
+        self.procs = []
+
+    def start(self, name, argv, **kw):
+        log = open(os.path.join(self.logdir, f"{name}.log"), "wb")
+        p = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kw
+        )
+        self.procs.append((name, p))
+        return p
+
+    def stop_all(self):
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        for _, p in reversed(self.procs):
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def port_free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def get(url, timeout=2):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def wait_ok(url, what, procs, timeout=30):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        for name, p in procs.procs:
+            if p.poll() is not None:
+                sys.exit(f"{name} exited (status {p.returncode}); see {procs.logdir}/{name}.log")
+        try:
+            st, _ = get(url)
+            if st == 200:
+                return
+        except Exception as e:  # noqa: BLE001 - any failure means not ready yet
+            last = e
+        time.sleep(0.2)
+    sys.exit(f"{what} not ready at {url}: {last}")
+
+
+def wait_serving(http, n, procs, timeout=30):
+    import json
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            _, body = get(f"http://{http}/_peerlb/status")
+            if len(json.loads(body).get("serving", [])) == n:
+                return
+        except Exception:  # noqa: BLE001
+            pass
+        time.sleep(0.2)
+    sys.exit(f"peerlb node {http} does not see {n} serving members; logs in {procs.logdir}")
+
+
+def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
+    """Writes a cluster.toml, makes certificates, starts the nodes."""
+    lines = [
+        f'name = "{name}"',
+        'policy = "consistent-hash"',
+        'app = "builtin"',
+        "[tls]",
+        f'dir = "{tmp}/certs-{name}"',
+        "[limits]",
+        "drain_grace_ms = 100",
+    ]
+    specs = []
+    for i in range(nodes):
+        http, peer, gossip = base_port + i, base_port + 10 + i, base_port + 20 + i
+        specs.append((f"{name}n{i + 1}", http))
+        lines += [
+            "[[nodes]]",
+            f'id = "{name}n{i + 1}"',
+            f'http_addr = "127.0.0.1:{http}"',
+            f'peer_addr = "127.0.0.1:{peer}"',
+            f'gossip_addr = "127.0.0.1:{gossip}"',
+        ]
+    lines += ["[[rules]]", 'name = "user"', 'extract = [{ query = "user" }]']
+    cfg = os.path.join(tmp, f"{name}.toml")
+    with open(cfg, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    subprocess.run(
+        [bin_, "certs", "--config", cfg], check=True, stdout=subprocess.DEVNULL
+    )
+    pids = []
+    # The nodes run with their default log filter (what a user gets) unless
+    # BENCH_RUST_LOG says otherwise.
+    env = dict(os.environ)
+    if os.environ.get("BENCH_RUST_LOG"):
+        env["RUST_LOG"] = os.environ["BENCH_RUST_LOG"]
+    for i, (nid, _) in enumerate(specs):
+        argv = [bin_, "node", "--config", cfg, "--node", nid,
+                "--app", f"http://{backends[i % len(backends)]}"]
+        if nodes > 1:
+            argv += ["--shared-listen", listen]
+        pids.append(procs.start(nid, argv, env=env).pid)
+    for _, http in specs:
+        wait_serving(f"127.0.0.1:{http}", nodes, procs)
+    return pids
+
+
+def start_all(args, tmp, procs):
+    """Starts backends and contenders; returns {contender: (url, pids)} and backend pids."""
+    b = args.port_base
+    backends = [f"127.0.0.1:{b + 1 + i}" for i in range(3)]
+    want = [b + 1, b + 2, b + 3, b + 10, b + 20] + [b + 30 + i for i in range(3)]
+    want += [b + 40 + i for i in range(3)] + [b + 50 + i for i in range(3)]
+    want += [b + 60, b + 70]
+    busy = [p for p in want if not port_free(p)]
+    if busy:
+        sys.exit(f"ports in use: {busy} (choose another --port-base)")
+    env = dict(os.environ, RUST_LOG="warn")
+    app_pids = []
+    for i, a in enumerate(backends):
+        app_pids.append(
+            procs.start(f"app{i + 1}", [args.bin, "app", "--listen", a, "--name", f"app{i + 1}"],
+                        env=env).pid
+        )
+    for a in backends:
+        wait_ok(f"http://{a}/bytes/200", "backend", procs)
+
+    out = {"direct": (f"http://{backends[0]}", [])}
+
+    hp = b + 10
+    with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
+        cfg = f.read().format(
+            dir=tmp,
+            listen=f"127.0.0.1:{hp}",
+            servers="\n".join(f"    server app{i + 1} {a}" for i, a in enumerate(backends)),
+        )
+    with open(os.path.join(tmp, "haproxy.cfg"), "w") as f:
+        f.write(cfg)
+    p = procs.start("haproxy", ["haproxy", "-db", "-f", os.path.join(tmp, "haproxy.cfg")])
+    wait_ok(f"http://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
+    out["haproxy"] = (f"http://127.0.0.1:{hp}", [p.pid])
+
+    np_ = b + 20
+    with open(os.path.join(HERE, "nginx.conf.in")) as f:
+        cfg = f.read().format(
+            dir=tmp,
+            listen=f"127.0.0.1:{np_}",
+            servers="\n".join(f"        server {a};" for a in backends),
+        )
+    with open(os.path.join(tmp, "nginx.conf"), "w") as f:
+        f.write(cfg)
+    p = procs.start("nginx", ["nginx", "-p", tmp, "-c", os.path.join(tmp, "nginx.conf"),
+                              "-g", "daemon off;"])
+    wait_ok(f"http://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
+    out["nginx"] = (f"http://127.0.0.1:{np_}", [p.pid])
+
+    shared = f"127.0.0.1:{b + 60}"
+    pids = peerlb_cluster("p3", args.bin, tmp, procs, b + 30, 3, backends, shared)
+    wait_ok(f"http://{shared}/bytes/200?user=x", "peerlb-3", procs)
+    out["peerlb-3"] = (f"http://{shared}", pids)
+
+    pids = peerlb_cluster("p1", args.bin, tmp, procs, b + 70, 1, backends, None)
+    out["peerlb-1"] = (f"http://127.0.0.1:{b + 70}", pids)
+    wait_ok(f"http://127.0.0.1:{b + 70}/bytes/200?user=x", "peerlb-1", procs)
+    return out, app_pids
+
+
+# ------------------------------------------------------------------ wrk ----
+
+
+def wrk(url, size, conns, duration):
+    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}")
+    r = subprocess.run(
+        ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
+         "-s", os.path.join(HERE, "keys.lua"), url + "/"],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+    sys.exit(f"wrk gave no RESULT line:\n{r.stdout}\n{r.stderr}")
+
+
+def measure(url, pids, app_pids, size, conns, duration):
+    bal = [q for p in pids for q in descendants(p)]
+    reset_peak_rss(bal)
+    c0, a0 = cpu_ticks(bal), cpu_ticks(app_pids)
+    w = wrk(url, size, conns, duration)
+    c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
+    n = max(1, w["requests"])
+    secs = w["duration_us"] / 1e6
+    errors = w["connect"] + w["read"] + w["write"] + w["status"] + w["timeout"]
+    return {
+        "rps": n / secs,
+        "p50": w["p50"] / 1000,
+        "p99": w["p99"] / 1000,
+        "p999": w["p999"] / 1000,
+        "cpu": (c1 - c0) / CLK_TCK / n * 10000 if pids else float("nan"),
+        "app_cpu": (a1 - a0) / CLK_TCK / n * 10000,
+        "rss": peak_rss_kib(bal) / 1024 if pids else float("nan"),
+        "errors": errors,
+    }
+
+
+# --------------------------------------------------------------- report ----
+
+
+def med(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt(x, spec):
+    return "-" if x != x else format(x, spec)
+
+
+def table(results, pt, contenders):
+    size, conns = pt
+    rows = [
+        f"### {size_label(size)} responses, {conns} connection{'s' if conns > 1 else ''}",
+        "",
+        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | peak RSS MiB | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in contenders:
+        rs = results.get((pt, c), [])
+        if not rs:
+            continue
+        rps = [r["rps"] for r in rs]
+        ratio = per_round_ratio(results, pt, c, "haproxy", "rps") if "haproxy" in contenders else float("nan")
+        spread = (max(rps) - min(rps)) / med(rps) * 100 if len(rps) > 1 else float("nan")
+        rows.append(
+            f"| {c} | {med(rps):,.0f} | {fmt(spread, '.0f')}% | {fmt(ratio, '.2f')} "
+            f"| {med([r['p50'] for r in rs]):.2f} | {med([r['p99'] for r in rs]):.2f} "
+            f"| {med([r['p999'] for r in rs]):.2f} | {fmt(med([r['cpu'] for r in rs]), '.2f')} "
+            f"| {med([r['app_cpu'] for r in rs]):.2f} | {fmt(med([r['rss'] for r in rs]), '.1f')} "
+            f"| {sum(r['errors'] for r in rs)} |"
+        )
+    return "\n".join(rows)
+
+
+def per_round_ratio(results, pt, a, b, key, added_over=None):
+    """Median over rounds of a/b (each round's pair measured seconds apart).
+    With added_over, the ratio of (a - added_over) / (b - added_over)."""
+    ra, rb = results.get((pt, a), []), results.get((pt, b), [])
+    rd = results.get((pt, added_over), []) if added_over else None
+    out = []
+    for i in range(min(len(ra), len(rb))):
+        x, y = ra[i][key], rb[i][key]
+        if rd is not None:
+            if i >= len(rd):
+                break
+            x, y = x - rd[i][key], y - rd[i][key]
+        if y > 0:
+            out.append(x / y)
+    return med(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 s runs, base point only (about 1 minute)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=5, help="seconds per measurement")
+    ap.add_argument("--points", choices=["all", "base"], default="all")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "peerlb"))
+    ap.add_argument("--port-base", type=int, default=21000)
+    ap.add_argument("--markdown", help="also write the tables and ratios to this file")
+    args = ap.parse_args()
+    if args.quick:
+        args.duration, args.points = 2, "base"
+    contenders = [c for c in args.contenders.split(",") if c]
+    for c in contenders:
+        if c not in CONTENDERS:
+            sys.exit(f"unknown contender {c}; known: {CONTENDERS}")
+    for tool in ["wrk", "haproxy", "nginx"]:
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found: apt-get install -y haproxy nginx wrk")
+    if not os.access(args.bin, os.X_OK):
+        sys.exit(f"{args.bin}: not built (cargo build --release)")
+
+    tmp = tempfile.mkdtemp(prefix="peerlb-bench-")
+    procs = Procs(tmp)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run(args, contenders, tmp, procs)
+    finally:
+        procs.stop_all()
+        if os.environ.get("BENCH_KEEP"):
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, contenders, tmp, procs):
+    pts = points(args.points)
+    load0 = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
+    print(f"binary: {args.bin}")
+    print(f"{args.rounds} rounds x {len(pts)} points x {len(contenders)} contenders, "
+          f"{args.duration} s each, wrk -t1, keys over 10000 users")
+    targets, app_pids = start_all(args, tmp, procs)
+    # Warm-up: connection pools, page cache, QUIC congestion windows.
+    for c in contenders:
+        url, pids = targets[c]
+        measure(url, pids, app_pids, BASE[0], BASE[1], 1)
+    results = {}
+    for r in range(args.rounds):
+        for pt in pts:
+            k = (r + pts.index(pt)) % len(contenders)
+            for c in contenders[k:] + contenders[:k]:
+                url, pids = targets[c]
+                m = measure(url, pids, app_pids, pt[0], pt[1], args.duration)
+                results.setdefault((pt, c), []).append(m)
+                print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3} {c:<9} "
+                      f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
+                      f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "
+                      f"errors {m['errors']}", flush=True)
+    load1 = os.getloadavg()
+    out = [
+        f"machine: {os.cpu_count()} cores; load average before {load0[0]:.2f}, after {load1[0]:.2f}; "
+        f"{args.rounds} rounds, {args.duration} s per measurement; medians over rounds",
+        "",
+    ]
+    for pt in pts:
+        out += [table(results, pt, contenders), ""]
+    ratios = []
+    b = BASE
+    where = f"{size_label(b[0])}, {b[1]} connections"
+    for p in ["peerlb-3", "peerlb-1"]:
+        if p not in contenders:
+            continue
+        if "haproxy" in contenders:
+            ratios.append(f"ratio {p}/haproxy req/s = {per_round_ratio(results, b, p, 'haproxy', 'rps'):.2f}  ({where})")
+        if "direct" in contenders:
+            ratios.append(f"ratio {p}/direct req/s = {per_round_ratio(results, b, p, 'direct', 'rps'):.2f}  ({where})")
+        if "haproxy" in contenders and "direct" in contenders:
+            ratios.append(
+                f"ratio {p}/haproxy added p99 = "
+                f"{per_round_ratio(results, b, p, 'haproxy', 'p99', added_over='direct'):.2f}  "
+                f"(p99 minus direct's p99; {where}; <= 1 is the goal)"
+            )
+    text = "\n".join(out + ratios)
+    print()
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

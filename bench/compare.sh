@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One command for the side-by-side benchmark (docs/performance.md):
+#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, size and concurrency sweeps (~8 min on 2 cores)
+#   bench/compare.sh --quick    # base point only, 2 s per measurement (~1 min)
+#   bench/compare.sh --help     # every option (rounds, duration, contenders, binary, markdown output)
+# Needs Debian's haproxy, nginx and wrk: apt-get install -y haproxy nginx wrk
+# Not part of CI (.ci/run does not run it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+for a in "$@"; do
+  case "$a" in --help|-h) exec python3 bench/compare.py --help ;; esac
+done
+missing=()
+for t in haproxy nginx wrk python3; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "missing: ${missing[*]} (apt-get install -y haproxy nginx wrk)" >&2
+  exit 1
+fi
+if ! printf '%s\n' "$@" | grep -q -- '^--bin'; then
+  cargo build --release --quiet --bin peerlb
+  set -- --bin "$CARGO_TARGET_DIR/release/peerlb" "$@"
+fi
+exec python3 bench/compare.py "$@"

@@ -1,0 +1,29 @@
+-- wrk script for bench/compare.py: GET $BENCH_PATH?user=u<k> with k uniform
+-- over 10,000 users, on keep-alive connections. The requests are formatted
+-- once in init (wrk.format), so a request costs one table lookup.
+-- done() prints one machine-readable RESULT line.
+
+local path = os.getenv("BENCH_PATH") or "/bytes/200"
+local users = tonumber(os.getenv("BENCH_USERS") or "10000")
+local reqs = {}
+
+function init(args)
+  math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+  for k = 1, users do
+    reqs[k] = wrk.format("GET", path .. "?user=u" .. k)
+  end
+end
+
+function request()
+  return reqs[math.random(users)]
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "RESULT requests=%d duration_us=%d bytes=%d p50=%d p99=%d p999=%d max=%d " ..
+    "connect=%d read=%d write=%d status=%d timeout=%d\n",
+    summary.requests, summary.duration, summary.bytes,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max,
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
