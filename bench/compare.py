@@ -38,23 +38,34 @@ ROOT = os.path.dirname(HERE)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1"]
-BASE = (200, 16)  # response bytes, connections: the point the ratios use
+BEFORE = ["peerlb-3-before", "peerlb-1-before"]
+# A point is (response bytes, connections, think time in ms per connection).
+BASE = (200, 16, 0)  # saturation: the throughput ratios
+MODERATE = (200, 16, 5)  # fixed moderate load (<= 3,200 req/s): added p99, CPU per request
 SIZES = [200, 16 * 1024, 1024 * 1024]
 CONNS = [1, 16, 128]
 
 
 def points(which):
-    """(size, conns) points: the base, then the size and concurrency sweeps."""
+    """The base point, the moderate-load point, then the size and concurrency sweeps."""
     if which == "base":
-        return [BASE]
-    out = [BASE]
+        return [BASE, MODERATE]
+    out = [BASE, MODERATE]
     for s in SIZES:
-        if (s, BASE[1]) not in out:
-            out.append((s, BASE[1]))
+        if (s, BASE[1], 0) not in out:
+            out.append((s, BASE[1], 0))
     for c in CONNS:
-        if (BASE[0], c) not in out:
-            out.append((BASE[0], c))
+        if (BASE[0], c, 0) not in out:
+            out.append((BASE[0], c, 0))
     return out
+
+
+def point_label(pt):
+    size, conns, think = pt
+    s = f"{size_label(size)} responses, {conns} connection{'s' if conns > 1 else ''}"
+    if think:
+        s += f", {think} ms think time (moderate load)"
+    return s
 
 
 def size_label(n):
@@ -157,6 +168,7 @@ class Procs:
 
 def port_free(port):
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is no conflict
     try:
         s.bind(("127.0.0.1", port))
         return True
@@ -230,7 +242,8 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
     with open(cfg, "w") as f:
         f.write("\n".join(lines) + "\n")
     subprocess.run(
-        [bin_, "certs", "--config", cfg], check=True, stdout=subprocess.DEVNULL
+        [bin_, "certs", "--config", cfg], check=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     pids = []
     # The nodes run with their default log filter (what a user gets) unless
@@ -255,7 +268,10 @@ def start_all(args, tmp, procs):
     backends = [f"127.0.0.1:{b + 1 + i}" for i in range(3)]
     want = [b + 1, b + 2, b + 3, b + 10, b + 20] + [b + 30 + i for i in range(3)]
     want += [b + 40 + i for i in range(3)] + [b + 50 + i for i in range(3)]
-    want += [b + 60, b + 70]
+    want += [b + 60, b + 70, b + 80, b + 90]
+    if args.before:
+        want += [b + 100 + i for i in range(3)] + [b + 110 + i for i in range(3)]
+        want += [b + 120 + i for i in range(3)] + [b + 130, b + 140, b + 150, b + 160]
     busy = [p for p in want if not port_free(p)]
     if busy:
         sys.exit(f"ports in use: {busy} (choose another --port-base)")
@@ -306,14 +322,23 @@ def start_all(args, tmp, procs):
     pids = peerlb_cluster("p1", args.bin, tmp, procs, b + 70, 1, backends, None)
     out["peerlb-1"] = (f"http://127.0.0.1:{b + 70}", pids)
     wait_ok(f"http://127.0.0.1:{b + 70}/bytes/200?user=x", "peerlb-1", procs)
+
+    if args.before:
+        shared = f"127.0.0.1:{b + 130}"
+        pids = peerlb_cluster("b3", args.before, tmp, procs, b + 100, 3, backends, shared)
+        wait_ok(f"http://{shared}/bytes/200?user=x", "peerlb-3-before", procs)
+        out["peerlb-3-before"] = (f"http://{shared}", pids)
+        pids = peerlb_cluster("b1", args.before, tmp, procs, b + 140, 1, backends, None)
+        out["peerlb-1-before"] = (f"http://127.0.0.1:{b + 140}", pids)
+        wait_ok(f"http://127.0.0.1:{b + 140}/bytes/200?user=x", "peerlb-1-before", procs)
     return out, app_pids
 
 
 # ------------------------------------------------------------------ wrk ----
 
 
-def wrk(url, size, conns, duration):
-    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}")
+def wrk(url, size, conns, think, duration):
+    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}", BENCH_DELAY_MS=str(think))
     r = subprocess.run(
         ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
          "-s", os.path.join(HERE, "keys.lua"), url + "/"],
@@ -325,11 +350,12 @@ def wrk(url, size, conns, duration):
     sys.exit(f"wrk gave no RESULT line:\n{r.stdout}\n{r.stderr}")
 
 
-def measure(url, pids, app_pids, size, conns, duration):
+def measure(url, pids, app_pids, pt, duration):
+    size, conns, think = pt
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
     c0, a0 = cpu_ticks(bal), cpu_ticks(app_pids)
-    w = wrk(url, size, conns, duration)
+    w = wrk(url, size, conns, think, duration)
     c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
     n = max(1, w["requests"])
     secs = w["duration_us"] / 1e6
@@ -359,9 +385,8 @@ def fmt(x, spec):
 
 
 def table(results, pt, contenders):
-    size, conns = pt
     rows = [
-        f"### {size_label(size)} responses, {conns} connection{'s' if conns > 1 else ''}",
+        f"### {point_label(pt)}",
         "",
         "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | peak RSS MiB | errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -402,21 +427,31 @@ def per_round_ratio(results, pt, a, b, key, added_over=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 s runs, base point only (about 1 minute)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 s runs, base and moderate-load points only (about 1 minute)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5, help="seconds per measurement")
     ap.add_argument("--points", choices=["all", "base"], default="all")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "peerlb"))
+    ap.add_argument("--before", metavar="BIN",
+                    help="also run peerlb-3-before and peerlb-1-before: the nodes of this "
+                         "other peerlb binary, in the same rounds (before/after ratios)")
     ap.add_argument("--port-base", type=int, default=21000)
     ap.add_argument("--markdown", help="also write the tables and ratios to this file")
+    ap.add_argument("--hold", action="store_true",
+                    help="start everything, print the contenders' URLs and pids, and wait (for profiling)")
     args = ap.parse_args()
     if args.quick:
         args.duration, args.points = 2, "base"
     contenders = [c for c in args.contenders.split(",") if c]
+    if args.before:
+        contenders += [c for c in BEFORE if c not in contenders]
     for c in contenders:
-        if c not in CONTENDERS:
+        if c not in CONTENDERS + BEFORE:
             sys.exit(f"unknown contender {c}; known: {CONTENDERS}")
+        if c in BEFORE and not args.before:
+            sys.exit(f"{c} needs --before BIN")
     for tool in ["wrk", "haproxy", "nginx"]:
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: apt-get install -y haproxy nginx wrk")
@@ -444,19 +479,29 @@ def run(args, contenders, tmp, procs):
     print(f"{args.rounds} rounds x {len(pts)} points x {len(contenders)} contenders, "
           f"{args.duration} s each, wrk -t1, keys over 10000 users")
     targets, app_pids = start_all(args, tmp, procs)
+    if args.hold:
+        for c, (url, pids) in targets.items():
+            print(f"{c:<9} {url}  pids {' '.join(map(str, pids))}")
+        print(f"backends pids {' '.join(map(str, app_pids))}; logs in {tmp}; Ctrl-C or SIGTERM stops", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+        return
     # Warm-up: connection pools, page cache, QUIC congestion windows.
     for c in contenders:
         url, pids = targets[c]
-        measure(url, pids, app_pids, BASE[0], BASE[1], 1)
+        measure(url, pids, app_pids, BASE, 1)
     results = {}
     for r in range(args.rounds):
         for pt in pts:
             k = (r + pts.index(pt)) % len(contenders)
             for c in contenders[k:] + contenders[:k]:
                 url, pids = targets[c]
-                m = measure(url, pids, app_pids, pt[0], pt[1], args.duration)
+                m = measure(url, pids, app_pids, pt, args.duration)
                 results.setdefault((pt, c), []).append(m)
-                print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3} {c:<9} "
+                think = f"+{pt[2]}ms" if pt[2] else ""
+                print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "
                       f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
                       f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "
                       f"errors {m['errors']}", flush=True)
@@ -469,21 +514,31 @@ def run(args, contenders, tmp, procs):
     for pt in pts:
         out += [table(results, pt, contenders), ""]
     ratios = []
-    b = BASE
-    where = f"{size_label(b[0])}, {b[1]} connections"
+    b, m = BASE, MODERATE
+    at_b = f"{point_label(b)}"
+    at_m = f"{point_label(m)}"
     for p in ["peerlb-3", "peerlb-1"]:
         if p not in contenders:
             continue
         if "haproxy" in contenders:
-            ratios.append(f"ratio {p}/haproxy req/s = {per_round_ratio(results, b, p, 'haproxy', 'rps'):.2f}  ({where})")
+            ratios.append(f"ratio {p}/haproxy req/s = {per_round_ratio(results, b, p, 'haproxy', 'rps'):.2f}  ({at_b})")
         if "direct" in contenders:
-            ratios.append(f"ratio {p}/direct req/s = {per_round_ratio(results, b, p, 'direct', 'rps'):.2f}  ({where})")
-        if "haproxy" in contenders and "direct" in contenders:
+            ratios.append(f"ratio {p}/direct req/s = {per_round_ratio(results, b, p, 'direct', 'rps'):.2f}  ({at_b})")
+        if "haproxy" in contenders and "direct" in contenders and m in pts:
             ratios.append(
                 f"ratio {p}/haproxy added p99 = "
-                f"{per_round_ratio(results, b, p, 'haproxy', 'p99', added_over='direct'):.2f}  "
-                f"(p99 minus direct's p99; {where}; <= 1 is the goal)"
+                f"{per_round_ratio(results, m, p, 'haproxy', 'p99', added_over='direct'):.2f}  "
+                f"(p99 minus direct's p99, lower is better; {at_m})"
             )
+        if "haproxy" in contenders and m in pts:
+            ratios.append(f"ratio {p}/haproxy CPU per request = {per_round_ratio(results, m, p, 'haproxy', 'cpu'):.2f}  "
+                          f"(lower is better; {at_m})")
+        q = p + "-before"
+        if q in contenders:
+            ratios.append(f"ratio {p}/{q} req/s = {per_round_ratio(results, b, p, q, 'rps'):.2f}  ({at_b})")
+            if m in pts:
+                ratios.append(f"ratio {p}/{q} CPU per request = {per_round_ratio(results, m, p, q, 'cpu'):.2f}  "
+                              f"(lower is better; {at_m})")
     text = "\n".join(out + ratios)
     print()
     print(text)

@@ -18,7 +18,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   exit 1
 fi
 if ! printf '%s\n' "$@" | grep -q -- '^--bin'; then
-  cargo build --release --quiet --bin peerlb
+  log=$(mktemp)
+  if ! cargo build --release --bin peerlb >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; exit 1; fi
+  rm -f "$log"
   set -- --bin "$CARGO_TARGET_DIR/release/peerlb" "$@"
 fi
 exec python3 bench/compare.py "$@"

@@ -27,3 +27,12 @@ function done(summary, latency, requests)
     latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max,
     e.connect, e.read, e.write, e.status, e.timeout))
 end
+
+-- BENCH_DELAY_MS: think time per connection between a response and the
+-- next request, for a fixed moderate load instead of saturation.
+local think = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
+if think > 0 then
+  function delay()
+    return think
+  end
+end

@@ -2,10 +2,11 @@
 //! from a QUIC stream, and the pump that writes a body into a QUIC stream.
 //! Nothing here buffers a whole body.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
 
@@ -45,17 +46,18 @@ pub fn from_incoming(b: hyper::body::Incoming) -> Body {
     b.map_err(BodyError::Client).boxed_unsync()
 }
 
-/// Bytes read per poll of a QUIC stream.
-const READ_CHUNK: usize = 32 * 1024;
+/// Largest chunk taken from a QUIC stream per read.
+const READ_CHUNK: usize = 64 * 1024;
 
 /// A body read from a QUIC receive stream until its FIN.
 ///
+/// Reads are zero-copy: each frame is a chunk of a received packet as
+/// quinn holds it (`read_chunk`), not a copy into a buffer of our own.
 /// With a known length (`Content-Length`), it looks for the FIN right after
 /// the last byte, so the stream is read to its end and dropping the body
 /// costs no STOP_SENDING frame (DESIGN.md, performance notes).
 pub struct QuicBody {
     recv: quinn::RecvStream,
-    buf: BytesMut,
     remaining: Option<u64>,
     done: bool,
 }
@@ -65,26 +67,26 @@ impl QuicBody {
     pub fn new(recv: quinn::RecvStream, length: Option<u64>) -> QuicBody {
         QuicBody {
             recv,
-            buf: BytesMut::new(),
             remaining: length,
             done: false,
         }
     }
 
-    /// Polls one read into the spare capacity of `buf`; `Ok(0)` is the FIN.
-    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<usize, quinn::ReadError>> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(READ_CHUNK);
-        }
-        let spare = self.buf.spare_capacity_mut();
-        let mut rb = tokio::io::ReadBuf::uninit(spare);
-        ready!(self.recv.poll_read_buf(cx, &mut rb))?;
-        let n = rb.filled().len();
-        // SAFETY: `poll_read_buf` initialised the first `n` bytes of the
-        // spare capacity (`ReadBuf::filled`).
-        unsafe { self.buf.set_len(self.buf.len() + n) };
-        Poll::Ready(Ok(n))
+    /// Polls for the next chunk of the stream, in order; `None` is the FIN.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, quinn::ReadError>> {
+        poll_chunk(&mut self.recv, cx)
     }
+}
+
+/// Polls `recv` for its next chunk, in order, without copying; `None` is
+/// the FIN. quinn's `read_chunk` is cancel-safe, so a future made and
+/// dropped per poll loses nothing (its waker stays registered).
+pub fn poll_chunk(
+    recv: &mut quinn::RecvStream,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Bytes>, quinn::ReadError>> {
+    let fut = std::pin::pin!(recv.read_chunk(READ_CHUNK, true));
+    fut.poll(cx).map(|r| r.map(|c| c.map(|c| c.bytes)))
 }
 
 impl HttpBody for QuicBody {
@@ -99,24 +101,23 @@ impl HttpBody for QuicBody {
         if this.done {
             return Poll::Ready(None);
         }
-        let n = match ready!(this.poll_read(cx)) {
-            Ok(n) => n,
+        let data = match ready!(this.poll_chunk(cx)) {
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                this.done = true;
+                return Poll::Ready(None);
+            }
             Err(e) => {
                 this.done = true;
                 return Poll::Ready(Some(Err(e.into())));
             }
         };
-        if n == 0 {
-            this.done = true;
-            return Poll::Ready(None);
-        }
-        let data = this.buf.split().freeze();
         if let Some(rem) = &mut this.remaining {
-            *rem = rem.saturating_sub(n as u64);
+            *rem = rem.saturating_sub(data.len() as u64);
             if *rem == 0 {
                 // Read the FIN now if it is already here (it usually arrives
                 // with the last bytes), so the stream ends cleanly.
-                if let Poll::Ready(Ok(0)) = this.poll_read(cx) {
+                if let Poll::Ready(Ok(None)) = this.poll_chunk(cx) {
                     this.done = true;
                 }
             }

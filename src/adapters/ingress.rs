@@ -27,7 +27,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use super::admin;
 use super::app::{App, AppError, ServeCtx};
@@ -514,7 +514,11 @@ impl Ingress {
         };
         // The route parameter is peerlb's own mark: the app never sees it.
         let route_in_url = strip_route_param(req.uri_mut());
-        let span = info_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
+        // Per-request spans are debug level: at info, creating and closing
+        // one (fields formatted into the registry) costs several percent of
+        // a node's CPU per hop (docs/performance.md). Events that matter at
+        // info carry the request id themselves.
+        let span = debug_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
         let (mut resp, served_by) = self
             .serve_candidates(
                 req,
@@ -633,7 +637,7 @@ impl Ingress {
                 Err(e) => {
                     let retry = replayable
                         && (matches!(e, ExchangeError::Refused(_)) || is_idempotent(&parts.method));
-                    warn!(error = %e, retry, "forward failed after the request was sent");
+                    warn!(id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
                     if !retry {
                         return Err(RequestError::OwnerFailed(e.to_string()));
                     }

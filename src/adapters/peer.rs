@@ -21,7 +21,7 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use http_body::Body as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use super::body::{self, Body, QuicBody};
 use super::tls::{self, TlsMaterial};
@@ -361,6 +361,14 @@ pub async fn exchange(
     Ok((resp, QuicBody::new(recv, len)))
 }
 
+/// Polls `recv` once (never waits); true when nothing was there yet. The
+/// usual answer is the FIN; bytes or an error after a head that announced
+/// no body are dropped with the stream.
+async fn nothing_read_yet(recv: &mut quinn::RecvStream) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(body::poll_chunk(recv, cx).is_pending()))
+        .await
+}
+
 #[derive(Debug, thiserror::Error)]
 enum HeadError {
     #[error("reading head: {0}")]
@@ -487,24 +495,35 @@ async fn serve_stream<H: ProxiedHandler>(
         .method(head.method.as_str())
         .uri(head.uri.as_str());
     let mut len = None;
+    let mut chunked = false;
     for (k, v) in &head.headers {
         if k == "content-length" {
             len = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+        } else if k == "transfer-encoding" {
+            chunked = true;
         }
         builder = builder.header(k.as_str(), v.as_slice());
     }
-    let req = match builder.body(http_body_util::BodyExt::boxed_unsync(QuicBody::new(
-        recv, len,
-    ))) {
+    // A request with neither Content-Length nor Transfer-Encoding has no
+    // body (HTTP/1.1), and the entry sent the FIN with the head: take it
+    // now, so the app sees a known-empty body and the stream ends read to
+    // its end (no STOP_SENDING when it is dropped).
+    let body = if len.is_none() && !chunked && !nothing_read_yet(&mut recv).await {
+        body::empty()
+    } else {
+        http_body_util::BodyExt::boxed_unsync(QuicBody::new(recv, len))
+    };
+    let req = match builder.body(body) {
         Ok(r) => r,
         Err(e) => {
-            warn!(error = %e, "bad request head from peer: closing that stream");
+            warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "bad request head from peer: closing that stream");
             let _ = send.reset(wire::RESET_BAD_FRAME.into());
             return;
         }
     };
+    // Debug level, like the entry's `request` span (cost per request).
     let span =
-        info_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
+        debug_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     let resp = handler.serve(&head, req).instrument(span).await;
     let (mut parts, body) = resp.into_parts();
     if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
@@ -528,7 +547,7 @@ async fn serve_stream<H: ProxiedHandler>(
     let frame = match wire::encode(&rh) {
         Ok(f) => f,
         Err(e) => {
-            warn!(error = %e, "cannot encode response head");
+            warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "cannot encode response head");
             let _ = send.reset(wire::RESET_BAD_FRAME.into());
             return;
         }
