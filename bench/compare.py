@@ -408,18 +408,12 @@ def table(results, pt, contenders):
     return "\n".join(rows)
 
 
-def per_round_ratio(results, pt, a, b, key, added_over=None):
-    """Median over rounds of a/b (each round's pair measured seconds apart).
-    With added_over, the ratio of (a - added_over) / (b - added_over)."""
+def per_round_ratio(results, pt, a, b, key):
+    """Median over rounds of a/b (each round's pair measured seconds apart)."""
     ra, rb = results.get((pt, a), []), results.get((pt, b), [])
-    rd = results.get((pt, added_over), []) if added_over else None
     out = []
     for i in range(min(len(ra), len(rb))):
         x, y = ra[i][key], rb[i][key]
-        if rd is not None:
-            if i >= len(rd):
-                break
-            x, y = x - rd[i][key], y - rd[i][key]
         if y > 0:
             out.append(x / y)
     return med(out)
@@ -525,10 +519,13 @@ def run(args, contenders, tmp, procs):
         if "direct" in contenders:
             ratios.append(f"ratio {p}/direct req/s = {per_round_ratio(results, b, p, 'direct', 'rps'):.2f}  ({at_b})")
         if "haproxy" in contenders and "direct" in contenders and m in pts:
+            p99 = {c: med([r["p99"] for r in results.get((m, c), [])]) for c in (p, "haproxy", "direct")}
+            added_p, added_h = p99[p] - p99["direct"], p99["haproxy"] - p99["direct"]
+            ratio = added_p / added_h if added_h > 0 else float("nan")
             ratios.append(
-                f"ratio {p}/haproxy added p99 = "
-                f"{per_round_ratio(results, m, p, 'haproxy', 'p99', added_over='direct'):.2f}  "
-                f"(p99 minus direct's p99, lower is better; {at_m})"
+                f"ratio {p}/haproxy added p99 = {fmt(ratio, '.2f')}  "
+                f"({p} +{added_p:.2f} ms, haproxy +{added_h:.2f} ms over direct's median p99; "
+                f"lower is better; {at_m})"
             )
         if "haproxy" in contenders and m in pts:
             ratios.append(f"ratio {p}/haproxy CPU per request = {per_round_ratio(results, m, p, 'haproxy', 'cpu'):.2f}  "

@@ -310,6 +310,17 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+/// Removes the hop-by-hop headers. One pass over the (usually few)
+/// header names first, so the common case costs no lookups at all.
+fn remove_hop_by_hop(h: &mut http::HeaderMap) {
+    if !h.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+        return;
+    }
+    for name in HOP_BY_HOP {
+        h.remove(name);
+    }
+}
+
 async fn upstream(
     base: &http::Uri,
     client: &Client<HttpConnector, Body>,
@@ -320,15 +331,14 @@ async fn upstream(
     let pq = parts
         .uri
         .path_and_query()
-        .map_or("/", |pq| pq.as_str())
-        .to_owned();
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let mut uri = http::uri::Parts::from(base.clone());
-    uri.path_and_query = Some(pq.parse().expect("request-target was already parsed"));
+    uri.path_and_query = Some(pq);
     parts.uri = http::Uri::from_parts(uri).expect("base URI has scheme and authority");
-    for h in HOP_BY_HOP {
-        parts.headers.remove(h);
-    }
-    if let Ok(v) = HeaderValue::from_str(&ctx.client.ip().to_string()) {
+    remove_hop_by_hop(&mut parts.headers);
+    // An IP address is always a valid header value.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(ctx.client.ip().to_string())) {
         parts.headers.append("x-forwarded-for", v);
     }
     let resp = client
@@ -339,9 +349,7 @@ async fn upstream(
             source,
         })?;
     let (mut parts, body) = resp.into_parts();
-    for h in HOP_BY_HOP {
-        parts.headers.remove(h);
-    }
+    remove_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(
         parts,
         body.map_err(BodyError::Upstream).boxed_unsync(),

@@ -33,7 +33,7 @@ use super::admin;
 use super::app::{App, AppError, ServeCtx};
 use super::body::{self, Body};
 use super::peer::{self, ExchangeError, PeerLinks, ProxiedHandler};
-use super::wire::RequestHead;
+use super::wire::{self, RequestHead, RequestHeadRef};
 use crate::engine::membership::{MembershipView, NodeId};
 use crate::engine::route::Router;
 use crate::engine::rules::RequestView;
@@ -258,6 +258,9 @@ pub struct Ingress {
     inflight: AtomicU32,
     accepting: AtomicBool,
     epoch: tokio::time::Instant,
+    /// This node's id as a header value (`peerlb-entry`, `peerlb-served-by`),
+    /// made once.
+    id_header: Option<HeaderValue>,
     /// Request counters.
     pub counters: Counters,
 }
@@ -294,6 +297,15 @@ fn target_len(uri: &http::Uri) -> usize {
     match (uri.scheme(), uri.path_and_query()) {
         (None, Some(pq)) => pq.as_str().len(),
         _ => uri.to_string().len(),
+    }
+}
+
+/// The request-target as received: path and query in origin form (no
+/// copy), the whole URI in absolute form.
+fn request_target(uri: &http::Uri) -> std::borrow::Cow<'_, str> {
+    match (uri.scheme(), uri.path_and_query()) {
+        (None, Some(pq)) => std::borrow::Cow::Borrowed(pq.as_str()),
+        _ => std::borrow::Cow::Owned(uri.to_string()),
     }
 }
 
@@ -363,6 +375,7 @@ impl Ingress {
         seed: u64,
     ) -> Ingress {
         Ingress {
+            id_header: HeaderValue::from_str(&node_id).ok(),
             node_id,
             view,
             tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::default())),
@@ -466,8 +479,8 @@ impl Ingress {
             }
         };
         if self.settings.header_entry {
-            if let Ok(v) = HeaderValue::from_str(&self.node_id) {
-                resp.headers_mut().insert(ENTRY, v);
+            if let Some(v) = &self.id_header {
+                resp.headers_mut().insert(ENTRY, v.clone());
             }
         }
         resp
@@ -537,7 +550,12 @@ impl Ingress {
             }
         }
         if self.settings.header_served_by {
-            if let Ok(v) = HeaderValue::from_str(&served_by) {
+            let v = if served_by == self.node_id {
+                self.id_header.clone()
+            } else {
+                HeaderValue::from_str(&served_by).ok()
+            };
+            if let Some(v) = v {
                 resp.headers_mut().insert(SERVED_BY, v);
             }
         }
@@ -573,7 +591,7 @@ impl Ingress {
         };
         let replayable = empty_body || replay.is_some();
         let mut last_err: Option<RequestError> = None;
-        let mut head: Option<RequestHead> = None;
+        let mut head: Option<bytes::Bytes> = None;
         for cand in candidates {
             if *cand == self.node_id {
                 let b = match &replay {
@@ -600,21 +618,38 @@ impl Ingress {
                     continue;
                 }
             };
-            let h = head.get_or_insert_with(|| RequestHead {
-                request_id,
-                entry: self.node_id.to_string(),
-                hops: 1,
-                view_version,
-                method: parts.method.as_str().to_owned(),
-                uri: parts.uri.to_string(),
-                headers: parts
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
-                    .collect(),
-                client,
-                hash_key: key.map(str::to_owned),
-            });
+            // The head is encoded once, straight from the request parts,
+            // and shared by every attempt.
+            let h = match &head {
+                Some(h) => h.clone(),
+                None => {
+                    let uri = request_target(&parts.uri);
+                    let encoded = wire::encode(&RequestHeadRef {
+                        request_id,
+                        entry: &self.node_id,
+                        hops: 1,
+                        view_version,
+                        method: parts.method.as_str(),
+                        uri: &uri,
+                        headers: &parts.headers,
+                        client,
+                        hash_key: key,
+                    });
+                    match encoded {
+                        Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
+                        Err(e) => {
+                            // A head too large for the wire: no peer can
+                            // take it; the entry itself still may.
+                            let err = RequestError::OwnerFailed(format!("peer {cand}: {e}"));
+                            if !(replayable && is_idempotent(&parts.method)) {
+                                return Err(err);
+                            }
+                            last_err = Some(err);
+                            continue;
+                        }
+                    }
+                }
+            };
             let b = match (&replay, empty_body) {
                 (Some(bytes), _) => body::full(bytes.clone()),
                 (None, true) => body::empty(),

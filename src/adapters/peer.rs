@@ -308,6 +308,9 @@ impl PeerLinks {
 }
 
 /// Sends one request on an opened stream and waits for the response head.
+/// `head` is the encoded request head frame ([`wire::encode`] of a
+/// [`RequestHead`] or [`wire::RequestHeadRef`]), made once per request and
+/// shared by every attempt.
 ///
 /// The request body streams in a task of its own, so a large upload and
 /// the response flow at the same time.
@@ -318,7 +321,7 @@ impl PeerLinks {
 pub async fn exchange(
     peer: &NodeId,
     (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
-    head: &RequestHead,
+    head: Bytes,
     body: Body,
     timeout: Duration,
 ) -> Result<(ResponseHead, QuicBody), ExchangeError> {
@@ -326,8 +329,7 @@ pub async fn exchange(
         peer: peer.clone(),
         reason,
     };
-    let frame = wire::encode(head).map_err(|e| failed(e.to_string()))?;
-    send.write_chunk(Bytes::from(frame))
+    send.write_chunk(head)
         .await
         .map_err(|e| failed(e.to_string()))?;
     if body.is_end_stream() {
@@ -535,14 +537,10 @@ async fn serve_stream<H: ProxiedHandler>(
                 .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
         }
     }
-    let rh = ResponseHead {
+    let rh = wire::ResponseHeadRef {
         status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
-        served_by: handler.node_id().to_owned(),
+        headers: &parts.headers,
+        served_by: handler.node_id(),
     };
     let frame = match wire::encode(&rh) {
         Ok(f) => f,

@@ -45,6 +45,7 @@ pub struct RequestHead {
     /// Request-target (path and query, as received).
     pub uri: String,
     /// Header fields in order, names lowercase; values as raw bytes.
+    #[serde(with = "header_list")]
     pub headers: Vec<(String, Vec<u8>)>,
     /// The client's address as the entry saw it.
     pub client: SocketAddr,
@@ -58,9 +59,137 @@ pub struct ResponseHead {
     /// HTTP status code.
     pub status: u16,
     /// Header fields in order; values as raw bytes.
+    #[serde(with = "header_list")]
     pub headers: Vec<(String, Vec<u8>)>,
     /// Node id of the node that served the request.
     pub served_by: String,
+}
+
+/// A [`RequestHead`] encoded straight from borrowed parts: the same bytes,
+/// without copying the method, target, headers or key into owned fields
+/// first (the entry's forward path).
+#[derive(Debug, Serialize)]
+pub struct RequestHeadRef<'a> {
+    /// See [`RequestHead::request_id`].
+    pub request_id: u128,
+    /// See [`RequestHead::entry`].
+    pub entry: &'a str,
+    /// See [`RequestHead::hops`].
+    pub hops: u8,
+    /// See [`RequestHead::view_version`].
+    pub view_version: u64,
+    /// See [`RequestHead::method`].
+    pub method: &'a str,
+    /// See [`RequestHead::uri`].
+    pub uri: &'a str,
+    /// See [`RequestHead::headers`]: the header map itself, in its order.
+    #[serde(serialize_with = "header_list::serialize_map")]
+    pub headers: &'a http::HeaderMap,
+    /// See [`RequestHead::client`].
+    pub client: SocketAddr,
+    /// See [`RequestHead::hash_key`].
+    pub hash_key: Option<&'a str>,
+}
+
+/// A [`ResponseHead`] encoded straight from borrowed parts (the owner's
+/// answer path): the same bytes as the owned form.
+#[derive(Debug, Serialize)]
+pub struct ResponseHeadRef<'a> {
+    /// See [`ResponseHead::status`].
+    pub status: u16,
+    /// See [`ResponseHead::headers`].
+    #[serde(serialize_with = "header_list::serialize_map")]
+    pub headers: &'a http::HeaderMap,
+    /// See [`ResponseHead::served_by`].
+    pub served_by: &'a str,
+}
+
+/// Header lists on the wire: a sequence of `(name, value)` pairs, each
+/// value as length-prefixed raw bytes. The byte layout is bincode's for
+/// `Vec<(String, Vec<u8>)>`; values go through `serialize_bytes` /
+/// `deserialize_byte_buf` so they are copied whole, not byte by byte.
+mod header_list {
+    use serde::de::{SeqAccess, Visitor};
+    use serde::ser::SerializeSeq;
+    use serde::{Deserializer, Serialize, Serializer};
+
+    struct Raw<'a>(&'a [u8]);
+
+    impl Serialize for Raw<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(self.0)
+        }
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        list: &[(String, Vec<u8>)],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(list.len()))?;
+        for (k, v) in list {
+            seq.serialize_element(&(k.as_str(), Raw(v)))?;
+        }
+        seq.end()
+    }
+
+    pub(super) fn serialize_map<S: Serializer>(
+        map: &&http::HeaderMap,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(map.len()))?;
+        for (k, v) in map.iter() {
+            seq.serialize_element(&(k.as_str(), Raw(v.as_bytes())))?;
+        }
+        seq.end()
+    }
+
+    struct ByteBuf(Vec<u8>);
+
+    impl<'de> serde::Deserialize<'de> for ByteBuf {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = ByteBuf;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("header value bytes")
+                }
+                fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<ByteBuf, E> {
+                    Ok(ByteBuf(v.to_vec()))
+                }
+                fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<ByteBuf, E> {
+                    Ok(ByteBuf(v))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<ByteBuf, A::Error> {
+                    let mut v = Vec::with_capacity(a.size_hint().unwrap_or(0).min(4096));
+                    while let Some(b) = a.next_element::<u8>()? {
+                        v.push(b);
+                    }
+                    Ok(ByteBuf(v))
+                }
+            }
+            d.deserialize_byte_buf(V)
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<(String, Vec<u8>)>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<(String, Vec<u8>)>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a header list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(a.size_hint().unwrap_or(0).min(256));
+                while let Some((k, ByteBuf(v))) = a.next_element::<(String, ByteBuf)>()? {
+                    out.push((k, v));
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 /// A frame that could not be encoded or decoded.
@@ -159,6 +288,67 @@ mod tests {
         };
         let buf = encode(&h).unwrap();
         assert_eq!(decode::<ResponseHead>(&buf[4..]).unwrap(), h);
+    }
+
+    #[test]
+    fn borrowed_heads_encode_to_the_same_bytes_as_owned_ones() {
+        let mut map = http::HeaderMap::new();
+        map.append("x-user", http::HeaderValue::from_bytes(b"\xffbin").unwrap());
+        map.append("accept", http::HeaderValue::from_static("a"));
+        map.append("accept", http::HeaderValue::from_static("b"));
+        let owned = RequestHead {
+            headers: vec![
+                ("x-user".into(), b"\xffbin".to_vec()),
+                ("accept".into(), b"a".to_vec()),
+                ("accept".into(), b"b".to_vec()),
+            ],
+            ..head()
+        };
+        let h = head();
+        let borrowed = RequestHeadRef {
+            request_id: h.request_id,
+            entry: &h.entry,
+            hops: h.hops,
+            view_version: h.view_version,
+            method: &h.method,
+            uri: &h.uri,
+            headers: &map,
+            client: h.client,
+            hash_key: h.hash_key.as_deref(),
+        };
+        let frame = encode(&borrowed).unwrap();
+        assert_eq!(frame, encode(&owned).unwrap());
+        assert_eq!(decode::<RequestHead>(&frame[4..]).unwrap(), owned);
+
+        let rh = ResponseHeadRef {
+            status: 200,
+            headers: &map,
+            served_by: "n3",
+        };
+        let back: ResponseHead = decode(&encode(&rh).unwrap()[4..]).unwrap();
+        assert_eq!(back.headers, owned.headers);
+        assert_eq!(back.served_by, "n3");
+    }
+
+    #[test]
+    fn header_values_keep_the_layout_of_a_plain_byte_vector() {
+        // The wire layout of `Vec<(String, Vec<u8>)>` with plain serde
+        // derive: what nodes built before the custom (de)serializer send.
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Plain {
+            headers: Vec<(String, Vec<u8>)>,
+        }
+        let plain = Plain {
+            headers: vec![("a".into(), vec![0, 1, 255]), ("b".into(), vec![])],
+        };
+        let r = ResponseHead {
+            status: 1,
+            headers: plain.headers.clone(),
+            served_by: String::new(),
+        };
+        let ours = encode(&r).unwrap();
+        let theirs = encode(&(1u16, &plain, "")).unwrap();
+        assert_eq!(ours, theirs);
     }
 
     #[test]
