@@ -50,6 +50,8 @@ def points(which):
     """The base point, the moderate-load point, then the size and concurrency sweeps."""
     if which == "base":
         return [BASE, MODERATE]
+    if which == "sizes":
+        return [(s, BASE[1], 0) for s in SIZES]
     out = [BASE, MODERATE]
     for s in SIZES:
         if (s, BASE[1], 0) not in out:
@@ -425,7 +427,9 @@ def main():
                     help="2 s runs, base and moderate-load points only (about 1 minute)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5, help="seconds per measurement")
-    ap.add_argument("--points", choices=["all", "base"], default="all")
+    ap.add_argument("--points", choices=["all", "base", "sizes"], default="all",
+                    help="all: base, moderate load, size and concurrency sweeps; base: the first two; "
+                         "sizes: the size sweep only")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "peerlb"))
     ap.add_argument("--before", metavar="BIN",

@@ -46,8 +46,12 @@ pub fn from_incoming(b: hyper::body::Incoming) -> Body {
     b.map_err(BodyError::Client).boxed_unsync()
 }
 
-/// Largest chunk taken from a QUIC stream per read.
+/// Largest chunk taken from a QUIC stream per read, and largest frame a
+/// [`QuicBody`] gathers.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// A chunk at least this large is passed on as it is, never gathered.
+const COALESCE_BELOW: usize = 16 * 1024;
 
 /// A body read from a QUIC receive stream until its FIN.
 ///
@@ -60,6 +64,8 @@ pub struct QuicBody {
     recv: quinn::RecvStream,
     remaining: Option<u64>,
     done: bool,
+    /// An error met after data that was already returned: the next frame.
+    failed: Option<quinn::ReadError>,
 }
 
 impl QuicBody {
@@ -69,6 +75,48 @@ impl QuicBody {
             recv,
             remaining: length,
             done: false,
+            failed: None,
+        }
+    }
+
+    /// Appends the chunks that are already here to `first`, up to
+    /// [`READ_CHUNK`] bytes, so a bulk body becomes frames of tens of KiB
+    /// instead of one frame per packet (a write per frame downstream).
+    /// A small body is one chunk and is never copied.
+    fn gather(&mut self, cx: &mut Context<'_>, first: Bytes) -> Bytes {
+        if first.len() >= COALESCE_BELOW || self.remaining.is_some_and(|r| r <= first.len() as u64)
+        {
+            return first;
+        }
+        let mut buf: Option<bytes::BytesMut> = None;
+        loop {
+            let len = buf.as_ref().map_or(first.len(), |b| b.len());
+            if len >= READ_CHUNK || self.remaining.is_some_and(|r| r <= len as u64) {
+                break;
+            }
+            match self.poll_chunk(cx) {
+                Poll::Ready(Ok(Some(c))) => {
+                    let b = buf.get_or_insert_with(|| {
+                        let mut b = bytes::BytesMut::with_capacity(READ_CHUNK);
+                        b.extend_from_slice(&first);
+                        b
+                    });
+                    b.extend_from_slice(&c);
+                }
+                Poll::Ready(Ok(None)) => {
+                    self.done = true;
+                    break;
+                }
+                Poll::Ready(Err(e)) => {
+                    self.failed = Some(e);
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        match buf {
+            Some(b) => b.freeze(),
+            None => first,
         }
     }
 
@@ -98,11 +146,15 @@ impl HttpBody for QuicBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
+        if let Some(e) = this.failed.take() {
+            this.done = true;
+            return Poll::Ready(Some(Err(e.into())));
+        }
         if this.done {
             return Poll::Ready(None);
         }
         let data = match ready!(this.poll_chunk(cx)) {
-            Ok(Some(d)) => d,
+            Ok(Some(d)) => this.gather(cx, d),
             Ok(None) => {
                 this.done = true;
                 return Poll::Ready(None);
@@ -114,7 +166,7 @@ impl HttpBody for QuicBody {
         };
         if let Some(rem) = &mut this.remaining {
             *rem = rem.saturating_sub(data.len() as u64);
-            if *rem == 0 {
+            if *rem == 0 && !this.done && this.failed.is_none() {
                 // Read the FIN now if it is already here (it usually arrives
                 // with the last bytes), so the stream ends cleanly.
                 if let Poll::Ready(Ok(None)) = this.poll_chunk(cx) {
@@ -126,7 +178,7 @@ impl HttpBody for QuicBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.failed.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
