@@ -1,6 +1,9 @@
 //! Balancing policies and data-centric rules as a running cluster applies
 //! them: real `peerlb` processes on loopback.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use support::*;
