@@ -213,12 +213,8 @@ async fn shutdown_signal() {
 }
 
 fn route(a: RouteArgs) -> anyhow::Result<u8> {
-    let (src, file) = match load(a.config.as_deref()) {
+    let (_, c) = match load_cluster(a.config.as_deref()) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let usage = |e: &dyn std::fmt::Display| {
@@ -303,13 +299,17 @@ fn first_node(src: &Source, file: &ClusterFile) -> Result<NodeConfig, u8> {
         .map_err(config_error)
 }
 
+/// Loads the file and validates it for its first node (the cluster-wide
+/// values); `Err` is the exit status, the error already printed.
+fn load_cluster(config: Option<&Path>) -> Result<(ClusterFile, NodeConfig), u8> {
+    let (src, file) = load(config)?;
+    let c = first_node(&src, &file)?;
+    Ok((file, c))
+}
+
 fn certs(config: Option<&Path>, dir: Option<PathBuf>, nodes: Vec<String>) -> anyhow::Result<u8> {
-    let (src, file) = match load(config) {
+    let (_, c) = match load_cluster(config) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let dir = dir.unwrap_or(c.tls.dir.clone());
@@ -330,12 +330,8 @@ fn certs(config: Option<&Path>, dir: Option<PathBuf>, nodes: Vec<String>) -> any
 }
 
 fn up(config: Option<&Path>) -> anyhow::Result<u8> {
-    let (src, file) = match load(config) {
+    let (file, c) = match load_cluster(config) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let ids: Vec<&str> = c.nodes.iter().map(|n| &*n.id).collect();
