@@ -252,9 +252,16 @@ fn route(a: RouteArgs) -> anyhow::Result<u8> {
         Ok(r) => r,
         Err(e) => return Ok(usage(&e)),
     };
-    let e = match explain::explain(
-        policy, c.rules, c.router, c.vnodes, members, &entry, &req, a.from, a.count, a.seed,
-    ) {
+    let setup = explain::Setup {
+        policy,
+        rules: c.rules,
+        options: c.router,
+        vnodes: c.vnodes,
+        members,
+        entry,
+        seed: a.seed,
+    };
+    let e = match explain::explain(setup, &req, a.from, a.count) {
         Ok(e) => e,
         Err(e) => return Ok(usage(&e)),
     };
