@@ -396,21 +396,35 @@ fn up(config: Option<&Path>) -> anyhow::Result<u8> {
         let front = sprayer.clone().unwrap_or_else(|| c.nodes[0].http_addr.to_string());
         let expected = children.len();
         let http_addrs: Vec<_> = children.iter().map(|(n, _, _)| n.http_addr).collect();
+        let pids: Vec<u32> = children.iter().map(|(_, pid, _)| *pid).collect();
         let ready = tokio::time::timeout(Duration::from_secs(20), async {
             loop {
+                for (n, _, child) in children.iter_mut() {
+                    if let Ok(Some(st)) = child.try_wait() {
+                        return Err(format!("node {} exited ({})", n.id, describe(Ok(st))));
+                    }
+                }
                 let mut all = true;
-                for a in &http_addrs {
-                    all &= serving_count(*a).await == Some(expected);
+                for (a, pid) in http_addrs.iter().zip(&pids) {
+                    // The answer must come from our own child: another
+                    // cluster already on these addresses does not count.
+                    all &= serving_count(*a).await == Some((*pid, expected));
                 }
                 if all {
-                    return;
+                    return Ok(());
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
         .await;
         match ready {
-            Ok(()) => println!("\ncluster ready: every node sees {expected} serving members"),
+            Ok(Ok(())) => println!("\ncluster ready: every node sees {expected} serving members"),
+            Ok(Err(why)) => {
+                // Let the log forwarders print the node's last words.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                println!("\n{why}: see its log above; stopping the others");
+                return anyhow::Ok(1);
+            }
             Err(_) => println!("\nwarning: the nodes do not all see each other yet (see the logs above)"),
         }
         println!("\ntry:");
@@ -418,12 +432,9 @@ fn up(config: Option<&Path>) -> anyhow::Result<u8> {
         println!("  curl -si 'http://{front}/hello?user=bob'");
         println!("  curl -si -H 'x-user: carol' http://{front}/hello");
         println!("  curl -s http://{}/_peerlb/status            # one node's membership view", http_addrs[0]);
-        if let Some((n, pid, _)) = children.get(1) {
-            println!("  kill -9 {pid}                                  # kill node {}: its keys fail over", n.id);
-        }
+        println!("  kill -9 <pid of the node named in alice's peerlb-served-by>   # her requests fail over");
         println!("press Ctrl-C to stop every node\n");
 
-        let pids: Vec<u32> = children.iter().map(|(_, pid, _)| *pid).collect();
         let mut waits = tokio::task::JoinSet::new();
         for (n, pid, mut child) in children {
             waits.spawn(async move {
@@ -479,8 +490,9 @@ fn describe(st: std::io::Result<std::process::ExitStatus>) -> String {
     }
 }
 
-/// The number of serving members in `addr`'s view, from its status endpoint.
-async fn serving_count(addr: std::net::SocketAddr) -> Option<usize> {
+/// The pid of the node answering on `addr` and the number of serving
+/// members in its view, from its status endpoint.
+async fn serving_count(addr: std::net::SocketAddr) -> Option<(u32, usize)> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: x\r\n\r\n")
         .await
@@ -490,5 +502,5 @@ async fn serving_count(addr: std::net::SocketAddr) -> Option<usize> {
     let text = String::from_utf8_lossy(&buf);
     let body = text.split("\r\n\r\n").nth(1)?;
     let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
-    Some(v["serving"].as_array()?.len())
+    Some((v["pid"].as_u64()? as u32, v["serving"].as_array()?.len()))
 }

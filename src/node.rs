@@ -15,7 +15,7 @@ use crate::adapters::gossip::{self, GossipSettings, Published};
 use crate::adapters::ingress::{self, Ingress, IngressSettings};
 use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, RulesSource};
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 use crate::engine::route::Router;
@@ -137,7 +137,11 @@ impl Node {
                 response_timeout: config.response_timeout,
                 header_served_by: config.header_served_by,
                 header_entry: config.header_entry,
-                rules_source: Some(config.rules_source.clone()),
+                rules_source: match &config.rules_source {
+                    RulesSource::Inline(_) => None,
+                    s => Some(s.clone()),
+                },
+                header_read_timeout: config.header_read_timeout,
             },
             env.seed,
         ));
@@ -164,7 +168,9 @@ impl Node {
         for l in env.http_listeners {
             let addr = l.local_addr().ok();
             let l = tokio::net::TcpListener::from_std(l).map_err(NodeError::Listener)?;
-            info!(addr = ?addr, "listening for clients");
+            if let Some(addr) = addr {
+                info!(%addr, "listening for clients");
+            }
             listeners.push(tokio::spawn(ingress::serve(
                 l,
                 ingress.clone(),
