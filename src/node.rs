@@ -38,7 +38,7 @@ pub enum NodeError {
     Router(crate::engine::route::OptionsError),
     /// The metric history is out of range (config validation prevents this).
     #[error("metric history: {0}")]
-    Metric(crate::engine::balance::metric::HistoryError),
+    Metric(String),
     /// A listener could not be registered with the runtime.
     #[error("listener: {0}")]
     Listener(std::io::Error),
@@ -187,7 +187,7 @@ impl Node {
         let load_task = tokio::spawn(publish_load(
             ingress.clone(),
             gossip.publisher(),
-            MetricSmoother::new(config.metric_history).map_err(NodeError::Metric)?,
+            MetricSmoother::new(config.metric_history).map_err(|e| NodeError::Metric(e.to_string()))?,
             config.metric_capacity,
             config.metric_latency_limit_ms,
             config.gossip_interval,
