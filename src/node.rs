@@ -50,8 +50,12 @@ impl Node {
     ///
     /// # Errors
     /// [`NodeError::Tls`] when the CA, certificate or key cannot be loaded.
-    pub fn build(config: NodeConfig, env: Env) -> Result<Node, NodeError> {
-        let tls = TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?;
+    pub fn build(config: NodeConfig, mut env: Env) -> Result<Node, NodeError> {
+        let tls = match env.tls.take() {
+            Some(m) => m,
+            None => TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?,
+        }
+        .with_time_provider(Arc::new(crate::env::ClockAdapter(env.clock.clone())));
         // A node handed another node's files must not start under a false name.
         tls::verify_peer_is(tls.cert_chain(), &config.node.id)?;
         Ok(Node { config, env, tls })
@@ -72,7 +76,14 @@ impl Node {
             idle_timeout: config.idle_timeout,
             connect_timeout: config.connect_timeout,
         };
-        let (endpoint, client) = peer::endpoint(env.peer_socket, &tls, &settings)?;
+        let (endpoint, client) = peer::endpoint(
+            env.peer_socket,
+            env.quic_runtime,
+            &tls,
+            &settings,
+            env.seed,
+            env.clock,
+        )?;
         let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
         let gossip = gossip::start(
             &GossipSettings {
@@ -154,7 +165,6 @@ impl Node {
         let mut listeners = Vec::new();
         for l in env.http_listeners {
             let addr = l.local_addr().ok();
-            let l = tokio::net::TcpListener::from_std(l).map_err(NodeError::Listener)?;
             info!(addr = ?addr, "listening for clients");
             listeners.push(tokio::spawn(ingress::serve(
                 l,
