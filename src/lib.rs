@@ -24,6 +24,8 @@
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`).
+//! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
+//!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -32,6 +34,8 @@ pub mod config;
 mod engine;
 pub mod env;
 pub mod node;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use adapters::tls;
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};

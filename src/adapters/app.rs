@@ -102,6 +102,9 @@ impl App {
         req: Request<Body>,
         ctx: ServeCtx<'_>,
     ) -> Result<Response<Body>, AppError> {
+        // One event per request the app serves: the simulation counts them
+        // to prove no request is served twice.
+        tracing::debug!(uri = %req.uri(), "app serving");
         match self {
             App::Builtin { sessions } => {
                 if let Some(ms) = req.uri().path().strip_prefix("/delay/") {

@@ -1331,6 +1331,7 @@ mod tests {
             roots: n2.roots.clone(),
             chain: read_certs(cert).unwrap(),
             key: read_key(key).unwrap(),
+            time: Arc::new(rustls::time_provider::DefaultTimeProvider),
         };
 
         let server = server(&n2);
