@@ -78,9 +78,13 @@ fn print_summary(o: &Outcome) {
     for (label, d) in &f.convergence {
         println!(
             "ring convergence after {label}: {}",
-            d.map_or_else(|| "not reached".to_owned(), ms)
+            d.map_or_else(|| "not reached (or partitioned)".to_owned(), ms)
         );
     }
+    println!(
+        "membership skew: {} proxied requests served by a node whose own view named another owner",
+        f.disagree
+    );
     for (label, frac) in &f.keys_moved {
         println!("keys moved by {label}: {:.1}%", frac * 100.0);
     }

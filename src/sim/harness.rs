@@ -105,6 +105,10 @@ pub struct Figures {
     pub convergence: Vec<(String, Option<Duration>)>,
     /// Per kill or join: fraction of the scenario's keys whose owner changed.
     pub keys_moved: Vec<(String, f64)>,
+    /// Proxied requests whose owner, in the owner's own view, was another
+    /// node (membership skew, served anyway: hop limit 1), summed over the
+    /// nodes' `proxied_disagree` counters at the end.
+    pub disagree: u64,
 }
 
 /// The result of one run.
@@ -216,6 +220,8 @@ struct Run<'s> {
     /// Killed or drained at: node -> times.
     downs: BTreeMap<String, Vec<Duration>>,
     partitions: Vec<(IpAddr, IpAddr, bool)>,
+    /// Intervals with a partition or loss in force (end `None`: still on).
+    net_faults: Vec<(Duration, Option<Duration>)>,
     converged: Vec<Option<Duration>>,
     ring_vnodes: u32,
     weights: BTreeMap<String, u32>,
@@ -290,6 +296,7 @@ impl<'s> Run<'s> {
             applied: Vec::new(),
             downs: BTreeMap::new(),
             partitions: Vec::new(),
+            net_faults: Vec::new(),
             converged,
             ring_vnodes,
             weights,
@@ -519,6 +526,7 @@ impl<'s> Run<'s> {
                 self.downs.entry(n).or_default().push(now);
             }
             Action::Partition | Action::PartitionOneway => {
+                self.net_faults.push((now, None));
                 let oneway = f.action == Action::PartitionOneway;
                 for a in self.ips(&f.a) {
                     for b in self.ips(&f.b) {
@@ -532,6 +540,9 @@ impl<'s> Run<'s> {
                 }
             }
             Action::Heal => {
+                for f in &mut self.net_faults {
+                    f.1.get_or_insert(now);
+                }
                 for (a, b, oneway) in std::mem::take(&mut self.partitions) {
                     if oneway {
                         sim.repair_oneway(a, b);
@@ -548,6 +559,7 @@ impl<'s> Run<'s> {
                 }
             }
             Action::Loss => {
+                self.net_faults.push((now, None));
                 for a in self.ips(&f.a) {
                     for b in self.ips(&f.b) {
                         sim.set_link_fail_rate(a, b, f.rate);
@@ -582,7 +594,7 @@ impl<'s> Run<'s> {
                     }
                 }
                 NodeEvent::AppServe { at, host, path } => {
-                    if let Some(tag) = path.split("r=").nth(1) {
+                    if let Some(tag) = path.split("&r=").nth(1) {
                         self.serves_by_tag
                             .entry(tag.to_owned())
                             .or_default()
@@ -614,7 +626,8 @@ impl<'s> Run<'s> {
 
     fn check_convergence(&mut self, faults_applied: usize) {
         let slot = faults_applied;
-        if self.converged[slot].is_some() {
+        // While a partition stands there is no one ring to agree on.
+        if self.converged[slot].is_some() || !self.partitions.is_empty() {
             return;
         }
         let expected = self.expected();
@@ -691,6 +704,12 @@ impl<'s> Run<'s> {
                 .get(node)
                 .is_some_and(|ts| ts.iter().any(|t| *t >= a && *t <= b))
         };
+        let net_faults = &self.net_faults;
+        let net_fault_at = |t: Duration| {
+            net_faults
+                .iter()
+                .any(|(a, b)| *a <= t && b.is_none_or(|b| t <= b))
+        };
         let mut latencies = Vec::new();
         let mut unanswered = 0;
         for r in &records {
@@ -749,9 +768,12 @@ impl<'s> Run<'s> {
                 continue;
             }
             let (first_at, first) = &serves[0];
+            // An idempotent request is replayed on the next candidate when
+            // its answer could not come back: the owner died, or the
+            // network between them failed. Never a POST; never a third time.
             let replay_ok = methods.get(tag.as_str()) == Some(&"GET")
                 && serves.len() == 2
-                && down_between(first, *first_at, serves[1].0);
+                && (down_between(first, *first_at, serves[1].0) || net_fault_at(*first_at));
             if replay_ok {
                 fig.replayed += 1;
             } else {
@@ -874,6 +896,7 @@ impl<'s> Run<'s> {
         }
         // No ghost: every probed node sees each member once, at its newest generation.
         for (node, status) in &probe {
+            fig.disagree += status["counters"]["proxied_disagree"].as_u64().unwrap_or(0);
             let mut seen: BTreeMap<String, u64> = BTreeMap::new();
             for m in status["members"].as_array().into_iter().flatten() {
                 let id = m["id"].as_str().unwrap_or_default().to_owned();
