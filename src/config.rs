@@ -15,8 +15,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::adapters::tls;
-use crate::engine::balance::PolicyKind;
+use crate::engine::balance::Policy;
 use crate::engine::membership::NodeId;
+use crate::engine::route::RouterOptions;
 use crate::engine::rules::{RuleSpec, Rules};
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1
@@ -65,9 +66,14 @@ pub struct ClusterFile {
     /// Cluster name: the chitchat cluster id; nodes of other clusters are ignored.
     #[serde(default = "default_name")]
     pub name: String,
-    /// Balancing policy (kebab-case name, e.g. `consistent-hash`).
+    /// Balancing policy: a kebab-case name, optionally with `:local`
+    /// affinity (e.g. `consistent-hash`, `least-load:local`).
     #[serde(default = "default_policy")]
     pub policy: String,
+    /// SailFin `data-centric-rules.xml` to take the rules from, relative to
+    /// this file; exclusive with `[[rules]]`. Reloaded when it changes.
+    #[serde(default)]
+    pub rules_file: Option<String>,
     /// The app: `"builtin"` or the `http://host:port` URL of an upstream app.
     #[serde(default = "default_app")]
     pub app: String,
@@ -81,6 +87,9 @@ pub struct ClusterFile {
     /// Ring parameters.
     #[serde(default)]
     pub ring: RingSection,
+    /// Policy parameters.
+    #[serde(default)]
+    pub balance: BalanceSection,
     /// TLS material for the peer links.
     #[serde(default)]
     pub tls: TlsSection,
@@ -130,6 +139,36 @@ impl Default for RingSection {
     }
 }
 
+/// `[balance]`: parameters of the balancing policies.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalanceSection {
+    /// Bounded-load factor `c` for consistent-hash (HAProxy
+    /// `hash-balance-factor` / 100): a node at or above `c` x the average
+    /// in-flight load is passed over for the next node on the ring. Unset:
+    /// no bound. Range 1.0..=1000.0.
+    pub hash_balance_factor: Option<f64>,
+    /// History proportion `h` of the published load metric (mod_oc4j):
+    /// `smoothed = (1 - h) * metric + h * previous`. Range 0.0..1.0 (default 0.3).
+    pub metric_history: f64,
+    /// In-flight requests at which a node's metric reaches 0 (fully busy), default 100.
+    pub metric_capacity: u32,
+    /// Mean serve time in ms at which a node's metric reaches 0, default
+    /// 1000; 0 leaves latency out of the metric.
+    pub metric_latency_limit_ms: u32,
+}
+
+impl Default for BalanceSection {
+    fn default() -> Self {
+        Self {
+            hash_balance_factor: None,
+            metric_history: 0.3,
+            metric_capacity: 100,
+            metric_latency_limit_ms: 1000,
+        }
+    }
+}
+
 /// `[tls]`. Paths are relative to the directory of the config file (the
 /// current directory for the embedded default).
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -175,6 +214,9 @@ pub struct LimitsSection {
     /// live peer before accepting clients, in ms (default 3000). Until then
     /// a new node would own every key alone.
     pub startup_wait_ms: u64,
+    /// Longest wait for a client's complete request head, idle keep-alive
+    /// time included, in ms (default 30000); the connection is closed after.
+    pub header_read_timeout_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -186,6 +228,7 @@ impl Default for LimitsSection {
             drain_grace_ms: 1_500,
             drain_timeout_ms: 30_000,
             startup_wait_ms: 3_000,
+            header_read_timeout_ms: 30_000,
         }
     }
 }
@@ -341,7 +384,17 @@ pub struct NodeConfig {
     /// Gossip seeds.
     pub seeds: Vec<String>,
     /// Balancing policy.
-    pub policy: PolicyKind,
+    pub policy: Policy,
+    /// Router options (bounded load).
+    pub router: RouterOptions,
+    /// Metric smoothing history `h`.
+    pub metric_history: f64,
+    /// In-flight requests at which the metric is 0.
+    pub metric_capacity: u32,
+    /// Serve time (ms) at which the metric is 0; 0 = ignore latency.
+    pub metric_latency_limit_ms: u32,
+    /// Where the rules come from, for reloads.
+    pub rules_source: RulesSource,
     /// Compiled data-centric rules.
     pub rules: Rules,
     /// The app.
@@ -362,6 +415,8 @@ pub struct NodeConfig {
     pub drain_timeout: Duration,
     /// Longest wait for peer connections before accepting clients.
     pub startup_wait: Duration,
+    /// Longest wait for a client's complete request head.
+    pub header_read_timeout: Duration,
     /// Add `peerlb-served-by`.
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
@@ -385,6 +440,8 @@ pub struct Source {
     pub origin: String,
     /// Directory relative paths are resolved against.
     pub base_dir: PathBuf,
+    /// The file, or `None` for the embedded default.
+    pub path: Option<PathBuf>,
     /// The file's text.
     pub text: String,
 }
@@ -399,6 +456,7 @@ impl Source {
             None => Ok(Source {
                 origin: "<embedded cluster.toml>".to_owned(),
                 base_dir: PathBuf::from("."),
+                path: None,
                 text: DEFAULT_CLUSTER_TOML.to_owned(),
             }),
             Some(p) => {
@@ -413,6 +471,7 @@ impl Source {
                 Ok(Source {
                     origin: p.display().to_string(),
                     base_dir,
+                    path: Some(p.to_path_buf()),
                     text,
                 })
             }
@@ -472,6 +531,7 @@ impl ClusterFile {
             ("limits.response_timeout_ms", l.response_timeout_ms),
             ("limits.connect_timeout_ms", l.connect_timeout_ms),
             ("limits.drain_timeout_ms", l.drain_timeout_ms),
+            ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -527,14 +587,49 @@ impl ClusterFile {
                     format!("{} is out of range 0..=10000", n.weight),
                 ));
             }
+            for (k, addr) in [
+                ("http_addr", a.http_addr),
+                ("peer_addr", a.peer_addr),
+                ("gossip_addr", a.gossip_addr),
+            ] {
+                if addr.port() == 0 {
+                    return Err(inv(
+                        &f(k),
+                        format!("{addr}: port 0 cannot be advertised to peers"),
+                    ));
+                }
+            }
+            for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
+                if addr.ip().is_unspecified() {
+                    return Err(inv(
+                        &f(k),
+                        format!(
+                            "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
+                        ),
+                    ));
+                }
+            }
+            if a.peer_addr == a.gossip_addr {
+                return Err(inv(
+                    &f("gossip_addr"),
+                    format!(
+                        "{} is also this node's peer_addr (both are UDP)",
+                        a.gossip_addr
+                    ),
+                ));
+            }
             for (j, prev) in out.iter().enumerate() {
                 if prev.id.eq_ignore_ascii_case(&a.id) {
                     return Err(inv(&f("id"), format!("{:?} is also nodes[{j}].id", n.id)));
                 }
+                // TCP addresses must differ from every TCP address, UDP ones
+                // (peer and gossip) from every UDP address.
                 for (k, mine, theirs) in [
                     ("http_addr", a.http_addr, prev.http_addr),
                     ("peer_addr", a.peer_addr, prev.peer_addr),
+                    ("peer_addr", a.peer_addr, prev.gossip_addr),
                     ("gossip_addr", a.gossip_addr, prev.gossip_addr),
+                    ("gossip_addr", a.gossip_addr, prev.peer_addr),
                 ] {
                     if mine == theirs {
                         return Err(inv(&f(k), format!("{mine} is also used by nodes[{j}]")));
@@ -543,7 +638,46 @@ impl ClusterFile {
             }
             out.push(a);
         }
-        Rules::compile(&self.rules).map_err(|e| rule_error(src, e))?;
+        if out.iter().all(|n| n.weight == 0) {
+            return Err(inv(
+                "nodes",
+                "every node has weight 0: no node would receive requests".into(),
+            ));
+        }
+        if let Some(s) = self
+            .sprayer_addr
+            .as_deref()
+            .and_then(|s| parse_addr(s).ok())
+        {
+            if let Some(i) = out.iter().position(|n| n.http_addr == s) {
+                return Err(inv(
+                    "sprayer_addr",
+                    format!("{s} is also nodes[{i}].http_addr; the shared address must be its own"),
+                ));
+            }
+        }
+        let b = &self.balance;
+        if let Some(c) = b.hash_balance_factor {
+            if !(1.0..=1000.0).contains(&c) {
+                return Err(inv(
+                    "balance.hash_balance_factor",
+                    format!("{c} is out of range 1.0..=1000.0"),
+                ));
+            }
+        }
+        if !(0.0..1.0).contains(&b.metric_history) {
+            return Err(inv(
+                "balance.metric_history",
+                format!("{} is out of range 0.0..1.0", b.metric_history),
+            ));
+        }
+        if b.metric_capacity == 0 {
+            return Err(inv(
+                "balance.metric_capacity",
+                "must be greater than 0".into(),
+            ));
+        }
+        self.rules_source(src)?.load()?;
         Ok(out)
     }
 
@@ -651,7 +785,14 @@ impl ClusterFile {
             shared_listen,
             seeds,
             policy: parse_policy(&self.policy).map_err(|m| inv("policy", m))?,
-            rules: Rules::compile(&self.rules).map_err(|e| rule_error(src, e))?,
+            rules: self.rules_source(src)?.load()?,
+            rules_source: self.rules_source(src)?,
+            router: RouterOptions {
+                hash_balance_factor: self.balance.hash_balance_factor,
+            },
+            metric_history: self.balance.metric_history,
+            metric_capacity: self.balance.metric_capacity,
+            metric_latency_limit_ms: self.balance.metric_latency_limit_ms,
             app,
             vnodes: self.ring.vnodes,
             tls,
@@ -661,6 +802,7 @@ impl ClusterFile {
             drain_grace: ms(self.limits.drain_grace_ms),
             drain_timeout: ms(self.limits.drain_timeout_ms),
             startup_wait: ms(self.limits.startup_wait_ms),
+            header_read_timeout: ms(self.limits.header_read_timeout_ms),
             header_served_by: self.headers.served_by,
             header_entry: self.headers.entry,
             gossip_interval: ms(self.gossip.interval_ms),
@@ -669,6 +811,70 @@ impl ClusterFile {
             keep_alive: ms(self.peer.keep_alive_ms),
             idle_timeout: ms(self.peer.idle_timeout_ms),
         })
+    }
+}
+
+/// Where a node's data-centric rules come from, so they can be reloaded.
+#[derive(Debug, Clone)]
+pub enum RulesSource {
+    /// `[[rules]]` of a config text that is not a file (the embedded
+    /// default): cannot change.
+    Inline(Box<Source>),
+    /// `[[rules]]` of this cluster file.
+    Toml(PathBuf),
+    /// A SailFin `data-centric-rules.xml` (`rules_file`).
+    Xml(PathBuf),
+}
+
+impl ClusterFile {
+    fn rules_source(&self, src: &Source) -> Result<RulesSource, ConfigError> {
+        match (&self.rules_file, src.path.as_ref()) {
+            (Some(_), _) if !self.rules.is_empty() => Err(ConfigError::Invalid {
+                origin: src.origin.clone(),
+                field: "rules_file".into(),
+                message: "give either rules_file or [[rules]], not both".into(),
+            }),
+            (Some(f), _) => Ok(RulesSource::Xml(src.base_dir.join(f))),
+            (None, Some(p)) => Ok(RulesSource::Toml(p.clone())),
+            (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
+        }
+    }
+}
+
+impl RulesSource {
+    /// Reads and compiles the rules (again).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file and the rule or element at fault.
+    pub fn load(&self) -> Result<Rules, ConfigError> {
+        match self {
+            RulesSource::Inline(s) => {
+                Rules::compile(&s.parse()?.rules).map_err(|e| rule_error(s, e))
+            }
+            RulesSource::Toml(p) => {
+                let s = Source::load(Some(p))?;
+                Rules::compile(&s.parse()?.rules).map_err(|e| rule_error(&s, e))
+            }
+            RulesSource::Xml(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                Rules::from_xml(&text).map_err(|e| ConfigError::Invalid {
+                    origin: p.display().to_string(),
+                    field: e.path.clone(),
+                    message: e.kind.to_string(),
+                })
+            }
+        }
+    }
+
+    /// The file to watch for changes, if any.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            RulesSource::Inline(_) => None,
+            RulesSource::Toml(p) | RulesSource::Xml(p) => Some(p),
+        }
     }
 }
 
@@ -688,8 +894,8 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not an ip:port socket address"))
 }
 
-fn parse_policy(s: &str) -> Result<PolicyKind, String> {
-    s.parse::<PolicyKind>().map_err(|e| format!("{s:?}: {e}"))
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    s.parse::<Policy>().map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn parse_app(s: &str) -> Result<AppKind, String> {
@@ -715,6 +921,7 @@ mod tests {
         Source {
             origin: "test.toml".into(),
             base_dir: PathBuf::from("/etc/peerlb"),
+            path: None,
             text: text.into(),
         }
     }
@@ -735,7 +942,10 @@ mod tests {
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(&*c.node.id, "n2");
         assert_eq!(c.node.http_addr, "127.0.0.1:8082".parse().unwrap());
-        assert_eq!(c.policy, PolicyKind::ConsistentHash);
+        assert_eq!(
+            c.policy,
+            Policy::from(crate::engine::balance::PolicyKind::ConsistentHash)
+        );
         assert_eq!(c.app, AppKind::Builtin);
         assert_eq!(c.max_request_target, 8192);
         assert_eq!(c.seeds, vec!["127.0.0.1:7181", "127.0.0.1:7183"]);
@@ -790,6 +1000,95 @@ mod tests {
                 "limits.response_timeout_ms",
             ),
             (String::new(), "nodes"),
+        ] {
+            let e = validate(&text, "n1").unwrap_err().to_string();
+            assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn policies_with_local_affinity_and_balance_ranges() {
+        let c = validate(&format!("policy = \"least-load:local\"\n{ONE}"), "n1").unwrap();
+        assert_eq!(c.policy.to_string(), "least-load:local");
+        for (text, field) in [
+            (
+                format!("policy = \"consistent-hash:local\"\n{ONE}"),
+                "policy",
+            ),
+            (
+                format!("[balance]\nhash_balance_factor = 0.5\n{ONE}"),
+                "balance.hash_balance_factor",
+            ),
+            (
+                format!("[balance]\nmetric_history = 1.0\n{ONE}"),
+                "balance.metric_history",
+            ),
+            (
+                format!("[balance]\nmetric_capacity = 0\n{ONE}"),
+                "balance.metric_capacity",
+            ),
+            (
+                format!(
+                    "rules_file = \"r.xml\"\n{ONE}[[rules]]\nextract = [{{ query = \"u\" }}]\n"
+                ),
+                "rules_file",
+            ),
+        ] {
+            let e = validate(&text, "n1").unwrap_err().to_string();
+            assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+        }
+        let c = validate(
+            &format!("[balance]\nhash_balance_factor = 1.25\n{ONE}"),
+            "n1",
+        )
+        .unwrap();
+        assert_eq!(c.router.hash_balance_factor, Some(1.25));
+    }
+
+    #[test]
+    fn a_missing_rules_file_names_the_file() {
+        let e = validate(&format!("rules_file = \"nope.xml\"\n{ONE}"), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/etc/peerlb/nope.xml"), "{e}");
+    }
+
+    #[test]
+    fn addresses_that_cannot_work_are_refused() {
+        let node = |i: u32, http: &str, peer: &str, gossip: &str| {
+            format!(
+                "[[nodes]]\nid = \"n{i}\"\nhttp_addr = \"{http}\"\npeer_addr = \"{peer}\"\ngossip_addr = \"{gossip}\"\n"
+            )
+        };
+        for (text, field) in [
+            (
+                node(1, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:2"),
+                "nodes[0].gossip_addr",
+            ),
+            (
+                node(1, "127.0.0.1:1", "127.0.0.1:0", "127.0.0.1:3"),
+                "nodes[0].peer_addr",
+            ),
+            (
+                node(1, "127.0.0.1:1", "0.0.0.0:2", "127.0.0.1:3"),
+                "nodes[0].peer_addr",
+            ),
+            (
+                node(1, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+                    + &node(2, "127.0.0.1:4", "127.0.0.1:3", "127.0.0.1:6"),
+                "nodes[1].peer_addr",
+            ),
+            (
+                format!("sprayer_addr = \"127.0.0.1:1\"\n{ONE}"),
+                "sprayer_addr",
+            ),
+            (
+                ONE.replace(
+                    "gossip_addr = \"127.0.0.1:3\"",
+                    "gossip_addr = \"127.0.0.1:3\"\nweight = 0",
+                ),
+                "nodes",
+            ),
         ] {
             let e = validate(&text, "n1").unwrap_err().to_string();
             assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");

@@ -117,7 +117,7 @@ pub struct Env {
 
 /// A socket could not be bound.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot bind {what} {addr}: {source}")]
+#[error("cannot bind {what} {addr}")]
 pub struct BindError {
     /// Which socket (`http_addr`, `peer_addr`, ...).
     pub what: &'static str,

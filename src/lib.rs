@@ -23,7 +23,8 @@
 //!   `tls` (cluster CA, node certificates, mutual TLS).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
-//! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`).
+//! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
+//! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`).
 //! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
 //!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
@@ -33,6 +34,7 @@ mod adapters;
 pub mod config;
 mod engine;
 pub mod env;
+pub mod explain;
 pub mod node;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use peerlb::config::{EXIT_CONFIG, NodeConfig};
-use peerlb::{ClusterFile, Env, Node, Overrides, Source, tls};
+use peerlb::{ClusterFile, Env, Node, Overrides, Source, explain, tls};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// peerlb: a self-balancing peer cluster node.
@@ -41,6 +41,8 @@ enum Cmd {
         #[arg(long = "node")]
         nodes: Vec<String>,
     },
+    /// Explain the owner the engine picks for one request (no network).
+    Route(RouteArgs),
     /// Validate cluster.toml and exit: 0 when valid, 64 when not.
     CheckConfig {
         /// cluster.toml to check (default: the embedded one).
@@ -50,6 +52,44 @@ enum Cmd {
         #[arg(long, env = "PEERLB_NODE")]
         node: Option<String>,
     },
+}
+
+#[derive(Args)]
+struct RouteArgs {
+    /// cluster.toml whose policy, rules and nodes to use (default: the embedded one).
+    #[arg(long, env = "PEERLB_CONFIG")]
+    config: Option<PathBuf>,
+    /// The request: "METHOD /target", e.g. "GET /cart?user=alice".
+    #[arg(long)]
+    request: String,
+    /// A request header "Name: value" (repeatable).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// A request cookie "name=value" (repeatable).
+    #[arg(long = "cookie")]
+    cookies: Vec<String>,
+    /// The client address the entry node sees.
+    #[arg(long, default_value = "127.0.0.1:40000")]
+    from: std::net::SocketAddr,
+    /// The members in view: "n1,n2=weight:200/load:40/inflight:3,n3=down"
+    /// (default: every node of the config, serving, with its weight).
+    #[arg(long)]
+    members: Option<String>,
+    /// The entry node (default: the first member).
+    #[arg(long)]
+    entry: Option<String>,
+    /// Override the config's policy, e.g. "weighted-round-robin".
+    #[arg(long)]
+    policy: Option<String>,
+    /// Also print the owners of N such requests in a row.
+    #[arg(long, default_value_t = 0)]
+    count: usize,
+    /// Seed for random policies.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -88,6 +128,7 @@ fn main() -> ExitCode {
         Cmd::Up { config } => up(config.as_deref()),
         Cmd::Certs { config, dir, nodes } => certs(config.as_deref(), dir, nodes),
         Cmd::CheckConfig { config, node } => check_config(config.as_deref(), node.as_deref()),
+        Cmd::Route(a) => route(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),
@@ -171,6 +212,67 @@ async fn shutdown_signal() {
     }
 }
 
+fn route(a: RouteArgs) -> anyhow::Result<u8> {
+    let (_, c) = match load_cluster(a.config.as_deref()) {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let usage = |e: &dyn std::fmt::Display| {
+        eprintln!("peerlb route: {e}");
+        EXIT_CONFIG as u8
+    };
+    let policy = match &a.policy {
+        Some(p) => match p.parse() {
+            Ok(p) => p,
+            Err(e) => return Ok(usage(&format!("--policy: {p:?}: {e}"))),
+        },
+        None => c.policy,
+    };
+    let members = match &a.members {
+        Some(spec) => match explain::parse_members(spec) {
+            Ok(m) => m,
+            Err(e) => return Ok(usage(&e)),
+        },
+        None => c
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut m = explain::parse_members(&n.id).expect("validated node id");
+                m[0].weight = n.weight;
+                m.remove(0)
+            })
+            .collect(),
+    };
+    let entry = a
+        .entry
+        .clone()
+        .or_else(|| members.first().map(|m| m.id.to_string()))
+        .unwrap_or_default();
+    let req = match explain::parse_request(&a.request, &a.headers, &a.cookies) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(&e)),
+    };
+    let setup = explain::Setup {
+        policy,
+        rules: c.rules,
+        options: c.router,
+        vnodes: c.vnodes,
+        members,
+        entry,
+        seed: a.seed,
+    };
+    let e = match explain::explain(setup, &req, a.from, a.count) {
+        Ok(e) => e,
+        Err(e) => return Ok(usage(&e)),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&e)?);
+    } else {
+        print!("{e}");
+    }
+    Ok(0)
+}
+
 fn check_config(config: Option<&Path>, node: Option<&str>) -> anyhow::Result<u8> {
     let (src, file) = match load(config) {
         Ok(x) => x,
@@ -204,13 +306,17 @@ fn first_node(src: &Source, file: &ClusterFile) -> Result<NodeConfig, u8> {
         .map_err(config_error)
 }
 
+/// Loads the file and validates it for its first node (the cluster-wide
+/// values); `Err` is the exit status, the error already printed.
+fn load_cluster(config: Option<&Path>) -> Result<(ClusterFile, NodeConfig), u8> {
+    let (src, file) = load(config)?;
+    let c = first_node(&src, &file)?;
+    Ok((file, c))
+}
+
 fn certs(config: Option<&Path>, dir: Option<PathBuf>, nodes: Vec<String>) -> anyhow::Result<u8> {
-    let (src, file) = match load(config) {
+    let (_, c) = match load_cluster(config) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let dir = dir.unwrap_or(c.tls.dir.clone());
@@ -231,12 +337,8 @@ fn certs(config: Option<&Path>, dir: Option<PathBuf>, nodes: Vec<String>) -> any
 }
 
 fn up(config: Option<&Path>) -> anyhow::Result<u8> {
-    let (src, file) = match load(config) {
+    let (file, c) = match load_cluster(config) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let ids: Vec<&str> = c.nodes.iter().map(|n| &*n.id).collect();
@@ -294,21 +396,35 @@ fn up(config: Option<&Path>) -> anyhow::Result<u8> {
         let front = sprayer.clone().unwrap_or_else(|| c.nodes[0].http_addr.to_string());
         let expected = children.len();
         let http_addrs: Vec<_> = children.iter().map(|(n, _, _)| n.http_addr).collect();
+        let pids: Vec<u32> = children.iter().map(|(_, pid, _)| *pid).collect();
         let ready = tokio::time::timeout(Duration::from_secs(20), async {
             loop {
+                for (n, _, child) in children.iter_mut() {
+                    if let Ok(Some(st)) = child.try_wait() {
+                        return Err(format!("node {} exited ({})", n.id, describe(Ok(st))));
+                    }
+                }
                 let mut all = true;
-                for a in &http_addrs {
-                    all &= serving_count(*a).await == Some(expected);
+                for (a, pid) in http_addrs.iter().zip(&pids) {
+                    // The answer must come from our own child: another
+                    // cluster already on these addresses does not count.
+                    all &= serving_count(*a).await == Some((*pid, expected));
                 }
                 if all {
-                    return;
+                    return Ok(());
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
         .await;
         match ready {
-            Ok(()) => println!("\ncluster ready: every node sees {expected} serving members"),
+            Ok(Ok(())) => println!("\ncluster ready: every node sees {expected} serving members"),
+            Ok(Err(why)) => {
+                // Let the log forwarders print the node's last words.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                println!("\n{why}: see its log above; stopping the others");
+                return anyhow::Ok(1);
+            }
             Err(_) => println!("\nwarning: the nodes do not all see each other yet (see the logs above)"),
         }
         println!("\ntry:");
@@ -316,12 +432,9 @@ fn up(config: Option<&Path>) -> anyhow::Result<u8> {
         println!("  curl -si 'http://{front}/hello?user=bob'");
         println!("  curl -si -H 'x-user: carol' http://{front}/hello");
         println!("  curl -s http://{}/_peerlb/status            # one node's membership view", http_addrs[0]);
-        if let Some((n, pid, _)) = children.get(1) {
-            println!("  kill -9 {pid}                                  # kill node {}: its keys fail over", n.id);
-        }
+        println!("  kill -9 <pid of the node named in alice's peerlb-served-by>   # her requests fail over");
         println!("press Ctrl-C to stop every node\n");
 
-        let pids: Vec<u32> = children.iter().map(|(_, pid, _)| *pid).collect();
         let mut waits = tokio::task::JoinSet::new();
         for (n, pid, mut child) in children {
             waits.spawn(async move {
@@ -377,8 +490,9 @@ fn describe(st: std::io::Result<std::process::ExitStatus>) -> String {
     }
 }
 
-/// The number of serving members in `addr`'s view, from its status endpoint.
-async fn serving_count(addr: std::net::SocketAddr) -> Option<usize> {
+/// The pid of the node answering on `addr` and the number of serving
+/// members in its view, from its status endpoint.
+async fn serving_count(addr: std::net::SocketAddr) -> Option<(u32, usize)> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: x\r\n\r\n")
         .await
@@ -388,5 +502,5 @@ async fn serving_count(addr: std::net::SocketAddr) -> Option<usize> {
     let text = String::from_utf8_lossy(&buf);
     let body = text.split("\r\n\r\n").nth(1)?;
     let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
-    Some(v["serving"].as_array()?.len())
+    Some((v["pid"].as_u64()? as u32, v["serving"].as_array()?.len()))
 }

@@ -15,7 +15,8 @@ use crate::adapters::gossip::{self, GossipSettings, Published};
 use crate::adapters::ingress::{self, Ingress, IngressSettings};
 use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, RulesSource};
+use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 use crate::engine::route::Router;
 use crate::env::Env;
@@ -32,6 +33,12 @@ pub enum NodeError {
     /// Gossip could not start.
     #[error(transparent)]
     Gossip(#[from] gossip::GossipError),
+    /// The balancing options are invalid (config validation prevents this).
+    #[error("balancing options: {0}")]
+    Router(crate::engine::route::OptionsError),
+    /// The metric history is out of range (config validation prevents this).
+    #[error("metric history: {0}")]
+    Metric(crate::engine::balance::metric::HistoryError),
     /// A listener could not be registered with the runtime.
     #[error("listener: {0}")]
     Listener(std::io::Error),
@@ -132,7 +139,8 @@ impl Node {
         let ingress = Arc::new(Ingress::new(
             me.id.clone(),
             view_rx,
-            Router::new(config.policy, config.rules.clone()),
+            Router::with_options(config.policy, config.rules.clone(), config.router)
+                .map_err(NodeError::Router)?,
             links.clone(),
             App::new(&config.app),
             IngressSettings {
@@ -140,6 +148,11 @@ impl Node {
                 response_timeout: config.response_timeout,
                 header_served_by: config.header_served_by,
                 header_entry: config.header_entry,
+                rules_source: match &config.rules_source {
+                    RulesSource::Inline(_) => None,
+                    s => Some(s.clone()),
+                },
+                header_read_timeout: config.header_read_timeout,
             },
             env.seed,
         ));
@@ -165,7 +178,9 @@ impl Node {
         let mut listeners = Vec::new();
         for l in env.http_listeners {
             let addr = l.local_addr().ok();
-            info!(addr = ?addr, "listening for clients");
+            if let Some(addr) = addr {
+                info!(%addr, "listening for clients");
+            }
             listeners.push(tokio::spawn(ingress::serve(
                 l,
                 ingress.clone(),
@@ -175,23 +190,18 @@ impl Node {
         }
         info!(node = %me.id, generation = env.generation, peer = %me.peer_addr, gossip = %me.gossip_addr, "node running");
 
-        let load_task = {
-            let ingress = ingress.clone();
-            let publisher = gossip.publisher();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                let mut last = (100u8, 0u32);
-                loop {
-                    tick.tick().await;
-                    let inflight = ingress.inflight();
-                    let load = 100u32.saturating_sub(inflight.min(100)) as u8;
-                    if (load, inflight) != last {
-                        publisher.set_load(load, inflight).await;
-                        last = (load, inflight);
-                    }
-                }
-            })
-        };
+        let rules_task = config
+            .rules_source
+            .file()
+            .map(|f| tokio::spawn(watch_rules(ingress.clone(), f.to_path_buf())));
+        let load_task = tokio::spawn(publish_load(
+            ingress.clone(),
+            gossip.publisher(),
+            MetricSmoother::new(config.metric_history).map_err(NodeError::Metric)?,
+            config.metric_capacity,
+            config.metric_latency_limit_ms,
+            config.gossip_interval,
+        ));
 
         shutdown.await;
         info!(grace = ?config.drain_grace, "draining: published leaving, still serving");
@@ -217,12 +227,66 @@ impl Node {
             );
         }
         load_task.abort();
+        if let Some(t) = rules_task {
+            t.abort();
+        }
         view_task.abort();
         links.close().await;
         peer_task.abort();
         gossip.shutdown().await;
         info!("node stopped");
         Ok(())
+    }
+}
+
+/// Polls the rules file every 2 s and reloads the rules when its
+/// modification time or size changes; invalid new rules are logged and the
+/// old ones stay in force.
+async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
+    let stamp = |m: std::fs::Metadata| (m.modified().ok(), m.len());
+    let mut last = std::fs::metadata(&file).ok().map(stamp);
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let now = std::fs::metadata(&file).ok().map(stamp);
+        if now.is_none() || now == last {
+            continue;
+        }
+        last = now;
+        if let Err(e) = ingress.reload_rules() {
+            warn!(file = %file.display(), error = %e, "rules file changed but is invalid: the old rules stay in force");
+        }
+    }
+}
+
+/// Every `interval`, computes this node's load metric (0..=100, 100 idle)
+/// from its in-flight requests and its app's mean serve time, smooths it
+/// (mod_oc4j history) and publishes it with the in-flight count as gossip
+/// keys `load` and `inflight` when they change.
+async fn publish_load(
+    ingress: Arc<Ingress>,
+    publisher: gossip::Publisher,
+    mut smoother: MetricSmoother,
+    capacity: u32,
+    latency_limit_ms: u32,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    let mut last = None;
+    loop {
+        tick.tick().await;
+        let inflight = ingress.inflight();
+        let raw = raw_metric(
+            inflight,
+            capacity,
+            ingress.app_latency_ms(),
+            latency_limit_ms,
+        );
+        let load = smoother.observe(raw);
+        if last != Some((load, inflight)) {
+            publisher.set_load(load, inflight).await;
+            last = Some((load, inflight));
+        }
     }
 }
 

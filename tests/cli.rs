@@ -1,6 +1,9 @@
 //! The `peerlb` command line as a user runs it: `check-config`, `node` with
 //! a bad config, and `up` (the quick start) with the kernel as sprayer.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::io::{BufRead, BufReader};
@@ -201,4 +204,59 @@ async fn up_starts_every_node_behind_one_shared_address_and_survives_a_kill() {
         assert!(!alive, "{id} still runs after up stopped");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn route_explains_a_decision_and_reproduces_the_byrequests_example() {
+    let out = Command::new(bin())
+        .args(["route", "--request", "GET /cart?user=alice"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let owner = ring(&["n1", "n2", "n3"], 1024)
+        .owner("alice")
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("rules[0] (user)") && text.contains("hash key    alice"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("owner       {owner}")), "{text}");
+    let out = Command::new(bin())
+        .args([
+            "route",
+            "--request",
+            "GET /",
+            "--policy",
+            "weighted-round-robin",
+        ])
+        .args([
+            "--members",
+            "a=weight:70,b=weight:30",
+            "--count",
+            "10",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let picks: Vec<&str> = v["picks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(picks.join(" "), "a b a a a b a a b a");
+    let out = Command::new(bin())
+        .args(["route", "--request", "GET /", "--members", "a=speed:9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--members"));
 }

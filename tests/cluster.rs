@@ -1,6 +1,9 @@
 //! Black-box tests of a real 3-node cluster over loopback: real `peerlb`
 //! processes, real QUIC with mutual TLS, real gossip.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};

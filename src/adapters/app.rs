@@ -244,6 +244,25 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+/// Removes the hop-by-hop headers (RFC 9110 7.6.1): the fixed list and
+/// every header the `Connection` header names.
+fn strip_hop_by_hop(h: &mut http::HeaderMap) {
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for n in named {
+        h.remove(n.as_str());
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}
+
 async fn upstream(
     base: &http::Uri,
     client: &Client<HttpConnector, Body>,
@@ -259,9 +278,7 @@ async fn upstream(
     let mut uri = http::uri::Parts::from(base.clone());
     uri.path_and_query = Some(pq.parse().expect("request-target was already parsed"));
     parts.uri = http::Uri::from_parts(uri).expect("base URI has scheme and authority");
-    for h in HOP_BY_HOP {
-        parts.headers.remove(h);
-    }
+    strip_hop_by_hop(&mut parts.headers);
     if let Ok(v) = HeaderValue::from_str(&ctx.client.ip().to_string()) {
         parts.headers.append("x-forwarded-for", v);
     }
@@ -273,9 +290,7 @@ async fn upstream(
             source,
         })?;
     let (mut parts, body) = resp.into_parts();
-    for h in HOP_BY_HOP {
-        parts.headers.remove(h);
-    }
+    strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(
         parts,
         body.map_err(BodyError::Upstream).boxed_unsync(),
@@ -364,6 +379,20 @@ mod tests {
             &r.into_body().collect().await.unwrap().to_bytes()[..],
             b"hello"
         );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
     }
 
     #[tokio::test]

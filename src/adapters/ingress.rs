@@ -26,7 +26,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tokio::sync::watch;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::admin;
 use super::app::{App, AppError, ServeCtx};
@@ -59,6 +59,18 @@ pub enum RequestError {
         /// The limit.
         max: usize,
     },
+    /// The request head (target and headers) is larger than a peer frame
+    /// carries (431).
+    #[error("request head of {len} bytes exceeds the {max}-byte limit")]
+    HeadTooLarge {
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The request is malformed (400).
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
     /// No candidate could be reached before anything was sent (503).
     #[error("no node could take the request: {0}")]
     NoNode(String),
@@ -81,7 +93,8 @@ pub enum RequestError {
 pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     let status = match err {
         RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
-        RequestError::ClientBody(_) => StatusCode::BAD_REQUEST,
+        RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        RequestError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
         RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -107,6 +120,10 @@ pub struct IngressSettings {
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
     pub header_entry: bool,
+    /// Where the rules come from, for reloads.
+    pub rules_source: Option<crate::config::RulesSource>,
+    /// Longest wait for a complete request head, idle keep-alive included.
+    pub header_read_timeout: Duration,
 }
 
 /// Request counters (monotonic).
@@ -126,28 +143,162 @@ pub struct Counters {
     pub errors: AtomicU64,
 }
 
+/// Whether the router's policy reads load figures.
+fn router_tracks_load(r: &Router) -> bool {
+    use crate::engine::balance::PolicyKind;
+    matches!(r.policy(), PolicyKind::LeastLoad | PolicyKind::ByTraffic)
+        || r.options().hash_balance_factor.is_some()
+}
+
+/// Requests an entry node has outstanding, per node.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
+}
+
+/// Counts one outstanding request to `node` until dropped; then, under
+/// by-traffic, records the bytes it moved.
+struct Outstanding {
+    tracker: Arc<Tracker>,
+    router: Arc<Mutex<Router>>,
+    node: NodeId,
+    bytes: u64,
+}
+
+impl Outstanding {
+    fn new(
+        tracker: &Arc<Tracker>,
+        router: &Arc<Mutex<Router>>,
+        node: NodeId,
+        request_bytes: u64,
+    ) -> Outstanding {
+        *tracker
+            .counts
+            .lock()
+            .expect("tracker lock")
+            .entry(node.clone())
+            .or_insert(0) += 1;
+        Outstanding {
+            tracker: tracker.clone(),
+            router: router.clone(),
+            node,
+            bytes: request_bytes,
+        }
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        let mut counts = self.tracker.counts.lock().expect("tracker lock");
+        if let Some(n) = counts.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.node);
+            }
+        }
+        drop(counts);
+        self.router
+            .lock()
+            .expect("router lock")
+            .record_bytes(&self.node, self.bytes);
+    }
+}
+
+/// A response body that keeps its request counted (in flight on this node,
+/// and outstanding to its owner) until the body ends, and counts the bytes
+/// it carries.
+struct TrackedBody {
+    inner: Body,
+    guard: Option<Outstanding>,
+    inflight: Option<Inflight>,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = body::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, body::BodyError>>> {
+        let this = &mut *self;
+        let r = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            std::task::Poll::Ready(Some(Ok(f))) => {
+                if let (Some(g), Some(d)) = (this.guard.as_mut(), f.data_ref()) {
+                    g.bytes += d.len() as u64;
+                }
+            }
+            std::task::Poll::Ready(_) => {
+                this.guard = None;
+                this.inflight = None;
+            }
+            std::task::Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps `resp`'s body so the guards live until the body ends.
+fn track_body(
+    resp: Response<Body>,
+    guard: Option<Outstanding>,
+    inflight: Inflight,
+) -> Response<Body> {
+    if resp.body().is_end_stream() {
+        return resp;
+    }
+    resp.map(|inner| {
+        TrackedBody {
+            inner,
+            guard,
+            inflight: Some(inflight),
+        }
+        .boxed_unsync()
+    })
+}
+
 /// The request path of one node, shared by its client and peer servers.
 pub struct Ingress {
     node_id: NodeId,
     view: watch::Receiver<Arc<MembershipView>>,
-    router: Mutex<Router>,
+    router: Arc<Mutex<Router>>,
+    /// Requests this entry has outstanding per node, when the policy needs
+    /// load figures (least-load, by-traffic, bounded load).
+    tracker: Option<Arc<Tracker>>,
+    /// Mean time the local app takes to answer, in µs (EWMA, 1/8 weight).
+    latency_us: AtomicU64,
     rng: Mutex<SmallRng>,
     links: Arc<PeerLinks>,
     app: App,
     settings: IngressSettings,
-    inflight: AtomicU32,
+    inflight: Arc<AtomicU32>,
     accepting: AtomicBool,
     epoch: tokio::time::Instant,
     /// Request counters.
     pub counters: Counters,
 }
 
-struct Inflight<'a>(&'a AtomicU32);
-impl Drop for Inflight<'_> {
+/// Counts one request in flight on this node until dropped.
+struct Inflight(Arc<AtomicU32>);
+impl Drop for Inflight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+/// Largest request head accepted, in bytes (request-target plus header
+/// lines): it must fit a peer frame ([`super::wire::MAX_HEAD_LEN`]) with room
+/// for the rest of the head.
+pub const MAX_HEAD_BYTES: usize = super::wire::MAX_HEAD_LEN - 4096;
 
 /// Largest body kept for replay on the next candidate (64 KiB), like
 /// Envoy's per-request retry buffer.
@@ -245,12 +396,14 @@ impl Ingress {
         Ingress {
             node_id,
             view,
-            router: Mutex::new(router),
+            tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::default())),
+            router: Arc::new(Mutex::new(router)),
+            latency_us: AtomicU64::new(0),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             links,
             app,
             settings,
-            inflight: AtomicU32::new(0),
+            inflight: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
             epoch: tokio::time::Instant::now(),
             counters: Counters::default(),
@@ -260,6 +413,50 @@ impl Ingress {
     /// Requests in flight on this node (client and proxied).
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Reads and compiles the rules again and puts them in force for new
+    /// requests. On error the rules in force stay.
+    ///
+    /// # Errors
+    /// The config error naming the file and rule at fault, or a message when
+    /// the rules come from the embedded config (nothing to reload).
+    pub fn reload_rules(&self) -> Result<usize, String> {
+        let Some(src) = &self.settings.rules_source else {
+            return Err("the rules come from the embedded cluster.toml: nothing to reload".into());
+        };
+        let rules = src.load().map_err(|e| e.to_string())?;
+        let n = rules.len();
+        self.router.lock().expect("router lock").set_rules(rules);
+        info!(rules = n, "data-centric rules reloaded");
+        Ok(n)
+    }
+
+    /// Counts a request to `node` as outstanding, when the policy needs it.
+    fn track(&self, node: &NodeId, request_bytes: u64) -> Option<Outstanding> {
+        self.tracker
+            .as_ref()
+            .map(|t| Outstanding::new(t, &self.router, node.clone(), request_bytes))
+    }
+
+    /// Serves with the local app, keeping the mean serve time for the load metric.
+    async fn serve_app(
+        &self,
+        req: Request<Body>,
+        ctx: ServeCtx<'_>,
+    ) -> Result<Response<Body>, AppError> {
+        let start = tokio::time::Instant::now();
+        let r = self.app.serve(req, ctx).await;
+        let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u64;
+        let old = self.latency_us.load(Ordering::Relaxed);
+        let new = if old == 0 { us } else { (old * 7 + us) / 8 };
+        self.latency_us.store(new, Ordering::Relaxed);
+        r
+    }
+
+    /// Mean time the local app took to answer recently (EWMA), in ms.
+    pub fn app_latency_ms(&self) -> u32 {
+        (self.latency_us.load(Ordering::Relaxed) / 1000) as u32
     }
 
     /// Stops accepting proxied requests (they are refused, retryable):
@@ -278,26 +475,27 @@ impl Ingress {
         self.view.borrow().clone()
     }
 
-    fn enter(&self) -> Inflight<'_> {
+    fn enter(&self) -> Inflight {
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        Inflight(&self.inflight)
+        Inflight(self.inflight.clone())
     }
 
     /// Handles one client request end to end; never fails (errors become
     /// statuses).
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
-        if let Some(r) = admin::answer(self, req.uri().path()) {
-            return r;
-        }
-        let _inflight = self.enter();
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let mut resp = match self.route_and_serve(req, client).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                debug!(error = %e, "request failed");
-                error_response(&e, &self.node_id)
-            }
+        let mut resp = match self.check(&req) {
+            Err(e) => self.failed(e),
+            Ok(()) => match admin::answer(self, &req, client) {
+                Some(r) => r,
+                None => {
+                    let inflight = self.enter();
+                    self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                    match self.route_and_serve(req, client).await {
+                        Ok((resp, guard)) => track_body(resp, guard, inflight),
+                        Err(e) => self.failed(e),
+                    }
+                }
+            },
         };
         if self.settings.header_entry {
             if let Ok(v) = HeaderValue::from_str(&self.node_id) {
@@ -307,11 +505,15 @@ impl Ingress {
         resp
     }
 
-    async fn route_and_serve(
-        &self,
-        mut req: Request<Incoming>,
-        client: SocketAddr,
-    ) -> Result<Response<Body>, RequestError> {
+    fn failed(&self, e: RequestError) -> Response<Body> {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        debug!(error = %e, "request failed");
+        error_response(&e, &self.node_id)
+    }
+
+    /// The entry node's limits, before anything else looks at the request:
+    /// request-target length (414), head size (431), one Host (400).
+    fn check(&self, req: &Request<Incoming>) -> Result<(), RequestError> {
         let len = target_len(req.uri());
         if len > self.settings.max_request_target {
             return Err(RequestError::UriTooLong {
@@ -319,6 +521,32 @@ impl Ingress {
                 max: self.settings.max_request_target,
             });
         }
+        let head: usize = req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>()
+            + len;
+        if head > MAX_HEAD_BYTES {
+            return Err(RequestError::HeadTooLarge {
+                len: head,
+                max: MAX_HEAD_BYTES,
+            });
+        }
+        let hosts = req.headers().get_all(header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
+            return Err(RequestError::BadRequest(
+                "an HTTP/1.1 request needs exactly one Host header",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn route_and_serve(
+        &self,
+        mut req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Result<(Response<Body>, Option<Outstanding>), RequestError> {
         strip_peerlb_headers(req.headers_mut());
         let view = self.view.borrow().clone();
         let now = self.epoch.elapsed();
@@ -331,7 +559,14 @@ impl Ingress {
             };
             let mut rng = self.rng.lock().expect("rng lock");
             let mut router = self.router.lock().expect("router lock");
-            let d = router.decide(&rv, &view, now, &mut *rng);
+            let d = match &self.tracker {
+                Some(t) => {
+                    let counts = t.counts.lock().expect("tracker lock");
+                    let local = |id: &str| counts.get(id).copied().unwrap_or(0);
+                    router.decide_with_loads(&rv, &view, now, &mut *rng, &local)
+                }
+                None => router.decide(&rv, &view, now, &mut *rng),
+            };
             (d, router.is_sticky(), rng.random::<u128>())
         };
         let route = if sticky_on {
@@ -342,7 +577,7 @@ impl Ingress {
         // The route parameter is peerlb's own mark: the app never sees it.
         let route_in_url = strip_route_param(req.uri_mut());
         let span = info_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
-        let (mut resp, served_by) = self
+        let (mut resp, served_by, guard) = self
             .serve_candidates(
                 req,
                 client,
@@ -364,7 +599,7 @@ impl Ingress {
                 resp.headers_mut().insert(SERVED_BY, v);
             }
         }
-        Ok(resp)
+        Ok((resp, guard))
     }
 
     /// Tries each candidate in order; returns the response and who served it.
@@ -376,9 +611,10 @@ impl Ingress {
         key: Option<&str>,
         request_id: u128,
         view_version: u64,
-    ) -> Result<(Response<Body>, NodeId), RequestError> {
+    ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
         let (parts, incoming) = req.into_parts();
         let empty_body = incoming.is_end_stream();
+        let request_bytes = content_length(&parts.headers).unwrap_or(0);
         // A small body of an idempotent request is kept so the request can
         // be replayed on the next candidate; other bodies stream once.
         let (replay, mut body) = if !empty_body
@@ -409,8 +645,9 @@ impl Ingress {
                     client,
                 };
                 self.counters.served_local.fetch_add(1, Ordering::Relaxed);
-                let resp = self.app.serve(Request::from_parts(parts, b), ctx).await?;
-                return Ok((resp, self.node_id.clone()));
+                let guard = self.track(cand, request_bytes);
+                let resp = self.serve_app(Request::from_parts(parts, b), ctx).await?;
+                return Ok((resp, self.node_id.clone(), guard));
             }
             let pair = match self.links.open(cand).await {
                 Ok(p) => p,
@@ -445,10 +682,12 @@ impl Ingress {
                 },
             };
             self.counters.forwarded.fetch_add(1, Ordering::Relaxed);
+            let guard = self.track(cand, request_bytes);
             match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
                 Ok((rh, qb)) => {
                     let served = NodeId::from(rh.served_by.as_str());
-                    return Ok((peer::response_from_head(rh, qb.boxed_unsync()), served));
+                    let resp = peer::response_from_head(rh, qb.boxed_unsync());
+                    return Ok((resp, served, guard));
                 }
                 Err(ExchangeError::Timeout(p)) => {
                     return Err(RequestError::Timeout(p.to_string()));
@@ -479,7 +718,7 @@ impl ProxiedHandler for Ingress {
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
-        let _inflight = self.enter();
+        let inflight = self.enter();
         if let Some(k) = &head.hash_key {
             let view = self.view.borrow();
             if view.ring().owner(k).is_some_and(|o| *o != self.node_id) {
@@ -496,12 +735,9 @@ impl ProxiedHandler for Ingress {
             key: head.hash_key.as_deref(),
             client: head.client,
         };
-        match self.app.serve(req, ctx).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                error_response(&RequestError::App(e), &self.node_id)
-            }
+        match self.serve_app(req, ctx).await {
+            Ok(r) => track_body(r, None, inflight),
+            Err(e) => self.failed(RequestError::App(e)),
         }
     }
 }
@@ -515,13 +751,20 @@ pub async fn serve(
     graceful: Arc<GracefulShutdown>,
 ) {
     let local = listener.local_addr().ok();
+    let header_timeout = ingress.settings.header_read_timeout;
+    let mut last_warn: Option<tokio::time::Instant> = None;
     loop {
         let (stream, client) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of file descriptors, typically: say so once a
+                    // second, not once per try.
+                    if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        warn!(error = %e, "accept failed");
+                        last_warn = Some(tokio::time::Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
@@ -534,6 +777,12 @@ pub async fn serve(
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
+            // A forwarded answer still reaches a client that half-closed.
+            .half_close(true)
+            // Closes connections that send no complete head in time,
+            // idle keep-alive connections included (slowloris).
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_timeout)
             .serve_connection(TokioIo::new(stream), svc);
         let fut = graceful.watch(conn);
         tokio::spawn(
@@ -545,7 +794,9 @@ pub async fn serve(
             .instrument(info_span!("conn", %client)),
         );
     }
-    debug!(?local, "listener closed");
+    if let Some(local) = local {
+        debug!(%local, "listener closed");
+    }
 }
 
 #[cfg(test)]
@@ -590,6 +841,8 @@ mod tests {
             (RequestError::OwnerFailed("x".into()), 502),
             (RequestError::Timeout("x".into()), 504),
             (RequestError::ClientBody("x".into()), 400),
+            (RequestError::BadRequest("x"), 400),
+            (RequestError::HeadTooLarge { len: 9, max: 8 }, 431),
         ] {
             assert_eq!(error_response(&e, "n1").status().as_u16(), s);
         }

@@ -106,7 +106,9 @@ pub trait ProxiedHandler: Send + Sync + 'static {
 }
 
 struct Slot {
-    addr: SocketAddr,
+    /// The address gossip advertises now; the supervisor dials it on the
+    /// next (re)connect.
+    addr: watch::Sender<SocketAddr>,
     conn: Option<quinn::Connection>,
     task: JoinHandle<()>,
 }
@@ -196,12 +198,12 @@ impl PeerLinks {
             .filter(|(id, _)| *id != self.self_id)
             .map(|(id, a)| (id, *a))
             .collect();
-        let stale: Vec<NodeId> = slots
-            .iter()
-            .filter(|(id, s)| wanted.get(id) != Some(&s.addr))
-            .map(|(id, _)| id.clone())
+        let gone: Vec<NodeId> = slots
+            .keys()
+            .filter(|id| !wanted.contains_key(id))
+            .cloned()
             .collect();
-        for id in stale {
+        for id in gone {
             if let Some(s) = slots.remove(&id) {
                 s.task.abort();
                 if let Some(c) = s.conn {
@@ -212,19 +214,25 @@ impl PeerLinks {
             }
         }
         for (id, addr) in wanted {
-            if slots.contains_key(id) {
+            if let Some(slot) = slots.get(id) {
+                // A new address (a restart elsewhere, or a forged gossip
+                // claim) does not drop a working authenticated connection:
+                // it is dialled when the current connection ends.
+                slot.addr
+                    .send_if_modified(|a| std::mem::replace(a, addr) != addr);
                 continue;
             }
+            let (addr_tx, addr_rx) = watch::channel(addr);
             let me = Arc::clone(self);
             let peer = id.clone();
             let task = tokio::spawn(
-                async move { me.supervise(peer, addr).await }
-                    .instrument(info_span!("peer", peer = %id, %addr)),
+                async move { me.supervise(peer, addr_rx).await }
+                    .instrument(info_span!("peer", peer = %id)),
             );
             slots.insert(
                 id.clone(),
                 Slot {
-                    addr,
+                    addr: addr_tx,
                     conn: None,
                     task,
                 },
@@ -232,10 +240,12 @@ impl PeerLinks {
         }
     }
 
-    async fn supervise(self: Arc<Self>, id: NodeId, addr: SocketAddr) {
+    async fn supervise(self: Arc<Self>, id: NodeId, addr: watch::Receiver<SocketAddr>) {
         let server_name = tls::node_server_name(&id);
         let mut backoff = Duration::from_millis(50);
+        let mut failures = 0u32;
         loop {
+            let addr = *addr.borrow();
             let attempt = async {
                 let connecting = self
                     .endpoint
@@ -243,17 +253,41 @@ impl PeerLinks {
                     .map_err(|e| e.to_string())?;
                 connecting.await.map_err(|e| e.to_string())
             };
-            match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
+            let failed = match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
                 Ok(Ok(conn)) => {
                     backoff = Duration::from_millis(50);
-                    info!("peer connected");
+                    failures = 0;
+                    info!(%addr, "peer connected");
                     self.set_conn(&id, Some(conn.clone()));
                     let why = conn.closed().await;
                     self.set_conn(&id, None);
-                    warn!(reason = %why, "peer connection lost: ejected until it reconnects");
+                    match why {
+                        quinn::ConnectionError::ApplicationClosed(_)
+                        | quinn::ConnectionError::LocallyClosed => {
+                            info!(%addr, reason = %why, "peer closed the connection")
+                        }
+                        _ => {
+                            warn!(%addr, reason = %why, "peer connection lost: ejected until it reconnects")
+                        }
+                    }
+                    None
                 }
-                Ok(Err(e)) => debug!(error = %e, "peer connect failed"),
-                Err(_) => debug!("peer connect timed out"),
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("timed out".to_owned()),
+            };
+            if let Some(e) = failed {
+                failures += 1;
+                // A handshake refused for identity (wrong CA or name) is an
+                // alarm; a peer that is simply down is expected noise.
+                let identity =
+                    e.contains("certificate") || e.contains("UnknownIssuer") || e.contains("name");
+                if identity {
+                    warn!(%addr, error = %e, "peer handshake refused: not routing to it");
+                } else if failures == 3 {
+                    warn!(%addr, error = %e, "peer unreachable: retrying");
+                } else {
+                    debug!(%addr, error = %e, "peer connect failed");
+                }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -189,6 +189,8 @@ struct NodeSlot {
     config: NodeConfig,
     pem: NodePem,
     drain: RefCell<Option<watch::Sender<bool>>>,
+    /// Asks the node's sidecar for `/_peerlb/status` (admin is loopback only).
+    probe: RefCell<Option<watch::Sender<bool>>>,
     registered: std::cell::Cell<bool>,
 }
 
@@ -223,6 +225,7 @@ struct Run<'s> {
     /// Intervals with a partition or loss in force (end `None`: still on).
     net_faults: Vec<(Duration, Option<Duration>)>,
     converged: Vec<Option<Duration>>,
+    probed: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
     ring_vnodes: u32,
     weights: BTreeMap<String, u32>,
 }
@@ -259,6 +262,7 @@ impl<'s> Run<'s> {
         let src = Source {
             origin: format!("scenario {} cluster", scenario.name),
             base_dir: ".".into(),
+            path: None,
             text,
         };
         let file: ClusterFile = src.parse()?;
@@ -276,6 +280,7 @@ impl<'s> Run<'s> {
                 config,
                 pem,
                 drain: RefCell::new(None),
+                probe: RefCell::new(None),
                 registered: std::cell::Cell::new(false),
             }));
         }
@@ -298,6 +303,7 @@ impl<'s> Run<'s> {
             partitions: Vec::new(),
             net_faults: Vec::new(),
             converged,
+            probed: Rc::default(),
             ring_vnodes,
             weights,
         })
@@ -316,9 +322,13 @@ impl<'s> Run<'s> {
         let seed = self.seed;
         let gossip = gossip.clone();
         let s = slot.clone();
+        let probed = self.probed.clone();
         sim.host(slot.ip, move || {
             let (tx, mut rx) = watch::channel(false);
             *s.drain.borrow_mut() = Some(tx);
+            let (probe_tx, probe_rx) = watch::channel(false);
+            *s.probe.borrow_mut() = Some(probe_tx);
+            let probed = probed.clone();
             let config = s.config.clone();
             let pem = s.pem.clone();
             let gossip = gossip.clone();
@@ -331,9 +341,8 @@ impl<'s> Run<'s> {
                     .now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(1, |d| d.as_millis() as u64);
-                let listener =
-                    turmoil::net::TcpListener::bind(("0.0.0.0", config.node.http_addr.port()))
-                        .await?;
+                let config_port = config.node.http_addr.port();
+                let listener = turmoil::net::TcpListener::bind(("0.0.0.0", config_port)).await?;
                 let udp = SimUdp::bind(config.node.peer_addr).await?;
                 let node_seed = seed
                     ^ generation.rotate_left(17)
@@ -349,10 +358,15 @@ impl<'s> Run<'s> {
                     tls: Some(pem.material(clock)?),
                 };
                 let node = Node::build(config, env)?;
-                node.run(async move {
-                    let _ = rx.wait_for(|d| *d).await;
-                })
-                .await?;
+                let port = config_port;
+                let sidecar = tokio::task::spawn_local(sidecar(id, port, probe_rx, probed));
+                let r = node
+                    .run(async move {
+                        let _ = rx.wait_for(|d| *d).await;
+                    })
+                    .await;
+                sidecar.abort();
+                r?;
                 Ok(())
             }
         });
@@ -655,41 +669,35 @@ impl<'s> Run<'s> {
         }
     }
 
-    /// Fetches `/_peerlb/status` from every running node from a probe host.
+    /// Reads `/_peerlb/status` of every running node, through each node's
+    /// sidecar on its own host (the admin API answers loopback clients only).
     fn probe(
         &mut self,
         sim: &mut turmoil::Sim<'_>,
     ) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
-        let out: Rc<RefCell<BTreeMap<String, serde_json::Value>>> = Rc::default();
-        let targets: Vec<(String, IpAddr)> = self
+        let targets: Vec<String> = self
             .running
-            .iter()
-            .map(|n| (n.clone(), self.slot(n).ip))
+            .difference(&self.draining)
+            .cloned()
             .collect();
-        let o = out.clone();
-        sim.client("probe", async move {
-            for (id, ip) in targets {
-                let r = http_get(SocketAddr::new(ip, HTTP_PORT), "/_peerlb/status").await;
-                if let Ok((200, body)) = r {
-                    if let Ok(v) = serde_json::from_slice(&body) {
-                        o.borrow_mut().insert(id, v);
-                    }
-                }
-            }
-            Ok(())
-        });
-        for _ in 0..5000 {
-            trace::set_now(sim.elapsed());
-            if sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))? {
-                break;
+        for n in &targets {
+            if let Some(tx) = self.slot(n).probe.borrow().as_ref() {
+                let _ = tx.send(true);
             }
         }
-        let out = out.borrow().clone();
+        for _ in 0..5000 {
+            if self.probed.borrow().len() >= targets.len() {
+                break;
+            }
+            trace::set_now(sim.elapsed());
+            sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
+        }
+        let out = self.probed.borrow().clone();
         Ok(out)
     }
 
     fn finish(
-        mut self,
+        self,
         simulated: Duration,
         wall: Duration,
         probe: BTreeMap<String, serde_json::Value>,
@@ -1120,6 +1128,25 @@ async fn send(
     match tokio::time::timeout(Duration::from_secs(35), exchange).await {
         Ok(r) => r,
         Err(_) => Err("client timeout".to_owned()),
+    }
+}
+
+/// Runs beside a node on its host: on request, reads the node's
+/// `/_peerlb/status` over loopback into `out`.
+async fn sidecar(
+    id: String,
+    port: u16,
+    mut probe: watch::Receiver<bool>,
+    out: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
+) {
+    if probe.wait_for(|p| *p).await.is_err() {
+        return;
+    }
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    if let Ok((200, body)) = http_get(addr, "/_peerlb/status").await {
+        if let Ok(v) = serde_json::from_slice(&body) {
+            out.borrow_mut().insert(id, v);
+        }
     }
 }
 

@@ -1,0 +1,341 @@
+//! `peerlb route`: explains the decision the engine makes for one request
+//! against a stated membership, without any network: the rule that matched,
+//! the hash key, the owner, the failover order, and the sequence of picks
+//! the policy would make for N such requests.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use crate::engine::balance::Policy;
+use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
+use crate::engine::route::{Reason, Router, RouterOptions};
+use crate::engine::rules::{RequestView, Rules};
+
+/// An error in the `route` command's arguments (exit status 64).
+#[derive(Debug, thiserror::Error)]
+#[error("{arg}: {message}")]
+pub struct ArgError {
+    /// The flag at fault (`--request`, `--members`, ...).
+    pub arg: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn arg_err(arg: &'static str, message: impl Into<String>) -> ArgError {
+    ArgError {
+        arg,
+        message: message.into(),
+    }
+}
+
+/// Parses `--members`: comma-separated ids, each optionally followed by
+/// `=` and `/`-separated attributes: `weight:N`, `load:N` (0..=100, 100
+/// idle), `inflight:N`, `down` (left out), `draining`, `leaving`.
+/// Example: `n1,n2=weight:200/load:40,n3=down`.
+///
+/// # Errors
+/// [`ArgError`] naming the member and attribute.
+pub fn parse_members(spec: &str) -> Result<Vec<Member>, ArgError> {
+    let mut out: Vec<Member> = Vec::new();
+    for (i, item) in spec
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .enumerate()
+    {
+        let (id, attrs) = item.split_once('=').unwrap_or((item, ""));
+        if id.is_empty() {
+            return Err(arg_err("--members", format!("member {i} has no id")));
+        }
+        if out.iter().any(|m| &*m.id == id) {
+            return Err(arg_err("--members", format!("{id:?} is listed twice")));
+        }
+        let mut m = Member {
+            id: NodeId::from(id),
+            generation: 1,
+            peer_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            weight: 100,
+            status: NodeStatus::Serving,
+            load: 100,
+            inflight: 0,
+        };
+        let mut down = false;
+        for a in attrs.split('/').map(str::trim).filter(|s| !s.is_empty()) {
+            let bad = |what: &str| arg_err("--members", format!("{id}: {what} in {a:?}"));
+            match a.split_once(':') {
+                Some(("weight", v)) => {
+                    m.weight = v.parse().map_err(|_| bad("weight wants 0..=10000"))?
+                }
+                Some(("load", v)) => {
+                    m.load = v
+                        .parse()
+                        .ok()
+                        .filter(|l| *l <= 100)
+                        .ok_or_else(|| bad("load wants 0..=100"))?;
+                }
+                Some(("inflight", v)) => {
+                    m.inflight = v.parse().map_err(|_| bad("inflight wants a count"))?
+                }
+                None if a == "down" => down = true,
+                None if a == "draining" => m.status = NodeStatus::Draining,
+                None if a == "leaving" => m.status = NodeStatus::Leaving,
+                _ => {
+                    return Err(bad(
+                        "unknown attribute (weight:N, load:N, inflight:N, down, draining, leaving)",
+                    ));
+                }
+            }
+        }
+        if m.weight > 10_000 {
+            return Err(arg_err(
+                "--members",
+                format!("{id}: weight {} is out of range 0..=10000", m.weight),
+            ));
+        }
+        if !down {
+            out.push(m);
+        }
+    }
+    Ok(out)
+}
+
+/// A request as `route` takes it: `METHOD TARGET`, headers `Name: value`,
+/// cookies `name=value`.
+///
+/// # Errors
+/// [`ArgError`] for a malformed request line, header or cookie.
+pub fn parse_request(
+    line: &str,
+    headers: &[String],
+    cookies: &[String],
+) -> Result<http::Request<()>, ArgError> {
+    let (method, target) = line
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| arg_err("--request", format!("{line:?} is not \"METHOD /target\"")))?;
+    let mut b = http::Request::builder()
+        .method(method.trim())
+        .uri(target.trim());
+    for h in headers {
+        let (k, v) = h
+            .split_once(':')
+            .ok_or_else(|| arg_err("--header", format!("{h:?} is not \"Name: value\"")))?;
+        b = b.header(k.trim(), v.trim());
+    }
+    if !cookies.is_empty() {
+        for c in cookies {
+            if !c.contains('=') {
+                return Err(arg_err("--cookie", format!("{c:?} is not name=value")));
+            }
+        }
+        b = b.header(http::header::COOKIE, cookies.join("; "));
+    }
+    b.body(()).map_err(|e| arg_err("--request", e.to_string()))
+}
+
+/// What the engine decided, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Explanation {
+    /// The policy in force.
+    pub policy: String,
+    /// Index of the data-centric rule that gave the key.
+    pub rule: Option<usize>,
+    /// That rule's name.
+    pub rule_name: Option<String>,
+    /// The hash key.
+    pub key: Option<String>,
+    /// Why the owner was chosen (`rule[0]`, `default-key`, `round-robin`, ...).
+    pub reason: String,
+    /// The owner.
+    pub owner: String,
+    /// Owner first, then the failover order.
+    pub candidates: Vec<String>,
+    /// Owners of `count` identical requests in a row (empty unless asked).
+    pub picks: Vec<String>,
+}
+
+/// What `route` is asked: the engine's configuration and the membership
+/// to decide against.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The balancing policy.
+    pub policy: Policy,
+    /// The data-centric rules.
+    pub rules: Rules,
+    /// Router options (bounded load).
+    pub options: RouterOptions,
+    /// Vnodes per weight 100.
+    pub vnodes: u32,
+    /// The members in view.
+    pub members: Vec<Member>,
+    /// The entry node's id.
+    pub entry: String,
+    /// Randomness for random policies.
+    pub seed: u64,
+}
+
+/// Decides `req` from `client` under `setup`, then `count` more times for
+/// the sequence of picks.
+///
+/// # Errors
+/// [`ArgError`] for `--policy` when the router options are invalid.
+pub fn explain(
+    setup: Setup,
+    req: &http::Request<()>,
+    client: SocketAddr,
+    count: usize,
+) -> Result<Explanation, ArgError> {
+    let Setup {
+        policy,
+        rules,
+        options,
+        vnodes,
+        members,
+        entry,
+        seed,
+    } = setup;
+    let view = MembershipView::new(NodeId::from(entry.as_str()), members, vnodes);
+    let mut router = Router::with_options(policy, rules, options)
+        .map_err(|e| arg_err("--policy", e.to_string()))?;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let rv = RequestView {
+        method: req.method(),
+        uri: req.uri(),
+        headers: req.headers(),
+        client,
+    };
+    let d = router.decide(&rv, &view, Duration::ZERO, &mut rng);
+    let rule = match d.reason {
+        Reason::Rule(i) => Some(i),
+        Reason::BoundedLoad { rule } => rule,
+        _ => None,
+    };
+    let mut picks = Vec::with_capacity(count);
+    if count > 0 {
+        // A fresh router: the sequence starts where a new node's would.
+        let mut router = Router::with_options(policy, router.rules().clone(), options)
+            .map_err(|e| arg_err("--policy", e.to_string()))?;
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for i in 0..count {
+            let d = router.decide(&rv, &view, Duration::from_millis(i as u64), &mut rng);
+            picks.push(d.owner.to_string());
+        }
+    }
+    Ok(Explanation {
+        policy: policy.to_string(),
+        rule,
+        rule_name: rule.and_then(|i| router.rules().name(i).map(str::to_owned)),
+        key: d.key.clone(),
+        reason: d.reason.to_string(),
+        owner: d.owner.to_string(),
+        candidates: d.candidates.iter().map(|c| c.to_string()).collect(),
+        picks,
+    })
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "policy      {}", self.policy)?;
+        match (self.rule, &self.rule_name) {
+            (Some(i), Some(n)) => writeln!(f, "rule        rules[{i}] ({n})")?,
+            (Some(i), None) => writeln!(f, "rule        rules[{i}]")?,
+            (None, _) => writeln!(f, "rule        none matched")?,
+        }
+        writeln!(f, "hash key    {}", self.key.as_deref().unwrap_or("-"))?;
+        writeln!(f, "reason      {}", self.reason)?;
+        writeln!(f, "owner       {}", self.owner)?;
+        writeln!(f, "failover    {}", self.candidates.join(" -> "))?;
+        if !self.picks.is_empty() {
+            writeln!(f, "picks ({})  {}", self.picks.len(), self.picks.join(" "))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::balance::PolicyKind;
+
+    fn run(policy: &str, members: &str, request: &str, count: usize) -> Explanation {
+        let req = parse_request(request, &[], &[]).unwrap();
+        explain(
+            Setup {
+                policy: policy.parse().unwrap(),
+                rules: Rules::compile(&[]).unwrap(),
+                options: RouterOptions::default(),
+                vnodes: 1024,
+                members: parse_members(members).unwrap(),
+                entry: "a".into(),
+                seed: 1,
+            },
+            &req,
+            "10.1.2.3:5555".parse().unwrap(),
+            count,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a3_weighted_round_robin_70_30_from_the_command_line() {
+        let e = run(
+            "weighted-round-robin",
+            "a=weight:70,b=weight:30",
+            "GET /",
+            10,
+        );
+        assert_eq!(e.picks.join(" "), "a b a a a b a a b a");
+        assert_eq!(e.reason, "weighted-round-robin");
+    }
+
+    #[test]
+    fn a1_a_disabled_worker_is_skipped() {
+        let e = run(
+            "weighted-round-robin",
+            "a=weight:25,b=weight:25/down,c=weight:25,d=weight:25",
+            "GET /",
+            6,
+        );
+        assert_eq!(e.picks.join(" "), "a c d a c d");
+    }
+
+    #[test]
+    fn a6_metric_shares_20_40_90() {
+        let e = run("metric", "a=load:20,b=load:40,c=load:90", "GET /", 150);
+        let count = |n: &str| e.picks.iter().filter(|p| *p == n).count();
+        assert_eq!((count("a"), count("b"), count("c")), (20, 40, 90));
+    }
+
+    #[test]
+    fn consistent_hash_without_rules_is_sticky_round_robin() {
+        let e = run("consistent-hash", "a,b,c", "GET /x", 3);
+        assert_eq!(e.picks.join(" "), "a b c", "no rules: sticky round robin");
+        assert_eq!(
+            Policy::from(PolicyKind::ConsistentHash).to_string(),
+            e.policy
+        );
+    }
+
+    #[test]
+    fn bad_members_and_requests_name_the_flag() {
+        assert!(
+            parse_members("a=weight:x")
+                .unwrap_err()
+                .to_string()
+                .starts_with("--members: a: ")
+        );
+        assert!(parse_members("a,a").is_err());
+        assert!(parse_members("a=fast").is_err());
+        assert!(
+            parse_request("GET", &[], &[])
+                .unwrap_err()
+                .to_string()
+                .starts_with("--request")
+        );
+        assert!(parse_request("GET /", &["nocolon".into()], &[]).is_err());
+    }
+}
