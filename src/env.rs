@@ -113,6 +113,9 @@ pub struct Env {
     /// TLS material held in memory; `None` reads the files the config's
     /// `[tls]` section names when the node is built.
     pub tls: Option<TlsMaterial>,
+    /// The built-in app's `/delay/<ms>` work takes this many times `ms`:
+    /// 1 in production; a simulation's slow-node fault raises it.
+    pub app_slowdown: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// A socket could not be bound.
@@ -179,6 +182,7 @@ impl Env {
             generation,
             seed,
             tls: None,
+            app_slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
         })
     }
 }

@@ -142,7 +142,7 @@ impl Node {
             Router::with_options(config.policy, config.rules.clone(), config.router)
                 .map_err(NodeError::Router)?,
             links.clone(),
-            App::new(&config.app),
+            App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
             IngressSettings {
                 max_request_target: config.max_request_target,
                 response_timeout: config.response_timeout,

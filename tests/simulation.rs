@@ -255,3 +255,17 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn slow_node_does_not_convoy_the_others() {
+    for o in run_all("slow-node") {
+        let lat = &o.figures.latency_by_node;
+        // n2 is slow (100 ms of work after the fault)...
+        assert!(lat["n2"].1 >= Duration::from_millis(100), "{lat:?}");
+        // ...and nobody else waits behind it.
+        for n in ["n1", "n3", "n4"] {
+            assert!(lat[n].1 < Duration::from_millis(40), "{n}: {lat:?}");
+        }
+        assert_eq!(o.figures.failed, 0);
+    }
+}

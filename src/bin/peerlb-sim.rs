@@ -69,6 +69,12 @@ fn print_summary(o: &Outcome) {
     );
     let per: Vec<String> = f.served.iter().map(|(n, c)| format!("{n}={c}")).collect();
     println!("served per node: {}", per.join(" "));
+    let lat: Vec<String> = f
+        .latency_by_node
+        .iter()
+        .map(|(n, (a, b))| format!("{n}={}/{}", ms(*a), ms(*b)))
+        .collect();
+    println!("latency p50/p99 by serving node: {}", lat.join(" "));
     for (n, d) in &f.ejections {
         println!(
             "failover: {n} out of every ring {} after its kill",

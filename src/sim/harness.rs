@@ -98,6 +98,8 @@ pub struct Figures {
     pub p50: Duration,
     /// 99th percentile latency of answered requests.
     pub p99: Duration,
+    /// Per serving node: (p50, p99) latency of the requests it served.
+    pub latency_by_node: BTreeMap<String, (Duration, Duration)>,
     /// Per kill: node, time from the kill until no live node routed to it.
     pub ejections: Vec<(String, Option<Duration>)>,
     /// Per fault: time from the fault until every ready node's ring agreed
@@ -191,6 +193,8 @@ struct NodeSlot {
     drain: RefCell<Option<watch::Sender<bool>>>,
     /// Asks the node's sidecar for `/_peerlb/status` (admin is loopback only).
     probe: RefCell<Option<watch::Sender<bool>>>,
+    /// The app's slowdown factor, kept across restarts.
+    slowdown: Arc<std::sync::atomic::AtomicU32>,
     registered: std::cell::Cell<bool>,
 }
 
@@ -281,6 +285,7 @@ impl<'s> Run<'s> {
                 pem,
                 drain: RefCell::new(None),
                 probe: RefCell::new(None),
+                slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
                 registered: std::cell::Cell::new(false),
             }));
         }
@@ -333,6 +338,7 @@ impl<'s> Run<'s> {
             let pem = s.pem.clone();
             let gossip = gossip.clone();
             let id = s.id.clone();
+            let slowdown = s.slowdown.clone();
             async move {
                 let clock: Arc<dyn Clock> = Arc::new(SimClock {
                     epoch: sim_epoch(),
@@ -356,6 +362,7 @@ impl<'s> Run<'s> {
                     generation,
                     seed: node_seed,
                     tls: Some(pem.material(clock)?),
+                    app_slowdown: slowdown,
                 };
                 let node = Node::build(config, env)?;
                 let port = config_port;
@@ -498,6 +505,7 @@ impl<'s> Run<'s> {
         let now = sim.elapsed();
         let node = f.node.as_deref().map(|n| self.resolve(n));
         let label = match (&node, f.action) {
+            (Some(n), Action::Slow) => format!("slow {n} x{}", f.factor),
             (Some(n), a) => format!("{a:?} {n}").to_lowercase(),
             (None, Action::Heal) => "heal".to_owned(),
             (None, a) => format!("{a:?} {:?}|{:?}", f.a, f.b).to_lowercase(),
@@ -564,6 +572,12 @@ impl<'s> Run<'s> {
                         sim.repair(a, b);
                     }
                 }
+            }
+            Action::Slow => {
+                let n = node.clone().expect("checked");
+                self.slot(&n)
+                    .slowdown
+                    .store(f.factor.max(1), std::sync::atomic::Ordering::Relaxed);
             }
             Action::Latency => {
                 for a in self.ips(&f.a) {
@@ -719,6 +733,7 @@ impl<'s> Run<'s> {
                 .any(|(a, b)| *a <= t && b.is_none_or(|b| t <= b))
         };
         let mut latencies = Vec::new();
+        let mut by_node: BTreeMap<String, Vec<Duration>> = BTreeMap::new();
         let mut unanswered = 0;
         for r in &records {
             if r.entry.is_empty() {
@@ -735,6 +750,10 @@ impl<'s> Run<'s> {
                     } else {
                         fig.ok += 1;
                         latencies.push(end - r.start);
+                        by_node
+                            .entry(_served.clone())
+                            .or_default()
+                            .push(end - r.start);
                     }
                     if !entry_hdr.is_empty() && *entry_hdr != r.entry {
                         violations.push(format!(
@@ -764,6 +783,11 @@ impl<'s> Run<'s> {
         };
         fig.p50 = pct(0.5);
         fig.p99 = pct(0.99);
+        for (n, mut l) in by_node {
+            l.sort();
+            let at = |p: f64| l[((l.len() as f64 * p) as usize).min(l.len() - 1)];
+            fig.latency_by_node.insert(n, (at(0.5), at(0.99)));
+        }
         for (_, host) in &self.serves {
             *fig.served.entry(host.clone()).or_default() += 1;
         }

@@ -164,6 +164,13 @@ pub struct Fault {
     /// Loss rate for `loss`, 0..=1.
     #[serde(default)]
     pub rate: f64,
+    /// For `slow`: the node's app works this many times slower (1: normal).
+    #[serde(default = "twenty")]
+    pub factor: u32,
+}
+
+fn twenty() -> u32 {
+    20
 }
 
 /// Fault kinds.
@@ -188,6 +195,8 @@ pub enum Action {
     Latency,
     /// Message loss `rate` on links between `a` and `b`.
     Loss,
+    /// The node's app works `factor` times slower (`/delay` requests).
+    Slow,
 }
 
 /// `[expect]`: invariants and limits of a scenario.
@@ -274,7 +283,7 @@ impl Scenario {
             }
             let needs_node = matches!(
                 f.action,
-                Action::Kill | Action::Restart | Action::Drain | Action::Join
+                Action::Kill | Action::Restart | Action::Drain | Action::Join | Action::Slow
             );
             anyhow::ensure!(
                 !needs_node || f.node.is_some(),
