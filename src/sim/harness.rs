@@ -178,7 +178,7 @@ pub fn run_isolated(scenario: &Scenario, seed: u64, opts: &RunOptions) -> anyhow
 /// As [`run_isolated`].
 pub fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> anyhow::Result<Outcome> {
     let trace = Trace::new(opts.keep_trace);
-    let filter = tracing_subscriber::EnvFilter::new("warn,peerlb=debug,turmoil::sim=info");
+    let filter = tracing_subscriber::EnvFilter::new("warn,peerlb=debug");
     let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(TraceLayer(trace.clone()));
@@ -325,6 +325,7 @@ impl<'s> Run<'s> {
     fn register(&mut self, sim: &mut turmoil::Sim<'_>, id: &str, gossip: &SimGossip) {
         let slot = self.slot(id);
         let seed = self.seed;
+        let trace = self.trace.clone();
         let gossip = gossip.clone();
         let s = slot.clone();
         let probed = self.probed.clone();
@@ -339,7 +340,9 @@ impl<'s> Run<'s> {
             let gossip = gossip.clone();
             let id = s.id.clone();
             let slowdown = s.slowdown.clone();
+            let trace = trace.clone();
             async move {
+                trace.register_host(&id);
                 let clock: Arc<dyn Clock> = Arc::new(SimClock {
                     epoch: sim_epoch(),
                 });
@@ -1002,6 +1005,7 @@ async fn client(
     shared: Rc<RefCell<Shared>>,
     trace: Trace,
 ) -> turmoil::Result {
+    trace.register_host(&name);
     let mut rng = SmallRng::seed_from_u64(seed);
     let cdf = (t.keys == Keys::Zipf).then(|| zipf_cdf(t.key_count, t.zipf_s));
     let t0 = tokio::time::Instant::now();

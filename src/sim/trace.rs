@@ -3,7 +3,7 @@
 //! Every line is `<virtual ms>.<us> <host> <level> <target> <message>
 //! <fields>`: the nodes' own tracing events (targets `peerlb::*`, captured
 //! by [`TraceLayer`] on the simulation's thread, attributed to the turmoil
-//! host whose tick emitted them) and the harness's events (faults, client
+//! host whose tokio runtime emitted them) and the harness's events (faults, client
 //! requests and their outcomes). The hash is xxh3-64 over the lines in
 //! order, so two runs with the same seed must print the same hash.
 
@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::field::{Field, Visit};
-use tracing::span;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use xxhash_rust::xxh3::Xxh3;
@@ -67,6 +66,9 @@ pub enum NodeEvent {
 
 #[derive(Default)]
 struct Inner {
+    /// The turmoil host each tokio runtime belongs to (every host has its own).
+    #[cfg(tokio_unstable)]
+    hosts: std::collections::HashMap<tokio::runtime::Id, String>,
     hasher: Option<Xxh3>,
     count: u64,
     lines: Option<Vec<String>>,
@@ -110,6 +112,32 @@ impl Trace {
         }
     }
 
+    /// Names the host whose tokio runtime is the current one: call it first
+    /// thing in every host's software (again after each restart).
+    pub fn register_host(&self, name: &str) {
+        #[cfg(tokio_unstable)]
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            self.0
+                .lock()
+                .expect("trace lock")
+                .hosts
+                .insert(h.id(), name.to_owned());
+        }
+        #[cfg(not(tokio_unstable))]
+        let _ = name;
+    }
+
+    /// The host whose runtime is current, or `-`.
+    fn current_host(&self) -> String {
+        #[cfg(tokio_unstable)]
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            if let Some(n) = self.0.lock().expect("trace lock").hosts.get(&h.id()) {
+                return n.clone();
+            }
+        }
+        "-".to_owned()
+    }
+
     /// Node events seen since the last call.
     pub fn take_events(&self) -> Vec<NodeEvent> {
         std::mem::take(&mut self.0.lock().expect("trace lock").events)
@@ -139,9 +167,6 @@ impl Trace {
 
 /// The tracing layer that writes node events into a [`Trace`].
 pub struct TraceLayer(pub Trace);
-
-/// The turmoil host name stored on turmoil's `node` span.
-struct HostName(String);
 
 #[derive(Default)]
 struct Fields {
@@ -185,49 +210,16 @@ impl Visit for Fields {
     }
 }
 
-struct NameVisitor(Option<String>);
-
-impl Visit for NameVisitor {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "name" {
-            self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
-        }
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "name" {
-            self.0 = Some(value.to_owned());
-        }
-    }
-}
-
 impl<S> tracing_subscriber::Layer<S> for TraceLayer
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
-    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
-        let meta = attrs.metadata();
-        if meta.name() == "node" && meta.target().starts_with("turmoil") {
-            let mut v = NameVisitor(None);
-            attrs.record(&mut v);
-            if let (Some(name), Some(span)) = (v.0, ctx.span(id)) {
-                span.extensions_mut().insert(HostName(name));
-            }
-        }
-    }
-
-    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let meta = event.metadata();
         if !meta.target().starts_with("peerlb") {
             return;
         }
-        let host = ctx
-            .event_scope(event)
-            .and_then(|scope| {
-                scope
-                    .from_root()
-                    .find_map(|s| s.extensions().get::<HostName>().map(|h| h.0.clone()))
-            })
-            .unwrap_or_else(|| "-".to_owned());
+        let host = self.0.current_host();
         let mut f = Fields::default();
         event.record(&mut f);
         let at = now();
