@@ -127,7 +127,9 @@ fn default_app() -> String {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RingSection {
-    /// Virtual nodes per node of weight 100 (1..=4096).
+    /// Ring resolution (1..=4096): the ring is a slot table of `256 x vnodes`
+    /// slots (rounded up to a power of two) filled by weighted rendezvous
+    /// hashing; more slots, finer balance.
     pub vnodes: u32,
 }
 
@@ -399,7 +401,7 @@ pub struct NodeConfig {
     pub rules: Rules,
     /// The app.
     pub app: AppKind,
-    /// Vnodes per weight 100.
+    /// Ring resolution (`[ring] vnodes`).
     pub vnodes: u32,
     /// TLS paths.
     pub tls: TlsPaths,

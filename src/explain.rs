@@ -168,7 +168,7 @@ pub struct Setup {
     pub rules: Rules,
     /// Router options (bounded load).
     pub options: RouterOptions,
-    /// Vnodes per weight 100.
+    /// Ring resolution (`[ring] vnodes`).
     pub vnodes: u32,
     /// The members in view.
     pub members: Vec<Member>,

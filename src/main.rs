@@ -122,6 +122,13 @@ struct NodeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Route(_) | Cmd::CheckConfig { .. }) {
+        // Printing commands end quietly when their reader goes away
+        // (`peerlb route ... | head`), like other Unix tools.
+        // SAFETY: restoring the default disposition of one signal before
+        // any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     init_tracing();
     let code = match cli.cmd {
         Cmd::Node(a) => run_node(a),
@@ -287,13 +294,16 @@ fn check_config(config: Option<&Path>, node: Option<&str>) -> anyhow::Result<u8>
             return Ok(config_error(e));
         }
     }
+    let rules = match &file.rules_file {
+        Some(f) => format!("rules from {f}"),
+        None => format!("{} rules", file.rules.len()),
+    };
     println!(
-        "{}: valid: cluster {:?}, {} nodes, policy {}, {} rules",
+        "{}: valid: cluster {:?}, {} nodes, policy {}, {rules}",
         src.origin,
         file.name,
         nodes.len(),
         file.policy,
-        file.rules.len()
     );
     Ok(0)
 }

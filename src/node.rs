@@ -273,8 +273,17 @@ async fn publish_load(
 ) {
     let mut tick = tokio::time::interval(interval);
     let mut last = None;
+    let mut last_served = 0;
     loop {
         tick.tick().await;
+        let served = ingress
+            .counters
+            .served_local
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if served == last_served {
+            ingress.decay_latency();
+        }
+        last_served = served;
         let inflight = ingress.inflight();
         let raw = raw_metric(
             inflight,

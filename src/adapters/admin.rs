@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use http::{HeaderValue, Response, header};
 
 use super::body::{self, Body};
-use super::ingress::Ingress;
+use super::ingress::{Ingress, ReloadError};
 
 /// Path prefix reserved for the admin API.
 pub const PREFIX: &str = "/_peerlb/";
@@ -47,13 +47,13 @@ pub fn answer<B>(
                 StatusCode::OK,
                 serde_json::json!({ "rules": n }).to_string(),
             ),
-            Err(e) if e.contains("embedded") => (
+            Err(e @ ReloadError::Embedded) => (
                 StatusCode::CONFLICT,
-                serde_json::json!({ "error": e }).to_string(),
+                serde_json::json!({ "error": e.to_string() }).to_string(),
             ),
-            Err(e) => (
+            Err(e @ ReloadError::Invalid(_)) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                serde_json::json!({ "error": e }).to_string(),
+                serde_json::json!({ "error": e.to_string() }).to_string(),
             ),
         },
         (_, STATUS | RELOAD_RULES) => (

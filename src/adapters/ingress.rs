@@ -109,6 +109,17 @@ pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     r
 }
 
+/// Rules could not be reloaded; the rules in force stay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The rules come from the embedded cluster.toml, which cannot change.
+    #[error("the rules come from the embedded cluster.toml: nothing to reload")]
+    Embedded,
+    /// The new rules are invalid (the error names the file and field).
+    #[error(transparent)]
+    Invalid(crate::config::ConfigError),
+}
+
 /// Settings of the request path.
 #[derive(Debug, Clone)]
 pub struct IngressSettings {
@@ -419,13 +430,12 @@ impl Ingress {
     /// requests. On error the rules in force stay.
     ///
     /// # Errors
-    /// The config error naming the file and rule at fault, or a message when
-    /// the rules come from the embedded config (nothing to reload).
-    pub fn reload_rules(&self) -> Result<usize, String> {
+    /// [`ReloadError`].
+    pub fn reload_rules(&self) -> Result<usize, ReloadError> {
         let Some(src) = &self.settings.rules_source else {
-            return Err("the rules come from the embedded cluster.toml: nothing to reload".into());
+            return Err(ReloadError::Embedded);
         };
-        let rules = src.load().map_err(|e| e.to_string())?;
+        let rules = src.load().map_err(ReloadError::Invalid)?;
         let n = rules.len();
         self.router.lock().expect("router lock").set_rules(rules);
         info!(rules = n, "data-centric rules reloaded");
@@ -452,6 +462,13 @@ impl Ingress {
         let new = if old == 0 { us } else { (old * 7 + us) / 8 };
         self.latency_us.store(new, Ordering::Relaxed);
         r
+    }
+
+    /// Halves the mean serve time: called when a tick passed with no
+    /// request served, so an idle node's metric recovers.
+    pub fn decay_latency(&self) {
+        let v = self.latency_us.load(Ordering::Relaxed);
+        self.latency_us.store(v / 2, Ordering::Relaxed);
     }
 
     /// Mean time the local app took to answer recently (EWMA), in ms.
