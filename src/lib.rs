@@ -25,6 +25,8 @@
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
 //! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`).
+//! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
+//!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -34,6 +36,8 @@ mod engine;
 pub mod env;
 pub mod explain;
 pub mod node;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use adapters::tls;
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};

@@ -57,8 +57,12 @@ impl Node {
     ///
     /// # Errors
     /// [`NodeError::Tls`] when the CA, certificate or key cannot be loaded.
-    pub fn build(config: NodeConfig, env: Env) -> Result<Node, NodeError> {
-        let tls = TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?;
+    pub fn build(config: NodeConfig, mut env: Env) -> Result<Node, NodeError> {
+        let tls = match env.tls.take() {
+            Some(m) => m,
+            None => TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?,
+        }
+        .with_time_provider(Arc::new(crate::env::ClockAdapter(env.clock.clone())));
         // A node handed another node's files must not start under a false name.
         tls::verify_peer_is(tls.cert_chain(), &config.node.id)?;
         Ok(Node { config, env, tls })
@@ -79,7 +83,14 @@ impl Node {
             idle_timeout: config.idle_timeout,
             connect_timeout: config.connect_timeout,
         };
-        let (endpoint, client) = peer::endpoint(env.peer_socket, &tls, &settings)?;
+        let (endpoint, client) = peer::endpoint(
+            env.peer_socket,
+            env.quic_runtime,
+            &tls,
+            &settings,
+            env.seed,
+            env.clock,
+        )?;
         let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
         let gossip = gossip::start(
             &GossipSettings {
@@ -131,7 +142,7 @@ impl Node {
             Router::with_options(config.policy, config.rules.clone(), config.router)
                 .map_err(NodeError::Router)?,
             links.clone(),
-            App::new(&config.app),
+            App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
             IngressSettings {
                 max_request_target: config.max_request_target,
                 response_timeout: config.response_timeout,
@@ -167,7 +178,6 @@ impl Node {
         let mut listeners = Vec::new();
         for l in env.http_listeners {
             let addr = l.local_addr().ok();
-            let l = tokio::net::TcpListener::from_std(l).map_err(NodeError::Listener)?;
             if let Some(addr) = addr {
                 info!(%addr, "listening for clients");
             }

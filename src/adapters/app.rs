@@ -12,7 +12,8 @@
 //! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,6 +60,9 @@ pub enum App {
     Builtin {
         /// Sessions started so far, for session ids.
         sessions: AtomicU64,
+        /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
+        /// simulation's slow-node fault raises it (see [`App::with_slowdown`]).
+        slowdown: Arc<AtomicU32>,
     },
     /// A local upstream application.
     Upstream {
@@ -75,6 +79,7 @@ impl App {
         match kind {
             AppKind::Builtin => App::Builtin {
                 sessions: AtomicU64::new(0),
+                slowdown: Arc::new(AtomicU32::new(1)),
             },
             AppKind::Upstream(base) => {
                 let mut conn = HttpConnector::new();
@@ -91,6 +96,17 @@ impl App {
         }
     }
 
+    /// Shares `slowdown` with the built-in app: its `/delay/<ms>` work then
+    /// takes `slowdown` times `ms` (the simulation's slow-node fault;
+    /// [`crate::Env`] hands in 1). No effect on an upstream app.
+    #[must_use]
+    pub fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
+        if let App::Builtin { slowdown, .. } = &mut self {
+            *slowdown = factor;
+        }
+        self
+    }
+
     /// Serves one request. `req`'s URI is the request-target as received
     /// (path and query).
     ///
@@ -102,12 +118,16 @@ impl App {
         req: Request<Body>,
         ctx: ServeCtx<'_>,
     ) -> Result<Response<Body>, AppError> {
+        // One event per request the app serves: the simulation counts them
+        // to prove no request is served twice.
+        tracing::debug!(uri = %req.uri(), "app serving");
         match self {
-            App::Builtin { sessions } => {
+            App::Builtin { sessions, slowdown } => {
                 if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
                     match ms.parse::<u64>() {
                         Ok(ms) if ms <= MAX_DELAY_MS => {
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            let factor = u64::from(slowdown.load(Ordering::Relaxed).max(1));
+                            tokio::time::sleep(Duration::from_millis(ms * factor)).await;
                         }
                         _ => {
                             return Ok(text(

@@ -25,7 +25,6 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -38,6 +37,7 @@ use crate::engine::membership::{MembershipView, NodeId};
 use crate::engine::route::Router;
 use crate::engine::rules::RequestView;
 use crate::engine::sticky;
+use crate::env::HttpListener;
 
 /// Response header naming the node that served the request.
 pub const SERVED_BY: &str = "peerlb-served-by";
@@ -762,7 +762,7 @@ impl ProxiedHandler for Ingress {
 /// Accepts client connections on `listener` until `shutdown` turns true;
 /// each connection is watched by `graceful` so in-flight requests finish.
 pub async fn serve(
-    listener: TcpListener,
+    mut listener: Box<dyn HttpListener>,
     ingress: Arc<Ingress>,
     mut shutdown: watch::Receiver<bool>,
     graceful: Arc<GracefulShutdown>,
@@ -787,7 +787,6 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
         let ing = ingress.clone();
         let svc = service_fn(move |req| {
             let ing = ing.clone();

@@ -134,27 +134,34 @@ fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
-/// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors never bind).
+/// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors
+/// never bind), driven by `runtime`. `seed` seeds quinn's endpoint RNG;
+/// `clock` dates its address-validation tokens.
 ///
 /// # Errors
 /// [`PeerSetupError`] when the TLS material does not make valid configs or
-/// the socket cannot be registered with the runtime.
+/// the socket cannot be used.
 pub fn endpoint(
-    socket: std::net::UdpSocket,
+    socket: Arc<dyn quinn::AsyncUdpSocket>,
+    runtime: Arc<dyn quinn::Runtime>,
     tls_material: &TlsMaterial,
     settings: &PeerSettings,
+    seed: u64,
+    clock: Arc<dyn crate::env::Clock>,
 ) -> Result<(quinn::Endpoint, quinn::ClientConfig), PeerSetupError> {
     let mut server = tls::quinn_server_config(tls_material)?;
     server.transport_config(transport(settings));
+    server.time_source(Arc::new(crate::env::ClockAdapter(clock)));
     let mut client = tls::quinn_client_config(tls_material)?;
     client.transport_config(transport(settings));
-    let ep = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(server),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(PeerSetupError::Endpoint)?;
+    let mut config = quinn::EndpointConfig::default();
+    let mut rng_seed = [0u8; 32];
+    for (i, chunk) in rng_seed.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+    }
+    config.rng_seed(Some(rng_seed));
+    let ep = quinn::Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)
+        .map_err(PeerSetupError::Endpoint)?;
     Ok((ep, client))
 }
 
