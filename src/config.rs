@@ -127,7 +127,9 @@ fn default_app() -> String {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RingSection {
-    /// Virtual nodes per node of weight 100 (1..=4096).
+    /// Ring resolution (1..=4096): the ring is a slot table of `256 x vnodes`
+    /// slots (rounded up to a power of two) filled by weighted rendezvous
+    /// hashing; more slots, finer balance.
     pub vnodes: u32,
 }
 
@@ -214,6 +216,9 @@ pub struct LimitsSection {
     /// live peer before accepting clients, in ms (default 3000). Until then
     /// a new node would own every key alone.
     pub startup_wait_ms: u64,
+    /// Longest wait for a client's complete request head, idle keep-alive
+    /// time included, in ms (default 30000); the connection is closed after.
+    pub header_read_timeout_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -225,6 +230,7 @@ impl Default for LimitsSection {
             drain_grace_ms: 1_500,
             drain_timeout_ms: 30_000,
             startup_wait_ms: 3_000,
+            header_read_timeout_ms: 30_000,
         }
     }
 }
@@ -395,7 +401,7 @@ pub struct NodeConfig {
     pub rules: Rules,
     /// The app.
     pub app: AppKind,
-    /// Vnodes per weight 100.
+    /// Ring resolution (`[ring] vnodes`).
     pub vnodes: u32,
     /// TLS paths.
     pub tls: TlsPaths,
@@ -411,6 +417,8 @@ pub struct NodeConfig {
     pub drain_timeout: Duration,
     /// Longest wait for peer connections before accepting clients.
     pub startup_wait: Duration,
+    /// Longest wait for a client's complete request head.
+    pub header_read_timeout: Duration,
     /// Add `peerlb-served-by`.
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
@@ -525,6 +533,7 @@ impl ClusterFile {
             ("limits.response_timeout_ms", l.response_timeout_ms),
             ("limits.connect_timeout_ms", l.connect_timeout_ms),
             ("limits.drain_timeout_ms", l.drain_timeout_ms),
+            ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -580,14 +589,49 @@ impl ClusterFile {
                     format!("{} is out of range 0..=10000", n.weight),
                 ));
             }
+            for (k, addr) in [
+                ("http_addr", a.http_addr),
+                ("peer_addr", a.peer_addr),
+                ("gossip_addr", a.gossip_addr),
+            ] {
+                if addr.port() == 0 {
+                    return Err(inv(
+                        &f(k),
+                        format!("{addr}: port 0 cannot be advertised to peers"),
+                    ));
+                }
+            }
+            for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
+                if addr.ip().is_unspecified() {
+                    return Err(inv(
+                        &f(k),
+                        format!(
+                            "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
+                        ),
+                    ));
+                }
+            }
+            if a.peer_addr == a.gossip_addr {
+                return Err(inv(
+                    &f("gossip_addr"),
+                    format!(
+                        "{} is also this node's peer_addr (both are UDP)",
+                        a.gossip_addr
+                    ),
+                ));
+            }
             for (j, prev) in out.iter().enumerate() {
                 if prev.id.eq_ignore_ascii_case(&a.id) {
                     return Err(inv(&f("id"), format!("{:?} is also nodes[{j}].id", n.id)));
                 }
+                // TCP addresses must differ from every TCP address, UDP ones
+                // (peer and gossip) from every UDP address.
                 for (k, mine, theirs) in [
                     ("http_addr", a.http_addr, prev.http_addr),
                     ("peer_addr", a.peer_addr, prev.peer_addr),
+                    ("peer_addr", a.peer_addr, prev.gossip_addr),
                     ("gossip_addr", a.gossip_addr, prev.gossip_addr),
+                    ("gossip_addr", a.gossip_addr, prev.peer_addr),
                 ] {
                     if mine == theirs {
                         return Err(inv(&f(k), format!("{mine} is also used by nodes[{j}]")));
@@ -595,6 +639,24 @@ impl ClusterFile {
                 }
             }
             out.push(a);
+        }
+        if out.iter().all(|n| n.weight == 0) {
+            return Err(inv(
+                "nodes",
+                "every node has weight 0: no node would receive requests".into(),
+            ));
+        }
+        if let Some(s) = self
+            .sprayer_addr
+            .as_deref()
+            .and_then(|s| parse_addr(s).ok())
+        {
+            if let Some(i) = out.iter().position(|n| n.http_addr == s) {
+                return Err(inv(
+                    "sprayer_addr",
+                    format!("{s} is also nodes[{i}].http_addr; the shared address must be its own"),
+                ));
+            }
         }
         let b = &self.balance;
         if let Some(c) = b.hash_balance_factor {
@@ -742,6 +804,7 @@ impl ClusterFile {
             drain_grace: ms(self.limits.drain_grace_ms),
             drain_timeout: ms(self.limits.drain_timeout_ms),
             startup_wait: ms(self.limits.startup_wait_ms),
+            header_read_timeout: ms(self.limits.header_read_timeout_ms),
             header_served_by: self.headers.served_by,
             header_entry: self.headers.entry,
             gossip_interval: ms(self.gossip.interval_ms),
@@ -990,6 +1053,48 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("/etc/peerlb/nope.xml"), "{e}");
+    }
+
+    #[test]
+    fn addresses_that_cannot_work_are_refused() {
+        let node = |i: u32, http: &str, peer: &str, gossip: &str| {
+            format!(
+                "[[nodes]]\nid = \"n{i}\"\nhttp_addr = \"{http}\"\npeer_addr = \"{peer}\"\ngossip_addr = \"{gossip}\"\n"
+            )
+        };
+        for (text, field) in [
+            (
+                node(1, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:2"),
+                "nodes[0].gossip_addr",
+            ),
+            (
+                node(1, "127.0.0.1:1", "127.0.0.1:0", "127.0.0.1:3"),
+                "nodes[0].peer_addr",
+            ),
+            (
+                node(1, "127.0.0.1:1", "0.0.0.0:2", "127.0.0.1:3"),
+                "nodes[0].peer_addr",
+            ),
+            (
+                node(1, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+                    + &node(2, "127.0.0.1:4", "127.0.0.1:3", "127.0.0.1:6"),
+                "nodes[1].peer_addr",
+            ),
+            (
+                format!("sprayer_addr = \"127.0.0.1:1\"\n{ONE}"),
+                "sprayer_addr",
+            ),
+            (
+                ONE.replace(
+                    "gossip_addr = \"127.0.0.1:3\"",
+                    "gossip_addr = \"127.0.0.1:3\"\nweight = 0",
+                ),
+                "nodes",
+            ),
+        ] {
+            let e = validate(&text, "n1").unwrap_err().to_string();
+            assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! # Layout
 //!
-//! - `ring`: consistent-hash ring with weighted virtual nodes; owner and
+//! - `ring`: consistent hashing on a slot table filled by weighted
+//!   rendezvous hashing (`ring/hrw`: the score and its order); owner and
 //!   failover candidates of a key; bounded-load candidates (Mirrokni et al.,
 //!   HAProxy `hash-balance-factor`).
 //! - `rules`: data-centric rules (TOML model, compiled form) extracting a

@@ -2,34 +2,125 @@
 //! read once, then handed to [`crate::Node::build`].
 //!
 //! Production binds real sockets with [`Env::bind`]; a simulation hands in
-//! its own sockets, clock-derived generation and seed.
+//! its own: client listeners ([`HttpListener`]), the QUIC socket and the
+//! runtime quinn drives it with (quinn's `AsyncUdpSocket` and `Runtime`,
+//! for `Endpoint::new_with_abstract_socket`), the chitchat [`Transport`],
+//! a wall [`Clock`], the generation, the seed and, optionally, TLS material
+//! held in memory.
 
+use std::fmt;
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use chitchat::transport::{Transport, UdpTransport};
+use quinn::Runtime as _;
+use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::adapters::tls::TlsMaterial;
 use crate::config::NodeConfig;
 
-/// Sockets, generation and seed of one node.
+/// A client connection accepted by an [`HttpListener`].
+pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Connection for T {}
+
+/// What [`HttpListener::accept`] returns.
+pub type Accepted<'a> =
+    Pin<Box<dyn Future<Output = io::Result<(Box<dyn Connection>, SocketAddr)>> + Send + 'a>>;
+
+/// A bound client listener (TCP in production, turmoil in a simulation).
+pub trait HttpListener: Send + 'static {
+    /// Waits for the next client connection and its remote address.
+    fn accept(&mut self) -> Accepted<'_>;
+    /// The bound address (for logs).
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+}
+
+impl HttpListener for tokio::net::TcpListener {
+    fn accept(&mut self) -> Accepted<'_> {
+        Box::pin(async move {
+            let (s, a) = tokio::net::TcpListener::accept(self).await?;
+            let _ = s.set_nodelay(true);
+            Ok((Box::new(s) as Box<dyn Connection>, a))
+        })
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        tokio::net::TcpListener::local_addr(self)
+    }
+}
+
+/// The wall clock of a node: generation ids, QUIC address-validation
+/// tokens (quinn's `TimeSource`) and certificate validity (rustls'
+/// `TimeProvider`). Intervals and timeouts use `tokio::time`, never this.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// The current wall-clock time.
+    fn now(&self) -> SystemTime;
+}
+
+/// The operating system's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    #[allow(clippy::disallowed_methods)]
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// [`Clock`] as quinn's token time source and rustls' time provider.
+#[derive(Debug, Clone)]
+pub(crate) struct ClockAdapter(pub(crate) Arc<dyn Clock>);
+
+impl quinn::TimeSource for ClockAdapter {
+    fn now(&self) -> SystemTime {
+        self.0.now()
+    }
+}
+
+impl rustls::time_provider::TimeProvider for ClockAdapter {
+    fn current_time(&self) -> Option<rustls_pki_types::UnixTime> {
+        let d = self.0.now().duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(rustls_pki_types::UnixTime::since_unix_epoch(d))
+    }
+}
+
+/// Sockets, clock, generation and seed of one node.
 pub struct Env {
     /// Client HTTP listeners (the node's `http_addr`, plus the shared
-    /// SO_REUSEPORT address when configured), non-blocking.
-    pub http_listeners: Vec<std::net::TcpListener>,
-    /// The UDP socket for the QUIC endpoint, non-blocking.
-    pub peer_socket: std::net::UdpSocket,
+    /// SO_REUSEPORT address when configured).
+    pub http_listeners: Vec<Box<dyn HttpListener>>,
+    /// The UDP socket of the QUIC endpoint.
+    pub peer_socket: Arc<dyn quinn::AsyncUdpSocket>,
+    /// The runtime quinn uses for timers, tasks and `now` (tokio's in
+    /// production and in a simulation, whose tokio time is virtual).
+    pub quic_runtime: Arc<dyn quinn::Runtime>,
     /// The gossip transport; chitchat opens its socket on `gossip_addr`
     /// when the node runs ([`Env::bind`] has checked the address is free).
     pub gossip: Box<dyn Transport>,
+    /// The wall clock.
+    pub clock: Arc<dyn Clock>,
     /// This run's generation id: increases on every restart (ms since the
     /// Unix epoch when the process started).
     pub generation: u64,
-    /// Seed for every random choice the node makes.
+    /// Seed for every random choice the node makes (and quinn's endpoint).
     pub seed: u64,
+    /// TLS material held in memory; `None` reads the files the config's
+    /// `[tls]` section names when the node is built.
+    pub tls: Option<TlsMaterial>,
+    /// The built-in app's `/delay/<ms>` work takes this many times `ms`:
+    /// 1 in production; a simulation's slow-node fault raises it.
+    pub app_slowdown: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// A socket could not be bound.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot bind {what} {addr}: {source}")]
+#[error("cannot bind {what} {addr}")]
 pub struct BindError {
     /// Which socket (`http_addr`, `peer_addr`, ...).
     pub what: &'static str,
@@ -41,30 +132,39 @@ pub struct BindError {
 
 impl Env {
     /// Binds every socket `config` names, reads the wall clock for the
-    /// generation and draws a seed from the OS.
+    /// generation and draws a seed from the OS. Call it inside the tokio
+    /// runtime the node will run on (the sockets register with it).
     ///
     /// # Errors
     /// [`BindError`] naming the socket that could not be bound.
     pub fn bind(config: &NodeConfig) -> Result<Env, BindError> {
         let n = &config.node;
         let err = |what, addr| move |source| BindError { what, addr, source };
-        let mut http_listeners =
-            vec![tcp_listener(n.http_addr, false).map_err(err("http_addr", n.http_addr))?];
+        let listener = |addr, reuse_port, what| -> Result<Box<dyn HttpListener>, BindError> {
+            let l = tcp_listener(addr, reuse_port).map_err(err(what, addr))?;
+            let l = tokio::net::TcpListener::from_std(l).map_err(err(what, addr))?;
+            Ok(Box::new(l))
+        };
+        let mut http_listeners = vec![listener(n.http_addr, false, "http_addr")?];
         if let Some(shared) = config.shared_listen {
-            http_listeners
-                .push(tcp_listener(shared, true).map_err(err("shared listen address", shared))?);
+            http_listeners.push(listener(shared, true, "shared listen address")?);
         }
         let peer_socket =
             std::net::UdpSocket::bind(n.peer_addr).map_err(err("peer_addr", n.peer_addr))?;
         peer_socket
             .set_nonblocking(true)
             .map_err(err("peer_addr", n.peer_addr))?;
+        crate::adapters::peer::size_socket_buffers(&peer_socket);
+        let peer_socket = quinn::TokioRuntime
+            .wrap_udp_socket(peer_socket)
+            .map_err(err("peer_addr", n.peer_addr))?;
         // chitchat's UDP transport binds its own socket (its envelope codec
         // is private, so a pre-bound socket cannot be handed in): check the
         // address now so a conflict is reported before the node starts.
         drop(std::net::UdpSocket::bind(n.gossip_addr).map_err(err("gossip_addr", n.gossip_addr))?);
-        #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
-        let generation = std::time::SystemTime::now()
+        let clock = SystemClock;
+        let generation = clock
+            .now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_millis() as u64);
         let seed = {
@@ -77,9 +177,13 @@ impl Env {
         Ok(Env {
             http_listeners,
             peer_socket,
+            quic_runtime: Arc::new(quinn::TokioRuntime),
             gossip: Box::new(UdpTransport),
+            clock: Arc::new(clock),
             generation,
             seed,
+            tls: None,
+            app_slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
         })
     }
 }

@@ -158,21 +158,47 @@ pub struct Explanation {
     pub picks: Vec<String>,
 }
 
-/// Decides `req` entering at `entry` with `members` in view, then `count`
-/// more times for the sequence of picks. Randomness comes from `seed`.
+/// What `route` is asked: the engine's configuration and the membership
+/// to decide against.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The balancing policy.
+    pub policy: Policy,
+    /// The data-centric rules.
+    pub rules: Rules,
+    /// Router options (bounded load).
+    pub options: RouterOptions,
+    /// Ring resolution (`[ring] vnodes`).
+    pub vnodes: u32,
+    /// The members in view.
+    pub members: Vec<Member>,
+    /// The entry node's id.
+    pub entry: String,
+    /// Randomness for random policies.
+    pub seed: u64,
+}
+
+/// Decides `req` from `client` under `setup`, then `count` more times for
+/// the sequence of picks.
+///
+/// # Errors
+/// [`ArgError`] for `--policy` when the router options are invalid.
 pub fn explain(
-    policy: Policy,
-    rules: Rules,
-    options: RouterOptions,
-    vnodes: u32,
-    members: Vec<Member>,
-    entry: &str,
+    setup: Setup,
     req: &http::Request<()>,
     client: SocketAddr,
     count: usize,
-    seed: u64,
 ) -> Result<Explanation, ArgError> {
-    let view = MembershipView::new(NodeId::from(entry), members, vnodes);
+    let Setup {
+        policy,
+        rules,
+        options,
+        vnodes,
+        members,
+        entry,
+        seed,
+    } = setup;
+    let view = MembershipView::new(NodeId::from(entry.as_str()), members, vnodes);
     let mut router = Router::with_options(policy, rules, options)
         .map_err(|e| arg_err("--policy", e.to_string()))?;
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -238,16 +264,18 @@ mod tests {
     fn run(policy: &str, members: &str, request: &str, count: usize) -> Explanation {
         let req = parse_request(request, &[], &[]).unwrap();
         explain(
-            policy.parse().unwrap(),
-            Rules::compile(&[]).unwrap(),
-            RouterOptions::default(),
-            1024,
-            parse_members(members).unwrap(),
-            "a",
+            Setup {
+                policy: policy.parse().unwrap(),
+                rules: Rules::compile(&[]).unwrap(),
+                options: RouterOptions::default(),
+                vnodes: 1024,
+                members: parse_members(members).unwrap(),
+                entry: "a".into(),
+                seed: 1,
+            },
             &req,
             "10.1.2.3:5555".parse().unwrap(),
             count,
-            1,
         )
         .unwrap()
     }

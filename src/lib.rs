@@ -26,6 +26,8 @@
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
 //! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`,
 //!   `app`: the built-in app alone, a benchmark backend).
+//! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
+//!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -35,6 +37,8 @@ mod engine;
 pub mod env;
 pub mod explain;
 pub mod node;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use adapters::app::serve_standalone as serve_app;
 pub use adapters::tls;

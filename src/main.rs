@@ -132,6 +132,13 @@ struct NodeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Route(_) | Cmd::CheckConfig { .. }) {
+        // Printing commands end quietly when their reader goes away
+        // (`peerlb route ... | head`), like other Unix tools.
+        // SAFETY: restoring the default disposition of one signal before
+        // any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     init_tracing();
     let code = match cli.cmd {
         Cmd::Node(a) => run_node(a),
@@ -238,12 +245,8 @@ fn app(listen: std::net::SocketAddr, name: String) -> anyhow::Result<u8> {
 }
 
 fn route(a: RouteArgs) -> anyhow::Result<u8> {
-    let (src, file) = match load(a.config.as_deref()) {
+    let (_, c) = match load_cluster(a.config.as_deref()) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let usage = |e: &dyn std::fmt::Display| {
@@ -281,9 +284,16 @@ fn route(a: RouteArgs) -> anyhow::Result<u8> {
         Ok(r) => r,
         Err(e) => return Ok(usage(&e)),
     };
-    let e = match explain::explain(
-        policy, c.rules, c.router, c.vnodes, members, &entry, &req, a.from, a.count, a.seed,
-    ) {
+    let setup = explain::Setup {
+        policy,
+        rules: c.rules,
+        options: c.router,
+        vnodes: c.vnodes,
+        members,
+        entry,
+        seed: a.seed,
+    };
+    let e = match explain::explain(setup, &req, a.from, a.count) {
         Ok(e) => e,
         Err(e) => return Ok(usage(&e)),
     };
@@ -309,13 +319,16 @@ fn check_config(config: Option<&Path>, node: Option<&str>) -> anyhow::Result<u8>
             return Ok(config_error(e));
         }
     }
+    let rules = match &file.rules_file {
+        Some(f) => format!("rules from {f}"),
+        None => format!("{} rules", file.rules.len()),
+    };
     println!(
-        "{}: valid: cluster {:?}, {} nodes, policy {}, {} rules",
+        "{}: valid: cluster {:?}, {} nodes, policy {}, {rules}",
         src.origin,
         file.name,
         nodes.len(),
         file.policy,
-        file.rules.len()
     );
     Ok(0)
 }
@@ -328,13 +341,17 @@ fn first_node(src: &Source, file: &ClusterFile) -> Result<NodeConfig, u8> {
         .map_err(config_error)
 }
 
+/// Loads the file and validates it for its first node (the cluster-wide
+/// values); `Err` is the exit status, the error already printed.
+fn load_cluster(config: Option<&Path>) -> Result<(ClusterFile, NodeConfig), u8> {
+    let (src, file) = load(config)?;
+    let c = first_node(&src, &file)?;
+    Ok((file, c))
+}
+
 fn certs(config: Option<&Path>, dir: Option<PathBuf>, nodes: Vec<String>) -> anyhow::Result<u8> {
-    let (src, file) = match load(config) {
+    let (_, c) = match load_cluster(config) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let dir = dir.unwrap_or(c.tls.dir.clone());
@@ -355,12 +372,8 @@ fn certs(config: Option<&Path>, dir: Option<PathBuf>, nodes: Vec<String>) -> any
 }
 
 fn up(config: Option<&Path>) -> anyhow::Result<u8> {
-    let (src, file) = match load(config) {
+    let (file, c) = match load_cluster(config) {
         Ok(x) => x,
-        Err(code) => return Ok(code),
-    };
-    let c = match first_node(&src, &file) {
-        Ok(c) => c,
         Err(code) => return Ok(code),
     };
     let ids: Vec<&str> = c.nodes.iter().map(|n| &*n.id).collect();
@@ -418,21 +431,35 @@ fn up(config: Option<&Path>) -> anyhow::Result<u8> {
         let front = sprayer.clone().unwrap_or_else(|| c.nodes[0].http_addr.to_string());
         let expected = children.len();
         let http_addrs: Vec<_> = children.iter().map(|(n, _, _)| n.http_addr).collect();
+        let pids: Vec<u32> = children.iter().map(|(_, pid, _)| *pid).collect();
         let ready = tokio::time::timeout(Duration::from_secs(20), async {
             loop {
+                for (n, _, child) in children.iter_mut() {
+                    if let Ok(Some(st)) = child.try_wait() {
+                        return Err(format!("node {} exited ({})", n.id, describe(Ok(st))));
+                    }
+                }
                 let mut all = true;
-                for a in &http_addrs {
-                    all &= serving_count(*a).await == Some(expected);
+                for (a, pid) in http_addrs.iter().zip(&pids) {
+                    // The answer must come from our own child: another
+                    // cluster already on these addresses does not count.
+                    all &= serving_count(*a).await == Some((*pid, expected));
                 }
                 if all {
-                    return;
+                    return Ok(());
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
         .await;
         match ready {
-            Ok(()) => println!("\ncluster ready: every node sees {expected} serving members"),
+            Ok(Ok(())) => println!("\ncluster ready: every node sees {expected} serving members"),
+            Ok(Err(why)) => {
+                // Let the log forwarders print the node's last words.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                println!("\n{why}: see its log above; stopping the others");
+                return anyhow::Ok(1);
+            }
             Err(_) => println!("\nwarning: the nodes do not all see each other yet (see the logs above)"),
         }
         println!("\ntry:");
@@ -440,12 +467,9 @@ fn up(config: Option<&Path>) -> anyhow::Result<u8> {
         println!("  curl -si 'http://{front}/hello?user=bob'");
         println!("  curl -si -H 'x-user: carol' http://{front}/hello");
         println!("  curl -s http://{}/_peerlb/status            # one node's membership view", http_addrs[0]);
-        if let Some((n, pid, _)) = children.get(1) {
-            println!("  kill -9 {pid}                                  # kill node {}: its keys fail over", n.id);
-        }
+        println!("  kill -9 <pid of the node named in alice's peerlb-served-by>   # her requests fail over");
         println!("press Ctrl-C to stop every node\n");
 
-        let pids: Vec<u32> = children.iter().map(|(_, pid, _)| *pid).collect();
         let mut waits = tokio::task::JoinSet::new();
         for (n, pid, mut child) in children {
             waits.spawn(async move {
@@ -501,8 +525,9 @@ fn describe(st: std::io::Result<std::process::ExitStatus>) -> String {
     }
 }
 
-/// The number of serving members in `addr`'s view, from its status endpoint.
-async fn serving_count(addr: std::net::SocketAddr) -> Option<usize> {
+/// The pid of the node answering on `addr` and the number of serving
+/// members in its view, from its status endpoint.
+async fn serving_count(addr: std::net::SocketAddr) -> Option<(u32, usize)> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: x\r\n\r\n")
         .await
@@ -512,5 +537,5 @@ async fn serving_count(addr: std::net::SocketAddr) -> Option<usize> {
     let text = String::from_utf8_lossy(&buf);
     let body = text.split("\r\n\r\n").nth(1)?;
     let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
-    Some(v["serving"].as_array()?.len())
+    Some((v["pid"].as_u64()? as u32, v["serving"].as_array()?.len()))
 }

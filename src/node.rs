@@ -15,7 +15,7 @@ use crate::adapters::gossip::{self, GossipSettings, Published};
 use crate::adapters::ingress::{self, Ingress, IngressSettings};
 use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, RulesSource};
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 use crate::engine::route::Router;
@@ -38,7 +38,7 @@ pub enum NodeError {
     Router(crate::engine::route::OptionsError),
     /// The metric history is out of range (config validation prevents this).
     #[error("metric history: {0}")]
-    Metric(crate::engine::balance::metric::HistoryError),
+    Metric(String),
     /// A listener could not be registered with the runtime.
     #[error("listener: {0}")]
     Listener(std::io::Error),
@@ -57,8 +57,12 @@ impl Node {
     ///
     /// # Errors
     /// [`NodeError::Tls`] when the CA, certificate or key cannot be loaded.
-    pub fn build(config: NodeConfig, env: Env) -> Result<Node, NodeError> {
-        let tls = TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?;
+    pub fn build(config: NodeConfig, mut env: Env) -> Result<Node, NodeError> {
+        let tls = match env.tls.take() {
+            Some(m) => m,
+            None => TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?,
+        }
+        .with_time_provider(Arc::new(crate::env::ClockAdapter(env.clock.clone())));
         // A node handed another node's files must not start under a false name.
         tls::verify_peer_is(tls.cert_chain(), &config.node.id)?;
         Ok(Node { config, env, tls })
@@ -79,7 +83,14 @@ impl Node {
             idle_timeout: config.idle_timeout,
             connect_timeout: config.connect_timeout,
         };
-        let (endpoint, client) = peer::endpoint(env.peer_socket, &tls, &settings)?;
+        let (endpoint, client) = peer::endpoint(
+            env.peer_socket,
+            env.quic_runtime,
+            &tls,
+            &settings,
+            env.seed,
+            env.clock,
+        )?;
         let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
         let gossip = gossip::start(
             &GossipSettings {
@@ -131,13 +142,17 @@ impl Node {
             Router::with_options(config.policy, config.rules.clone(), config.router)
                 .map_err(NodeError::Router)?,
             links.clone(),
-            App::new(&config.app),
+            App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
             IngressSettings {
                 max_request_target: config.max_request_target,
                 response_timeout: config.response_timeout,
                 header_served_by: config.header_served_by,
                 header_entry: config.header_entry,
-                rules_source: Some(config.rules_source.clone()),
+                rules_source: match &config.rules_source {
+                    RulesSource::Inline(_) => None,
+                    s => Some(s.clone()),
+                },
+                header_read_timeout: config.header_read_timeout,
             },
             env.seed,
         ));
@@ -163,8 +178,9 @@ impl Node {
         let mut listeners = Vec::new();
         for l in env.http_listeners {
             let addr = l.local_addr().ok();
-            let l = tokio::net::TcpListener::from_std(l).map_err(NodeError::Listener)?;
-            info!(addr = ?addr, "listening for clients");
+            if let Some(addr) = addr {
+                info!(%addr, "listening for clients");
+            }
             listeners.push(tokio::spawn(ingress::serve(
                 l,
                 ingress.clone(),
@@ -181,7 +197,7 @@ impl Node {
         let load_task = tokio::spawn(publish_load(
             ingress.clone(),
             gossip.publisher(),
-            MetricSmoother::new(config.metric_history).map_err(NodeError::Metric)?,
+            MetricSmoother::new(config.metric_history).map_err(|e| NodeError::Metric(e.to_string()))?,
             config.metric_capacity,
             config.metric_latency_limit_ms,
             config.gossip_interval,
@@ -257,8 +273,17 @@ async fn publish_load(
 ) {
     let mut tick = tokio::time::interval(interval);
     let mut last = None;
+    let mut last_served = 0;
     loop {
         tick.tick().await;
+        let served = ingress
+            .counters
+            .served_local
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if served == last_served {
+            ingress.decay_latency();
+        }
+        last_served = served;
         let inflight = ingress.inflight();
         let raw = raw_metric(
             inflight,

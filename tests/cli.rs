@@ -1,6 +1,9 @@
 //! The `peerlb` command line as a user runs it: `check-config`, `node` with
 //! a bad config, and `up` (the quick start) with the kernel as sprayer.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::io::{BufRead, BufReader};

@@ -1,6 +1,9 @@
 //! Black-box tests of a real 3-node cluster over loopback: real `peerlb`
 //! processes, real QUIC with mutual TLS, real gossip.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -620,6 +623,6 @@ async fn h5_with_cookies_refused_the_route_travels_as_a_url_path_parameter() {
     );
     for n in c.nodes.iter().filter(|n| n.id != node) {
         let resp = get(n.http, &format!("/cart;peerlb-route={second}"), &[]).await;
-        assert_eq!(resp.served_by(), second);
+        assert_eq!(resp.served_by(), second, "via {}: {} {:?}", n.id, resp.status, resp.body);
     }
 }

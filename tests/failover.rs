@@ -1,6 +1,9 @@
 //! Failover rules at the entry node, drain on SIGTERM, and upstream app
 //! mode, over real `peerlb` processes on loopback.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::collections::BTreeSet;

@@ -1,6 +1,9 @@
 //! Balancing policies and data-centric rules as a running cluster applies
 //! them: real `peerlb` processes on loopback.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use support::*;
@@ -102,6 +105,22 @@ async fn rules_reload_on_admin_call_affects_new_requests_and_bad_rules_are_refus
             .json()["key"],
         "acme"
     );
+    // The other node sees the file change by itself (2 s poll).
+    let n2 = c.nodes[1].http;
+    let mut key = String::new();
+    for _ in 0..100 {
+        key = get(n2, "/x?user=alice", &[("x-tenant", "acme")])
+            .await
+            .json()["key"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        if key == "acme" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(key, "acme", "n2 reloads the changed file by itself");
     // An invalid file is refused and the rules in force stay.
     std::fs::write(
         &c.config,
@@ -127,11 +146,15 @@ async fn rules_reload_on_admin_call_affects_new_requests_and_bad_rules_are_refus
             .json()["key"],
         "acme"
     );
-    // The other node still has its old rules: reloads are per node.
+    // n2 also sees the invalid file by itself, and keeps its rules.
+    c.wait_until(std::time::Duration::from_secs(10), || {
+        c.log("n2").contains("rules file changed but is invalid")
+    })
+    .expect("n2 notices the invalid rules file");
     assert_eq!(
-        get(c.nodes[1].http, "/x?user=alice", &[("x-tenant", "acme")])
+        get(n2, "/x?user=alice", &[("x-tenant", "acme")])
             .await
             .json()["key"],
-        "alice"
+        "acme"
     );
 }

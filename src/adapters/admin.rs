@@ -1,9 +1,10 @@
-//! The admin API, answered by every node on its client listeners and never
-//! routed to another node.
+//! The admin API, answered by every node on its client listeners to clients
+//! on the same host (loopback) only, and never routed to another node.
+//! Other clients get 404 for `/_peerlb/...`.
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `counters` |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `counters` |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
 
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use std::sync::atomic::Ordering;
 use http::{HeaderValue, Response, header};
 
 use super::body::{self, Body};
-use super::ingress::Ingress;
+use super::ingress::{Ingress, ReloadError};
 
 /// Path prefix reserved for the admin API.
 pub const PREFIX: &str = "/_peerlb/";
@@ -23,25 +24,36 @@ pub const STATUS: &str = "/_peerlb/status";
 pub const RELOAD_RULES: &str = "/_peerlb/rules/reload";
 
 /// Answers an admin request, or `None` when `path` is not an admin path.
-pub fn answer(ingress: &Ingress, method: &http::Method, path: &str) -> Option<Response<Body>> {
+pub fn answer<B>(
+    ingress: &Ingress,
+    req: &http::Request<B>,
+    client: std::net::SocketAddr,
+) -> Option<Response<Body>> {
     use http::StatusCode;
+    let (method, path) = (req.method(), req.uri().path());
     if !path.starts_with(PREFIX) {
         return None;
     }
     let (status, text) = match (method, path) {
+        // The admin API answers the node's own host only: clients that
+        // reach the node through the sprayer get 404 as for any unknown path.
+        _ if !client.ip().to_canonical().is_loopback() => (
+            StatusCode::NOT_FOUND,
+            "{\"error\":\"the admin API answers loopback clients only\"}".to_owned(),
+        ),
         (&http::Method::GET, STATUS) => (StatusCode::OK, status_json(ingress)),
         (&http::Method::POST, RELOAD_RULES) => match ingress.reload_rules() {
             Ok(n) => (
                 StatusCode::OK,
                 serde_json::json!({ "rules": n }).to_string(),
             ),
-            Err(e) if e.contains("embedded") => (
+            Err(e @ ReloadError::Embedded) => (
                 StatusCode::CONFLICT,
-                serde_json::json!({ "error": e }).to_string(),
+                serde_json::json!({ "error": e.to_string() }).to_string(),
             ),
-            Err(e) => (
+            Err(e @ ReloadError::Invalid(_)) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                serde_json::json!({ "error": e }).to_string(),
+                serde_json::json!({ "error": e.to_string() }).to_string(),
             ),
         },
         (_, STATUS | RELOAD_RULES) => (
@@ -83,6 +95,7 @@ fn status_json(ingress: &Ingress) -> String {
     let serving: Vec<&str> = view.serving_ids().iter().map(|id| &**id).collect();
     serde_json::json!({
         "node": ingress.node_id(),
+        "pid": std::process::id(),
         "view_version": view.version(),
         "members": members,
         "serving": serving,

@@ -12,7 +12,8 @@
 //! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,6 +60,9 @@ pub enum App {
     Builtin {
         /// Sessions started so far, for session ids.
         sessions: AtomicU64,
+        /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
+        /// simulation's slow-node fault raises it (see [`App::with_slowdown`]).
+        slowdown: Arc<AtomicU32>,
     },
     /// A local upstream application.
     Upstream {
@@ -75,6 +79,7 @@ impl App {
         match kind {
             AppKind::Builtin => App::Builtin {
                 sessions: AtomicU64::new(0),
+                slowdown: Arc::new(AtomicU32::new(1)),
             },
             AppKind::Upstream(base) => {
                 let mut conn = HttpConnector::new();
@@ -91,6 +96,17 @@ impl App {
         }
     }
 
+    /// Shares `slowdown` with the built-in app: its `/delay/<ms>` work then
+    /// takes `slowdown` times `ms` (the simulation's slow-node fault;
+    /// [`crate::Env`] hands in 1). No effect on an upstream app.
+    #[must_use]
+    pub fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
+        if let App::Builtin { slowdown, .. } = &mut self {
+            *slowdown = factor;
+        }
+        self
+    }
+
     /// Serves one request. `req`'s URI is the request-target as received
     /// (path and query).
     ///
@@ -102,12 +118,16 @@ impl App {
         req: Request<Body>,
         ctx: ServeCtx<'_>,
     ) -> Result<Response<Body>, AppError> {
+        // One event per request the app serves: the simulation counts them
+        // to prove no request is served twice.
+        tracing::debug!(uri = %req.uri(), "app serving");
         match self {
-            App::Builtin { sessions } => {
+            App::Builtin { sessions, slowdown } => {
                 if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
                     match ms.parse::<u64>() {
                         Ok(ms) if ms <= MAX_DELAY_MS => {
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            let factor = u64::from(slowdown.load(Ordering::Relaxed).max(1));
+                            tokio::time::sleep(Duration::from_millis(ms * factor)).await;
                         }
                         _ => {
                             return Ok(text(
@@ -310,14 +330,27 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-/// Removes the hop-by-hop headers. One pass over the (usually few)
-/// header names first, so the common case costs no lookups at all.
-fn remove_hop_by_hop(h: &mut http::HeaderMap) {
+/// Removes the hop-by-hop headers (RFC 9110 7.6.1): the fixed list and
+/// every header the `Connection` header names. One pass over the (usually
+/// few) names first: when none is hop-by-hop (`Connection` included),
+/// there is nothing to look up.
+fn strip_hop_by_hop(h: &mut http::HeaderMap) {
     if !h.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
         return;
     }
-    for name in HOP_BY_HOP {
-        h.remove(name);
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for n in named {
+        h.remove(n.as_str());
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
     }
 }
 
@@ -336,7 +369,7 @@ async fn upstream(
     let mut uri = http::uri::Parts::from(base.clone());
     uri.path_and_query = Some(pq);
     parts.uri = http::Uri::from_parts(uri).expect("base URI has scheme and authority");
-    remove_hop_by_hop(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.headers);
     // An IP address is always a valid header value.
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(ctx.client.ip().to_string())) {
         parts.headers.append("x-forwarded-for", v);
@@ -349,7 +382,7 @@ async fn upstream(
             source,
         })?;
     let (mut parts, body) = resp.into_parts();
-    remove_hop_by_hop(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(
         parts,
         body.map_err(BodyError::Upstream).boxed_unsync(),
@@ -438,6 +471,20 @@ mod tests {
             &r.into_body().collect().await.unwrap().to_bytes()[..],
             b"hello"
         );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
     }
 
     #[tokio::test]

@@ -25,7 +25,6 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
@@ -38,6 +37,7 @@ use crate::engine::membership::{MembershipView, NodeId};
 use crate::engine::route::Router;
 use crate::engine::rules::RequestView;
 use crate::engine::sticky;
+use crate::env::HttpListener;
 
 /// Response header naming the node that served the request.
 pub const SERVED_BY: &str = "peerlb-served-by";
@@ -59,6 +59,18 @@ pub enum RequestError {
         /// The limit.
         max: usize,
     },
+    /// The request head (target and headers) is larger than a peer frame
+    /// carries (431).
+    #[error("request head of {len} bytes exceeds the {max}-byte limit")]
+    HeadTooLarge {
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The request is malformed (400).
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
     /// No candidate could be reached before anything was sent (503).
     #[error("no node could take the request: {0}")]
     NoNode(String),
@@ -81,7 +93,8 @@ pub enum RequestError {
 pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     let status = match err {
         RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
-        RequestError::ClientBody(_) => StatusCode::BAD_REQUEST,
+        RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        RequestError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
         RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -94,6 +107,17 @@ pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
         r.headers_mut().insert("peerlb-error-from", v);
     }
     r
+}
+
+/// Rules could not be reloaded; the rules in force stay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The rules come from the embedded cluster.toml, which cannot change.
+    #[error("the rules come from the embedded cluster.toml: nothing to reload")]
+    Embedded,
+    /// The new rules are invalid (the error names the file and field).
+    #[error(transparent)]
+    Invalid(crate::config::ConfigError),
 }
 
 /// Settings of the request path.
@@ -109,6 +133,8 @@ pub struct IngressSettings {
     pub header_entry: bool,
     /// Where the rules come from, for reloads.
     pub rules_source: Option<crate::config::RulesSource>,
+    /// Longest wait for a complete request head, idle keep-alive included.
+    pub header_read_timeout: Duration,
 }
 
 /// Request counters (monotonic).
@@ -189,11 +215,13 @@ impl Drop for Outstanding {
     }
 }
 
-/// A response body that keeps its request counted as outstanding until the
-/// body ends, and counts the bytes it carries.
+/// A response body that keeps its request counted (in flight on this node,
+/// and outstanding to its owner) until the body ends, and counts the bytes
+/// it carries.
 struct TrackedBody {
     inner: Body,
     guard: Option<Outstanding>,
+    inflight: Option<Inflight>,
 }
 
 impl http_body::Body for TrackedBody {
@@ -212,7 +240,10 @@ impl http_body::Body for TrackedBody {
                     g.bytes += d.len() as u64;
                 }
             }
-            std::task::Poll::Ready(_) => this.guard = None,
+            std::task::Poll::Ready(_) => {
+                this.guard = None;
+                this.inflight = None;
+            }
             std::task::Poll::Pending => {}
         }
         r
@@ -227,18 +258,23 @@ impl http_body::Body for TrackedBody {
     }
 }
 
-/// Wraps `resp`'s body so `guard` lives until the body ends.
-fn track_body(resp: Response<Body>, guard: Option<Outstanding>) -> Response<Body> {
-    match guard {
-        None => resp,
-        Some(g) => resp.map(|inner| {
-            TrackedBody {
-                inner,
-                guard: Some(g),
-            }
-            .boxed_unsync()
-        }),
+/// Wraps `resp`'s body so the guards live until the body ends.
+fn track_body(
+    resp: Response<Body>,
+    guard: Option<Outstanding>,
+    inflight: Inflight,
+) -> Response<Body> {
+    if resp.body().is_end_stream() {
+        return resp;
     }
+    resp.map(|inner| {
+        TrackedBody {
+            inner,
+            guard,
+            inflight: Some(inflight),
+        }
+        .boxed_unsync()
+    })
 }
 
 /// The request path of one node, shared by its client and peer servers.
@@ -255,7 +291,7 @@ pub struct Ingress {
     links: Arc<PeerLinks>,
     app: App,
     settings: IngressSettings,
-    inflight: AtomicU32,
+    inflight: Arc<AtomicU32>,
     accepting: AtomicBool,
     epoch: tokio::time::Instant,
     /// This node's id as a header value (`peerlb-entry`, `peerlb-served-by`),
@@ -265,12 +301,18 @@ pub struct Ingress {
     pub counters: Counters,
 }
 
-struct Inflight<'a>(&'a AtomicU32);
-impl Drop for Inflight<'_> {
+/// Counts one request in flight on this node until dropped.
+struct Inflight(Arc<AtomicU32>);
+impl Drop for Inflight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+/// Largest request head accepted, in bytes (request-target plus header
+/// lines): it must fit a peer frame ([`super::wire::MAX_HEAD_LEN`]) with room
+/// for the rest of the head.
+pub const MAX_HEAD_BYTES: usize = super::wire::MAX_HEAD_LEN - 4096;
 
 /// Largest body kept for replay on the next candidate (64 KiB), like
 /// Envoy's per-request retry buffer.
@@ -385,7 +427,7 @@ impl Ingress {
             links,
             app,
             settings,
-            inflight: AtomicU32::new(0),
+            inflight: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
             epoch: tokio::time::Instant::now(),
             counters: Counters::default(),
@@ -401,13 +443,12 @@ impl Ingress {
     /// requests. On error the rules in force stay.
     ///
     /// # Errors
-    /// The config error naming the file and rule at fault, or a message when
-    /// the rules come from the embedded config (nothing to reload).
-    pub fn reload_rules(&self) -> Result<usize, String> {
+    /// [`ReloadError`].
+    pub fn reload_rules(&self) -> Result<usize, ReloadError> {
         let Some(src) = &self.settings.rules_source else {
-            return Err("the rules come from the embedded cluster.toml: nothing to reload".into());
+            return Err(ReloadError::Embedded);
         };
-        let rules = src.load().map_err(|e| e.to_string())?;
+        let rules = src.load().map_err(ReloadError::Invalid)?;
         let n = rules.len();
         self.router.lock().expect("router lock").set_rules(rules);
         info!(rules = n, "data-centric rules reloaded");
@@ -436,6 +477,13 @@ impl Ingress {
         r
     }
 
+    /// Halves the mean serve time: called when a tick passed with no
+    /// request served, so an idle node's metric recovers.
+    pub fn decay_latency(&self) {
+        let v = self.latency_us.load(Ordering::Relaxed);
+        self.latency_us.store(v / 2, Ordering::Relaxed);
+    }
+
     /// Mean time the local app took to answer recently (EWMA), in ms.
     pub fn app_latency_ms(&self) -> u32 {
         (self.latency_us.load(Ordering::Relaxed) / 1000) as u32
@@ -457,26 +505,27 @@ impl Ingress {
         self.view.borrow().clone()
     }
 
-    fn enter(&self) -> Inflight<'_> {
+    fn enter(&self) -> Inflight {
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        Inflight(&self.inflight)
+        Inflight(self.inflight.clone())
     }
 
     /// Handles one client request end to end; never fails (errors become
     /// statuses).
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
-        if let Some(r) = admin::answer(self, req.method(), req.uri().path()) {
-            return r;
-        }
-        let _inflight = self.enter();
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let mut resp = match self.route_and_serve(req, client).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                debug!(error = %e, "request failed");
-                error_response(&e, &self.node_id)
-            }
+        let mut resp = match self.check(&req) {
+            Err(e) => self.failed(e),
+            Ok(()) => match admin::answer(self, &req, client) {
+                Some(r) => r,
+                None => {
+                    let inflight = self.enter();
+                    self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                    match self.route_and_serve(req, client).await {
+                        Ok((resp, guard)) => track_body(resp, guard, inflight),
+                        Err(e) => self.failed(e),
+                    }
+                }
+            },
         };
         if self.settings.header_entry {
             if let Some(v) = &self.id_header {
@@ -486,11 +535,15 @@ impl Ingress {
         resp
     }
 
-    async fn route_and_serve(
-        &self,
-        mut req: Request<Incoming>,
-        client: SocketAddr,
-    ) -> Result<Response<Body>, RequestError> {
+    fn failed(&self, e: RequestError) -> Response<Body> {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        debug!(error = %e, "request failed");
+        error_response(&e, &self.node_id)
+    }
+
+    /// The entry node's limits, before anything else looks at the request:
+    /// request-target length (414), head size (431), one Host (400).
+    fn check(&self, req: &Request<Incoming>) -> Result<(), RequestError> {
         let len = target_len(req.uri());
         if len > self.settings.max_request_target {
             return Err(RequestError::UriTooLong {
@@ -498,6 +551,32 @@ impl Ingress {
                 max: self.settings.max_request_target,
             });
         }
+        let head: usize = req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>()
+            + len;
+        if head > MAX_HEAD_BYTES {
+            return Err(RequestError::HeadTooLarge {
+                len: head,
+                max: MAX_HEAD_BYTES,
+            });
+        }
+        let hosts = req.headers().get_all(header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
+            return Err(RequestError::BadRequest(
+                "an HTTP/1.1 request needs exactly one Host header",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn route_and_serve(
+        &self,
+        mut req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Result<(Response<Body>, Option<Outstanding>), RequestError> {
         strip_peerlb_headers(req.headers_mut());
         let view = self.view.borrow().clone();
         let now = self.epoch.elapsed();
@@ -532,7 +611,7 @@ impl Ingress {
         // a node's CPU per hop (docs/performance.md). Events that matter at
         // info carry the request id themselves.
         let span = debug_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
-        let (mut resp, served_by) = self
+        let (mut resp, served_by, guard) = self
             .serve_candidates(
                 req,
                 client,
@@ -559,7 +638,7 @@ impl Ingress {
                 resp.headers_mut().insert(SERVED_BY, v);
             }
         }
-        Ok(resp)
+        Ok((resp, guard))
     }
 
     /// Tries each candidate in order; returns the response and who served it.
@@ -571,7 +650,7 @@ impl Ingress {
         key: Option<&str>,
         request_id: u128,
         view_version: u64,
-    ) -> Result<(Response<Body>, NodeId), RequestError> {
+    ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
         let (parts, incoming) = req.into_parts();
         let empty_body = incoming.is_end_stream();
         let request_bytes = content_length(&parts.headers).unwrap_or(0);
@@ -607,7 +686,7 @@ impl Ingress {
                 self.counters.served_local.fetch_add(1, Ordering::Relaxed);
                 let guard = self.track(cand, request_bytes);
                 let resp = self.serve_app(Request::from_parts(parts, b), ctx).await?;
-                return Ok((track_body(resp, guard), self.node_id.clone()));
+                return Ok((resp, self.node_id.clone(), guard));
             }
             let pair = match self.links.open(cand).await {
                 Ok(p) => p,
@@ -664,7 +743,7 @@ impl Ingress {
                 Ok((rh, qb)) => {
                     let served = NodeId::from(rh.served_by.as_str());
                     let resp = peer::response_from_head(rh, qb.boxed_unsync());
-                    return Ok((track_body(resp, guard), served));
+                    return Ok((resp, served, guard));
                 }
                 Err(ExchangeError::Timeout(p)) => {
                     return Err(RequestError::Timeout(p.to_string()));
@@ -695,7 +774,7 @@ impl ProxiedHandler for Ingress {
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
-        let _inflight = self.enter();
+        let inflight = self.enter();
         if let Some(k) = &head.hash_key {
             let view = self.view.borrow();
             if view.ring().owner(k).is_some_and(|o| *o != self.node_id) {
@@ -713,11 +792,8 @@ impl ProxiedHandler for Ingress {
             client: head.client,
         };
         match self.serve_app(req, ctx).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                error_response(&RequestError::App(e), &self.node_id)
-            }
+            Ok(r) => track_body(r, None, inflight),
+            Err(e) => self.failed(RequestError::App(e)),
         }
     }
 }
@@ -725,25 +801,31 @@ impl ProxiedHandler for Ingress {
 /// Accepts client connections on `listener` until `shutdown` turns true;
 /// each connection is watched by `graceful` so in-flight requests finish.
 pub async fn serve(
-    listener: TcpListener,
+    mut listener: Box<dyn HttpListener>,
     ingress: Arc<Ingress>,
     mut shutdown: watch::Receiver<bool>,
     graceful: Arc<GracefulShutdown>,
 ) {
     let local = listener.local_addr().ok();
+    let header_timeout = ingress.settings.header_read_timeout;
+    let mut last_warn: Option<tokio::time::Instant> = None;
     loop {
         let (stream, client) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of file descriptors, typically: say so once a
+                    // second, not once per try.
+                    if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        warn!(error = %e, "accept failed");
+                        last_warn = Some(tokio::time::Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
             _ = shutdown.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
         let ing = ingress.clone();
         let svc = service_fn(move |req| {
             let ing = ing.clone();
@@ -751,6 +833,12 @@ pub async fn serve(
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
+            // A forwarded answer still reaches a client that half-closed.
+            .half_close(true)
+            // Closes connections that send no complete head in time,
+            // idle keep-alive connections included (slowloris).
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_timeout)
             .serve_connection(TokioIo::new(stream), svc);
         let fut = graceful.watch(conn);
         tokio::spawn(
@@ -762,7 +850,9 @@ pub async fn serve(
             .instrument(info_span!("conn", %client)),
         );
     }
-    debug!(?local, "listener closed");
+    if let Some(local) = local {
+        debug!(%local, "listener closed");
+    }
 }
 
 #[cfg(test)]
@@ -807,6 +897,8 @@ mod tests {
             (RequestError::OwnerFailed("x".into()), 502),
             (RequestError::Timeout("x".into()), 504),
             (RequestError::ClientBody("x".into()), 400),
+            (RequestError::BadRequest("x"), 400),
+            (RequestError::HeadTooLarge { len: 9, max: 8 }, 431),
         ] {
             assert_eq!(error_response(&e, "n1").status().as_u16(), s);
         }

@@ -106,7 +106,9 @@ pub trait ProxiedHandler: Send + Sync + 'static {
 }
 
 struct Slot {
-    addr: SocketAddr,
+    /// The address gossip advertises now; the supervisor dials it on the
+    /// next (re)connect.
+    addr: watch::Sender<SocketAddr>,
     conn: Option<quinn::Connection>,
     task: JoinHandle<()>,
 }
@@ -152,26 +154,14 @@ const SOCKET_BUFFER: usize = 4 << 20;
 /// for 10 minutes. quinn's receive buffers grow linearly with this value.
 const MAX_UDP_PAYLOAD: u16 = 6500;
 
-/// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors never bind).
-///
-/// # Errors
-/// [`PeerSetupError`] when the TLS material does not make valid configs or
-/// the socket cannot be registered with the runtime.
-pub fn endpoint(
-    socket: std::net::UdpSocket,
-    tls_material: &TlsMaterial,
-    settings: &PeerSettings,
-) -> Result<(quinn::Endpoint, quinn::ClientConfig), PeerSetupError> {
-    let mut server = tls::quinn_server_config(tls_material)?;
-    server.transport_config(transport(settings));
-    let mut client = tls::quinn_client_config(tls_material)?;
-    client.transport_config(transport(settings));
-    // Socket buffers: a node that is off the CPU for a few ms while a
-    // peer streams to it must not drop datagrams (the Linux default,
-    // about 208 KiB, overflows: loss, then quinn's congestion window
-    // stays at its minimum). The kernel caps the request at
-    // net.core.rmem_max / wmem_max; a smaller buffer is no error.
-    let sock = socket2::SockRef::from(&socket);
+/// Sizes the receive and send buffers of the peer UDP socket (before it
+/// is handed to quinn). A node that is off the CPU for a few ms while a
+/// peer streams to it must not drop datagrams: the Linux default, about
+/// 208 KiB, overflows, quinn sees loss and its congestion window stays at
+/// its minimum. The kernel caps the request at `net.core.rmem_max` /
+/// `wmem_max`; a smaller buffer is logged, not an error.
+pub fn size_socket_buffers(socket: &std::net::UdpSocket) {
+    let sock = socket2::SockRef::from(socket);
     for (what, r) in [
         ("receive", sock.set_recv_buffer_size(SOCKET_BUFFER)),
         ("send", sock.set_send_buffer_size(SOCKET_BUFFER)),
@@ -180,17 +170,39 @@ pub fn endpoint(
             warn!(error = %e, "cannot set the peer socket's {what} buffer size");
         }
     }
+}
+
+/// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors
+/// never bind), driven by `runtime`. `seed` seeds quinn's endpoint RNG;
+/// `clock` dates its address-validation tokens.
+///
+/// # Errors
+/// [`PeerSetupError`] when the TLS material does not make valid configs or
+/// the socket cannot be used.
+pub fn endpoint(
+    socket: Arc<dyn quinn::AsyncUdpSocket>,
+    runtime: Arc<dyn quinn::Runtime>,
+    tls_material: &TlsMaterial,
+    settings: &PeerSettings,
+    seed: u64,
+    clock: Arc<dyn crate::env::Clock>,
+) -> Result<(quinn::Endpoint, quinn::ClientConfig), PeerSetupError> {
+    let mut server = tls::quinn_server_config(tls_material)?;
+    server.transport_config(transport(settings));
+    server.time_source(Arc::new(crate::env::ClockAdapter(clock)));
+    let mut client = tls::quinn_client_config(tls_material)?;
+    client.transport_config(transport(settings));
     let mut config = quinn::EndpointConfig::default();
     config
         .max_udp_payload_size(MAX_UDP_PAYLOAD)
         .expect("MAX_UDP_PAYLOAD is within QUIC's limits");
-    let ep = quinn::Endpoint::new(
-        config,
-        Some(server),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(PeerSetupError::Endpoint)?;
+    let mut rng_seed = [0u8; 32];
+    for (i, chunk) in rng_seed.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+    }
+    config.rng_seed(Some(rng_seed));
+    let ep = quinn::Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)
+        .map_err(PeerSetupError::Endpoint)?;
     Ok((ep, client))
 }
 
@@ -227,12 +239,12 @@ impl PeerLinks {
             .filter(|(id, _)| *id != self.self_id)
             .map(|(id, a)| (id, *a))
             .collect();
-        let stale: Vec<NodeId> = slots
-            .iter()
-            .filter(|(id, s)| wanted.get(id) != Some(&s.addr))
-            .map(|(id, _)| id.clone())
+        let gone: Vec<NodeId> = slots
+            .keys()
+            .filter(|id| !wanted.contains_key(id))
+            .cloned()
             .collect();
-        for id in stale {
+        for id in gone {
             if let Some(s) = slots.remove(&id) {
                 s.task.abort();
                 if let Some(c) = s.conn {
@@ -243,19 +255,25 @@ impl PeerLinks {
             }
         }
         for (id, addr) in wanted {
-            if slots.contains_key(id) {
+            if let Some(slot) = slots.get(id) {
+                // A new address (a restart elsewhere, or a forged gossip
+                // claim) does not drop a working authenticated connection:
+                // it is dialled when the current connection ends.
+                slot.addr
+                    .send_if_modified(|a| std::mem::replace(a, addr) != addr);
                 continue;
             }
+            let (addr_tx, addr_rx) = watch::channel(addr);
             let me = Arc::clone(self);
             let peer = id.clone();
             let task = tokio::spawn(
-                async move { me.supervise(peer, addr).await }
-                    .instrument(info_span!("peer", peer = %id, %addr)),
+                async move { me.supervise(peer, addr_rx).await }
+                    .instrument(info_span!("peer", peer = %id)),
             );
             slots.insert(
                 id.clone(),
                 Slot {
-                    addr,
+                    addr: addr_tx,
                     conn: None,
                     task,
                 },
@@ -263,10 +281,12 @@ impl PeerLinks {
         }
     }
 
-    async fn supervise(self: Arc<Self>, id: NodeId, addr: SocketAddr) {
+    async fn supervise(self: Arc<Self>, id: NodeId, addr: watch::Receiver<SocketAddr>) {
         let server_name = tls::node_server_name(&id);
         let mut backoff = Duration::from_millis(50);
+        let mut failures = 0u32;
         loop {
+            let addr = *addr.borrow();
             let attempt = async {
                 let connecting = self
                     .endpoint
@@ -274,17 +294,41 @@ impl PeerLinks {
                     .map_err(|e| e.to_string())?;
                 connecting.await.map_err(|e| e.to_string())
             };
-            match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
+            let failed = match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
                 Ok(Ok(conn)) => {
                     backoff = Duration::from_millis(50);
-                    info!("peer connected");
+                    failures = 0;
+                    info!(%addr, "peer connected");
                     self.set_conn(&id, Some(conn.clone()));
                     let why = conn.closed().await;
                     self.set_conn(&id, None);
-                    warn!(reason = %why, "peer connection lost: ejected until it reconnects");
+                    match why {
+                        quinn::ConnectionError::ApplicationClosed(_)
+                        | quinn::ConnectionError::LocallyClosed => {
+                            info!(%addr, reason = %why, "peer closed the connection")
+                        }
+                        _ => {
+                            warn!(%addr, reason = %why, "peer connection lost: ejected until it reconnects")
+                        }
+                    }
+                    None
                 }
-                Ok(Err(e)) => debug!(error = %e, "peer connect failed"),
-                Err(_) => debug!("peer connect timed out"),
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("timed out".to_owned()),
+            };
+            if let Some(e) = failed {
+                failures += 1;
+                // A handshake refused for identity (wrong CA or name) is an
+                // alarm; a peer that is simply down is expected noise.
+                let identity =
+                    e.contains("certificate") || e.contains("UnknownIssuer") || e.contains("name");
+                if identity {
+                    warn!(%addr, error = %e, "peer handshake refused: not routing to it");
+                } else if failures == 3 {
+                    warn!(%addr, error = %e, "peer unreachable: retrying");
+                } else {
+                    debug!(%addr, error = %e, "peer connect failed");
+                }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -37,6 +37,7 @@ use rcgen::{
 };
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
+use rustls::time_provider::TimeProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::{self, PemObject as _};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -420,6 +421,9 @@ pub struct TlsMaterial {
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    /// The clock certificate validity is checked against (the system clock
+    /// unless [`TlsMaterial::with_time_provider`] set another).
+    time: Arc<dyn TimeProvider>,
 }
 
 impl fmt::Debug for TlsMaterial {
@@ -452,6 +456,56 @@ impl TlsMaterial {
     /// [`TlsError::Untrusted`].
     pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<TlsMaterial, TlsError> {
         let ca_certs = read_certs(ca)?;
+        let chain = read_certs(cert)?;
+        let private = read_key(key)?;
+        Self::from_parts(
+            (ca, ca_certs),
+            (cert, chain),
+            (key, private),
+            Arc::new(rustls::time_provider::DefaultTimeProvider),
+        )
+    }
+
+    /// Like [`TlsMaterial::load`], from PEM text held in memory (a
+    /// simulation's generated certificates), checked at the time `time`
+    /// gives, which then also checks peer certificates. Errors name the
+    /// files as `<ca>`, `<cert>` and `<key>`.
+    ///
+    /// # Errors
+    ///
+    /// As [`TlsMaterial::load`], except [`TlsError::Read`].
+    pub fn from_pem(
+        ca: &[u8],
+        cert: &[u8],
+        key: &[u8],
+        time: Arc<dyn TimeProvider>,
+    ) -> Result<TlsMaterial, TlsError> {
+        let (ca_path, cert_path, key_path) =
+            (Path::new("<ca>"), Path::new("<cert>"), Path::new("<key>"));
+        let ca_certs = parse_certs(ca_path, ca)?;
+        let chain = parse_certs(cert_path, cert)?;
+        let private = parse_key(key_path, key)?;
+        Self::from_parts(
+            (ca_path, ca_certs),
+            (cert_path, chain),
+            (key_path, private),
+            time,
+        )
+    }
+
+    /// Replaces the clock peer certificates are checked against.
+    #[must_use]
+    pub fn with_time_provider(mut self, time: Arc<dyn TimeProvider>) -> TlsMaterial {
+        self.time = time;
+        self
+    }
+
+    fn from_parts(
+        (ca, ca_certs): (&Path, Vec<CertificateDer<'static>>),
+        (cert, chain): (&Path, Vec<CertificateDer<'static>>),
+        (key, private): (&Path, PrivateKeyDer<'static>),
+        time: Arc<dyn TimeProvider>,
+    ) -> Result<TlsMaterial, TlsError> {
         let mut roots = RootCertStore::empty();
         for der in ca_certs {
             roots.add(der).map_err(|error| TlsError::BadCaCertificate {
@@ -460,9 +514,6 @@ impl TlsMaterial {
             })?;
         }
         let roots = Arc::new(roots);
-        let chain = read_certs(cert)?;
-        let private = read_key(key)?;
-
         let provider = provider();
         rustls::sign::CertifiedKey::from_der(chain.clone(), private.clone_key(), &provider)
             .map_err(|error| TlsError::KeyMismatch {
@@ -471,7 +522,12 @@ impl TlsMaterial {
                 error,
             })?;
         // The same certificate serves both ends of peer connections.
-        verify_chain(&roots, &chain, &provider).map_err(|error| TlsError::Untrusted {
+        let now = time.current_time().ok_or_else(|| TlsError::Untrusted {
+            cert: cert.to_owned(),
+            ca: ca.to_owned(),
+            error: rustls::Error::FailedToGetCurrentTime,
+        })?;
+        verify_chain(&roots, &chain, &provider, now).map_err(|error| TlsError::Untrusted {
             cert: cert.to_owned(),
             ca: ca.to_owned(),
             error,
@@ -480,6 +536,7 @@ impl TlsMaterial {
             roots,
             chain,
             key: private,
+            time,
         })
     }
 
@@ -505,7 +562,7 @@ pub fn server_config(m: &TlsMaterial) -> Result<rustls::ServerConfig, TlsError> 
     let verifier = WebPkiClientVerifier::builder_with_provider(m.roots.clone(), provider.clone())
         .build()
         .map_err(|error| TlsError::Verifier { error })?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_details(provider, m.time.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|error| TlsError::Config { error })?
         .with_client_cert_verifier(verifier)
@@ -543,7 +600,7 @@ pub fn client_config(m: &TlsMaterial) -> Result<rustls::ClientConfig, TlsError> 
     )
     .build()
     .map_err(|error| TlsError::Verifier { error })?;
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let mut config = rustls::ClientConfig::builder_with_details(provider, m.time.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|error| TlsError::Config { error })?
         .with_webpki_verifier(verifier)
@@ -637,11 +694,11 @@ fn verify_chain(
     roots: &Arc<RootCertStore>,
     chain: &[CertificateDer<'static>],
     provider: &CryptoProvider,
+    now: UnixTime,
 ) -> Result<(), rustls::Error> {
     let (end_entity, intermediates) = chain
         .split_first()
         .ok_or(rustls::Error::NoCertificatesPresented)?;
-    let now = UnixTime::now();
     let provider = Arc::new(provider.clone());
     let client = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
         .build()
@@ -745,7 +802,7 @@ impl Ca {
             .signed_by(&key, &self.cert, &self.key)
             .map_err(|e| generate_err("signing the certificate", e))?;
         if let Some(anchor) = &self.anchor {
-            verify_chain(anchor, &[cert.der().clone()], &provider()).map_err(|error| {
+            verify_chain(anchor, &[cert.der().clone()], &provider(), UnixTime::now()).map_err(|error| {
                 TlsError::CaMismatch {
                     path: ca_path.to_owned(),
                     cluster: cluster_name.to_owned(),
@@ -886,8 +943,12 @@ fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// All certificates in a PEM file, in order; at least one.
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes = read_file(path)?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+    parse_certs(path, &read_file(path)?)
+}
+
+/// All certificates in PEM text (from `path`), in order; at least one.
+fn parse_certs(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| TlsError::Pem {
             path: path.to_owned(),
@@ -903,8 +964,12 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 
 /// The first private key in a PEM file.
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = read_file(path)?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| match error {
+    parse_key(path, &read_file(path)?)
+}
+
+/// The first private key in PEM text (from `path`).
+fn parse_key(path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(bytes).map_err(|error| match error {
         pem::Error::NoItemsFound => TlsError::NoPrivateKey {
             path: path.to_owned(),
         },
@@ -1087,7 +1152,7 @@ mod tests {
         ];
         let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
         let anchor = ca.anchor.as_ref().unwrap();
-        let err = verify_chain(anchor, &[cert.der().clone()], &provider()).unwrap_err();
+        let err = verify_chain(anchor, &[cert.der().clone()], &provider(), UnixTime::now()).unwrap_err();
         assert!(
             format!("{err:?}").contains("NameConstraintViolation"),
             "{err:?}"
@@ -1095,7 +1160,7 @@ mod tests {
         // The same CA does issue node names.
         let (pem, _) = ca.issue("n1", "c1", &certs.ca_cert).unwrap();
         let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
-        verify_chain(anchor, &[der], &provider()).unwrap();
+        verify_chain(anchor, &[der], &provider(), UnixTime::now()).unwrap();
     }
 
     #[test]
@@ -1266,6 +1331,7 @@ mod tests {
             roots: n2.roots.clone(),
             chain: read_certs(cert).unwrap(),
             key: read_key(key).unwrap(),
+            time: Arc::new(rustls::time_provider::DefaultTimeProvider),
         };
 
         let server = server(&n2);

@@ -279,6 +279,7 @@ impl RoundRobin {
     }
 
     /// The id of the last pick, if any.
+    #[cfg(test)]
     pub(crate) fn last(&self) -> Option<&NodeId> {
         self.last.as_ref()
     }

@@ -95,7 +95,8 @@ pub struct Member {
     pub peer_addr: SocketAddr,
     /// HTTP address the node's ingress listens on.
     pub http_addr: SocketAddr,
-    /// Relative share; 100 is the unit (`vnodes` ring points), 0 = no share.
+    /// Relative share of the ring's slots (weighted rendezvous: 200 owns twice what
+    /// 100 owns); 100 is the unit, 0 = not on the ring.
     pub weight: u32,
     /// Lifecycle state.
     pub status: NodeStatus,
@@ -146,15 +147,16 @@ impl MembershipView {
     /// (an old generation never lingers as a ghost: case C9); for equal
     /// generations the choice is still independent of input order. The ring is
     /// built once from the [`NodeStatus::Serving`] members with their weights
-    /// and `vnodes` points per unit of weight (see [`Ring::build`]).
+    /// and a table size set by `vnodes` (see [`Ring::build`]).
     pub fn new(self_id: NodeId, members: impl IntoIterator<Item = Member>, vnodes: u32) -> Self {
         Self::assemble(self_id, members, vnodes, None)
     }
 
     /// Builds the next view from a fresh member list, reusing this view's
     /// ring when the serving set and weights (and `vnodes`) are unchanged, so
-    /// frequent load/inflight reports do not rebuild the ring. Same result as
-    /// [`MembershipView::new`] with this view's self id.
+    /// frequent load/inflight reports do not rebuild the ring, and otherwise
+    /// rebuilding it incrementally from this view's ring ([`Ring::rebuild`]).
+    /// Same result as [`MembershipView::new`] with this view's self id.
     pub fn with_members(&self, members: impl IntoIterator<Item = Member>, vnodes: u32) -> Self {
         Self::assemble(self.self_id.clone(), members, vnodes, Some(&self.ring))
     }
@@ -191,9 +193,11 @@ impl MembershipView {
                     .zip(&ring_input)
                     .all(|((id, w), (id2, w2))| id == id2 && w == *w2)
         });
-        let ring = match reusable {
-            Some(r) => Arc::clone(r),
-            None => Arc::new(Ring::build(&ring_input, vnodes)),
+        let ring = match (reusable, previous) {
+            (Some(r), _) => Arc::clone(r),
+            // A membership change: rebuild incrementally from the last ring.
+            (None, Some(prev)) => Arc::new(prev.rebuild(&ring_input, vnodes)),
+            (None, None) => Arc::new(Ring::build(&ring_input, vnodes)),
         };
 
         let mut h = Xxh3::new();
@@ -329,7 +333,8 @@ pub(crate) mod tests {
         assert!(!v.is_serving("zz"));
         assert_eq!(v.get("d").map(|m| m.status), Some(Leaving));
         assert_eq!(v.ring().node_count(), 2);
-        assert_eq!(v.ring().len(), 128);
+        // vnodes 64: a table of 256 * 64 slots.
+        assert_eq!(v.ring().len(), 16384);
     }
 
     #[test]

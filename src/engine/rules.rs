@@ -4,7 +4,10 @@
 //!
 //! Two layers: the serde model that mirrors `cluster.toml` ([`RuleSpec`]),
 //! then [`Rules::compile`] into matchers with regexes and header names
-//! validated. Example:
+//! validated. A rule has one of two bodies.
+//!
+//! Flat: conditions that must all hold, then extractors tried in order, the
+//! first non-empty value winning:
 //!
 //! ```toml
 //! [[rules]]
@@ -14,9 +17,31 @@
 //!            { path_regex = "^/users/([^/]+)", prefix = "u:" }]
 //! ```
 //!
-//! Rules are tried in order; a rule whose conditions all hold tries its
-//! extractors in order, and the first non-empty value wins. With no rule
-//! yielding a key the router uses [`default_key`] (case H2).
+//! Nested (`key`, an [`ExprSpec`]): SailFin's `or` / `and` / `if` / `else`
+//! as `any` / `all` / `if` / `else` around tests of a `header`, `cookie`,
+//! `query` parameter or the request-target (`match`), compiled into the
+//! same expression tree as the DCR XML form (`rules/expr`, `rules/tree`),
+//! so the two forms extract the same keys:
+//!
+//! ```toml
+//! [[rules]]
+//! name = "tenant"
+//! key = { all = [
+//!   { header = "x-internal" },
+//!   { if = [{ cookie = "tenant", return = "cookie.tenant" }], else = "parameter.tenant" },
+//! ] }
+//!
+//! [[rules]]
+//! name = "cart"
+//! key = { all = [
+//!   { cookie = "session", absent = true },
+//!   { match = '[?&]cart=([0-9]+)', prefix = "cart:" },
+//! ] }
+//! ```
+//!
+//! A nested rule may also have `when` conditions, checked first. Rules are
+//! tried in order; the first rule yielding a non-empty key wins. With no
+//! rule yielding a key the router uses [`default_key`] (case H2).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -29,8 +54,11 @@ use serde::{Deserialize, Serialize};
 
 use super::sticky::{cookies, percent_decode};
 
+mod expr;
 mod tree;
 mod xml;
+
+pub(crate) use expr::ExprSpec;
 
 pub(crate) use xml::XmlElement;
 
@@ -45,8 +73,13 @@ pub struct RuleSpec {
     #[serde(default)]
     pub when: Condition,
     /// Key extractors, tried in order; the first non-empty value wins.
-    /// Must not be empty.
+    /// Either this (not empty) or `key` is required, not both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extract: Vec<ExtractorSpec>,
+    /// A nested key expression (`any` / `all` / `if` / tests), evaluated
+    /// when `when` holds; its non-empty result is the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<ExprSpec>,
 }
 
 /// Conditions of a rule; every condition that is set must hold.
@@ -158,8 +191,8 @@ pub enum RuleErrorKind {
     /// An extractor with zero or several sources.
     #[error("exactly one of query, header, header_uri_user, cookie, path_regex, target_regex")]
     ExtractorSource,
-    /// A rule with an empty `extract` list.
-    #[error("at least one extractor is required")]
+    /// A rule with an empty `extract` list and no `key`.
+    #[error("at least one extractor (or a `key` expression) is required")]
     NoExtractors,
     /// An empty parameter, header, cookie or host name.
     #[error("must not be empty")]
@@ -233,12 +266,13 @@ struct Rule {
     body: Body,
 }
 
-/// A rule's logic: the TOML form (conditions, then extractors) or a SailFin
-/// DCR expression tree (`or` / `and` / `if` / tests).
+/// A rule's logic: the flat TOML form (conditions, then extractors) or an
+/// expression tree (`or` / `and` / `if` / tests) from the nested TOML form
+/// or the SailFin DCR XML, behind conditions (always true for XML).
 #[derive(Clone, Debug)]
 enum Body {
     Flat { when: When, extract: Vec<Extractor> },
-    Tree(tree::Expr),
+    Tree { when: When, expr: tree::Expr },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -275,9 +309,12 @@ impl Rules {
     /// # Errors
     ///
     /// The first invalid field, as a `RuleError` naming it: an extractor
-    /// without exactly one source, an empty `extract` list, an empty name, a
-    /// regex that does not compile or (for extractors) has no capture group,
-    /// an invalid method or header name.
+    /// without exactly one source, an empty `extract` list without `key` (or
+    /// both), an empty name, a regex that does not compile or (for
+    /// extractors and `match`) has no capture group, an invalid method or
+    /// header name; in a `key` expression, a table that is not exactly one
+    /// of `any` / `all` / `if` / a test, an empty list, a misplaced `else`,
+    /// `absent`, `prefix` or `return`, or an invalid return variable.
     pub fn compile(specs: &[RuleSpec]) -> Result<Rules, RuleError> {
         let rules = specs
             .iter()
@@ -319,10 +356,14 @@ impl Rules {
                         (!v.is_empty()).then(|| format!("{}{v}", x.prefix))
                     })
                 }
-                Body::Tree(expr) => expr
-                    .eval(req)
-                    .filter(|k| !k.is_empty())
-                    .map(|k| k.into_owned()),
+                Body::Tree { when, expr } => {
+                    if !when.holds(req) {
+                        return None;
+                    }
+                    expr.eval(req)
+                        .filter(|k| !k.is_empty())
+                        .map(|k| k.into_owned())
+                }
             };
             key.map(|k| (i, k))
         })
@@ -346,7 +387,8 @@ impl Rules {
     }
 
     /// The `sip-rules` element of a DCR XML file, if it had one, as parsed
-    /// (not interpreted yet).
+    /// (not interpreted yet: peerlb routes HTTP only).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn sip_rules(&self) -> Option<&XmlElement> {
         self.sip.as_ref()
     }
@@ -427,6 +469,19 @@ fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
             .transpose()?,
     };
 
+    if let Some(key) = &spec.key {
+        if !spec.extract.is_empty() {
+            return Err(err(
+                String::new(),
+                RuleErrorKind::Structure("give either `extract` or `key`, not both".into()),
+            ));
+        }
+        let expr = expr::compile(key, &format!("rules[{i}].key"), &spec.name)?;
+        return Ok(Rule {
+            name: spec.name.clone(),
+            body: Body::Tree { when, expr },
+        });
+    }
     if spec.extract.is_empty() {
         return Err(err(".extract".into(), RuleErrorKind::NoExtractors));
     }

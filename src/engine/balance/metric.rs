@@ -101,6 +101,7 @@ impl MetricSmoother {
     }
 
     /// The current smoothed value, unrounded.
+    #[cfg(test)]
     pub(crate) fn value(&self) -> f64 {
         self.previous
     }

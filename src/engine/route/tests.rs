@@ -60,6 +60,7 @@ fn user_rules() -> Rules {
             query: Some("user".into()),
             ..Default::default()
         }],
+        key: None,
     }])
     .unwrap()
 }

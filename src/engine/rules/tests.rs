@@ -295,7 +295,11 @@ fn errors_name_the_field() {
         ),
         (
             "[[rules]]\nextract = []",
-            "rules[0].extract: at least one extractor is required",
+            "rules[0].extract: at least one extractor (or a `key` expression) is required",
+        ),
+        (
+            "[[rules]]\nname = \"n\"",
+            "rules[0].extract: at least one extractor (or a `key` expression) is required (rule \"n\")",
         ),
         (
             "[[rules]]\nextract = [{ query = \"\" }]",
@@ -340,4 +344,216 @@ fn request_target_forms() {
         "http://h/a?b=1"
     );
     assert_eq!(request_target(&Uri::from_static("h:443")), "h:443");
+}
+
+/// Compile errors of the nested `key` form name the expression's path.
+#[test]
+fn nested_key_errors_name_the_expression() {
+    let cases = [
+        (
+            "[[rules]]\nextract = [{ query = \"a\" }]\nkey = { header = \"h\" }",
+            "rules[0]: give either `extract` or `key`, not both",
+        ),
+        (
+            "[[rules]]\nkey = { any = [] }",
+            "rules[0].key.any: needs at least one expression",
+        ),
+        (
+            "[[rules]]\nkey = {}",
+            "rules[0].key: exactly one of any, all, if, or a test",
+        ),
+        (
+            "[[rules]]\nkey = { any = [{ header = \"a\" }], all = [{ header = \"b\" }] }",
+            "rules[0].key: exactly one of",
+        ),
+        (
+            "[[rules]]\nkey = { any = [{ header = \"a\", cookie = \"b\" }] }",
+            "rules[0].key.any[0]: at most one of header, cookie, query",
+        ),
+        (
+            "[[rules]]\nkey = { all = [{ header = \"a\" }], else = \"cookie.c\" }",
+            "rules[0].key.else: only in an `if`",
+        ),
+        (
+            "[[rules]]\nkey = { if = [{ header = \"a\" }], else = \"match\" }",
+            "rules[0].key.else: `match` is only a test's return",
+        ),
+        (
+            "[[rules]]\nkey = { if = [{ header = \"a\" }], else = \"body.x\" }",
+            "rules[0].key.else: invalid return variable \"body.x\"",
+        ),
+        (
+            "[[rules]]\nkey = { any = [{ header = \"a\" }], return = \"cookie.c\" }",
+            "rules[0].key.return: only in a test",
+        ),
+        (
+            "[[rules]]\nkey = { all = [{ query = \"p\" }, { query = \"q\", return = \"match\" }] }",
+            "rules[0].key.all[1].return: `match` needs a `match` test",
+        ),
+        (
+            "[[rules]]\nkey = { header = \"h\", prefix = \"p\" }",
+            "rules[0].key.prefix: only with `match`",
+        ),
+        (
+            "[[rules]]\nkey = { match = \"^/x\" }",
+            "rules[0].key.match: regex has no capture group",
+        ),
+        (
+            "[[rules]]\nkey = { match = \"(\" }",
+            "rules[0].key.match: invalid regex",
+        ),
+        (
+            "[[rules]]\nkey = { query = \"p\", match = \"(x)\", absent = true }",
+            "rules[0].key.absent: not with `match`",
+        ),
+        (
+            "[[rules]]\nname = \"bad\"\nkey = { any = [{ header = \"bad header\" }] }",
+            "rules[0].key.any[0].header: invalid header name \"bad header\" (rule \"bad\")",
+        ),
+        (
+            "[[rules]]\nkey = { any = [{ if = [{ cookie = \"\" }] }] }",
+            "rules[0].key.any[0].if[0].cookie: must not be empty",
+        ),
+    ];
+    for (src, want) in cases {
+        let got = compile_err(src);
+        assert!(got.starts_with(want), "got {got:?}, want {want:?}");
+    }
+    #[derive(Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct File {
+        rules: Vec<RuleSpec>,
+    }
+    let unknown = toml::from_str::<File>("[[rules]]\nkey = { any = [{ heder = \"h\" }] }");
+    assert!(
+        unknown
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `heder`")
+    );
+}
+
+/// The nested form: SailFin results (`any` = first non-null, `all` = last
+/// when all non-null, `if` / `else`, tests returning their value, a
+/// variable, a capture or "" for `absent`), `when` in front, and the
+/// module doc's example.
+#[test]
+fn nested_key_semantics() {
+    let r = rules(
+        r#"
+        [[rules]]
+        name = "gated"
+        when = { method = "POST" }
+        key = { header = "x-post" }
+
+        # The table form: the same as an inline `key = { if = [...], else = ... }`.
+        [[rules]]
+        [rules.key]
+        if = [{ header = "x-a", return = "request.x-b" }, { header = "x-c", absent = true }]
+        else = "cookie.fallback"
+
+        [[rules]]
+        key = { all = [{ query = "p" }, { query = "id", match = '^([a-z]+)-[0-9]+$', prefix = "id-" }] }
+
+        [[rules]]
+        key = { any = [
+          { header = "x-path", match = '^/v([0-9]+)/' },
+          { cookie = "sid" },
+          { match = '^/users/([^/?]+)', prefix = "u:", return = "match" },
+        ] }
+        "#,
+    );
+    let k = |method: &str, uri: &str, h: &[(&str, &str)]| key(&r, &Req::new(method, uri, h));
+    assert_eq!(k("POST", "/", &[("x-post", "P")]), Some((0, "P".into())));
+    assert_eq!(k("GET", "/", &[("x-post", "P")]), None);
+    // if: all conditions hold: the last result is "" (absent) -> no key.
+    assert_eq!(k("GET", "/", &[("x-a", "1"), ("x-b", "B")]), None);
+    // if: a condition fails: the else variable.
+    assert_eq!(
+        k(
+            "GET",
+            "/",
+            &[("x-a", "1"), ("x-c", "1"), ("cookie", "fallback=F")]
+        ),
+        Some((1, "F".into()))
+    );
+    // all: the last result when all are non-null; match on the parameter.
+    assert_eq!(
+        k("GET", "/?p=&id=ab%2D12", &[("x-c", "1")]),
+        Some((2, "id-ab".into()))
+    );
+    assert_eq!(k("GET", "/?id=ab-12", &[("x-c", "1")]), None);
+    // any: first non-null; match on a header value; cookie value; target.
+    assert_eq!(
+        k(
+            "GET",
+            "/",
+            &[("x-c", "1"), ("x-path", "/v2/x"), ("cookie", "sid=S")]
+        ),
+        Some((3, "2".into()))
+    );
+    assert_eq!(
+        k(
+            "GET",
+            "/",
+            &[("x-c", "1"), ("x-path", "/x"), ("cookie", "sid=S")]
+        ),
+        Some((3, "S".into()))
+    );
+    assert_eq!(
+        k("GET", "/users/ann?x", &[("x-c", "1")]),
+        Some((3, "u:ann".into()))
+    );
+
+    // The module doc's nested example.
+    let doc = rules(
+        r#"
+        [[rules]]
+        name = "tenant"
+        key = { all = [
+          { header = "x-internal" },
+          { if = [{ cookie = "tenant", return = "cookie.tenant" }], else = "parameter.tenant" },
+        ] }
+
+        [[rules]]
+        name = "cart"
+        key = { all = [
+          { cookie = "session", absent = true },
+          { match = '[?&]cart=([0-9]+)', prefix = "cart:" },
+        ] }
+        "#,
+    );
+    let k = |uri: &str, h: &[(&str, &str)]| key(&doc, &Req::new("GET", uri, h));
+    assert_eq!(
+        k("/?tenant=t1", &[("x-internal", "1")]),
+        Some((0, "t1".into()))
+    );
+    assert_eq!(
+        k(
+            "/?tenant=t1",
+            &[("x-internal", "1"), ("cookie", "tenant=t2")]
+        ),
+        Some((0, "t2".into()))
+    );
+    assert_eq!(k("/?cart=12", &[]), Some((1, "cart:12".into())));
+    assert_eq!(k("/?cart=12", &[("cookie", "session=s")]), None);
+}
+
+/// `RuleSpec` with a `key` serialises under the TOML names (`if`, `else`,
+/// `match`, `return`) and back.
+#[test]
+fn nested_key_round_trips() {
+    let s = specs(
+        r#"
+        [[rules]]
+        key = { any = [{ query = "u", return = "parameter.u" }, { if = [{ cookie = "c", absent = true }], else = "request.x" }] }
+        "#,
+    );
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(
+        json.contains(r#""if":"#) && json.contains(r#""else":"request.x""#),
+        "{json}"
+    );
+    assert!(!json.contains("extract"), "{json}");
+    assert_eq!(serde_json::from_str::<Vec<RuleSpec>>(&json).unwrap(), s);
 }

@@ -265,7 +265,10 @@ pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
         for child in &http.children {
             rules.push(Rule {
                 name: Some(format!("<{}> at line {}", child.name, child.line)),
-                body: Body::Tree(expr(child)?),
+                body: Body::Tree {
+                    when: Default::default(),
+                    expr: expr(child)?,
+                },
             });
         }
     }

@@ -26,6 +26,35 @@ const EXAMPLE_TOML: &str = r#"
     extract = [{ target_regex = "[?&]cart=([0-9]+)", prefix = "cart:" }]
 "#;
 
+/// The nested TOML form of docs/data-centric-rules.xml: the same `or` /
+/// `and` / `if` / `else` tree, element for element (also in
+/// docs/configuration.md).
+const EXAMPLE_NESTED_TOML: &str = r#"
+    # rule 0: internal clients are keyed by tenant (cookie, else parameter)
+    [[rules]]
+    key = { all = [
+      { header = "x-internal" },
+      { if = [{ cookie = "tenant", return = "cookie.tenant" }], else = "parameter.tenant" },
+    ] }
+
+    # rule 1: the user, from the first place that names one
+    [[rules]]
+    key = { any = [
+      { query = "user", return = "parameter.user" },
+      { header = "x-user", return = "request.x-user" },
+      { header = "x-from", return = "request.x-from.uri.user" },
+      { cookie = "session", return = "cookie.session" },
+      { match = '^/users/([^/?]+)', prefix = "u:", return = "match" },
+    ] }
+
+    # rule 2: anonymous carts (no session cookie) by cart id
+    [[rules]]
+    key = { all = [
+      { cookie = "session", absent = true },
+      { match = '[?&]cart=([0-9]+)', prefix = "cart:", return = "match" },
+    ] }
+"#;
+
 struct Req {
     method: Method,
     uri: Uri,
@@ -126,7 +155,8 @@ const CASES: [Case; 22] = [
 fn shipped_example_and_its_toml_twin_extract_the_same_keys() {
     let xml = Rules::from_xml(EXAMPLE).unwrap();
     let toml = toml_rules(EXAMPLE_TOML);
-    assert_eq!((xml.len(), toml.len()), (3, 3));
+    let nested = toml_rules(EXAMPLE_NESTED_TOML);
+    assert_eq!((xml.len(), toml.len(), nested.len()), (3, 3, 3));
     assert_eq!(xml.name(1), Some("<or> at line 42"));
     for (uri, headers, want) in CASES {
         let req = Req::new(uri, headers);
@@ -137,6 +167,7 @@ fn shipped_example_and_its_toml_twin_extract_the_same_keys() {
             "{uri} {headers:?}"
         );
         assert_eq!(req.key(&toml), got, "toml: {uri} {headers:?}");
+        assert_eq!(req.key(&nested), got, "nested toml: {uri} {headers:?}");
     }
     let sip = xml.sip_rules().unwrap();
     assert_eq!((sip.name.as_str(), sip.line), ("sip-rules", 59));
@@ -321,5 +352,45 @@ fn user_part_of_uri_headers() {
     ];
     for (v, want) in cases {
         assert_eq!(uri_user(v), want, "{v}");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// On requests assembled from the parts the shipped example looks at
+    /// (present, empty or absent), the XML file, its nested TOML twin and
+    /// its flat TOML twin extract the same key from the same rule.
+    #[test]
+    fn xml_and_both_toml_forms_agree(
+        path in proptest::sample::select(vec!["/", "/users/ann", "/users/", "/shop", "/users/b%20c/x"]),
+        params in proptest::collection::vec(
+            (proptest::sample::select(vec!["user", "tenant", "cart", "x"]),
+             proptest::sample::select(vec!["", "u1", "42", "a%20b", "7x"])),
+            0..4),
+        headers in proptest::collection::vec(
+            (proptest::sample::select(vec!["x-internal", "x-user", "x-from"]),
+             proptest::sample::select(vec!["", "1", " bob ", "<sip:al@h>", "sip:h"])),
+            0..3),
+        cookies in proptest::collection::vec(
+            (proptest::sample::select(vec!["session", "tenant", "other"]),
+             proptest::sample::select(vec!["", "s1", "t9"])),
+            0..3),
+    ) {
+        let xml = Rules::from_xml(EXAMPLE).unwrap();
+        let flat = toml_rules(EXAMPLE_TOML);
+        let nested = toml_rules(EXAMPLE_NESTED_TOML);
+        let query: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let uri = if query.is_empty() { path.to_owned() } else { format!("{path}?{}", query.join("&")) };
+        let cookie: Vec<String> = cookies.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let cookie = cookie.join("; ");
+        let mut hs: Vec<(&str, &str)> = headers.clone();
+        if !cookie.is_empty() {
+            hs.push(("cookie", &cookie));
+        }
+        let req = Req::new(&uri, &hs);
+        let want = req.key(&xml);
+        proptest::prop_assert_eq!(req.key(&nested), want.clone(), "nested: {} {:?}", uri, hs);
+        proptest::prop_assert_eq!(req.key(&flat), want, "flat: {} {:?}", uri, hs);
     }
 }

@@ -1,0 +1,224 @@
+//! Engine micro-benchmarks (criterion): ring lookup, full and incremental
+//! ring builds, data-centric rule extraction and a whole routing decision.
+//!
+//! Run: `cargo bench --bench engine` (figures and the machine in
+//! `docs/performance.md`, section "Engine (criterion)"). Every input is
+//! fixed (node ids `node-0` .. `node-N`, keys from a seeded generator), so
+//! runs compare.
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use http::header::COOKIE;
+use http::{HeaderMap, HeaderValue, Method, Uri};
+use peerlb::{
+    Member, MembershipView, NodeId, NodeStatus, PolicyKind, RequestView, Ring, Router, RuleSpec,
+    Rules,
+};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+
+/// The default `vnodes` (a table of 2^18 slots).
+const VNODES: u32 = 1024;
+
+/// The user rules the cluster tests use (tests/support `USER_RULES`).
+const USER_RULES: &str = r#"
+[[rules]]
+name = "user"
+extract = [{ query = "user" }, { header = "x-user" }, { cookie = "session" }]
+"#;
+
+fn nodes(n: usize) -> Vec<(NodeId, u32)> {
+    (0..n)
+        .map(|i| (NodeId::from(format!("node-{i}")), 100))
+        .collect()
+}
+
+fn keys(n: usize) -> Vec<String> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    (0..n)
+        .map(|_| format!("user-{:016x}", rng.next_u64()))
+        .collect()
+}
+
+fn user_rules() -> Rules {
+    #[derive(Deserialize)]
+    struct File {
+        rules: Vec<RuleSpec>,
+    }
+    let file: File = toml::from_str(USER_RULES).expect("valid rules");
+    Rules::compile(&file.rules).expect("rules compile")
+}
+
+fn view(n: usize) -> MembershipView {
+    let members = (0..n).map(|i| Member {
+        id: NodeId::from(format!("node-{i}")),
+        generation: 1,
+        peer_addr: SocketAddr::from(([127, 0, 0, 1], 7000)),
+        http_addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
+        weight: 100,
+        status: NodeStatus::Serving,
+        load: 100,
+        inflight: 0,
+    });
+    MembershipView::new(NodeId::from("node-0"), members, VNODES)
+}
+
+struct Request {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    client: SocketAddr,
+}
+
+impl Request {
+    /// `GET /cart?user=<user>` with a session cookie, as a browser sends it.
+    fn new(user: &str) -> Request {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            COOKIE,
+            HeaderValue::from_static("theme=dark; session=s-0123456789abcdef"),
+        );
+        Request {
+            method: Method::GET,
+            uri: format!("/cart?item=42&user={user}").parse().unwrap(),
+            headers,
+            client: SocketAddr::from(([192, 0, 2, 1], 40_000)),
+        }
+    }
+
+    fn view(&self) -> RequestView<'_> {
+        RequestView {
+            method: &self.method,
+            uri: &self.uri,
+            headers: &self.headers,
+            client: self.client,
+        }
+    }
+}
+
+fn ring_lookup(c: &mut Criterion) {
+    let keys = keys(4096);
+    let mut g = c.benchmark_group("ring_lookup");
+    for n in [10, 100, 1000] {
+        let ring = Ring::build(&nodes(n), VNODES);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &ring, |b, ring| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) & 4095;
+                black_box(ring.owner(black_box(&keys[i])))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn ring_failover_order(c: &mut Criterion) {
+    let keys = keys(4096);
+    let mut g = c.benchmark_group("ring_second_candidate");
+    for n in [10, 100, 1000] {
+        let ring = Ring::build(&nodes(n), VNODES);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &ring, |b, ring| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) & 4095;
+                black_box(ring.candidates(black_box(&keys[i])).nth(1))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn ring_build(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring_build_full");
+    g.sample_size(10);
+    for n in [10, 100, 1000] {
+        let input = nodes(n);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
+            b.iter(|| Ring::build(black_box(input), VNODES))
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("ring_rebuild_leave");
+    g.sample_size(20);
+    for n in [10, 100, 1000] {
+        let all = nodes(n);
+        let ring = Ring::build(&all, VNODES);
+        let rest: Vec<_> = all
+            .iter()
+            .filter(|(id, _)| &**id != "node-3")
+            .cloned()
+            .collect();
+        g.bench_with_input(BenchmarkId::from_parameter(n), &rest, |b, rest| {
+            b.iter(|| ring.rebuild(black_box(rest), VNODES))
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("ring_rebuild_join");
+    g.sample_size(20);
+    for n in [10, 100, 1000] {
+        let all = nodes(n);
+        let ring = Ring::build(&all, VNODES);
+        let mut more = all.clone();
+        more.push((NodeId::from("joiner"), 100));
+        g.bench_with_input(BenchmarkId::from_parameter(n), &more, |b, more| {
+            b.iter(|| ring.rebuild(black_box(more), VNODES))
+        });
+    }
+    g.finish();
+}
+
+fn rules(c: &mut Criterion) {
+    let rules = user_rules();
+    let mut g = c.benchmark_group("rules_extract");
+    let hit = Request::new("alice");
+    g.bench_function("user_query", |b| {
+        b.iter(|| black_box(rules.extract(black_box(&hit.view()))))
+    });
+    // No `user` parameter, no `x-user` header: the third extractor (cookie).
+    let mut cookie_only = Request::new("alice");
+    cookie_only.uri = "/cart?item=42".parse().unwrap();
+    g.bench_function("user_cookie_fallback", |b| {
+        b.iter(|| black_box(rules.extract(black_box(&cookie_only.view()))))
+    });
+    g.finish();
+}
+
+fn route(c: &mut Criterion) {
+    let mut g = c.benchmark_group("route_decide");
+    let users = keys(1024);
+    let requests: Vec<Request> = users.iter().map(|u| Request::new(u)).collect();
+    for n in [10, 100, 1000] {
+        let v = view(n);
+        let mut router = Router::new(PolicyKind::ConsistentHash, user_rules());
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
+        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) & 1023;
+                black_box(router.decide(
+                    black_box(&requests[i].view()),
+                    &v,
+                    Duration::ZERO,
+                    &mut rng,
+                ))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    ring_lookup,
+    ring_failover_order,
+    ring_build,
+    rules,
+    route
+);
+criterion_main!(benches);

@@ -1,0 +1,167 @@
+//! `peerlb-sim`: runs a simulation scenario (simulations/README.md).
+//!
+//! ```text
+//! peerlb-sim simulations/<scenario>.toml [--seed N | --seeds A..B] [--report out.svg] [--trace out.txt]
+//! ```
+//!
+//! Prints the seed, a summary (requests per node, failures, failover and
+//! ring convergence times) and, as its last line, the trace hash. Exits 1
+//! when an invariant did not hold. Build it with `--cfg tokio_unstable`
+//! (the `simulations/peerlb-sim` wrapper does).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+use peerlb::sim::harness::{self, Outcome, RunOptions};
+use peerlb::sim::scenario::Scenario;
+
+// Process randomness comes from the simulation's seed in this binary only.
+peerlb::sim_os_overrides!();
+
+/// Runs a peerlb cluster simulation scenario.
+#[derive(Parser)]
+#[command(name = "peerlb-sim", version, about)]
+struct Args {
+    /// The scenario file (simulations/*.toml).
+    scenario: PathBuf,
+    /// Run with this seed (default: the scenario's first seed).
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// Run every seed of the range A..B (B excluded).
+    #[arg(long, value_parser = parse_range)]
+    seeds: Option<(u64, u64)>,
+    /// Write an SVG chart of per-node load with fault markers (single seed).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Write the full event trace (single seed).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once("..").ok_or("want A..B")?;
+    let a = a.parse().map_err(|_| "A is not a number")?;
+    let b = b.parse().map_err(|_| "B is not a number")?;
+    if a >= b {
+        return Err("want A < B".into());
+    }
+    Ok((a, b))
+}
+
+fn ms(d: std::time::Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+fn print_summary(o: &Outcome) {
+    let f = &o.figures;
+    println!(
+        "scenario {}: simulated {} in {} wall ({:.0}x)",
+        o.scenario,
+        ms(o.simulated),
+        ms(o.wall),
+        o.simulated.as_secs_f64() / o.wall.as_secs_f64().max(1e-9)
+    );
+    println!(
+        "requests: sent {} ok {} failed {} entry-lost {} no-entry {} replayed {}; latency p50 {} p99 {}",
+        f.sent, f.ok, f.failed, f.entry_lost, f.no_entry, f.replayed, ms(f.p50), ms(f.p99)
+    );
+    let per: Vec<String> = f.served.iter().map(|(n, c)| format!("{n}={c}")).collect();
+    println!("served per node: {}", per.join(" "));
+    let lat: Vec<String> = f
+        .latency_by_node
+        .iter()
+        .map(|(n, (a, b))| format!("{n}={}/{}", ms(*a), ms(*b)))
+        .collect();
+    println!("latency p50/p99 by serving node: {}", lat.join(" "));
+    for (n, d) in &f.ejections {
+        println!(
+            "failover: {n} out of every ring {} after its kill",
+            d.map_or_else(|| "never".to_owned(), ms)
+        );
+    }
+    for (label, d) in &f.convergence {
+        println!(
+            "ring convergence after {label}: {}",
+            d.map_or_else(|| "not reached (or partitioned)".to_owned(), ms)
+        );
+    }
+    println!(
+        "membership skew: {} proxied requests served by a node whose own view named another owner",
+        f.disagree
+    );
+    for (label, frac) in &f.keys_moved {
+        println!("keys moved by {label}: {:.1}%", frac * 100.0);
+    }
+    for v in &o.violations {
+        println!("VIOLATION: {v}");
+    }
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("peerlb-sim: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<bool> {
+    let args = Args::parse();
+    let scenario = Scenario::load(&args.scenario)?;
+    let seeds: Vec<u64> = match (args.seed, args.seeds) {
+        (Some(s), _) => vec![s],
+        (None, Some((a, b))) => (a..b).collect(),
+        (None, None) => vec![scenario.seeds.first().copied().unwrap_or(1)],
+    };
+    let single = seeds.len() == 1;
+    let opts = RunOptions {
+        keep_trace: single && args.trace.is_some(),
+    };
+    let mut all_ok = true;
+    let mut hashes = Vec::new();
+    for seed in &seeds {
+        println!("seed: {seed}");
+        let o = harness::run_isolated(&scenario, *seed, &opts)
+            .with_context(|| format!("seed {seed}"))?;
+        if single {
+            print_summary(&o);
+        } else {
+            println!(
+                "seed {seed}: hash {} sent {} failed {} violations {} ({} simulated in {})",
+                o.hash,
+                o.figures.sent,
+                o.figures.failed,
+                o.violations.len(),
+                ms(o.simulated),
+                ms(o.wall)
+            );
+            for v in &o.violations {
+                println!("VIOLATION (seed {seed}): {v}");
+            }
+        }
+        all_ok &= o.violations.is_empty();
+        if let (true, Some(p)) = (single, &args.report) {
+            std::fs::write(p, peerlb::sim::report::svg(&o))
+                .with_context(|| format!("writing {}", p.display()))?;
+            println!("report: {}", p.display());
+        }
+        if let (true, Some(p)) = (single, &args.trace) {
+            std::fs::write(p, o.trace.join("\n") + "\n")
+                .with_context(|| format!("writing {}", p.display()))?;
+            println!("trace: {} ({} lines)", p.display(), o.lines);
+        }
+        hashes.push(o.hash);
+    }
+    if single {
+        println!("trace-hash: {}", hashes[0]);
+    } else {
+        let all = xxhash_rust::xxh3::xxh3_64(hashes.join("\n").as_bytes());
+        println!("trace-hash: {all:016x} (over {} seeds)", hashes.len());
+    }
+    Ok(all_ok)
+}

@@ -1,0 +1,107 @@
+//! chitchat's gossip over turmoil's simulated UDP.
+//!
+//! chitchat 0.13 keeps its envelope codec crate-private, so a transport of
+//! our own cannot put a `ChitchatEnvelope` into bytes. This transport sends
+//! a real turmoil datagram per message (so latency, loss, partitions and
+//! crashes apply to gossip exactly as to QUIC), carrying an 8-byte ticket;
+//! the envelope itself waits in a mailbox shared by the simulation and is
+//! taken by the receiver of the ticket.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use chitchat::ChitchatEnvelope;
+use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
+
+/// Envelopes in flight; beyond this many the oldest half is dropped (their
+/// tickets were lost on partitioned or crashed links).
+const MAILBOX_LIMIT: usize = 100_000;
+
+#[derive(Default)]
+struct Mailbox {
+    next: u64,
+    letters: BTreeMap<u64, ChitchatEnvelope>,
+}
+
+/// The gossip transport of one simulation (clone it into every node).
+#[derive(Clone, Default)]
+pub struct SimGossip {
+    mailbox: Arc<Mutex<Mailbox>>,
+}
+
+impl SimGossip {
+    /// A transport with an empty mailbox.
+    pub fn new() -> SimGossip {
+        SimGossip::default()
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SimGossip {
+    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        let socket = turmoil::net::UdpSocket::bind(("0.0.0.0", listen_addr.port())).await?;
+        Ok(Box::new(SimGossipSocket {
+            socket,
+            local: listen_addr,
+            mailbox: self.mailbox.clone(),
+        }))
+    }
+}
+
+struct SimGossipSocket {
+    socket: turmoil::net::UdpSocket,
+    local: SocketAddr,
+    mailbox: Arc<Mutex<Mailbox>>,
+}
+
+#[async_trait::async_trait]
+impl Socket for SimGossipSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    async fn send(
+        &mut self,
+        to: SocketAddr,
+        envelope: ChitchatEnvelope,
+    ) -> anyhow::Result<SendOutcome> {
+        let ticket = {
+            let mut m = self.mailbox.lock().expect("mailbox lock");
+            let t = m.next;
+            m.next += 1;
+            m.letters.insert(t, envelope);
+            if m.letters.len() > MAILBOX_LIMIT {
+                let keep = m.letters.split_off(&(t - (MAILBOX_LIMIT as u64) / 2));
+                m.letters = keep;
+            }
+            t
+        };
+        let n = self.socket.send_to(&ticket.to_le_bytes(), to).await?;
+        Ok(SendOutcome { num_bytes_sent: n })
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
+        loop {
+            let mut buf = [0u8; 8];
+            let (n, from_addr) = self.socket.recv_from(&mut buf).await?;
+            if n != 8 {
+                continue;
+            }
+            let ticket = u64::from_le_bytes(buf);
+            let letter = self
+                .mailbox
+                .lock()
+                .expect("mailbox lock")
+                .letters
+                .remove(&ticket);
+            if let Some(envelope) = letter {
+                return Ok(RecvOutcome {
+                    from_addr,
+                    envelope,
+                    num_bytes_received: n,
+                });
+            }
+        }
+    }
+}

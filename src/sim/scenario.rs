@@ -1,0 +1,308 @@
+//! Scenario files (`simulations/*.toml`): the cluster, the traffic, the
+//! fault script and the invariants a run must hold. See
+//! `simulations/README.md` for the format.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// One scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short name (defaults to the file stem).
+    #[serde(default)]
+    pub name: String,
+    /// What it shows.
+    #[serde(default)]
+    pub description: String,
+    /// Nodes started at time zero: `n1` ..= `n<nodes>`.
+    pub nodes: usize,
+    /// Nodes that exist in the cluster file but start only on a `join`
+    /// fault: `n<nodes+1>` ...
+    #[serde(default)]
+    pub spare_nodes: usize,
+    /// Virtual seconds the run lasts.
+    pub duration_s: f64,
+    /// Seeds `cargo test` runs this scenario with.
+    #[serde(default = "default_seeds")]
+    pub seeds: Vec<u64>,
+    /// Short enough for CI's many-seed sweep.
+    #[serde(default)]
+    pub short: bool,
+    /// Extra `cluster.toml` text (top-level keys and sections such as
+    /// `policy`, `[gossip]`, `[peer]`, `[limits]`); the harness appends the
+    /// `[[nodes]]` and, unless given here, the default `user` rules.
+    #[serde(default)]
+    pub cluster: String,
+    /// Simulated network.
+    #[serde(default)]
+    pub network: Network,
+    /// Client traffic.
+    #[serde(default)]
+    pub traffic: Vec<Traffic>,
+    /// The fault script, in time order.
+    #[serde(default, rename = "fault")]
+    pub faults: Vec<Fault>,
+    /// Invariants beyond the ones every run checks.
+    #[serde(default)]
+    pub expect: Expect,
+}
+
+fn default_seeds() -> Vec<u64> {
+    vec![1, 2]
+}
+
+/// `[network]`: turmoil's link model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Network {
+    /// Smallest one-way message latency, ms.
+    pub min_latency_ms: u64,
+    /// Largest one-way message latency, ms.
+    pub max_latency_ms: u64,
+    /// Simulation step, ms (message delivery granularity).
+    pub tick_ms: u64,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            min_latency_ms: 1,
+            max_latency_ms: 3,
+            tick_ms: 1,
+        }
+    }
+}
+
+/// Key distribution of a traffic source.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Keys {
+    /// Uniform over `key_count` keys.
+    Uniform,
+    /// Zipf over `key_count` keys with exponent `zipf_s`.
+    Zipf,
+}
+
+/// One `[[traffic]]` source: `clients` client hosts, each sending `rate`
+/// requests per virtual second (Poisson arrivals) between `start_s` and
+/// `stop_s` to an entry node the sprayer picks among the ready nodes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Traffic {
+    /// Client hosts.
+    #[serde(default = "one")]
+    pub clients: usize,
+    /// Requests per second per client.
+    pub rate: f64,
+    /// Start, virtual s.
+    #[serde(default)]
+    pub start_s: f64,
+    /// Stop, virtual s.
+    pub stop_s: f64,
+    /// Key distribution.
+    #[serde(default = "uniform")]
+    pub keys: Keys,
+    /// Distinct keys.
+    #[serde(default = "thousand")]
+    pub key_count: usize,
+    /// Zipf exponent.
+    #[serde(default = "zipf_s")]
+    pub zipf_s: f64,
+    /// A hot key and the fraction of requests that carry it.
+    #[serde(default)]
+    pub hot_key: Option<String>,
+    /// Fraction of requests for `hot_key`.
+    #[serde(default)]
+    pub hot_fraction: f64,
+    /// HTTP method (`GET` is retried on failover; `POST` is not).
+    #[serde(default = "get")]
+    pub method: String,
+    /// App delay per request, ms (the built-in app's `/delay/<ms>`).
+    #[serde(default)]
+    pub delay_ms: u64,
+}
+
+fn one() -> usize {
+    1
+}
+fn uniform() -> Keys {
+    Keys::Uniform
+}
+fn thousand() -> usize {
+    1000
+}
+fn zipf_s() -> f64 {
+    1.1
+}
+fn get() -> String {
+    "GET".to_owned()
+}
+
+/// One `[[fault]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// When, virtual s.
+    pub at_s: f64,
+    /// What.
+    pub action: Action,
+    /// The node (`n3`), or `owner:<key>` for the node that owns that key
+    /// in the first ready node's view at that moment.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// One side of a partition or link change (node ids).
+    #[serde(default)]
+    pub a: Vec<String>,
+    /// The other side.
+    #[serde(default)]
+    pub b: Vec<String>,
+    /// Latency for `latency`, ms.
+    #[serde(default)]
+    pub ms: u64,
+    /// Loss rate for `loss`, 0..=1.
+    #[serde(default)]
+    pub rate: f64,
+    /// For `slow`: the node's app works this many times slower (1: normal).
+    #[serde(default = "twenty")]
+    pub factor: u32,
+}
+
+fn twenty() -> u32 {
+    20
+}
+
+/// Fault kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Crash the node (kill -9): its sockets vanish.
+    Kill,
+    /// Start a killed or drained node again: same node id, new generation.
+    Restart,
+    /// SIGTERM: the node drains and leaves.
+    Drain,
+    /// Start a spare node.
+    Join,
+    /// Drop every message between `a` and `b`, both ways.
+    Partition,
+    /// Drop messages from `a` to `b` only.
+    PartitionOneway,
+    /// Undo every partition.
+    Heal,
+    /// Fixed latency `ms` on links between `a` and `b`.
+    Latency,
+    /// Message loss `rate` on links between `a` and `b`.
+    Loss,
+    /// The node's app works `factor` times slower (`/delay` requests).
+    Slow,
+}
+
+/// `[expect]`: invariants and limits of a scenario.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Expect {
+    /// Most requests allowed to fail (5xx or a broken connection to a
+    /// ready entry node). Requests whose entry node itself was killed
+    /// under them are counted apart (`entry_lost`): the sprayer's loss.
+    pub max_failed: u64,
+    /// After the last fault, every ready node's ring must agree with every
+    /// other and hold exactly the ready nodes within this many virtual s.
+    pub converge_within_s: f64,
+    /// Every killed node must leave every live node's ring within this
+    /// many virtual s.
+    pub eject_within_s: f64,
+    /// Requests that must have been served (sanity: the traffic ran).
+    pub min_served: u64,
+}
+
+impl Default for Expect {
+    fn default() -> Self {
+        Expect {
+            max_failed: 0,
+            converge_within_s: 10.0,
+            eject_within_s: 5.0,
+            min_served: 1,
+        }
+    }
+}
+
+impl Scenario {
+    /// Reads and checks a scenario file.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not valid TOML for this model, or names
+    /// an unknown node or an impossible time.
+    pub fn load(path: &Path) -> anyhow::Result<Scenario> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let mut s: Scenario =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if s.name.is_empty() {
+            s.name = path
+                .file_stem()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        }
+        s.check().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(s)
+    }
+
+    /// Node ids: started ones first, then spares.
+    pub fn node_ids(&self) -> Vec<String> {
+        (1..=self.nodes + self.spare_nodes)
+            .map(|i| format!("n{i}"))
+            .collect()
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.nodes >= 1, "nodes must be at least 1");
+        anyhow::ensure!(self.duration_s > 0.0, "duration_s must be positive");
+        anyhow::ensure!(self.network.tick_ms >= 1, "network.tick_ms must be at least 1");
+        anyhow::ensure!(
+            self.network.min_latency_ms <= self.network.max_latency_ms,
+            "network.min_latency_ms exceeds max_latency_ms"
+        );
+        let ids = self.node_ids();
+        let known = |n: &str| ids.iter().any(|i| i == n);
+        let mut last = 0.0;
+        for (i, f) in self.faults.iter().enumerate() {
+            anyhow::ensure!(
+                f.at_s >= last && f.at_s < self.duration_s,
+                "fault[{i}].at_s must be in time order and inside the run"
+            );
+            last = f.at_s;
+            if let Some(n) = &f.node {
+                anyhow::ensure!(
+                    known(n) || n.starts_with("owner:"),
+                    "fault[{i}].node {n:?} is not a node of this scenario"
+                );
+            }
+            for n in f.a.iter().chain(&f.b) {
+                anyhow::ensure!(known(n), "fault[{i}]: {n:?} is not a node of this scenario");
+            }
+            let needs_node = matches!(
+                f.action,
+                Action::Kill | Action::Restart | Action::Drain | Action::Join | Action::Slow
+            );
+            anyhow::ensure!(
+                !needs_node || f.node.is_some(),
+                "fault[{i}]: {:?} needs `node`",
+                f.action
+            );
+        }
+        for (i, t) in self.traffic.iter().enumerate() {
+            anyhow::ensure!(t.rate > 0.0, "traffic[{i}].rate must be positive");
+            anyhow::ensure!(t.key_count >= 1, "traffic[{i}].key_count must be at least 1");
+            anyhow::ensure!(
+                t.start_s < t.stop_s && t.stop_s <= self.duration_s,
+                "traffic[{i}]: start_s < stop_s <= duration_s"
+            );
+            anyhow::ensure!(
+                t.method == "GET" || t.method == "POST",
+                "traffic[{i}].method must be GET or POST"
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! HTTP edge cases at the entry node: slow or idle clients, half-closed
+//! clients, oversized heads, missing Host.
+
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::time::Duration;
+
+use support::*;
+
+/// Reads until the server closes the connection (or 5 s pass); returns
+/// what it sent and whether it closed.
+fn read_until_closed(s: &mut TcpStream) -> (String, bool) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&out).into_owned(), true),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (String::from_utf8_lossy(&out).into_owned(), true);
+            }
+            Err(_) => return (String::from_utf8_lossy(&out).into_owned(), false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_idle_half_closed_and_oversized_clients_get_the_right_answer() {
+    let c = Cluster::start(
+        "http",
+        3,
+        "[ring]\nvnodes = 1024\n[limits]\nheader_read_timeout_ms = 500\n",
+        USER_RULES,
+    );
+    let entry = c.nodes[0].http;
+    let r = ring(&["n1", "n2", "n3"], 1024);
+
+    // A connection that sends nothing, and one that sends half a head, are
+    // closed after the header read timeout (slowloris).
+    let mut idle = TcpStream::connect(entry).unwrap();
+    let mut partial = TcpStream::connect(entry).unwrap();
+    partial
+        .write_all(b"GET /x?user=a HTTP/1.1\r\nHost: a\r\nx-slow: ")
+        .unwrap();
+    let (_, closed) = read_until_closed(&mut idle);
+    assert!(
+        closed,
+        "an idle connection stays open past the header read timeout"
+    );
+    let (_, closed) = read_until_closed(&mut partial);
+    assert!(
+        closed,
+        "a half-sent head stays open past the header read timeout"
+    );
+
+    // A client that half-closes after its request still gets the forwarded
+    // answer (HAProxy in TCP mode passes such half-closes on).
+    let user = user_where(&r, |o| o != "n1");
+    let mut s = TcpStream::connect(entry).unwrap();
+    write!(
+        s,
+        "GET /x?user={user} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let (text, _) = read_until_closed(&mut s);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    assert!(
+        text.contains(&format!("peerlb-served-by: {}", r.owner(&user).unwrap())),
+        "{text}"
+    );
+
+    // A head too large for a peer frame gets 431 at the entry, whoever owns the key.
+    let big = "v".repeat(70_000);
+    for n in &c.nodes {
+        let resp = get(n.http, &format!("/x?user={user}"), &[("x-big", &big)]).await;
+        assert_eq!(resp.status, 431, "via {}", n.id);
+    }
+    assert_eq!(
+        counter(entry, "forwarded"),
+        1,
+        "only the half-closed request was forwarded"
+    );
+
+    // HTTP/1.1 without Host, or with two, is a bad request.
+    for head in [
+        "GET /x HTTP/1.1\r\n\r\n".to_owned(),
+        "GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_owned(),
+    ] {
+        let mut s = TcpStream::connect(entry).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        let (text, _) = read_until_closed(&mut s);
+        assert!(text.starts_with("HTTP/1.1 400"), "{head:?}: {text:?}");
+    }
+}

@@ -1,0 +1,271 @@
+//! The simulation tier (STYLE.md 9): every scenario in `simulations/` on
+//! its seeds, the determinism canaries, and what the harness's adapters
+//! promise. Needs `--features sim` and `RUSTFLAGS="--cfg tokio_unstable"`
+//! (see simulations/README.md): `simulations/peerlb-sim test`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use peerlb::sim::harness::{self, Outcome, RunOptions};
+use peerlb::sim::scenario::Scenario;
+
+// Process randomness from the seed, in this test binary only.
+peerlb::sim_os_overrides!();
+
+fn scenario(name: &str) -> Scenario {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("simulations")
+        .join(format!("{name}.toml"));
+    Scenario::load(&path).unwrap()
+}
+
+fn run(s: &Scenario, seed: u64) -> Outcome {
+    let o = harness::run_isolated(s, seed, &RunOptions::default()).unwrap();
+    assert!(
+        o.violations.is_empty(),
+        "{} seed {seed}: {:#?}\nfigures: {:#?}",
+        s.name,
+        o.violations,
+        o.figures
+    );
+    o
+}
+
+/// Runs every seed of a scenario; returns the outcomes.
+fn run_all(name: &str) -> Vec<Outcome> {
+    let s = scenario(name);
+    s.seeds.iter().map(|seed| run(&s, *seed)).collect()
+}
+
+fn served_after(o: &Outcome, node: &str, after: Duration) -> usize {
+    o.serves
+        .iter()
+        .filter(|(t, n)| n == node && *t > after)
+        .count()
+}
+
+#[test]
+fn kill_owner_of_hot_key_under_load() {
+    for o in run_all("kill-owner") {
+        let kill = &o.faults[0];
+        let dead = kill.node.clone().unwrap();
+        let (_, eject) = &o.figures.ejections[0];
+        let eject = eject.expect("ejected");
+        assert!(eject <= Duration::from_secs(2), "{eject:?}");
+        // Nothing is served by the dead node after its kill.
+        assert_eq!(served_after(&o, &dead, kill.at), 0);
+        assert_eq!(o.figures.failed, 0);
+        // The survivors share its keys: about 1/5 moved.
+        let (_, moved) = o.figures.keys_moved[0];
+        assert!((0.1..0.35).contains(&moved), "{moved}");
+    }
+}
+
+#[test]
+fn partition_two_plus_one_then_heal() {
+    for o in run_all("partition-heal") {
+        let heal = o.figures.convergence.last().unwrap();
+        assert_eq!(heal.0, "heal");
+        assert!(heal.1.expect("converged after heal") <= Duration::from_secs(5));
+        // The lone side kept serving during the partition.
+        let (start, end) = (o.faults[0].at, o.faults[1].at);
+        let n3 = o
+            .serves
+            .iter()
+            .filter(|(t, n)| n == "n3" && *t > start + Duration::from_secs(2) && *t < end)
+            .count();
+        assert!(n3 > 50, "{n3}");
+    }
+}
+
+#[test]
+fn restart_with_the_same_id_leaves_no_ghost() {
+    for o in run_all("restart-same-id") {
+        // The restarted node serves again (new generation on every ring;
+        // the probe found no old generation: no violation).
+        assert!(served_after(&o, "n2", o.faults[1].at) > 20);
+    }
+}
+
+#[test]
+fn drain_finishes_in_flight_requests() {
+    for o in run_all("drain") {
+        assert_eq!(o.figures.failed, 0);
+        assert_eq!(o.figures.entry_lost, 0);
+        // n3 served until it left, then nothing.
+        assert!(served_after(&o, "n3", o.faults[0].at) > 0);
+        assert_eq!(served_after(&o, "n3", o.faults[0].at + Duration::from_secs(3)), 0);
+    }
+}
+
+#[test]
+fn node_join_takes_about_a_quarter_of_the_keys() {
+    for o in run_all("node-join") {
+        let (_, moved) = o.figures.keys_moved[0];
+        assert!((0.15..0.38).contains(&moved), "{moved}");
+        let join = o.faults[0].at;
+        assert!(served_after(&o, "n4", join + Duration::from_secs(4)) > 50);
+    }
+}
+
+#[test]
+fn membership_skew_forwards_once_and_never_fails() {
+    for o in run_all("membership-skew") {
+        assert_eq!(o.figures.failed, 0);
+        assert!(o.figures.ok > 500);
+        // The skew happened: owners served requests their own view gave
+        // to another node, and nothing looped (no violation).
+        assert!(o.figures.disagree > 0, "{:?}", o.figures);
+    }
+}
+
+#[test]
+fn rolling_restart_of_every_node() {
+    for o in run_all("rolling-restart") {
+        let nodes: BTreeSet<&String> = o.serves.iter().map(|(_, n)| n).collect();
+        assert_eq!(nodes.len(), 4);
+        let last = o.faults.last().unwrap().at;
+        assert!(served_after(&o, "n4", last + Duration::from_secs(1)) > 0);
+    }
+}
+
+/// Determinism canary: the same seed gives the same trace hash on two
+/// threads of this process; another seed gives another hash. (`.ci/run`
+/// also compares hashes across separate processes.)
+#[test]
+fn same_seed_same_trace_other_seed_other_trace() {
+    let s = scenario("restart-same-id");
+    let a = run(&s, 7);
+    let b = run(&s, 7);
+    let c = run(&s, 8);
+    assert!(a.lines > 1000, "{}", a.lines);
+    assert_eq!(a.hash, b.hash);
+    assert_ne!(a.hash, c.hash);
+}
+
+/// Canary for the randomness sources decisions depend on: std's HashMap
+/// keys and rand's thread RNG (getrandom 0.4) draw from the thread's seed.
+#[test]
+fn process_randomness_comes_from_the_seed() {
+    fn draw(seed: u64) -> (u64, u64, u64) {
+        std::thread::spawn(move || {
+            use std::hash::BuildHasher;
+            peerlb::sim::os::seed_thread(seed);
+            let h = std::collections::hash_map::RandomState::new().hash_one(42u64);
+            let r: u64 = rand::RngExt::random(&mut rand::rng());
+            (h, r, peerlb::sim::os::drawn())
+        })
+        .join()
+        .unwrap()
+    }
+    let (h1, r1, drawn) = draw(1);
+    assert!(drawn >= 16, "the getrandom override is not linked: drew {drawn} bytes");
+    assert_eq!(draw(1).0, h1, "HashMap keys escape the seed");
+    assert_eq!(draw(1).1, r1, "rand's thread RNG escapes the seed");
+    assert_ne!(draw(2).0, h1);
+    assert_ne!(draw(2).1, r1);
+}
+
+/// chitchat 0.13's failure detector reads `tokio::time::Instant`, so under
+/// turmoil it runs on virtual time: 30 virtual seconds of a live peer never
+/// mark it dead, and a crashed peer is marked dead within a few virtual
+/// seconds, in far less wall time.
+#[test]
+fn chitchat_failure_detector_runs_on_virtual_time() {
+    use chitchat::{ChitchatConfig, ChitchatId, FailureDetectorConfig};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    std::thread::spawn(|| {
+        peerlb::sim::os::seed_thread(3);
+        let mut sim = turmoil::Builder::new()
+            .rng_seed(3)
+            .simulation_duration(Duration::from_secs(120))
+            .min_message_latency(Duration::from_millis(1))
+            .max_message_latency(Duration::from_millis(2))
+            .build();
+        let transport = peerlb::sim::gossip::SimGossip::new();
+        let addr = |i: u8| std::net::SocketAddr::from(([192, 168, 0, i], 7100));
+        let _ = (sim.lookup("g1"), sim.lookup("g2"));
+        let live: Rc<RefCell<Vec<(Duration, usize)>>> = Rc::default();
+        for (i, name) in [(1u8, "g1"), (2, "g2")] {
+            let t = transport.clone();
+            let live = live.clone();
+            sim.host(name, move || {
+                let t = t.clone();
+                let live = live.clone();
+                async move {
+                    let config = ChitchatConfig {
+                        chitchat_id: ChitchatId::new(name.to_owned(), 1, addr(i)),
+                        cluster_id: "c".into(),
+                        gossip_interval: Duration::from_millis(200),
+                        listen_addr: addr(i),
+                        seed_nodes: vec![addr(3 - i).to_string()],
+                        failure_detector_config: FailureDetectorConfig {
+                            initial_interval: Duration::from_millis(200),
+                            ..FailureDetectorConfig::default()
+                        },
+                        marked_for_deletion_grace_period: Duration::from_secs(3600),
+                        catchup_callback: None,
+                        extra_liveness_predicate: None,
+                        protocol_version: chitchat::ProtocolVersion::V0,
+                    };
+                    let h = chitchat::spawn_chitchat(config, Vec::new(), &t).await?;
+                    let start = tokio::time::Instant::now();
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let n = h.chitchat().lock().await.live_nodes().count();
+                        if i == 1 {
+                            live.borrow_mut().push((start.elapsed(), n));
+                        }
+                    }
+                }
+            });
+        }
+        #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+        let wall = std::time::Instant::now();
+        while sim.elapsed() < Duration::from_secs(35) {
+            sim.step().unwrap();
+        }
+        sim.crash("g2");
+        let crashed_at = sim.elapsed();
+        while sim.elapsed() < Duration::from_secs(60) {
+            sim.step().unwrap();
+        }
+        let wall = wall.elapsed();
+        let live = live.borrow();
+        // Both live from 3 s to the crash: never marked dead while alive.
+        let before: Vec<usize> = live
+            .iter()
+            .filter(|(t, _)| *t > Duration::from_secs(3) && *t < crashed_at - Duration::from_millis(200))
+            .map(|(_, n)| *n)
+            .collect();
+        assert!(before.len() > 250 && before.iter().all(|n| *n == 2), "{before:?}");
+        // Dead within 10 virtual seconds of the crash, and stays dead.
+        let dead_at = live
+            .iter()
+            .find(|(t, n)| *t > crashed_at && *n == 1)
+            .map(|(t, _)| *t - crashed_at)
+            .expect("marked dead");
+        assert!(dead_at < Duration::from_secs(10), "{dead_at:?}");
+        assert!(live.iter().filter(|(t, _)| *t > crashed_at + dead_at).all(|(_, n)| *n == 1));
+        assert!(wall < Duration::from_secs(60), "{wall:?}");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn slow_node_does_not_convoy_the_others() {
+    for o in run_all("slow-node") {
+        let lat = &o.figures.latency_by_node;
+        // n2 is slow (100 ms of work after the fault)...
+        assert!(lat["n2"].1 >= Duration::from_millis(100), "{lat:?}");
+        // ...and nobody else waits behind it.
+        for n in ["n1", "n3", "n4"] {
+            assert!(lat[n].1 < Duration::from_millis(40), "{n}: {lat:?}");
+        }
+        assert_eq!(o.figures.failed, 0);
+    }
+}
