@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the side-by-side benchmark (docs/performance.md):
-#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, size and concurrency sweeps (~8 min on 2 cores)
-#   bench/compare.sh --quick    # base point only, 2 s per measurement (~1 min)
+#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps (~9 min on 2 cores)
+#   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~1 min)
 #   bench/compare.sh --help     # every option (rounds, duration, contenders, binary, markdown output)
 # Needs Debian's haproxy, nginx and wrk: apt-get install -y haproxy nginx wrk
 # Not part of CI (.ci/run does not run it).
