@@ -197,7 +197,8 @@ impl Node {
         let load_task = tokio::spawn(publish_load(
             ingress.clone(),
             gossip.publisher(),
-            MetricSmoother::new(config.metric_history).map_err(|e| NodeError::Metric(e.to_string()))?,
+            MetricSmoother::new(config.metric_history)
+                .map_err(|e| NodeError::Metric(e.to_string()))?,
             config.metric_capacity,
             config.metric_latency_limit_ms,
             config.gossip_interval,

@@ -623,6 +623,13 @@ async fn h5_with_cookies_refused_the_route_travels_as_a_url_path_parameter() {
     );
     for n in c.nodes.iter().filter(|n| n.id != node) {
         let resp = get(n.http, &format!("/cart;peerlb-route={second}"), &[]).await;
-        assert_eq!(resp.served_by(), second, "via {}: {} {:?}", n.id, resp.status, resp.body);
+        assert_eq!(
+            resp.served_by(),
+            second,
+            "via {}: {} {:?}",
+            n.id,
+            resp.status,
+            resp.body
+        );
     }
 }

@@ -95,7 +95,10 @@ fn drain_finishes_in_flight_requests() {
         assert_eq!(o.figures.entry_lost, 0);
         // n3 served until it left, then nothing.
         assert!(served_after(&o, "n3", o.faults[0].at) > 0);
-        assert_eq!(served_after(&o, "n3", o.faults[0].at + Duration::from_secs(3)), 0);
+        assert_eq!(
+            served_after(&o, "n3", o.faults[0].at + Duration::from_secs(3)),
+            0
+        );
     }
 }
 
@@ -160,7 +163,10 @@ fn process_randomness_comes_from_the_seed() {
         .unwrap()
     }
     let (h1, r1, drawn) = draw(1);
-    assert!(drawn >= 16, "the getrandom override is not linked: drew {drawn} bytes");
+    assert!(
+        drawn >= 16,
+        "the getrandom override is not linked: drew {drawn} bytes"
+    );
     assert_eq!(draw(1).0, h1, "HashMap keys escape the seed");
     assert_eq!(draw(1).1, r1, "rand's thread RNG escapes the seed");
     assert_ne!(draw(2).0, h1);
@@ -238,10 +244,15 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
         // Both live from 3 s to the crash: never marked dead while alive.
         let before: Vec<usize> = live
             .iter()
-            .filter(|(t, _)| *t > Duration::from_secs(3) && *t < crashed_at - Duration::from_millis(200))
+            .filter(|(t, _)| {
+                *t > Duration::from_secs(3) && *t < crashed_at - Duration::from_millis(200)
+            })
             .map(|(_, n)| *n)
             .collect();
-        assert!(before.len() > 250 && before.iter().all(|n| *n == 2), "{before:?}");
+        assert!(
+            before.len() > 250 && before.iter().all(|n| *n == 2),
+            "{before:?}"
+        );
         // Dead within 10 virtual seconds of the crash, and stays dead.
         let dead_at = live
             .iter()
@@ -249,7 +260,11 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
             .map(|(t, _)| *t - crashed_at)
             .expect("marked dead");
         assert!(dead_at < Duration::from_secs(10), "{dead_at:?}");
-        assert!(live.iter().filter(|(t, _)| *t > crashed_at + dead_at).all(|(_, n)| *n == 1));
+        assert!(
+            live.iter()
+                .filter(|(t, _)| *t > crashed_at + dead_at)
+                .all(|(_, n)| *n == 1)
+        );
         assert!(wall < Duration::from_secs(60), "{wall:?}");
     })
     .join()

@@ -121,7 +121,10 @@ impl QuicBody {
     }
 
     /// Polls for the next chunk of the stream, in order; `None` is the FIN.
-    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, quinn::ReadError>> {
+    fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, quinn::ReadError>> {
         poll_chunk(&mut self.recv, cx)
     }
 }

@@ -198,7 +198,9 @@ pub fn endpoint(
         .expect("MAX_UDP_PAYLOAD is within QUIC's limits");
     let mut rng_seed = [0u8; 32];
     for (i, chunk) in rng_seed.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+        chunk.copy_from_slice(
+            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
     }
     config.rng_seed(Some(rng_seed));
     let ep = quinn::Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)
@@ -449,8 +451,7 @@ pub async fn exchange(
 /// usual answer is the FIN; bytes or an error after a head that announced
 /// no body are dropped with the stream.
 async fn nothing_read_yet(recv: &mut quinn::RecvStream) -> bool {
-    std::future::poll_fn(|cx| std::task::Poll::Ready(body::poll_chunk(recv, cx).is_pending()))
-        .await
+    std::future::poll_fn(|cx| std::task::Poll::Ready(body::poll_chunk(recv, cx).is_pending())).await
 }
 
 #[derive(Debug, thiserror::Error)]

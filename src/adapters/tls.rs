@@ -37,8 +37,8 @@ use rcgen::{
 };
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
-use rustls::time_provider::TimeProvider;
 use rustls::server::WebPkiClientVerifier;
+use rustls::time_provider::TimeProvider;
 use rustls_pki_types::pem::{self, PemObject as _};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
@@ -802,13 +802,13 @@ impl Ca {
             .signed_by(&key, &self.cert, &self.key)
             .map_err(|e| generate_err("signing the certificate", e))?;
         if let Some(anchor) = &self.anchor {
-            verify_chain(anchor, &[cert.der().clone()], &provider(), UnixTime::now()).map_err(|error| {
-                TlsError::CaMismatch {
+            verify_chain(anchor, &[cert.der().clone()], &provider(), UnixTime::now()).map_err(
+                |error| TlsError::CaMismatch {
                     path: ca_path.to_owned(),
                     cluster: cluster_name.to_owned(),
                     error,
-                }
-            })?;
+                },
+            )?;
         }
         Ok((cert.pem(), key.serialize_pem()))
     }
@@ -1152,7 +1152,8 @@ mod tests {
         ];
         let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
         let anchor = ca.anchor.as_ref().unwrap();
-        let err = verify_chain(anchor, &[cert.der().clone()], &provider(), UnixTime::now()).unwrap_err();
+        let err =
+            verify_chain(anchor, &[cert.der().clone()], &provider(), UnixTime::now()).unwrap_err();
         assert!(
             format!("{err:?}").contains("NameConstraintViolation"),
             "{err:?}"

@@ -65,7 +65,14 @@ fn print_summary(o: &Outcome) {
     );
     println!(
         "requests: sent {} ok {} failed {} entry-lost {} no-entry {} replayed {}; latency p50 {} p99 {}",
-        f.sent, f.ok, f.failed, f.entry_lost, f.no_entry, f.replayed, ms(f.p50), ms(f.p99)
+        f.sent,
+        f.ok,
+        f.failed,
+        f.entry_lost,
+        f.no_entry,
+        f.replayed,
+        ms(f.p50),
+        ms(f.p99)
     );
     let per: Vec<String> = f.served.iter().map(|(n, c)| format!("{n}={c}")).collect();
     println!("served per node: {}", per.join(" "));

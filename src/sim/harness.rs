@@ -343,9 +343,7 @@ impl<'s> Run<'s> {
             let trace = trace.clone();
             async move {
                 trace.register_host(&id);
-                let clock: Arc<dyn Clock> = Arc::new(SimClock {
-                    epoch: sim_epoch(),
-                });
+                let clock: Arc<dyn Clock> = Arc::new(SimClock { epoch: sim_epoch() });
                 let generation = clock
                     .now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -353,9 +351,8 @@ impl<'s> Run<'s> {
                 let config_port = config.node.http_addr.port();
                 let listener = turmoil::net::TcpListener::bind(("0.0.0.0", config_port)).await?;
                 let udp = SimUdp::bind(config.node.peer_addr).await?;
-                let node_seed = seed
-                    ^ generation.rotate_left(17)
-                    ^ xxhash_rust::xxh3::xxh3_64(id.as_bytes());
+                let node_seed =
+                    seed ^ generation.rotate_left(17) ^ xxhash_rust::xxh3::xxh3_64(id.as_bytes());
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
                     peer_socket: Arc::new(udp),
@@ -665,12 +662,13 @@ impl<'s> Run<'s> {
         let want: Vec<String> = expected.iter().cloned().collect();
         let ok = !expected.is_empty()
             && expected.iter().all(|n| {
-                self.views.get(n).map_or_else(
-                    || want.len() == 1 && want[0] == *n,
-                    |v| *v == want,
-                )
+                self.views
+                    .get(n)
+                    .map_or_else(|| want.len() == 1 && want[0] == *n, |v| *v == want)
             })
-            && expected.iter().all(|n| self.shared.borrow().ready.contains(n));
+            && expected
+                .iter()
+                .all(|n| self.shared.borrow().ready.contains(n));
         if ok {
             let now = trace::now();
             let since = if slot == 0 {
@@ -681,7 +679,10 @@ impl<'s> Run<'s> {
             self.converged[slot] = Some(now - since);
             self.trace.line(
                 "sim",
-                format_args!("converged after={}ms ring={want:?}", (now - since).as_millis()),
+                format_args!(
+                    "converged after={}ms ring={want:?}",
+                    (now - since).as_millis()
+                ),
             );
         }
     }
@@ -692,11 +693,7 @@ impl<'s> Run<'s> {
         &mut self,
         sim: &mut turmoil::Sim<'_>,
     ) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
-        let targets: Vec<String> = self
-            .running
-            .difference(&self.draining)
-            .cloned()
-            .collect();
+        let targets: Vec<String> = self.running.difference(&self.draining).cloned().collect();
         for n in &targets {
             if let Some(tx) = self.slot(n).probe.borrow().as_ref() {
                 let _ = tx.send(true);
@@ -775,7 +772,9 @@ impl<'s> Run<'s> {
             }
         }
         if unanswered > 0 {
-            violations.push(format!("{unanswered} requests got neither a response nor an error"));
+            violations.push(format!(
+                "{unanswered} requests got neither a response nor an error"
+            ));
         }
         latencies.sort();
         let pct = |p: f64| {
@@ -1060,7 +1059,10 @@ async fn client(
             s.records.len() - 1
         };
         let Some(entry) = entry else {
-            trace.line(&name, format_args!("request {tag} key={key} no ready entry"));
+            trace.line(
+                &name,
+                format_args!("request {tag} key={key} no ready entry"),
+            );
             continue;
         };
         let ip: IpAddr = turmoil::lookup(entry.as_str());
@@ -1107,11 +1109,7 @@ async fn client(
 }
 
 /// One request on a new connection: (status, `peerlb-served-by`, `peerlb-entry`).
-async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-) -> Result<(u16, String, String), String> {
+async fn send(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String, String), String> {
     let exchange = async {
         let stream = turmoil::net::TcpStream::connect(addr)
             .await

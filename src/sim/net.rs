@@ -44,7 +44,9 @@ pub struct SimUdp {
 
 impl std::fmt::Debug for SimUdp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimUdp").field("local", &self.local).finish()
+        f.debug_struct("SimUdp")
+            .field("local", &self.local)
+            .finish()
     }
 }
 

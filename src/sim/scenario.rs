@@ -244,7 +244,8 @@ impl Scenario {
                 .file_stem()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         }
-        s.check().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        s.check()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(s)
     }
 
@@ -258,7 +259,10 @@ impl Scenario {
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.nodes >= 1, "nodes must be at least 1");
         anyhow::ensure!(self.duration_s > 0.0, "duration_s must be positive");
-        anyhow::ensure!(self.network.tick_ms >= 1, "network.tick_ms must be at least 1");
+        anyhow::ensure!(
+            self.network.tick_ms >= 1,
+            "network.tick_ms must be at least 1"
+        );
         anyhow::ensure!(
             self.network.min_latency_ms <= self.network.max_latency_ms,
             "network.min_latency_ms exceeds max_latency_ms"
@@ -293,7 +297,10 @@ impl Scenario {
         }
         for (i, t) in self.traffic.iter().enumerate() {
             anyhow::ensure!(t.rate > 0.0, "traffic[{i}].rate must be positive");
-            anyhow::ensure!(t.key_count >= 1, "traffic[{i}].key_count must be at least 1");
+            anyhow::ensure!(
+                t.key_count >= 1,
+                "traffic[{i}].key_count must be at least 1"
+            );
             anyhow::ensure!(
                 t.start_s < t.stop_s && t.stop_s <= self.duration_s,
                 "traffic[{i}]: start_s < stop_s <= duration_s"

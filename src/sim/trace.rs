@@ -246,13 +246,7 @@ where
         }
         self.0.line(
             &host,
-            format_args!(
-                "{} {} {}{}",
-                meta.level(),
-                meta.target(),
-                f.message,
-                f.rest
-            ),
+            format_args!("{} {} {}{}", meta.level(), meta.target(), f.message, f.rest),
         );
     }
 }
