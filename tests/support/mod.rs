@@ -36,12 +36,17 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// A free loopback port for TCP and UDP (bound then released).
+/// A free loopback port for TCP and UDP (bound then released), never one
+/// this test process handed out before: the kernel may offer a released
+/// port again, and two addresses of one cluster must differ.
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     loop {
         let t = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = t.local_addr().unwrap().port();
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
             return port;
         }
     }
