@@ -650,22 +650,21 @@ impl ClusterFile {
             .sprayer_addr
             .as_deref()
             .and_then(|s| parse_addr(s).ok())
+            && let Some(i) = out.iter().position(|n| n.http_addr == s)
         {
-            if let Some(i) = out.iter().position(|n| n.http_addr == s) {
-                return Err(inv(
-                    "sprayer_addr",
-                    format!("{s} is also nodes[{i}].http_addr; the shared address must be its own"),
-                ));
-            }
+            return Err(inv(
+                "sprayer_addr",
+                format!("{s} is also nodes[{i}].http_addr; the shared address must be its own"),
+            ));
         }
         let b = &self.balance;
-        if let Some(c) = b.hash_balance_factor {
-            if !(1.0..=1000.0).contains(&c) {
-                return Err(inv(
-                    "balance.hash_balance_factor",
-                    format!("{c} is out of range 1.0..=1000.0"),
-                ));
-            }
+        if let Some(c) = b.hash_balance_factor
+            && !(1.0..=1000.0).contains(&c)
+        {
+            return Err(inv(
+                "balance.hash_balance_factor",
+                format!("{c} is out of range 1.0..=1000.0"),
+            ));
         }
         if !(0.0..1.0).contains(&b.metric_history) {
             return Err(inv(

@@ -314,10 +314,10 @@ fn check_config(config: Option<&Path>, node: Option<&str>) -> anyhow::Result<u8>
         Ok(n) => n,
         Err(e) => return Ok(config_error(e)),
     };
-    if let Some(id) = node {
-        if let Err(e) = file.validate(&src, id, &Overrides::default()) {
-            return Ok(config_error(e));
-        }
+    if let Some(id) = node
+        && let Err(e) = file.validate(&src, id, &Overrides::default())
+    {
+        return Ok(config_error(e));
     }
     let rules = match &file.rules_file {
         Some(f) => format!("rules from {f}"),

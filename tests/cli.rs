@@ -145,10 +145,11 @@ async fn up_starts_every_node_behind_one_shared_address_and_survives_a_kill() {
             .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
             .expect("peerlb up reports the cluster ready within 30 s");
         let words: Vec<&str> = line.split_whitespace().collect();
-        if words.len() >= 2 && ["n1", "n2", "n3"].contains(&words[0]) {
-            if let Ok(pid) = words[1].parse::<u32>() {
-                pids.insert(words[0].to_owned(), pid);
-            }
+        if words.len() >= 2
+            && ["n1", "n2", "n3"].contains(&words[0])
+            && let Ok(pid) = words[1].parse::<u32>()
+        {
+            pids.insert(words[0].to_owned(), pid);
         }
         if line.starts_with("cluster ready") {
             break;

@@ -15,16 +15,16 @@ use super::body::{self, Body};
 use super::ingress::{Ingress, ReloadError};
 
 /// Path prefix reserved for the admin API.
-pub const PREFIX: &str = "/_peerlb/";
+pub(crate) const PREFIX: &str = "/_peerlb/";
 
 /// `GET /_peerlb/status`.
-pub const STATUS: &str = "/_peerlb/status";
+pub(crate) const STATUS: &str = "/_peerlb/status";
 
 /// `POST /_peerlb/rules/reload`.
-pub const RELOAD_RULES: &str = "/_peerlb/rules/reload";
+pub(crate) const RELOAD_RULES: &str = "/_peerlb/rules/reload";
 
 /// Answers an admin request, or `None` when `path` is not an admin path.
-pub fn answer<B>(
+pub(crate) fn answer<B>(
     ingress: &Ingress,
     req: &http::Request<B>,
     client: std::net::SocketAddr,

@@ -26,14 +26,14 @@ use super::body::{self, Body, BodyError};
 use crate::config::AppKind;
 
 /// Largest body `/bytes/<n>` streams (1 GiB).
-pub const MAX_BYTES_BODY: u64 = 1 << 30;
+pub(crate) const MAX_BYTES_BODY: u64 = 1 << 30;
 
 /// Longest wait `/delay/<ms>` accepts, in milliseconds.
-pub const MAX_DELAY_MS: u64 = 60_000;
+pub(crate) const MAX_DELAY_MS: u64 = 60_000;
 
 /// What the app is told about a request besides the request itself.
 #[derive(Debug, Clone, Copy)]
-pub struct ServeCtx<'a> {
+pub(crate) struct ServeCtx<'a> {
     /// The node serving it.
     pub node: &'a str,
     /// The node that received it from the client.
@@ -47,7 +47,7 @@ pub struct ServeCtx<'a> {
 /// The upstream app could not be reached or failed before a response head.
 #[derive(Debug, thiserror::Error)]
 #[error("upstream app {uri}: {source}")]
-pub struct AppError {
+pub(crate) struct AppError {
     /// The upstream base URI.
     pub uri: String,
     /// The client's error.
@@ -55,7 +55,7 @@ pub struct AppError {
 }
 
 /// The local app of a node.
-pub enum App {
+pub(crate) enum App {
     /// The built-in demo app.
     Builtin {
         /// Sessions started so far, for session ids.
@@ -75,7 +75,7 @@ pub enum App {
 
 impl App {
     /// Builds the app (does no I/O: the pool connects lazily).
-    pub fn new(kind: &AppKind) -> App {
+    pub(crate) fn new(kind: &AppKind) -> App {
         match kind {
             AppKind::Builtin => App::Builtin {
                 sessions: AtomicU64::new(0),
@@ -100,7 +100,7 @@ impl App {
     /// takes `slowdown` times `ms` (the simulation's slow-node fault;
     /// [`crate::Env`] hands in 1). No effect on an upstream app.
     #[must_use]
-    pub fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
+    pub(crate) fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
         if let App::Builtin { slowdown, .. } = &mut self {
             *slowdown = factor;
         }
@@ -113,7 +113,7 @@ impl App {
     /// # Errors
     /// [`AppError`] when the upstream app cannot be reached; the built-in
     /// app never fails.
-    pub async fn serve(
+    pub(crate) async fn serve(
         &self,
         req: Request<Body>,
         ctx: ServeCtx<'_>,

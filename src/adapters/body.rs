@@ -13,11 +13,11 @@ use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
 use super::wire;
 
 /// The body type of every request and response inside the node.
-pub type Body = UnsyncBoxBody<Bytes, BodyError>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, BodyError>;
 
 /// Why a body stopped before its end.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     /// The client's connection failed while its request body was read.
     #[error("client body: {0}")]
     Client(hyper::Error),
@@ -30,19 +30,19 @@ pub enum BodyError {
 }
 
 /// A body of `bytes`.
-pub fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed_unsync()
 }
 
 /// An empty body.
-pub fn empty() -> Body {
+pub(crate) fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
 /// A client's request body (hyper) as a [`Body`].
-pub fn from_incoming(b: hyper::body::Incoming) -> Body {
+pub(crate) fn from_incoming(b: hyper::body::Incoming) -> Body {
     b.map_err(BodyError::Client).boxed_unsync()
 }
 
@@ -60,7 +60,7 @@ const COALESCE_BELOW: usize = 16 * 1024;
 /// With a known length (`Content-Length`), it looks for the FIN right after
 /// the last byte, so the stream is read to its end and dropping the body
 /// costs no STOP_SENDING frame (DESIGN.md, performance notes).
-pub struct QuicBody {
+pub(crate) struct QuicBody {
     recv: quinn::RecvStream,
     remaining: Option<u64>,
     done: bool,
@@ -70,7 +70,7 @@ pub struct QuicBody {
 
 impl QuicBody {
     /// Wraps `recv`; `length` is the announced body length, if any.
-    pub fn new(recv: quinn::RecvStream, length: Option<u64>) -> QuicBody {
+    pub(crate) fn new(recv: quinn::RecvStream, length: Option<u64>) -> QuicBody {
         QuicBody {
             recv,
             remaining: length,
@@ -132,7 +132,7 @@ impl QuicBody {
 /// Polls `recv` for its next chunk, in order, without copying; `None` is
 /// the FIN. quinn's `read_chunk` is cancel-safe, so a future made and
 /// dropped per poll loses nothing (its waker stays registered).
-pub fn poll_chunk(
+pub(crate) fn poll_chunk(
     recv: &mut quinn::RecvStream,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Option<Bytes>, quinn::ReadError>> {
@@ -194,7 +194,7 @@ impl HttpBody for QuicBody {
 
 /// Why [`pump`] stopped.
 #[derive(Debug, thiserror::Error)]
-pub enum PumpError {
+pub(crate) enum PumpError {
     /// The body source failed; the stream was reset with [`wire::RESET_BODY_FAILED`].
     #[error("body source failed: {0}")]
     Source(BodyError),
@@ -209,7 +209,7 @@ pub enum PumpError {
 /// # Errors
 /// [`PumpError::Source`] after resetting the stream when the body fails;
 /// [`PumpError::Write`] when the stream cannot be written.
-pub async fn pump<B>(mut body: B, send: &mut quinn::SendStream) -> Result<u64, PumpError>
+pub(crate) async fn pump<B>(mut body: B, send: &mut quinn::SendStream) -> Result<u64, PumpError>
 where
     B: HttpBody<Data = Bytes, Error = BodyError> + Unpin,
 {

@@ -20,7 +20,7 @@ use crate::engine::membership::{Member, NodeId, NodeStatus};
 
 /// Gossip settings for one node.
 #[derive(Debug, Clone)]
-pub struct GossipSettings {
+pub(crate) struct GossipSettings {
     /// chitchat cluster id (the cluster name).
     pub cluster: String,
     /// This node's id.
@@ -41,7 +41,7 @@ pub struct GossipSettings {
 
 /// The state this node publishes.
 #[derive(Debug, Clone)]
-pub struct Published {
+pub(crate) struct Published {
     /// Peer QUIC address.
     pub peer_addr: SocketAddr,
     /// Client HTTP address.
@@ -64,11 +64,11 @@ pub struct GossipError {
 
 /// Publishes this node's keys (status, load) into gossip.
 #[derive(Clone)]
-pub struct Publisher(std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>);
+pub(crate) struct Publisher(std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>);
 
 impl Publisher {
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
-    pub async fn set_status(&self, status: NodeStatus) {
+    pub(crate) async fn set_status(&self, status: NodeStatus) {
         self.0
             .lock()
             .await
@@ -77,7 +77,7 @@ impl Publisher {
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
-    pub async fn set_load(&self, load: u8, inflight: u32) {
+    pub(crate) async fn set_load(&self, load: u8, inflight: u32) {
         let mut c = self.0.lock().await;
         let st = c.self_node_state();
         st.set("load", load.min(100));
@@ -86,7 +86,7 @@ impl Publisher {
 }
 
 /// A running gossip member.
-pub struct Gossip {
+pub(crate) struct Gossip {
     handle: ChitchatHandle,
     members: watch::Receiver<Vec<Member>>,
 }
@@ -95,7 +95,7 @@ pub struct Gossip {
 ///
 /// # Errors
 /// [`GossipError`] when chitchat cannot open its socket.
-pub async fn start(
+pub(crate) async fn start(
     s: &GossipSettings,
     me: &Published,
     transport: &dyn Transport,
@@ -175,17 +175,17 @@ fn member(id: &ChitchatId, st: &NodeState) -> Result<Member, &'static str> {
 
 impl Gossip {
     /// The live members (this node included), updated on every change.
-    pub fn members(&self) -> watch::Receiver<Vec<Member>> {
+    pub(crate) fn members(&self) -> watch::Receiver<Vec<Member>> {
         self.members.clone()
     }
 
     /// A clonable handle that publishes this node's state.
-    pub fn publisher(&self) -> Publisher {
+    pub(crate) fn publisher(&self) -> Publisher {
         Publisher(self.handle.chitchat())
     }
 
     /// Stops gossiping.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         if let Err(e) = self.handle.shutdown().await {
             warn!(error = %e, "gossip shutdown");
         }

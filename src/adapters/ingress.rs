@@ -40,17 +40,17 @@ use crate::engine::sticky;
 use crate::env::HttpListener;
 
 /// Response header naming the node that served the request.
-pub const SERVED_BY: &str = "peerlb-served-by";
+pub(crate) const SERVED_BY: &str = "peerlb-served-by";
 /// Response header naming the entry node.
-pub const ENTRY: &str = "peerlb-entry";
+pub(crate) const ENTRY: &str = "peerlb-entry";
 /// Response header carrying a new sticky route as a path parameter
 /// (`;peerlb-route=<id>`), for clients that refuse cookies.
-pub const ROUTE: &str = "peerlb-route";
+pub(crate) const ROUTE: &str = "peerlb-route";
 
 /// Why a request got no answer from an app: each maps to one status in
 /// [`error_response`].
 #[derive(Debug, thiserror::Error)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     /// The request-target is longer than `limits.max_request_target` (414).
     #[error("request-target of {len} bytes exceeds the {max}-byte limit")]
     UriTooLong {
@@ -90,7 +90,7 @@ pub enum RequestError {
 }
 
 /// The one place where errors become HTTP statuses.
-pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
+pub(crate) fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     let status = match err {
         RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
         RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -111,7 +111,7 @@ pub fn error_response(err: &RequestError, node: &str) -> Response<Body> {
 
 /// Rules could not be reloaded; the rules in force stay.
 #[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     /// The rules come from the embedded cluster.toml, which cannot change.
     #[error("the rules come from the embedded cluster.toml: nothing to reload")]
     Embedded,
@@ -122,7 +122,7 @@ pub enum ReloadError {
 
 /// Settings of the request path.
 #[derive(Debug, Clone)]
-pub struct IngressSettings {
+pub(crate) struct IngressSettings {
     /// Longest request-target in bytes.
     pub max_request_target: usize,
     /// Longest wait for an owner's response head.
@@ -139,7 +139,7 @@ pub struct IngressSettings {
 
 /// Request counters (monotonic).
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Requests received from clients.
     pub requests: AtomicU64,
     /// Requests served by the local app (client or proxied).
@@ -163,7 +163,7 @@ fn router_tracks_load(r: &Router) -> bool {
 
 /// Requests an entry node has outstanding, per node.
 #[derive(Debug, Default)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
 }
 
@@ -278,7 +278,7 @@ fn track_body(
 }
 
 /// The request path of one node, shared by its client and peer servers.
-pub struct Ingress {
+pub(crate) struct Ingress {
     node_id: NodeId,
     view: watch::Receiver<Arc<MembershipView>>,
     router: Arc<Mutex<Router>>,
@@ -312,11 +312,11 @@ impl Drop for Inflight {
 /// Largest request head accepted, in bytes (request-target plus header
 /// lines): it must fit a peer frame ([`super::wire::MAX_HEAD_LEN`]) with room
 /// for the rest of the head.
-pub const MAX_HEAD_BYTES: usize = super::wire::MAX_HEAD_LEN - 4096;
+pub(crate) const MAX_HEAD_BYTES: usize = super::wire::MAX_HEAD_LEN - 4096;
 
 /// Largest body kept for replay on the next candidate (64 KiB), like
 /// Envoy's per-request retry buffer.
-pub const REPLAY_LIMIT: u64 = 64 * 1024;
+pub(crate) const REPLAY_LIMIT: u64 = 64 * 1024;
 
 fn content_length(h: &http::HeaderMap) -> Option<u64> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
@@ -407,7 +407,7 @@ fn set_route(resp: &mut Response<Body>, node: &str, in_url: bool) {
 
 impl Ingress {
     /// Creates the request path. `seed` seeds request ids and random picks.
-    pub fn new(
+    pub(crate) fn new(
         node_id: NodeId,
         view: watch::Receiver<Arc<MembershipView>>,
         router: Router,
@@ -435,7 +435,7 @@ impl Ingress {
     }
 
     /// Requests in flight on this node (client and proxied).
-    pub fn inflight(&self) -> u32 {
+    pub(crate) fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
     }
 
@@ -444,7 +444,7 @@ impl Ingress {
     ///
     /// # Errors
     /// [`ReloadError`].
-    pub fn reload_rules(&self) -> Result<usize, ReloadError> {
+    pub(crate) fn reload_rules(&self) -> Result<usize, ReloadError> {
         let Some(src) = &self.settings.rules_source else {
             return Err(ReloadError::Embedded);
         };
@@ -479,29 +479,29 @@ impl Ingress {
 
     /// Halves the mean serve time: called when a tick passed with no
     /// request served, so an idle node's metric recovers.
-    pub fn decay_latency(&self) {
+    pub(crate) fn decay_latency(&self) {
         let v = self.latency_us.load(Ordering::Relaxed);
         self.latency_us.store(v / 2, Ordering::Relaxed);
     }
 
     /// Mean time the local app took to answer recently (EWMA), in ms.
-    pub fn app_latency_ms(&self) -> u32 {
+    pub(crate) fn app_latency_ms(&self) -> u32 {
         (self.latency_us.load(Ordering::Relaxed) / 1000) as u32
     }
 
     /// Stops accepting proxied requests (they are refused, retryable):
     /// called when the node closes its listeners on shutdown.
-    pub fn stop_accepting(&self) {
+    pub(crate) fn stop_accepting(&self) {
         self.accepting.store(false, Ordering::Relaxed);
     }
 
     /// This node's id.
-    pub fn node_id(&self) -> &str {
+    pub(crate) fn node_id(&self) -> &str {
         &self.node_id
     }
 
     /// The current membership view.
-    pub fn view(&self) -> Arc<MembershipView> {
+    pub(crate) fn view(&self) -> Arc<MembershipView> {
         self.view.borrow().clone()
     }
 
@@ -512,7 +512,11 @@ impl Ingress {
 
     /// Handles one client request end to end; never fails (errors become
     /// statuses).
-    pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
+    pub(crate) async fn handle(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Response<Body> {
         let mut resp = match self.check(&req) {
             Err(e) => self.failed(e),
             Ok(()) => match admin::answer(self, &req, client) {
@@ -527,10 +531,10 @@ impl Ingress {
                 }
             },
         };
-        if self.settings.header_entry {
-            if let Some(v) = &self.id_header {
-                resp.headers_mut().insert(ENTRY, v.clone());
-            }
+        if self.settings.header_entry
+            && let Some(v) = &self.id_header
+        {
+            resp.headers_mut().insert(ENTRY, v.clone());
         }
         resp
     }
@@ -800,7 +804,7 @@ impl ProxiedHandler for Ingress {
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
 /// each connection is watched by `graceful` so in-flight requests finish.
-pub async fn serve(
+pub(crate) async fn serve(
     mut listener: Box<dyn HttpListener>,
     ingress: Arc<Ingress>,
     mut shutdown: watch::Receiver<bool>,

@@ -30,7 +30,7 @@ use crate::engine::membership::NodeId;
 
 /// Peer link settings.
 #[derive(Debug, Clone)]
-pub struct PeerSettings {
+pub(crate) struct PeerSettings {
     /// QUIC keep-alive interval.
     pub keep_alive: Duration,
     /// QUIC idle timeout (a silent peer's connection closes after this).
@@ -53,7 +53,7 @@ pub enum PeerSetupError {
 /// A forward that failed before any byte of the request reached the owner:
 /// always safe to retry on the next candidate.
 #[derive(Debug, thiserror::Error)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     /// No live authenticated connection to that peer right now.
     #[error("no connection to peer {0}")]
     NotConnected(NodeId),
@@ -71,7 +71,7 @@ pub enum OpenError {
 /// A forward that failed after the request head was sent: the owner may
 /// have processed it.
 #[derive(Debug, thiserror::Error)]
-pub enum ExchangeError {
+pub(crate) enum ExchangeError {
     /// The owner refused the stream before processing it (shutting down):
     /// safe to retry.
     #[error("peer {0} refused the request")]
@@ -90,7 +90,7 @@ pub enum ExchangeError {
 }
 
 /// Serves requests that peers forward to this node.
-pub trait ProxiedHandler: Send + Sync + 'static {
+pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     /// This node's id (the `served_by` of every response head).
     fn node_id(&self) -> &str;
     /// False once the node is shutting down: new streams are refused with
@@ -114,7 +114,7 @@ struct Slot {
 }
 
 /// The client side: connections to every known peer.
-pub struct PeerLinks {
+pub(crate) struct PeerLinks {
     self_id: NodeId,
     endpoint: quinn::Endpoint,
     client: quinn::ClientConfig,
@@ -160,7 +160,7 @@ const MAX_UDP_PAYLOAD: u16 = 6500;
 /// 208 KiB, overflows, quinn sees loss and its congestion window stays at
 /// its minimum. The kernel caps the request at `net.core.rmem_max` /
 /// `wmem_max`; a smaller buffer is logged, not an error.
-pub fn size_socket_buffers(socket: &std::net::UdpSocket) {
+pub(crate) fn size_socket_buffers(socket: &std::net::UdpSocket) {
     let sock = socket2::SockRef::from(socket);
     for (what, r) in [
         ("receive", sock.set_recv_buffer_size(SOCKET_BUFFER)),
@@ -179,7 +179,7 @@ pub fn size_socket_buffers(socket: &std::net::UdpSocket) {
 /// # Errors
 /// [`PeerSetupError`] when the TLS material does not make valid configs or
 /// the socket cannot be used.
-pub fn endpoint(
+pub(crate) fn endpoint(
     socket: Arc<dyn quinn::AsyncUdpSocket>,
     runtime: Arc<dyn quinn::Runtime>,
     tls_material: &TlsMaterial,
@@ -210,7 +210,7 @@ pub fn endpoint(
 
 impl PeerLinks {
     /// Creates the link table (no connections yet: see [`Self::sync`]).
-    pub fn new(
+    pub(crate) fn new(
         self_id: NodeId,
         endpoint: quinn::Endpoint,
         client: quinn::ClientConfig,
@@ -227,14 +227,14 @@ impl PeerLinks {
     }
 
     /// Peers with a live authenticated connection; changes on every connect/loss.
-    pub fn connected(&self) -> watch::Receiver<BTreeSet<NodeId>> {
+    pub(crate) fn connected(&self) -> watch::Receiver<BTreeSet<NodeId>> {
         self.connected.subscribe()
     }
 
     /// Makes the supervised peer set equal to `peers` (id, peer address):
     /// starts supervisors for new peers, restarts those whose address
     /// changed, and stops and forgets the rest.
-    pub fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
+    pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
         let mut slots = self.slots.lock().expect("peer slots lock");
         let wanted: BTreeMap<&NodeId, SocketAddr> = peers
             .iter()
@@ -356,7 +356,7 @@ impl PeerLinks {
     ///
     /// # Errors
     /// [`OpenError`] when there is no connection or no stream could be opened.
-    pub async fn open(
+    pub(crate) async fn open(
         &self,
         peer: &NodeId,
     ) -> Result<(quinn::SendStream, quinn::RecvStream), OpenError> {
@@ -382,7 +382,7 @@ impl PeerLinks {
 
     /// Closes every connection and the endpoint, and waits for the close
     /// frames to be sent.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         for (_, s) in std::mem::take(&mut *self.slots.lock().expect("peer slots lock")) {
             s.task.abort();
         }
@@ -402,7 +402,7 @@ impl PeerLinks {
 /// # Errors
 /// [`ExchangeError`]; the owner may have processed the request unless it
 /// is [`ExchangeError::Refused`].
-pub async fn exchange(
+pub(crate) async fn exchange(
     peer: &NodeId,
     (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
     head: Bytes,
@@ -475,7 +475,7 @@ async fn read_head<T: serde::de::DeserializeOwned>(
 
 /// Turns a response head from a peer into an HTTP response with `body`.
 /// Header lines that are not valid HTTP are dropped (and logged).
-pub fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
+pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
     let mut resp = Response::new(body);
     *resp.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -496,7 +496,7 @@ pub fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
 
 /// Accepts peer connections on `endpoint` until it is closed, serving each
 /// stream with `handler`.
-pub async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>) {
+pub(crate) async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>) {
     while let Some(incoming) = endpoint.accept().await {
         let handler = handler.clone();
         let remote = incoming.remote_address();

@@ -19,19 +19,19 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 /// Longest encoded head accepted, in bytes (64 KiB).
-pub const MAX_HEAD_LEN: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_LEN: usize = 64 * 1024;
 
 /// Stream reset code: the sender's body source failed midway.
-pub const RESET_BODY_FAILED: u32 = 1;
+pub(crate) const RESET_BODY_FAILED: u32 = 1;
 /// Stream reset code: the owner refused the request before processing it
 /// (it is shutting down); the entry may retry it on another node.
-pub const RESET_REFUSED: u32 = 2;
+pub(crate) const RESET_REFUSED: u32 = 2;
 /// Stream reset / stop code: a frame could not be decoded.
-pub const RESET_BAD_FRAME: u32 = 3;
+pub(crate) const RESET_BAD_FRAME: u32 = 3;
 
 /// The head of a proxied request (entry -> owner).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RequestHead {
+pub(crate) struct RequestHead {
     /// Request id (UUID as u128), the same in both nodes' logs.
     pub request_id: u128,
     /// Node id of the entry node; the owner checks it against the peer's certificate.
@@ -55,7 +55,7 @@ pub struct RequestHead {
 
 /// The head of a proxied response (owner -> entry).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResponseHead {
+pub(crate) struct ResponseHead {
     /// HTTP status code.
     pub status: u16,
     /// Header fields in order; values as raw bytes.
@@ -69,7 +69,7 @@ pub struct ResponseHead {
 /// without copying the method, target, headers or key into owned fields
 /// first (the entry's forward path).
 #[derive(Debug, Serialize)]
-pub struct RequestHeadRef<'a> {
+pub(crate) struct RequestHeadRef<'a> {
     /// See [`RequestHead::request_id`].
     pub request_id: u128,
     /// See [`RequestHead::entry`].
@@ -94,7 +94,7 @@ pub struct RequestHeadRef<'a> {
 /// A [`ResponseHead`] encoded straight from borrowed parts (the owner's
 /// answer path): the same bytes as the owned form.
 #[derive(Debug, Serialize)]
-pub struct ResponseHeadRef<'a> {
+pub(crate) struct ResponseHeadRef<'a> {
     /// See [`ResponseHead::status`].
     pub status: u16,
     /// See [`ResponseHead::headers`].
@@ -194,7 +194,7 @@ mod header_list {
 
 /// A frame that could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
-pub enum WireError {
+pub(crate) enum WireError {
     /// The announced head length exceeds [`MAX_HEAD_LEN`]: the peer is broken
     /// or hostile; the stream is closed.
     #[error("head of {0} bytes exceeds the {MAX_HEAD_LEN}-byte limit")]
@@ -215,7 +215,7 @@ fn config() -> impl bincode::config::Config {
 ///
 /// # Errors
 /// [`WireError::Encode`] if bincode fails, [`WireError::TooLong`] past [`MAX_HEAD_LEN`].
-pub fn encode<T: Serialize>(head: &T) -> Result<Vec<u8>, WireError> {
+pub(crate) fn encode<T: Serialize>(head: &T) -> Result<Vec<u8>, WireError> {
     let mut buf = vec![0u8; 4];
     bincode::serde::encode_into_std_write(head, &mut buf, config())?;
     let len = buf.len() - 4;
@@ -230,7 +230,7 @@ pub fn encode<T: Serialize>(head: &T) -> Result<Vec<u8>, WireError> {
 ///
 /// # Errors
 /// [`WireError::TooLong`].
-pub fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+pub(crate) fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
     let len = u32::from_be_bytes(prefix) as usize;
     if len > MAX_HEAD_LEN {
         return Err(WireError::TooLong(len));
@@ -242,7 +242,7 @@ pub fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
 ///
 /// # Errors
 /// [`WireError::Decode`] when the bytes are not one complete head.
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     let (v, used) = bincode::serde::decode_from_slice(bytes, config())?;
     if used != bytes.len() {
         return Err(WireError::Decode(bincode::error::DecodeError::OtherString(

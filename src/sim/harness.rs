@@ -938,12 +938,13 @@ impl<'s> Run<'s> {
                 if seen.insert(id.clone(), generation).is_some() {
                     violations.push(format!("{node} lists {id} twice"));
                 }
-                if let Some(newest) = self.generations.get(&id) {
-                    if generation != *newest && self.running.contains(&id) {
-                        violations.push(format!(
+                if let Some(newest) = self.generations.get(&id)
+                    && generation != *newest
+                    && self.running.contains(&id)
+                {
+                    violations.push(format!(
                             "{node} holds {id} at generation {generation}, not its newest {newest} (ghost)"
                         ));
-                    }
                 }
             }
         }
@@ -1169,10 +1170,10 @@ async fn sidecar(
         return;
     }
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    if let Ok((200, body)) = http_get(addr, "/_peerlb/status").await {
-        if let Ok(v) = serde_json::from_slice(&body) {
-            out.borrow_mut().insert(id, v);
-        }
+    if let Ok((200, body)) = http_get(addr, "/_peerlb/status").await
+        && let Ok(v) = serde_json::from_slice(&body)
+    {
+        out.borrow_mut().insert(id, v);
     }
 }
 

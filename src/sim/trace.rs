@@ -130,10 +130,10 @@ impl Trace {
     /// The host whose runtime is current, or `-`.
     fn current_host(&self) -> String {
         #[cfg(tokio_unstable)]
-        if let Ok(h) = tokio::runtime::Handle::try_current() {
-            if let Some(n) = self.0.lock().expect("trace lock").hosts.get(&h.id()) {
-                return n.clone();
-            }
+        if let Ok(h) = tokio::runtime::Handle::try_current()
+            && let Some(n) = self.0.lock().expect("trace lock").hosts.get(&h.id())
+        {
+            return n.clone();
         }
         "-".to_owned()
     }
