@@ -27,6 +27,11 @@ pub const DEFAULT_CLUSTER_TOML: &str = include_str!("../cluster.toml");
 /// Exit status for an invalid configuration (`EX_USAGE` from sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
 
+/// Largest node weight (`[[nodes]] weight`, `--weight`, and `PUT
+/// /_peerlb/weight` at run time): weights are `0..=MAX_WEIGHT`, 100 is one
+/// share, 0 receives no keys.
+pub const MAX_WEIGHT: u32 = 10_000;
+
 /// A configuration error: the field path and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -583,10 +588,10 @@ impl ClusterFile {
                 gossip_addr: parse_addr(&n.gossip_addr).map_err(|m| inv(&f("gossip_addr"), m))?,
                 weight: n.weight,
             };
-            if n.weight > 10_000 {
+            if n.weight > MAX_WEIGHT {
                 return Err(inv(
                     &f("weight"),
-                    format!("{} is out of range 0..=10000", n.weight),
+                    format!("{} is out of range 0..={MAX_WEIGHT}", n.weight),
                 ));
             }
             for (k, addr) in [
@@ -744,10 +749,10 @@ impl ClusterFile {
                 n
             }
         };
-        if me.weight > 10_000 {
+        if me.weight > MAX_WEIGHT {
             return Err(inv(
                 "--weight",
-                format!("{} is out of range 0..=10000", me.weight),
+                format!("{} is out of range 0..={MAX_WEIGHT}", me.weight),
             ));
         }
         let app = parse_app(ov.app.as_deref().unwrap_or(&self.app))

@@ -90,7 +90,7 @@ pub fn parse_members(spec: &str) -> Result<Vec<Member>, ArgError> {
                 }
             }
         }
-        if m.weight > 10_000 {
+        if m.weight > crate::config::MAX_WEIGHT {
             return Err(arg_err(
                 "--members",
                 format!("{id}: weight {} is out of range 0..=10000", m.weight),

@@ -155,6 +155,7 @@ impl Node {
                 header_read_timeout: config.header_read_timeout,
             },
             env.seed,
+            gossip.publisher(),
         ));
         let peer_task = tokio::spawn(peer::serve(endpoint, ingress.clone()));
 
@@ -365,6 +366,7 @@ async fn maintain_view(
             .max_by_key(|m| m.generation)
         {
             me.status = m.status;
+            me.weight = m.weight;
             me.load = m.load;
             me.inflight = m.inflight;
         }
@@ -378,9 +380,16 @@ async fn maintain_view(
         );
         let changed = view_tx.borrow().version() != view.version();
         if changed {
+            // `weights`: `id=weight` of each serving member, in id order.
+            let weights: Vec<String> = view
+                .serving_ids()
+                .iter()
+                .filter_map(|id| view.get(id).map(|m| format!("{id}={}", m.weight)))
+                .collect();
             info!(
                 version = view.version(),
                 serving = ?view.serving_ids(),
+                weights = %weights.join(" "),
                 "membership view changed"
             );
         }

@@ -633,3 +633,104 @@ async fn h5_with_cookies_refused_the_route_travels_as_a_url_path_parameter() {
         );
     }
 }
+
+/// `PUT /_peerlb/weight` body, on a fresh loopback connection: (status, JSON).
+async fn put_weight(addr: std::net::SocketAddr, body: &str) -> (u16, serde_json::Value) {
+    let mut conn = Conn::open(addr).await.unwrap();
+    let r = conn
+        .request("PUT", "/_peerlb/weight", &[], Bytes::from(body.to_owned()))
+        .await
+        .unwrap();
+    (r.status, r.json())
+}
+
+/// The weight `at`'s view gives member `id` (None: unreachable or not in view).
+fn weight_in_view(at: std::net::SocketAddr, id: &str) -> Option<u64> {
+    status(at)?["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["id"] == id)?["weight"]
+        .as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_put_on_the_admin_api_reaches_every_ring_and_bad_weights_are_refused() {
+    let c = Cluster::start("weight", 3, "[ring]\nvnodes = 1024\n", USER_RULES);
+    let n1 = c.node("n1").http;
+    // Bad input is refused with a 4xx naming the problem; nothing changes.
+    let (status_code, v) = put_weight(n1, "heavy").await;
+    assert_eq!(status_code, 400, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("decimal integer"),
+        "{v}"
+    );
+    let (status_code, v) = put_weight(n1, "10001").await;
+    assert_eq!(status_code, 422, "{v}");
+    assert_eq!(v["error"], "weight 10001 is out of range 0..=10000");
+    let (status_code, _) = put_weight(n1, &"9".repeat(100)).await;
+    assert_eq!(status_code, 400, "a body over 64 bytes");
+    let mut conn = Conn::open(n1).await.unwrap();
+    let r = conn.get("/_peerlb/weight", &[]).await.unwrap();
+    assert_eq!(r.status, 405);
+    assert_eq!(status(n1).unwrap()["weight"], 100);
+
+    // n1 to 3 shares: it says so at once, and every node's ring takes it.
+    let (status_code, v) = put_weight(n1, "300\n").await;
+    assert_eq!(status_code, 200, "{v}");
+    assert_eq!(v, serde_json::json!({ "weight": 300, "previous": 100 }));
+    assert_eq!(status(n1).unwrap()["weight"], 300);
+    c.wait_until(Duration::from_secs(10), || {
+        c.nodes
+            .iter()
+            .all(|n| weight_in_view(n.http, "n1") == Some(300))
+    })
+    .expect("every node's view gives n1 weight 300");
+    let versions: BTreeSet<String> = c
+        .nodes
+        .iter()
+        .map(|n| status(n.http).unwrap()["view_version"].to_string())
+        .collect();
+    assert_eq!(versions.len(), 1, "one view everywhere: {versions:?}");
+    // Keys the reweighted ring moves to n1 are served by n1 from every entry.
+    let ids = ["n1", "n2", "n3"];
+    let weighted = Ring::build(
+        &ids.map(|id| (NodeId::from(id), if id == "n1" { 300 } else { 100 })),
+        1024,
+    );
+    let equal = ring(&ids, 1024);
+    let moved: Vec<String> = (0..2000)
+        .map(|i| format!("u{i}"))
+        .filter(|u| {
+            &**weighted.owner(u).unwrap() == "n1" && &**equal.owner(u).unwrap() != "n1"
+        })
+        .take(5)
+        .collect();
+    assert_eq!(moved.len(), 5);
+    for u in &moved {
+        for n in &c.nodes {
+            let resp = get(n.http, &format!("/x?user={u}"), &[]).await;
+            assert_eq!(resp.served_by(), "n1", "user {u} via {}", n.id);
+        }
+    }
+
+    // Weight 0 is allowed while another node keeps a share...
+    for id in ["n2", "n3"] {
+        let (status_code, v) = put_weight(c.node(id).http, "0").await;
+        assert_eq!(status_code, 200, "{id}: {v}");
+    }
+    c.wait_until(Duration::from_secs(10), || {
+        c.nodes.iter().all(|n| {
+            weight_in_view(n.http, "n2") == Some(0) && weight_in_view(n.http, "n3") == Some(0)
+        })
+    })
+    .expect("every node's view gives n2 and n3 weight 0");
+    for u in 0..10 {
+        let resp = get(c.node("n2").http, &format!("/x?user=z{u}"), &[]).await;
+        assert_eq!(resp.served_by(), "n1", "only n1 has a share");
+    }
+    // ...but not when it would leave no node with a share.
+    let (status_code, v) = put_weight(n1, "0").await;
+    assert_eq!(status_code, 409, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("weight 0"), "{v}");
+    assert_eq!(status(n1).unwrap()["weight"], 300);
+}

@@ -4,15 +4,18 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `counters` |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `counters` |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
+//! | `PUT /_peerlb/weight` | body: the node's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
 
 use std::sync::atomic::Ordering;
 
-use http::{HeaderValue, Response, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 
 use super::body::{self, Body};
-use super::ingress::{Ingress, ReloadError};
+use super::ingress::{Ingress, ReloadError, WeightError};
 
 /// Path prefix reserved for the admin API.
 pub(crate) const PREFIX: &str = "/_peerlb/";
@@ -23,18 +26,27 @@ pub(crate) const STATUS: &str = "/_peerlb/status";
 /// `POST /_peerlb/rules/reload`.
 pub(crate) const RELOAD_RULES: &str = "/_peerlb/rules/reload";
 
-/// Answers an admin request, or `None` when `path` is not an admin path.
-pub(crate) fn answer<B>(
+/// `PUT /_peerlb/weight`.
+pub(crate) const WEIGHT: &str = "/_peerlb/weight";
+
+/// Longest `PUT /_peerlb/weight` body read, in bytes.
+const WEIGHT_BODY_LIMIT: usize = 64;
+
+/// True when `path` belongs to the admin API (answered by [`answer`], never
+/// routed).
+pub(crate) fn is_admin(path: &str) -> bool {
+    path.starts_with(PREFIX)
+}
+
+/// Answers an admin request (a path for which [`is_admin`] holds).
+pub(crate) async fn answer(
     ingress: &Ingress,
-    req: &http::Request<B>,
+    req: Request<Incoming>,
     client: std::net::SocketAddr,
-) -> Option<Response<Body>> {
-    use http::StatusCode;
-    let (method, path) = (req.method(), req.uri().path());
-    if !path.starts_with(PREFIX) {
-        return None;
-    }
-    let (status, text) = match (method, path) {
+) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let (status, text) = match (&method, path.as_str()) {
         // The admin API answers the node's own host only: clients that
         // reach the node through the sprayer get 404 as for any unknown path.
         _ if !client.ip().to_canonical().is_loopback() => (
@@ -56,7 +68,24 @@ pub(crate) fn answer<B>(
                 serde_json::json!({ "error": e.to_string() }).to_string(),
             ),
         },
-        (_, STATUS | RELOAD_RULES) => (
+        (&http::Method::PUT, WEIGHT) => match put_weight(ingress, req.into_body()).await {
+            Ok((weight, previous)) => (
+                StatusCode::OK,
+                serde_json::json!({ "weight": weight, "previous": previous }).to_string(),
+            ),
+            Err(e) => {
+                let status = match e {
+                    WeightError::NotANumber(_) | WeightError::Body(_) => StatusCode::BAD_REQUEST,
+                    WeightError::OutOfRange(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                    WeightError::AllZero => StatusCode::CONFLICT,
+                };
+                (
+                    status,
+                    serde_json::json!({ "error": e.to_string() }).to_string(),
+                )
+            }
+        },
+        (_, STATUS | RELOAD_RULES | WEIGHT) => (
             StatusCode::METHOD_NOT_ALLOWED,
             "{\"error\":\"method not allowed\"}".to_owned(),
         ),
@@ -71,7 +100,36 @@ pub(crate) fn answer<B>(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    Some(r)
+    r
+}
+
+/// Reads the new weight from `body` (a decimal integer, surrounding ASCII
+/// whitespace allowed, at most [`WEIGHT_BODY_LIMIT`] bytes) and puts it in
+/// force: (new, previous).
+async fn put_weight(ingress: &Ingress, body: Incoming) -> Result<(u32, u32), WeightError> {
+    let bytes = http_body_util::Limited::new(body, WEIGHT_BODY_LIMIT)
+        .collect()
+        .await
+        .map_err(|e| WeightError::Body(e.to_string()))?
+        .to_bytes();
+    let weight = parse_weight(&bytes)?;
+    let previous = ingress.set_weight(weight).await?;
+    Ok((ingress.weight(), previous))
+}
+
+/// Parses a weight body: ASCII digits, optionally surrounded by ASCII
+/// whitespace. The range is checked by [`Ingress::set_weight`].
+///
+/// # Errors
+/// [`WeightError::NotANumber`] quoting the body (lossy UTF-8).
+fn parse_weight(body: &[u8]) -> Result<u64, WeightError> {
+    let text = String::from_utf8_lossy(body);
+    let t = text.trim_matches(|c: char| c.is_ascii_whitespace());
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(WeightError::NotANumber(text.into_owned()));
+    }
+    // Digits only: the one failure left is overflow, which is out of range.
+    Ok(t.parse().unwrap_or(u64::MAX))
 }
 
 fn status_json(ingress: &Ingress) -> String {
@@ -96,6 +154,7 @@ fn status_json(ingress: &Ingress) -> String {
     serde_json::json!({
         "node": ingress.node_id(),
         "pid": std::process::id(),
+        "weight": ingress.weight(),
         "view_version": view.version(),
         "members": members,
         "serving": serving,
@@ -110,4 +169,30 @@ fn status_json(ingress: &Ingress) -> String {
         },
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_bodies() {
+        assert_eq!(parse_weight(b"300").unwrap(), 300);
+        assert_eq!(parse_weight(b" 0\n").unwrap(), 0);
+        assert_eq!(parse_weight(b"10000\r\n").unwrap(), 10_000);
+        // Digits beyond u64 are out of range, not "not a number".
+        assert_eq!(parse_weight(b"99999999999999999999999").unwrap(), u64::MAX);
+        for bad in [&b""[..], b"  ", b"-1", b"+5", b"1.5", b"3e2", b"abc", b"1 2", b"0x10"] {
+            let e = parse_weight(bad).unwrap_err();
+            assert!(matches!(e, WeightError::NotANumber(_)), "{bad:?}");
+        }
+        assert_eq!(
+            parse_weight(b"abc").unwrap_err().to_string(),
+            "the body must be a decimal integer weight 0..=10000, got \"abc\""
+        );
+        assert_eq!(
+            WeightError::OutOfRange(10_001).to_string(),
+            "weight 10001 is out of range 0..=10000"
+        );
+    }
 }

@@ -62,7 +62,7 @@ pub struct GossipError {
     pub message: String,
 }
 
-/// Publishes this node's keys (status, load) into gossip.
+/// Publishes this node's keys (status, load, weight) into gossip.
 #[derive(Clone)]
 pub(crate) struct Publisher(std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>);
 
@@ -74,6 +74,16 @@ impl Publisher {
             .await
             .self_node_state()
             .set("status", status.as_str());
+    }
+
+    /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
+    /// caller checks the range).
+    pub(crate) async fn set_weight(&self, weight: u32) {
+        self.0
+            .lock()
+            .await
+            .self_node_state()
+            .set("weight", weight);
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.

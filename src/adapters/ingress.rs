@@ -33,6 +33,8 @@ use super::app::{App, AppError, ServeCtx};
 use super::body::{self, Body};
 use super::peer::{self, ExchangeError, PeerLinks, ProxiedHandler};
 use super::wire::{self, RequestHead, RequestHeadRef};
+use super::gossip::Publisher;
+use crate::config::MAX_WEIGHT;
 use crate::engine::membership::{MembershipView, NodeId};
 use crate::engine::route::Router;
 use crate::engine::rules::RequestView;
@@ -118,6 +120,29 @@ pub(crate) enum ReloadError {
     /// The new rules are invalid (the error names the file and field).
     #[error(transparent)]
     Invalid(crate::config::ConfigError),
+}
+
+/// A weight from `PUT /_peerlb/weight` was refused; the weight in force
+/// stays.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WeightError {
+    /// The body is not a decimal integer (the offending text, at most 64
+    /// bytes, is quoted). Send digits only, e.g. `300`.
+    #[error("the body must be a decimal integer weight 0..={MAX_WEIGHT}, got {0:?}")]
+    NotANumber(String),
+    /// The weight is above [`MAX_WEIGHT`], the limit config validation
+    /// applies to `[[nodes]] weight` and `--weight`.
+    #[error("weight {0} is out of range 0..={MAX_WEIGHT}")]
+    OutOfRange(u64),
+    /// Weight 0 while every other serving member in this node's view has
+    /// weight 0: no node would receive keys (config validation refuses the
+    /// same for `[[nodes]]`). Raise another node's weight first.
+    #[error("weight 0 refused: every other serving node has weight 0, so no node would receive requests")]
+    AllZero,
+    /// The request body could not be read (too long: more than 64 bytes,
+    /// or the connection failed).
+    #[error("reading the body: {0}")]
+    Body(String),
 }
 
 /// Settings of the request path.
@@ -297,6 +322,11 @@ pub(crate) struct Ingress {
     /// This node's id as a header value (`peerlb-entry`, `peerlb-served-by`),
     /// made once.
     id_header: Option<HeaderValue>,
+    /// Publishes this node's state (`weight`) into gossip.
+    publisher: Publisher,
+    /// The weight this node publishes (config, or the last `PUT
+    /// /_peerlb/weight`).
+    weight: AtomicU32,
     /// Request counters.
     pub counters: Counters,
 }
@@ -406,7 +436,10 @@ fn set_route(resp: &mut Response<Body>, node: &str, in_url: bool) {
 }
 
 impl Ingress {
-    /// Creates the request path. `seed` seeds request ids and random picks.
+    /// Creates the request path. `seed` seeds request ids and random picks;
+    /// `publisher` serves [`Ingress::set_weight`]. The weight this node
+    /// publishes starts as its own member's weight in `view`.
+    #[allow(clippy::too_many_arguments)] // the node's parts, wired once in node.rs
     pub(crate) fn new(
         node_id: NodeId,
         view: watch::Receiver<Arc<MembershipView>>,
@@ -415,8 +448,12 @@ impl Ingress {
         app: App,
         settings: IngressSettings,
         seed: u64,
+        publisher: Publisher,
     ) -> Ingress {
+        let weight = view.borrow().get(&node_id).map_or(0, |m| m.weight);
         Ingress {
+            publisher,
+            weight: AtomicU32::new(weight),
             id_header: HeaderValue::from_str(&node_id).ok(),
             node_id,
             view,
@@ -453,6 +490,42 @@ impl Ingress {
         self.router.lock().expect("router lock").set_rules(rules);
         info!(rules = n, "data-centric rules reloaded");
         Ok(n)
+    }
+
+    /// The weight this node publishes in gossip now.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// Publishes `weight` as this node's new weight (gossip key `weight`):
+    /// every node, this one included, rebuilds its ring with it once gossip
+    /// brings it (about one gossip interval per hop). Not persisted: a
+    /// restart publishes the configured weight again. Returns the previous
+    /// weight.
+    ///
+    /// # Errors
+    /// [`WeightError::OutOfRange`] above [`MAX_WEIGHT`];
+    /// [`WeightError::AllZero`] for 0 when every other serving member in
+    /// this node's view has weight 0. The weight in force stays.
+    pub(crate) async fn set_weight(&self, weight: u64) -> Result<u32, WeightError> {
+        let w = u32::try_from(weight)
+            .ok()
+            .filter(|w| *w <= MAX_WEIGHT)
+            .ok_or(WeightError::OutOfRange(weight))?;
+        if w == 0 {
+            let view = self.view();
+            let others_zero = view
+                .members()
+                .filter(|m| m.id != self.node_id && view.is_serving(&m.id))
+                .all(|m| m.weight == 0);
+            if others_zero {
+                return Err(WeightError::AllZero);
+            }
+        }
+        let previous = self.weight.swap(w, Ordering::Relaxed);
+        self.publisher.set_weight(w).await;
+        info!(weight = w, previous, "weight changed: published in gossip");
+        Ok(previous)
     }
 
     /// Counts a request to `node` as outstanding, when the policy needs it.
@@ -519,17 +592,15 @@ impl Ingress {
     ) -> Response<Body> {
         let mut resp = match self.check(&req) {
             Err(e) => self.failed(e),
-            Ok(()) => match admin::answer(self, &req, client) {
-                Some(r) => r,
-                None => {
-                    let inflight = self.enter();
-                    self.counters.requests.fetch_add(1, Ordering::Relaxed);
-                    match self.route_and_serve(req, client).await {
-                        Ok((resp, guard)) => track_body(resp, guard, inflight),
-                        Err(e) => self.failed(e),
-                    }
+            Ok(()) if admin::is_admin(req.uri().path()) => admin::answer(self, req, client).await,
+            Ok(()) => {
+                let inflight = self.enter();
+                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                match self.route_and_serve(req, client).await {
+                    Ok((resp, guard)) => track_body(resp, guard, inflight),
+                    Err(e) => self.failed(e),
                 }
-            },
+            }
         };
         if self.settings.header_entry
             && let Some(v) = &self.id_header
