@@ -101,6 +101,31 @@ fn print_summary(o: &Outcome) {
     for (label, frac) in &f.keys_moved {
         println!("keys moved by {label}: {:.1}%", frac * 100.0);
     }
+    for s in &f.shares {
+        println!(
+            "share after {}: {} served {:.1}% of {} requests; the new ring gives it {:.1}% of their keys, {:.1}% of all keys (weight share {:.1}%)",
+            s.label,
+            s.node,
+            s.served * 100.0,
+            s.requests,
+            s.expected * 100.0,
+            s.ring_share * 100.0,
+            s.weight_share * 100.0
+        );
+    }
+    let st = &f.sticky;
+    if st.started > 0 {
+        println!(
+            "sticky sessions: {} started, {} requests with a route ({} served by it), {} sessions moved off a dead node ({} route rewrites), {} violations in {} sessions",
+            st.started,
+            st.routed,
+            st.stuck,
+            st.moved,
+            st.rewrites,
+            st.violations,
+            st.sessions_violated
+        );
+    }
     for v in &o.violations {
         println!("VIOLATION: {v}");
     }

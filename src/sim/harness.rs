@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing_subscriber::layer::SubscriberExt;
 
 use super::certs::{self, NodePem};
@@ -25,6 +25,10 @@ use super::trace::{self, NodeEvent, Trace, TraceLayer};
 use crate::config::{ClusterFile, NodeConfig, Overrides, Source};
 use crate::env::{Clock, Env};
 use crate::{Node, NodeId, Ring};
+
+mod sessions;
+
+pub use sessions::StickyFigures;
 
 /// Client HTTP port of every node.
 const HTTP_PORT: u16 = 8080;
@@ -60,8 +64,15 @@ pub struct Record {
     pub start: Duration,
     /// Answered (or failed) at.
     pub end: Option<Duration>,
-    /// Status and `peerlb-served-by`, or the client-side error.
+    /// Status, `peerlb-served-by` and `peerlb-entry`, or the client-side
+    /// error.
     pub result: Option<Result<(u16, String, String), String>>,
+    /// The sticky session it belongs to (`c<client>-s<j>`), if any.
+    pub session: Option<String>,
+    /// The sticky route it carried (its `peerlb-route` cookie).
+    pub route: Option<String>,
+    /// The sticky route its response set (`Set-Cookie: peerlb-route=`).
+    pub set_route: Option<String>,
 }
 
 /// A fault as it was applied.
@@ -75,6 +86,8 @@ pub struct Applied {
     pub node: Option<String>,
     /// Label for summaries and the report.
     pub label: String,
+    /// The new weight (`weight`).
+    pub value: Option<u32>,
 }
 
 /// Figures of one run.
@@ -111,6 +124,33 @@ pub struct Figures {
     /// node (membership skew, served anyway: hop limit 1), summed over the
     /// nodes' `proxied_disagree` counters at the end.
     pub disagree: u64,
+    /// Sticky sessions (`[[traffic]] sessions`): started, moved, violations.
+    pub sticky: StickyFigures,
+    /// Per `weight` fault: the reweighted node's share of the requests
+    /// served once the rings agreed, against its share on the ring.
+    pub shares: Vec<Share>,
+}
+
+/// After a `weight` fault: the reweighted node's share of the requests
+/// served from the moment every ring agreed until the next fault (or the
+/// end), and what the engine's ring with the new weights gives it.
+#[derive(Debug, Clone, Default)]
+pub struct Share {
+    /// The fault's label (`weight n1 300`).
+    pub label: String,
+    /// The reweighted node.
+    pub node: String,
+    /// Its new weight over the sum of the serving nodes' weights.
+    pub weight_share: f64,
+    /// Its share of the scenario's key space (`k0..k<key_count>`) on the
+    /// new ring.
+    pub ring_share: f64,
+    /// Its share, on the new ring, of the keys of the requests counted.
+    pub expected: f64,
+    /// Its share of those requests as served (`peerlb-served-by`).
+    pub served: f64,
+    /// Requests counted (answered 2xx-4xx, sent after the rings agreed).
+    pub requests: u64,
 }
 
 /// The result of one run.
@@ -191,8 +231,9 @@ struct NodeSlot {
     config: NodeConfig,
     pem: NodePem,
     drain: RefCell<Option<watch::Sender<bool>>>,
-    /// Asks the node's sidecar for `/_peerlb/status` (admin is loopback only).
-    probe: RefCell<Option<watch::Sender<bool>>>,
+    /// Commands for the node's sidecar, which calls the admin API from the
+    /// node's own host (it answers loopback only).
+    sidecar: RefCell<Option<mpsc::UnboundedSender<SidecarCmd>>>,
     /// The app's slowdown factor, kept across restarts.
     slowdown: Arc<std::sync::atomic::AtomicU32>,
     registered: std::cell::Cell<bool>,
@@ -231,7 +272,24 @@ struct Run<'s> {
     converged: Vec<Option<Duration>>,
     probed: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
     ring_vnodes: u32,
+    /// The weight each node publishes now (config, or the last `weight`
+    /// fault since it started).
     weights: BTreeMap<String, u32>,
+    /// Per node: `id=weight` of the serving members of its latest view.
+    view_weights: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Per node: when it logged `node running`.
+    ups: BTreeMap<String, Vec<Duration>>,
+    /// Per `weight` fault (script index): the node's answer to its `PUT
+    /// /_peerlb/weight` (status and body, or the client error).
+    weight_answers: Rc<RefCell<BTreeMap<usize, Result<(u16, String), String>>>>,
+}
+
+/// What a node's sidecar does on its host.
+enum SidecarCmd {
+    /// `GET /_peerlb/status` into the run's probe results.
+    Probe,
+    /// `PUT /_peerlb/weight` with this weight, for fault number `fault`.
+    Weight { fault: usize, value: u32 },
 }
 
 fn ids_in(debug: &str) -> Vec<String> {
@@ -284,7 +342,7 @@ impl<'s> Run<'s> {
                 config,
                 pem,
                 drain: RefCell::new(None),
-                probe: RefCell::new(None),
+                sidecar: RefCell::new(None),
                 slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
                 registered: std::cell::Cell::new(false),
             }));
@@ -311,6 +369,9 @@ impl<'s> Run<'s> {
             probed: Rc::default(),
             ring_vnodes,
             weights,
+            view_weights: BTreeMap::new(),
+            ups: BTreeMap::new(),
+            weight_answers: Rc::default(),
         })
     }
 
@@ -329,12 +390,14 @@ impl<'s> Run<'s> {
         let gossip = gossip.clone();
         let s = slot.clone();
         let probed = self.probed.clone();
+        let weight_answers = self.weight_answers.clone();
         sim.host(slot.ip, move || {
             let (tx, mut rx) = watch::channel(false);
             *s.drain.borrow_mut() = Some(tx);
-            let (probe_tx, probe_rx) = watch::channel(false);
-            *s.probe.borrow_mut() = Some(probe_tx);
+            let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+            *s.sidecar.borrow_mut() = Some(cmd_tx);
             let probed = probed.clone();
+            let weight_answers = weight_answers.clone();
             let config = s.config.clone();
             let pem = s.pem.clone();
             let gossip = gossip.clone();
@@ -366,7 +429,14 @@ impl<'s> Run<'s> {
                 };
                 let node = Node::build(config, env)?;
                 let port = config_port;
-                let sidecar = tokio::task::spawn_local(sidecar(id, port, probe_rx, probed));
+                let sidecar = tokio::task::spawn_local(sidecar(
+                    id,
+                    port,
+                    cmd_rx,
+                    probed,
+                    weight_answers,
+                    trace.clone(),
+                ));
                 let r = node
                     .run(async move {
                         let _ = rx.wait_for(|d| *d).await;
@@ -423,14 +493,15 @@ impl<'s> Run<'s> {
             for _ in 0..t.clients {
                 client_no += 1;
                 let name = format!("c{client_no}");
-                let fut = client(
-                    name.clone(),
-                    t.clone(),
-                    self.seed ^ (client_no as u64).wrapping_mul(0xa076_1d64_78bd_642f),
-                    self.shared.clone(),
-                    self.trace.clone(),
-                );
-                sim.client(name.as_str(), fut);
+                let seed = self.seed ^ (client_no as u64).wrapping_mul(0xa076_1d64_78bd_642f);
+                let (shared, trace) = (self.shared.clone(), self.trace.clone());
+                if t.sessions > 0 {
+                    let fut = sessions::client(name.clone(), t.clone(), seed, shared, trace);
+                    sim.client(name.as_str(), fut);
+                } else {
+                    let fut = client(name.clone(), t.clone(), seed, shared, trace);
+                    sim.client(name.as_str(), fut);
+                }
             }
         }
         let mut next_fault = 0;
@@ -487,10 +558,13 @@ impl<'s> Run<'s> {
             .map_or_else(|| "n1".to_owned(), |o| o.to_string())
     }
 
-    fn ring_of(&self, ids: &BTreeSet<String>) -> Ring {
+    /// The ring the engine builds for the serving nodes `ids` with
+    /// `weights` (weight-0 nodes are off the ring, as in a node's view).
+    fn ring_of(&self, ids: &BTreeSet<String>, weights: &BTreeMap<String, u32>) -> Ring {
         let nodes: Vec<(NodeId, u32)> = ids
             .iter()
-            .map(|i| (NodeId::from(i.as_str()), self.weights[i]))
+            .map(|i| (NodeId::from(i.as_str()), weights[i]))
+            .filter(|(_, w)| *w > 0)
             .collect();
         Ring::build(&nodes, self.ring_vnodes)
     }
@@ -506,6 +580,7 @@ impl<'s> Run<'s> {
         let node = f.node.as_deref().map(|n| self.resolve(n));
         let label = match (&node, f.action) {
             (Some(n), Action::Slow) => format!("slow {n} x{}", f.factor),
+            (Some(n), Action::Weight) => format!("weight {n} {}", f.value.unwrap_or_default()),
             (Some(n), a) => format!("{a:?} {n}").to_lowercase(),
             (None, Action::Heal) => "heal".to_owned(),
             (None, a) => format!("{a:?} {:?}|{:?}", f.a, f.b).to_lowercase(),
@@ -525,6 +600,8 @@ impl<'s> Run<'s> {
             Action::Restart => {
                 let n = node.clone().expect("checked");
                 let slot = self.slot(&n);
+                // A new start publishes the configured weight again.
+                self.weights.insert(n.clone(), slot.config.node.weight);
                 if !slot.registered.get() {
                     self.register(sim, &n, gossip);
                 } else if !self.running.contains(&n) {
@@ -536,6 +613,30 @@ impl<'s> Run<'s> {
                 let n = node.clone().expect("checked");
                 if !self.slot(&n).registered.get() {
                     self.register(sim, &n, gossip);
+                }
+            }
+            Action::Weight => {
+                let n = node.clone().expect("checked");
+                let value = f.value.expect("checked");
+                let sent = self.running.contains(&n)
+                    && self
+                        .slot(&n)
+                        .sidecar
+                        .borrow()
+                        .as_ref()
+                        .is_some_and(|tx| {
+                            tx.send(SidecarCmd::Weight {
+                                fault: index,
+                                value,
+                            })
+                            .is_ok()
+                        });
+                if sent {
+                    self.weights.insert(n, value);
+                } else {
+                    self.weight_answers
+                        .borrow_mut()
+                        .insert(index, Err(format!("{n} is not running")));
                 }
             }
             Action::Drain => {
@@ -600,6 +701,7 @@ impl<'s> Run<'s> {
             action: f.action,
             node,
             label,
+            value: f.value,
         });
         Ok(())
     }
@@ -608,14 +710,28 @@ impl<'s> Run<'s> {
     fn absorb(&mut self, sim: &mut turmoil::Sim<'_>) {
         for ev in self.trace.take_events() {
             match ev {
-                NodeEvent::View { at, host, serving } => {
+                NodeEvent::View {
+                    at,
+                    host,
+                    serving,
+                    weights,
+                } => {
+                    let parsed = weights
+                        .split_whitespace()
+                        .filter_map(|p| p.split_once('='))
+                        .filter_map(|(id, w)| Some((id.to_owned(), w.parse().ok()?)))
+                        .collect();
+                    self.view_weights.insert(host.clone(), parsed);
                     let ids = ids_in(&serving);
                     self.views.insert(host.clone(), ids.clone());
                     self.view_log.push((at, host, ids));
                 }
                 NodeEvent::Running {
-                    host, generation, ..
+                    at,
+                    host,
+                    generation,
                 } => {
+                    self.ups.entry(host.clone()).or_default().push(at);
                     self.generations.insert(host.clone(), generation);
                     if self.running.contains(&host) && !self.draining.contains(&host) {
                         self.shared.borrow_mut().ready.insert(host);
@@ -644,6 +760,7 @@ impl<'s> Run<'s> {
             self.draining.remove(&n);
             self.running.remove(&n);
             self.views.remove(&n);
+            self.view_weights.remove(&n);
         }
     }
 
@@ -660,11 +777,18 @@ impl<'s> Run<'s> {
         }
         let expected = self.expected();
         let want: Vec<String> = expected.iter().cloned().collect();
+        // Each view must also give every serving node the weight it publishes.
+        let want_weights: BTreeMap<String, u32> =
+            want.iter().map(|n| (n.clone(), self.weights[n])).collect();
         let ok = !expected.is_empty()
             && expected.iter().all(|n| {
                 self.views
                     .get(n)
                     .map_or_else(|| want.len() == 1 && want[0] == *n, |v| *v == want)
+                    && self
+                        .view_weights
+                        .get(n)
+                        .is_none_or(|w| *w == want_weights)
             })
             && expected
                 .iter()
@@ -680,7 +804,7 @@ impl<'s> Run<'s> {
             self.trace.line(
                 "sim",
                 format_args!(
-                    "converged after={}ms ring={want:?}",
+                    "converged after={}ms ring={want:?} weights={want_weights:?}",
                     (now - since).as_millis()
                 ),
             );
@@ -695,8 +819,8 @@ impl<'s> Run<'s> {
     ) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
         let targets: Vec<String> = self.running.difference(&self.draining).cloned().collect();
         for n in &targets {
-            if let Some(tx) = self.slot(n).probe.borrow().as_ref() {
-                let _ = tx.send(true);
+            if let Some(tx) = self.slot(n).sidecar.borrow().as_ref() {
+                let _ = tx.send(SidecarCmd::Probe);
             }
         }
         for _ in 0..5000 {
@@ -877,33 +1001,97 @@ impl<'s> Run<'s> {
             }
             fig.ejections.push((dead, gone_at));
         }
-        // Keys moved by kills and joins.
+        // Keys moved by kills, joins and weight changes.
         let keys: Vec<String> = scn
             .traffic
             .first()
             .map(|t| (0..t.key_count).map(|i| format!("k{i}")).collect())
             .unwrap_or_default();
         let mut members: BTreeSet<String> = scn.node_ids().into_iter().take(scn.nodes).collect();
-        for a in &self.applied {
+        let configured: BTreeMap<String, u32> = self
+            .slots
+            .iter()
+            .map(|s| (s.id.clone(), s.config.node.weight))
+            .collect();
+        let mut weights = configured.clone();
+        for (i, a) in self.applied.iter().enumerate() {
             let Some(n) = &a.node else { continue };
-            let before = members.clone();
+            let (before, before_w) = (members.clone(), weights.clone());
             match a.action {
                 Action::Kill | Action::Drain => {
                     members.remove(n);
                 }
                 Action::Join | Action::Restart => {
                     members.insert(n.clone());
+                    weights.insert(n.clone(), configured[n]);
+                }
+                Action::Weight => {
+                    weights.insert(n.clone(), a.value.unwrap_or_default());
                 }
                 _ => continue,
             }
-            if before == members || keys.is_empty() || members.is_empty() || before.is_empty() {
+            if a.action == Action::Weight {
+                let answer = self.weight_answers.borrow().get(&i).cloned();
+                match answer {
+                    Some(Ok((200, _))) => {}
+                    Some(Ok((status, body))) => {
+                        violations.push(format!("{}: the node answered {status} {body}", a.label))
+                    }
+                    Some(Err(e)) => violations.push(format!("{}: {e}", a.label)),
+                    None => violations.push(format!("{}: the node never answered", a.label)),
+                }
+                let ring = self.ring_of(&members, &weights);
+                let window = (
+                    self.converged[i + 1].map(|d| a.at + d),
+                    self.applied.get(i + 1).map_or(simulated, |next| next.at),
+                );
+                match share(n, &ring, &members, &weights, &keys, &records, window) {
+                    Some(mut s) => {
+                        s.label = a.label.clone();
+                        if s.requests == 0 {
+                            violations.push(format!(
+                                "{}: no request answered after the rings agreed",
+                                a.label
+                            ));
+                        } else if (s.served - s.expected).abs() > scn.expect.share_tolerance {
+                            violations.push(format!(
+                                "{}: {n} served {:.3} of the requests after the rings agreed; the ring gives it {:.3} of their keys (tolerance {})",
+                                a.label, s.served, s.expected, scn.expect.share_tolerance
+                            ));
+                        }
+                        fig.shares.push(s);
+                    }
+                    None => violations.push(format!(
+                        "{}: the rings never agreed on the new weight before the next fault",
+                        a.label
+                    )),
+                }
+            }
+            if (before == members && before_w == weights)
+                || keys.is_empty()
+                || members.is_empty()
+                || before.is_empty()
+            {
                 continue;
             }
-            let (r0, r1) = (self.ring_of(&before), self.ring_of(&members));
+            let (r0, r1) = (
+                self.ring_of(&before, &before_w),
+                self.ring_of(&members, &weights),
+            );
             let moved = keys.iter().filter(|k| r0.owner(k) != r1.owner(k)).count();
             fig.keys_moved
                 .push((a.label.clone(), moved as f64 / keys.len() as f64));
         }
+        // Sticky sessions: stickiness holds unless its node died.
+        let ups = &self.ups;
+        let up = |node: &str, from: Duration, to: Duration| {
+            ups.get(node)
+                .and_then(|ts| ts.iter().filter(|t| **t <= from).max())
+                .is_some_and(|since| !down_between(node, *since, to))
+        };
+        let (sticky, broken) = sessions::check(&records, up);
+        fig.sticky = sticky;
+        violations.extend(broken);
         // Convergence per fault.
         let labels: Vec<String> = std::iter::once("start".to_owned())
             .chain(self.applied.iter().map(|a| a.label.clone()))
@@ -981,6 +1169,49 @@ impl<'s> Run<'s> {
     }
 }
 
+/// The [`Share`] of `node` (label left empty) over the plain (non-session)
+/// requests answered 2xx-4xx and sent inside `window` (`None` start: the
+/// rings never agreed, and the result is `None`).
+fn share(
+    node: &str,
+    ring: &Ring,
+    members: &BTreeSet<String>,
+    weights: &BTreeMap<String, u32>,
+    keys: &[String],
+    records: &[Record],
+    window: (Option<Duration>, Duration),
+) -> Option<Share> {
+    let (from, to) = (window.0?, window.1);
+    let owns = |k: &str| ring.owner(k).is_some_and(|o| &**o == node);
+    let (mut requests, mut expected, mut served) = (0u64, 0u64, 0u64);
+    for r in records {
+        let Some(Ok((status, by, _))) = &r.result else {
+            continue;
+        };
+        if r.session.is_some() || r.start < from || r.start >= to || *status >= 500 || by.is_empty()
+        {
+            continue;
+        }
+        requests += 1;
+        expected += u64::from(owns(&r.key));
+        served += u64::from(by == node);
+    }
+    let frac = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let total: u64 = members.iter().map(|m| u64::from(weights[m])).sum();
+    Some(Share {
+        label: String::new(),
+        node: node.to_owned(),
+        weight_share: frac(u64::from(weights[node]), total),
+        ring_share: frac(
+            keys.iter().filter(|k| owns(k)).count() as u64,
+            keys.len() as u64,
+        ),
+        expected: frac(expected, requests),
+        served: frac(served, requests),
+        requests,
+    })
+}
+
 /// Inverse CDF table of a Zipf distribution over `n` ranks.
 fn zipf_cdf(n: usize, s: f64) -> Vec<f64> {
     let mut acc = 0.0;
@@ -1008,9 +1239,7 @@ async fn client(
     trace.register_host(&name);
     let mut rng = SmallRng::seed_from_u64(seed);
     let cdf = (t.keys == Keys::Zipf).then(|| zipf_cdf(t.key_count, t.zipf_s));
-    let t0 = tokio::time::Instant::now();
-    let v0 = trace::now();
-    let at = |v: f64| t0 + Duration::from_secs_f64(v).saturating_sub(v0);
+    let at = virtual_instant();
     let mut next = t.start_s;
     let mut n = 0u64;
     let mut tasks = Vec::new();
@@ -1036,71 +1265,26 @@ async fn client(
                 format!("k{i}")
             }
         };
-        let entry = {
-            let s = shared.borrow();
-            let ready: Vec<&String> = s.ready.iter().collect();
-            if ready.is_empty() {
-                None
-            } else {
-                Some(ready[rng.random_range(0..ready.len())].clone())
-            }
-        };
-        let start = trace::now();
-        let index = {
-            let mut s = shared.borrow_mut();
-            s.records.push(Record {
-                tag: tag.clone(),
-                key: key.clone(),
-                method: t.method.clone(),
-                entry: entry.clone().unwrap_or_default(),
-                start,
-                end: None,
-                result: None,
-            });
-            s.records.len() - 1
-        };
-        let Some(entry) = entry else {
-            trace.line(
-                &name,
-                format_args!("request {tag} key={key} no ready entry"),
-            );
-            continue;
-        };
-        let ip: IpAddr = turmoil::lookup(entry.as_str());
         let path = if t.delay_ms > 0 {
             format!("/delay/{}?user={key}&r={tag}", t.delay_ms)
         } else {
             format!("/k?user={key}&r={tag}")
         };
-        let method = t.method.clone();
-        let shared = shared.clone();
-        let trace = trace.clone();
-        let client_name = name.clone();
+        let out = Outgoing {
+            tag,
+            key,
+            method: t.method.clone(),
+            path,
+            session: None,
+            cookie: None,
+            route: None,
+        };
+        let Some((index, entry)) = begin(&shared, &trace, &name, &mut rng, &out) else {
+            continue;
+        };
+        let (shared, trace, name) = (shared.clone(), trace.clone(), name.clone());
         tasks.push(tokio::task::spawn_local(async move {
-            let r = send(SocketAddr::new(ip, HTTP_PORT), &method, &path).await;
-            let end = trace::now();
-            let mut s = shared.borrow_mut();
-            match &r {
-                Ok((status, served, _)) => {
-                    trace.line(
-                        &client_name,
-                        format_args!(
-                            "response {tag} entry={entry} key={key} status={status} served_by={served} ms={}",
-                            (end - start).as_millis()
-                        ),
-                    );
-                    if *status < 500 && !served.is_empty() {
-                        s.last_owner.insert(key.clone(), served.clone());
-                    }
-                }
-                Err(e) => trace.line(
-                    &client_name,
-                    format_args!("error {tag} entry={entry} key={key} error={e:?}"),
-                ),
-            }
-            let rec = &mut s.records[index];
-            rec.end = Some(end);
-            rec.result = Some(r);
+            complete(&shared, &trace, &name, index, &entry, out).await;
         }));
     }
     for t in tasks {
@@ -1109,8 +1293,164 @@ async fn client(
     Ok(())
 }
 
-/// One request on a new connection: (status, `peerlb-served-by`, `peerlb-entry`).
-async fn send(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String, String), String> {
+/// Maps scenario seconds to tokio instants on the calling host (its clock
+/// started when the host did, virtual time may have been later).
+fn virtual_instant() -> impl Fn(f64) -> tokio::time::Instant {
+    let t0 = tokio::time::Instant::now();
+    let v0 = trace::now();
+    move |v: f64| t0 + Duration::from_secs_f64(v).saturating_sub(v0)
+}
+
+/// A request a client host is about to send.
+struct Outgoing {
+    /// `c<client>-<n>` or `c<client>-s<j>-<n>`.
+    tag: String,
+    /// Hash key (for a session: the session id).
+    key: String,
+    /// Method.
+    method: String,
+    /// Path and query (carries `r=<tag>` last).
+    path: String,
+    /// The sticky session it belongs to.
+    session: Option<String>,
+    /// The `Cookie` header to send.
+    cookie: Option<String>,
+    /// The sticky route in `cookie`.
+    route: Option<String>,
+}
+
+/// What came back for one request.
+struct Answer {
+    /// Status.
+    status: u16,
+    /// `peerlb-served-by`.
+    served: String,
+    /// `peerlb-entry`.
+    entry: String,
+    /// Every `Set-Cookie` value.
+    set_cookies: Vec<String>,
+}
+
+/// The sprayer: picks the entry node among the ready ones and records the
+/// request. `None` when no node is ready (recorded and traced as such).
+fn begin(
+    shared: &RefCell<Shared>,
+    trace: &Trace,
+    client: &str,
+    rng: &mut SmallRng,
+    out: &Outgoing,
+) -> Option<(usize, String)> {
+    let entry = {
+        let s = shared.borrow();
+        let ready: Vec<&String> = s.ready.iter().collect();
+        if ready.is_empty() {
+            None
+        } else {
+            Some(ready[rng.random_range(0..ready.len())].clone())
+        }
+    };
+    let index = {
+        let mut s = shared.borrow_mut();
+        s.records.push(Record {
+            tag: out.tag.clone(),
+            key: out.key.clone(),
+            method: out.method.clone(),
+            entry: entry.clone().unwrap_or_default(),
+            start: trace::now(),
+            end: None,
+            result: None,
+            session: out.session.clone(),
+            route: out.route.clone(),
+            set_route: None,
+        });
+        s.records.len() - 1
+    };
+    if entry.is_none() {
+        trace.line(
+            client,
+            format_args!("request {} key={} no ready entry", out.tag, out.key),
+        );
+    }
+    entry.map(|e| (index, e))
+}
+
+/// Sends a request [`begin`] recorded to its entry node, traces and records
+/// the outcome; the answer (if any) for a session to take its cookies from.
+async fn complete(
+    shared: &RefCell<Shared>,
+    trace: &Trace,
+    client: &str,
+    index: usize,
+    entry: &str,
+    out: Outgoing,
+) -> Option<Answer> {
+    let ip: IpAddr = turmoil::lookup(entry);
+    let r = send(
+        SocketAddr::new(ip, HTTP_PORT),
+        &out.method,
+        &out.path,
+        out.cookie.as_deref(),
+    )
+    .await;
+    let end = trace::now();
+    let mut s = shared.borrow_mut();
+    let start = s.records[index].start;
+    let (tag, key) = (&out.tag, &out.key);
+    let set_route = r.as_ref().ok().and_then(|a| route_cookie(&a.set_cookies));
+    match &r {
+        Ok(a) => {
+            let route = match (&out.route, &set_route) {
+                (None, None) => String::new(),
+                (sent, set) => format!(
+                    " route={} set_route={}",
+                    sent.as_deref().unwrap_or("-"),
+                    set.as_deref().unwrap_or("-")
+                ),
+            };
+            trace.line(
+                client,
+                format_args!(
+                    "response {tag} entry={entry} key={key} status={} served_by={}{route} ms={}",
+                    a.status,
+                    a.served,
+                    (end - start).as_millis()
+                ),
+            );
+            if a.status < 500 && !a.served.is_empty() {
+                s.last_owner.insert(key.clone(), a.served.clone());
+            }
+        }
+        Err(e) => trace.line(
+            client,
+            format_args!("error {tag} entry={entry} key={key} error={e:?}"),
+        ),
+    }
+    let rec = &mut s.records[index];
+    rec.end = Some(end);
+    rec.set_route = set_route;
+    rec.result = Some(
+        r.as_ref()
+            .map(|a| (a.status, a.served.clone(), a.entry.clone()))
+            .map_err(Clone::clone),
+    );
+    r.ok()
+}
+
+/// The sticky route a response set: the value of its `peerlb-route` cookie.
+fn route_cookie(set_cookies: &[String]) -> Option<String> {
+    set_cookies.iter().find_map(|c| {
+        let (name, value) = c.split(';').next()?.split_once('=')?;
+        (name.trim() == "peerlb-route").then(|| value.trim().to_owned())
+    })
+}
+
+/// One request on a new connection, with `cookie` as its `Cookie` header.
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    cookie: Option<&str>,
+) -> Result<Answer, String> {
     let exchange = async {
         let stream = turmoil::net::TcpStream::connect(addr)
             .await
@@ -1126,18 +1466,21 @@ async fn send(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String
         } else {
             Bytes::new()
         };
-        let req = http::Request::builder()
+        let mut req = http::Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::HOST, addr.to_string())
-            .header(http::header::CONTENT_LENGTH, body.len())
+            .header(http::header::CONTENT_LENGTH, body.len());
+        if let Some(c) = cookie {
+            req = req.header(http::header::COOKIE, c);
+        }
+        let req = req
             .body(Full::new(body))
             .map_err(|e| format!("request: {e}"))?;
         let resp = sender
             .send_request(req)
             .await
             .map_err(|e| format!("send: {e}"))?;
-        let status = resp.status().as_u16();
         let header = |n: &str| {
             resp.headers()
                 .get(n)
@@ -1145,12 +1488,22 @@ async fn send(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String
                 .unwrap_or_default()
                 .to_owned()
         };
-        let (served, entry) = (header("peerlb-served-by"), header("peerlb-entry"));
+        let answer = Answer {
+            status: resp.status().as_u16(),
+            served: header("peerlb-served-by"),
+            entry: header("peerlb-entry"),
+            set_cookies: resp
+                .headers()
+                .get_all(http::header::SET_COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_owned))
+                .collect(),
+        };
         resp.into_body()
             .collect()
             .await
             .map_err(|e| format!("body: {e}"))?;
-        Ok((status, served, entry))
+        Ok(answer)
     };
     match tokio::time::timeout(Duration::from_secs(35), exchange).await {
         Ok(r) => r,
@@ -1158,27 +1511,56 @@ async fn send(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String
     }
 }
 
-/// Runs beside a node on its host: on request, reads the node's
-/// `/_peerlb/status` over loopback into `out`.
+/// Runs beside a node on its host and calls its admin API over loopback
+/// (it answers loopback clients only): `/_peerlb/status` into `probed`,
+/// `PUT /_peerlb/weight` answers into `weights`.
 async fn sidecar(
     id: String,
     port: u16,
-    mut probe: watch::Receiver<bool>,
-    out: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
+    mut cmds: mpsc::UnboundedReceiver<SidecarCmd>,
+    probed: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
+    weights: Rc<RefCell<BTreeMap<usize, Result<(u16, String), String>>>>,
+    trace: Trace,
 ) {
-    if probe.wait_for(|p| *p).await.is_err() {
-        return;
-    }
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    if let Ok((200, body)) = http_get(addr, "/_peerlb/status").await
-        && let Ok(v) = serde_json::from_slice(&body)
-    {
-        out.borrow_mut().insert(id, v);
+    while let Some(cmd) = cmds.recv().await {
+        match cmd {
+            SidecarCmd::Probe => {
+                if let Ok((200, body)) = http_call(addr, "GET", "/_peerlb/status", "").await
+                    && let Ok(v) = serde_json::from_slice(&body)
+                {
+                    probed.borrow_mut().insert(id.clone(), v);
+                }
+            }
+            SidecarCmd::Weight { fault, value } => {
+                let r = http_call(addr, "PUT", "/_peerlb/weight", &value.to_string())
+                    .await
+                    .map(|(status, body)| {
+                        (status, String::from_utf8_lossy(&body).trim().to_owned())
+                    });
+                match &r {
+                    Ok((status, body)) => trace.line(
+                        &id,
+                        format_args!("admin PUT /_peerlb/weight {value}: {status} {body}"),
+                    ),
+                    Err(e) => trace.line(
+                        &id,
+                        format_args!("admin PUT /_peerlb/weight {value}: error {e}"),
+                    ),
+                }
+                weights.borrow_mut().insert(fault, r);
+            }
+        }
     }
 }
 
-/// One GET on a new connection: (status, body).
-async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, Bytes), String> {
+/// One request with a small body on a new connection: (status, body).
+async fn http_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, Bytes), String> {
     let stream = turmoil::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -1188,9 +1570,11 @@ async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, Bytes), String> 
     tokio::task::spawn_local(async move {
         let _ = conn.await;
     });
-    let req = http::Request::get(path)
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
         .header(http::header::HOST, addr.to_string())
-        .body(Full::new(Bytes::new()))
+        .body(Full::new(Bytes::from(body.to_owned())))
         .map_err(|e| e.to_string())?;
     let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
         .await

@@ -122,6 +122,17 @@ pub struct Traffic {
     /// App delay per request, ms (the built-in app's `/delay/<ms>`).
     #[serde(default)]
     pub delay_ms: u64,
+    /// Sticky sessions each client holds (0: none, plain keyed requests).
+    /// With `sessions = N` a client runs N sessions, each a user sending
+    /// one request at a time (Poisson, `rate / N` per second per session):
+    /// the first starts the session (`/session`, the built-in app sets a
+    /// `session` cookie, the node its `peerlb-route` cookie); the client
+    /// keeps the cookies each response sets and sends them back, so its
+    /// requests carry the sticky route. `keys`, `key_count` and `hot_key`
+    /// do not apply. Needs a sticky policy in `cluster`
+    /// (`sticky-round-robin`, or `consistent-hash` with no `[[rules]]`).
+    #[serde(default)]
+    pub sessions: usize,
 }
 
 fn one() -> usize {
@@ -167,6 +178,10 @@ pub struct Fault {
     /// For `slow`: the node's app works this many times slower (1: normal).
     #[serde(default = "twenty")]
     pub factor: u32,
+    /// For `weight`: the node's new weight, `0..=MAX_WEIGHT`
+    /// ([`crate::config::MAX_WEIGHT`]; 100 is one share).
+    #[serde(default)]
+    pub value: Option<u32>,
 }
 
 fn twenty() -> u32 {
@@ -197,6 +212,9 @@ pub enum Action {
     Loss,
     /// The node's app works `factor` times slower (`/delay` requests).
     Slow,
+    /// The node publishes weight `value`: `PUT /_peerlb/weight` on its
+    /// own host (the admin API answers loopback only), as an operator would.
+    Weight,
 }
 
 /// `[expect]`: invariants and limits of a scenario.
@@ -215,6 +233,11 @@ pub struct Expect {
     pub eject_within_s: f64,
     /// Requests that must have been served (sanity: the traffic ran).
     pub min_served: u64,
+    /// After each `weight` fault, once the rings agree: the largest allowed
+    /// difference between the reweighted node's share of the requests
+    /// served (until the next fault or the end) and its share of those
+    /// requests' keys on the ring the engine builds with the new weights.
+    pub share_tolerance: f64,
 }
 
 impl Default for Expect {
@@ -224,6 +247,7 @@ impl Default for Expect {
             converge_within_s: 10.0,
             eject_within_s: 5.0,
             min_served: 1,
+            share_tolerance: 0.03,
         }
     }
 }
@@ -287,13 +311,30 @@ impl Scenario {
             }
             let needs_node = matches!(
                 f.action,
-                Action::Kill | Action::Restart | Action::Drain | Action::Join | Action::Slow
+                Action::Kill
+                    | Action::Restart
+                    | Action::Drain
+                    | Action::Join
+                    | Action::Slow
+                    | Action::Weight
             );
             anyhow::ensure!(
                 !needs_node || f.node.is_some(),
                 "fault[{i}]: {:?} needs `node`",
                 f.action
             );
+            match (f.action, f.value) {
+                (Action::Weight, None) => {
+                    anyhow::bail!("fault[{i}]: weight needs `value` (the new weight)")
+                }
+                (Action::Weight, Some(v)) => anyhow::ensure!(
+                    v <= crate::config::MAX_WEIGHT,
+                    "fault[{i}].value {v} is out of range 0..={}",
+                    crate::config::MAX_WEIGHT
+                ),
+                (_, Some(_)) => anyhow::bail!("fault[{i}]: `value` applies to weight only"),
+                (_, None) => {}
+            }
         }
         for (i, t) in self.traffic.iter().enumerate() {
             anyhow::ensure!(t.rate > 0.0, "traffic[{i}].rate must be positive");
@@ -309,7 +350,15 @@ impl Scenario {
                 t.method == "GET" || t.method == "POST",
                 "traffic[{i}].method must be GET or POST"
             );
+            anyhow::ensure!(
+                t.sessions == 0 || t.hot_key.is_none(),
+                "traffic[{i}]: hot_key does not apply to sessions"
+            );
         }
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.expect.share_tolerance),
+            "expect.share_tolerance must be in 0..=1"
+        );
         Ok(())
     }
 }

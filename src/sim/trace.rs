@@ -43,6 +43,8 @@ pub enum NodeEvent {
         host: String,
         /// Serving ids, as the node logged them (`["n1", "n2"]`).
         serving: String,
+        /// `id=weight` of each serving member (`n1=300 n2=100`).
+        weights: String,
     },
     /// `node running`: the node accepts clients.
     Running {
@@ -173,6 +175,7 @@ struct Fields {
     message: String,
     rest: String,
     serving: Option<String>,
+    weights: Option<String>,
     path: Option<String>,
     generation: Option<u64>,
 }
@@ -187,6 +190,9 @@ impl Visit for Fields {
                 let v = format!("{value:?}");
                 if name == "serving" {
                     self.serving = Some(v.clone());
+                }
+                if name == "weights" {
+                    self.weights = Some(v.clone());
                 }
                 if name == "generation" {
                     self.generation = v.parse().ok();
@@ -228,6 +234,7 @@ where
                 at,
                 host: host.clone(),
                 serving,
+                weights: f.weights.clone().unwrap_or_default(),
             }),
             "node running" => Some(NodeEvent::Running {
                 at,
