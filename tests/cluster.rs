@@ -700,9 +700,7 @@ async fn a_weight_put_on_the_admin_api_reaches_every_ring_and_bad_weights_are_re
     let equal = ring(&ids, 1024);
     let moved: Vec<String> = (0..2000)
         .map(|i| format!("u{i}"))
-        .filter(|u| {
-            &**weighted.owner(u).unwrap() == "n1" && &**equal.owner(u).unwrap() != "n1"
-        })
+        .filter(|u| &**weighted.owner(u).unwrap() == "n1" && &**equal.owner(u).unwrap() != "n1")
         .take(5)
         .collect();
     assert_eq!(moved.len(), 5);

@@ -284,3 +284,74 @@ fn slow_node_does_not_convoy_the_others() {
         assert_eq!(o.figures.failed, 0);
     }
 }
+
+#[test]
+fn sticky_sessions_fail_over_once_and_stick_to_their_new_node() {
+    for o in run_all("sticky-failover") {
+        let st = &o.figures.sticky;
+        let kill = &o.faults[0];
+        let dead = kill.node.clone().unwrap();
+        // Every one of the 40 users started a session, with a route.
+        assert_eq!(st.started, 40, "{st:?}");
+        assert_eq!((st.violations, st.sessions_violated), (0, 0), "{st:?}");
+        // The dead node held about a third of the sessions: each moved once
+        // (one rewrite per session), and every other routed request was
+        // served by the node its route named.
+        assert!((8..=20).contains(&st.moved), "{st:?}");
+        assert_eq!(st.rewrites, st.moved, "{st:?}");
+        assert_eq!(st.stuck + st.rewrites, st.routed, "{st:?}");
+        assert!(st.routed > 300, "{st:?}");
+        let (_, eject) = &o.figures.ejections[0];
+        assert!(eject.expect("ejected") <= Duration::from_secs(2));
+        assert_eq!(served_after(&o, &dead, kill.at), 0);
+        assert_eq!(o.figures.failed, 0);
+    }
+}
+
+/// The sticky-session invariant catches a cluster that does not stick: the
+/// same traffic under plain round robin (no route is ever set) breaks it
+/// for every session.
+#[test]
+fn sessions_without_a_sticky_policy_break_the_invariant() {
+    let mut s = scenario("sticky-failover");
+    s.cluster = "policy = \"round-robin\"\n".to_owned();
+    s.faults.clear();
+    let o = harness::run_isolated(&s, 1, &RunOptions::default()).unwrap();
+    assert_eq!(
+        o.figures.sticky.sessions_violated, 40,
+        "{:?}",
+        o.figures.sticky
+    );
+    assert!(
+        o.violations
+            .iter()
+            .any(|v| v.starts_with("sticky session c1-s0: ") && v.contains("set route None")),
+        "{:#?}",
+        o.violations
+    );
+}
+
+#[test]
+fn weight_change_reaches_every_ring_and_moves_the_share() {
+    for o in run_all("weight-change") {
+        // Every ring agreed on the new weight within 2 s (a violation
+        // otherwise), and a share of keys moved to n1: 1/3 -> 3/5.
+        let (label, converged) = o.figures.convergence.last().unwrap();
+        assert_eq!(label, "weight n1 300");
+        assert!(converged.expect("converged") <= Duration::from_secs(2));
+        let (_, moved) = o.figures.keys_moved[0];
+        assert!((0.2..0.34).contains(&moved), "{moved}");
+        let share = &o.figures.shares[0];
+        assert_eq!(share.node, "n1");
+        assert!((share.weight_share - 0.6).abs() < 1e-9, "{share:?}");
+        // The engine's ring gives n1 about 3/5 of the keys...
+        assert!((share.ring_share - 0.6).abs() < 0.04, "{share:?}");
+        // ...and n1 served that share of the requests once every ring
+        // agreed (the harness checks it against the requests' own keys
+        // within share_tolerance = 0.03).
+        assert!(share.requests > 400, "{share:?}");
+        assert!((share.served - 0.6).abs() < 0.07, "{share:?}");
+        assert!((share.served - share.expected).abs() <= 0.03, "{share:?}");
+        assert_eq!(o.figures.failed, 0);
+    }
+}

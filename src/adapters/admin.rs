@@ -182,7 +182,17 @@ mod tests {
         assert_eq!(parse_weight(b"10000\r\n").unwrap(), 10_000);
         // Digits beyond u64 are out of range, not "not a number".
         assert_eq!(parse_weight(b"99999999999999999999999").unwrap(), u64::MAX);
-        for bad in [&b""[..], b"  ", b"-1", b"+5", b"1.5", b"3e2", b"abc", b"1 2", b"0x10"] {
+        for bad in [
+            &b""[..],
+            b"  ",
+            b"-1",
+            b"+5",
+            b"1.5",
+            b"3e2",
+            b"abc",
+            b"1 2",
+            b"0x10",
+        ] {
             let e = parse_weight(bad).unwrap_err();
             assert!(matches!(e, WeightError::NotANumber(_)), "{bad:?}");
         }

@@ -79,11 +79,7 @@ impl Publisher {
     /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
     /// caller checks the range).
     pub(crate) async fn set_weight(&self, weight: u32) {
-        self.0
-            .lock()
-            .await
-            .self_node_state()
-            .set("weight", weight);
+        self.0.lock().await.self_node_state().set("weight", weight);
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.

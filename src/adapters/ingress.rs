@@ -31,9 +31,9 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use super::admin;
 use super::app::{App, AppError, ServeCtx};
 use super::body::{self, Body};
+use super::gossip::Publisher;
 use super::peer::{self, ExchangeError, PeerLinks, ProxiedHandler};
 use super::wire::{self, RequestHead, RequestHeadRef};
-use super::gossip::Publisher;
 use crate::config::MAX_WEIGHT;
 use crate::engine::membership::{MembershipView, NodeId};
 use crate::engine::route::Router;
@@ -137,7 +137,9 @@ pub(crate) enum WeightError {
     /// Weight 0 while every other serving member in this node's view has
     /// weight 0: no node would receive keys (config validation refuses the
     /// same for `[[nodes]]`). Raise another node's weight first.
-    #[error("weight 0 refused: every other serving node has weight 0, so no node would receive requests")]
+    #[error(
+        "weight 0 refused: every other serving node has weight 0, so no node would receive requests"
+    )]
     AllZero,
     /// The request body could not be read (too long: more than 64 bytes,
     /// or the connection failed).

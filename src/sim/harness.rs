@@ -1,5 +1,6 @@
 //! Runs one scenario with one seed: N real nodes on turmoil hosts, client
-//! hosts generating traffic through a sprayer, the fault script, then the
+//! hosts generating traffic through a sprayer (keyed requests, or users
+//! holding sticky sessions: `sessions`), the fault script, then the
 //! invariants and figures.
 
 use std::cell::RefCell;
@@ -619,18 +620,13 @@ impl<'s> Run<'s> {
                 let n = node.clone().expect("checked");
                 let value = f.value.expect("checked");
                 let sent = self.running.contains(&n)
-                    && self
-                        .slot(&n)
-                        .sidecar
-                        .borrow()
-                        .as_ref()
-                        .is_some_and(|tx| {
-                            tx.send(SidecarCmd::Weight {
-                                fault: index,
-                                value,
-                            })
-                            .is_ok()
-                        });
+                    && self.slot(&n).sidecar.borrow().as_ref().is_some_and(|tx| {
+                        tx.send(SidecarCmd::Weight {
+                            fault: index,
+                            value,
+                        })
+                        .is_ok()
+                    });
                 if sent {
                     self.weights.insert(n, value);
                 } else {
@@ -785,10 +781,7 @@ impl<'s> Run<'s> {
                 self.views
                     .get(n)
                     .map_or_else(|| want.len() == 1 && want[0] == *n, |v| *v == want)
-                    && self
-                        .view_weights
-                        .get(n)
-                        .is_none_or(|w| *w == want_weights)
+                    && self.view_weights.get(n).is_none_or(|w| *w == want_weights)
             })
             && expected
                 .iter()

@@ -261,15 +261,23 @@ impl Scenario {
     pub fn load(path: &Path) -> anyhow::Result<Scenario> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let mut s: Scenario =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let stem = path
+            .file_stem()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        Scenario::parse(&text, &stem).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Parses and checks a scenario's text; `name` is used when the text
+    /// names none.
+    ///
+    /// # Errors
+    /// As [`Scenario::load`], without the file's path.
+    pub fn parse(text: &str, name: &str) -> anyhow::Result<Scenario> {
+        let mut s: Scenario = toml::from_str(text)?;
         if s.name.is_empty() {
-            s.name = path
-                .file_stem()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            s.name = name.to_owned();
         }
-        s.check()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        s.check()?;
         Ok(s)
     }
 
@@ -360,5 +368,67 @@ impl Scenario {
             "expect.share_tolerance must be in 0..=1"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "nodes = 3\nduration_s = 9\n";
+
+    fn parse(tail: &str) -> anyhow::Result<Scenario> {
+        Scenario::parse(&format!("{HEAD}{tail}"), "t")
+    }
+
+    #[test]
+    fn weight_fault_needs_a_value_in_range() {
+        let ok = parse("[[fault]]\nat_s = 4\naction = \"weight\"\nnode = \"n1\"\nvalue = 300\n")
+            .unwrap();
+        assert_eq!(ok.faults[0].action, Action::Weight);
+        assert_eq!(ok.faults[0].value, Some(300));
+        let err = |tail: &str| parse(tail).unwrap_err().to_string();
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"weight\"\nnode = \"n1\"\n"),
+            "fault[0]: weight needs `value` (the new weight)"
+        );
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"weight\"\nnode = \"n1\"\nvalue = 10001\n"),
+            "fault[0].value 10001 is out of range 0..=10000"
+        );
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"weight\"\nvalue = 5\n"),
+            "fault[0]: Weight needs `node`"
+        );
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"kill\"\nnode = \"n1\"\nvalue = 5\n"),
+            "fault[0]: `value` applies to weight only"
+        );
+    }
+
+    #[test]
+    fn sessions_take_no_hot_key() {
+        let s = parse("[[traffic]]\nsessions = 4\nrate = 10\nstop_s = 8\n").unwrap();
+        assert_eq!(s.traffic[0].sessions, 4);
+        assert_eq!(
+            parse("[[traffic]]\nrate = 10\nstop_s = 8\n")
+                .unwrap()
+                .traffic[0]
+                .sessions,
+            0
+        );
+        let e = parse("[[traffic]]\nsessions = 4\nrate = 10\nstop_s = 8\nhot_key = \"h\"\n")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "traffic[0]: hot_key does not apply to sessions"
+        );
+    }
+
+    #[test]
+    fn share_tolerance_is_a_fraction() {
+        assert_eq!(parse("").unwrap().expect.share_tolerance, 0.03);
+        let e = parse("[expect]\nshare_tolerance = 1.5\n").unwrap_err();
+        assert_eq!(e.to_string(), "expect.share_tolerance must be in 0..=1");
     }
 }

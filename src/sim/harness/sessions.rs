@@ -280,7 +280,10 @@ mod tests {
             let (fig, lines) = check(std::slice::from_ref(&r), up);
             assert_eq!(fig.violations, 1, "{r:?}");
             assert_eq!(fig.sessions_violated, 1);
-            assert!(lines[0].starts_with("sticky session c1-s0: x: "), "{lines:?}");
+            assert!(
+                lines[0].starts_with("sticky session c1-s0: x: "),
+                "{lines:?}"
+            );
         }
     }
 
