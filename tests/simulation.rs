@@ -355,3 +355,142 @@ fn weight_change_reaches_every_ring_and_moves_the_share() {
         assert_eq!(o.figures.failed, 0);
     }
 }
+
+mod sticky_check {
+    //! `check_sticky`, the sticky-session invariant, on hand-made records.
+
+    use std::time::Duration;
+
+    use peerlb::sim::harness::{Record, check_sticky};
+
+    fn rec(tag: &str, at: u64, route: Option<&str>, served: &str, set: Option<&str>) -> Record {
+        Record {
+            tag: tag.to_owned(),
+            key: "c1-s0".to_owned(),
+            method: "GET".to_owned(),
+            entry: "n1".to_owned(),
+            start: Duration::from_millis(at),
+            end: Some(Duration::from_millis(at + 5)),
+            result: Some(Ok((200, served.to_owned(), "n1".to_owned()))),
+            session: Some("c1-s0".to_owned()),
+            route: route.map(str::to_owned),
+            set_route: set.map(str::to_owned),
+        }
+    }
+
+    /// n2 dies at 100 ms; every node is up before.
+    fn up(node: &str, _from: Duration, to: Duration) -> bool {
+        node != "n2" || to < Duration::from_millis(100)
+    }
+
+    #[test]
+    fn a_session_that_moves_once_its_node_died_holds() {
+        let records = [
+            rec("a", 0, None, "n2", Some("n2")),
+            rec("b", 10, Some("n2"), "n2", None),
+            rec("c", 120, Some("n2"), "n3", Some("n3")),
+            rec("d", 130, Some("n3"), "n3", None),
+        ];
+        let (fig, lines) = check_sticky(&records, up);
+        assert!(lines.is_empty(), "{lines:?}");
+        assert_eq!(
+            (fig.started, fig.routed, fig.stuck, fig.moved, fig.rewrites),
+            (1, 3, 2, 1, 1)
+        );
+    }
+
+    #[test]
+    fn every_way_to_break_stickiness_is_a_violation() {
+        let cases = [
+            // Served elsewhere while its node was up.
+            rec("x", 10, Some("n2"), "n3", Some("n3")),
+            // Failed over, but the route was not rewritten.
+            rec("x", 120, Some("n2"), "n3", None),
+            // A session started without a route.
+            rec("x", 0, None, "n1", None),
+            // An answer naming another node than the one that served it.
+            rec("x", 10, Some("n1"), "n1", Some("n3")),
+        ];
+        for r in cases {
+            let (fig, lines) = check_sticky(std::slice::from_ref(&r), up);
+            assert_eq!(fig.violations, 1, "{r:?}");
+            assert_eq!(fig.sessions_violated, 1);
+            assert!(
+                lines[0].starts_with("sticky session c1-s0: x: "),
+                "{lines:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn failed_requests_and_plain_requests_are_not_judged() {
+        let mut failed = rec("f", 10, Some("n2"), "", None);
+        failed.result = Some(Err("connect: refused".to_owned()));
+        let mut plain = rec("p", 10, Some("n2"), "n3", None);
+        plain.session = None;
+        let (fig, lines) = check_sticky(&[failed, plain], up);
+        assert!(lines.is_empty());
+        assert_eq!(fig.routed, 0);
+    }
+}
+
+mod scenario_format {
+    //! `Scenario::parse`: the weight fault, sessions, share_tolerance.
+
+    use peerlb::sim::scenario::{Action, Scenario};
+
+    const HEAD: &str = "nodes = 3\nduration_s = 9\n";
+
+    fn parse(tail: &str) -> anyhow::Result<Scenario> {
+        Scenario::parse(&format!("{HEAD}{tail}"), "t")
+    }
+
+    fn err(tail: &str) -> String {
+        parse(tail).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn weight_fault_needs_a_node_and_a_value_in_range() {
+        let ok = parse("[[fault]]\nat_s = 4\naction = \"weight\"\nnode = \"n1\"\nvalue = 300\n")
+            .unwrap();
+        assert_eq!(ok.faults[0].action, Action::Weight);
+        assert_eq!(ok.faults[0].value, Some(300));
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"weight\"\nnode = \"n1\"\n"),
+            "fault[0]: weight needs `value` (the new weight)"
+        );
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"weight\"\nnode = \"n1\"\nvalue = 10001\n"),
+            "fault[0].value 10001 is out of range 0..=10000"
+        );
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"weight\"\nvalue = 5\n"),
+            "fault[0]: Weight needs `node`"
+        );
+        assert_eq!(
+            err("[[fault]]\nat_s = 4\naction = \"kill\"\nnode = \"n1\"\nvalue = 5\n"),
+            "fault[0]: `value` applies to weight only"
+        );
+    }
+
+    #[test]
+    fn sessions_default_to_none_and_take_no_hot_key() {
+        let s = parse("[[traffic]]\nsessions = 4\nrate = 10\nstop_s = 8\n").unwrap();
+        assert_eq!(s.traffic[0].sessions, 4);
+        let plain = parse("[[traffic]]\nrate = 10\nstop_s = 8\n").unwrap();
+        assert_eq!(plain.traffic[0].sessions, 0);
+        assert_eq!(
+            err("[[traffic]]\nsessions = 4\nrate = 10\nstop_s = 8\nhot_key = \"h\"\n"),
+            "traffic[0]: hot_key does not apply to sessions"
+        );
+    }
+
+    #[test]
+    fn share_tolerance_is_a_fraction() {
+        assert_eq!(parse("").unwrap().expect.share_tolerance, 0.03);
+        assert_eq!(
+            err("[expect]\nshare_tolerance = 1.5\n"),
+            "expect.share_tolerance must be in 0..=1"
+        );
+    }
+}

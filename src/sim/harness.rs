@@ -29,7 +29,7 @@ use crate::{Node, NodeId, Ring};
 
 mod sessions;
 
-pub use sessions::StickyFigures;
+pub use sessions::{StickyFigures, check_sticky};
 
 /// Client HTTP port of every node.
 const HTTP_PORT: u16 = 8080;
@@ -282,8 +282,12 @@ struct Run<'s> {
     ups: BTreeMap<String, Vec<Duration>>,
     /// Per `weight` fault (script index): the node's answer to its `PUT
     /// /_peerlb/weight` (status and body, or the client error).
-    weight_answers: Rc<RefCell<BTreeMap<usize, Result<(u16, String), String>>>>,
+    weight_answers: WeightAnswers,
 }
+
+/// Per `weight` fault (script index): the node's answer to `PUT
+/// /_peerlb/weight` (status and body), or why there was none.
+type WeightAnswers = Rc<RefCell<BTreeMap<usize, Result<(u16, String), String>>>>;
 
 /// What a node's sidecar does on its host.
 enum SidecarCmd {
@@ -1082,7 +1086,7 @@ impl<'s> Run<'s> {
                 .and_then(|ts| ts.iter().filter(|t| **t <= from).max())
                 .is_some_and(|since| !down_between(node, *since, to))
         };
-        let (sticky, broken) = sessions::check(&records, up);
+        let (sticky, broken) = check_sticky(&records, up);
         fig.sticky = sticky;
         violations.extend(broken);
         // Convergence per fault.
@@ -1512,7 +1516,7 @@ async fn sidecar(
     port: u16,
     mut cmds: mpsc::UnboundedReceiver<SidecarCmd>,
     probed: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
-    weights: Rc<RefCell<BTreeMap<usize, Result<(u16, String), String>>>>,
+    weights: WeightAnswers,
     trace: Trace,
 ) {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));

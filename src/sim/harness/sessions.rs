@@ -150,8 +150,8 @@ async fn session(
 /// - An answer that sets a route names the node that served it.
 ///
 /// Returns the figures and one violation line per violating session (at
-/// most [`DESCRIBED`], then a count).
-pub(super) fn check(
+/// most 20, then a count of the others).
+pub fn check_sticky(
     records: &[Record],
     up: impl Fn(&str, Duration, Duration) -> bool,
 ) -> (StickyFigures, Vec<String>) {
@@ -222,79 +222,4 @@ pub(super) fn check(
         ));
     }
     (fig, lines)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(tag: &str, at: u64, route: Option<&str>, served: &str, set: Option<&str>) -> Record {
-        Record {
-            tag: tag.to_owned(),
-            key: "c1-s0".to_owned(),
-            method: "GET".to_owned(),
-            entry: "n1".to_owned(),
-            start: Duration::from_millis(at),
-            end: Some(Duration::from_millis(at + 5)),
-            result: Some(Ok((200, served.to_owned(), "n1".to_owned()))),
-            session: Some("c1-s0".to_owned()),
-            route: route.map(str::to_owned),
-            set_route: set.map(str::to_owned),
-        }
-    }
-
-    /// n2 dies at 100 ms; every node is up before.
-    fn up(node: &str, _from: Duration, to: Duration) -> bool {
-        node != "n2" || to < Duration::from_millis(100)
-    }
-
-    #[test]
-    fn a_session_that_moves_once_its_node_died_holds() {
-        let records = [
-            rec("a", 0, None, "n2", Some("n2")),
-            rec("b", 10, Some("n2"), "n2", None),
-            rec("c", 120, Some("n2"), "n3", Some("n3")),
-            rec("d", 130, Some("n3"), "n3", None),
-        ];
-        let (fig, lines) = check(&records, up);
-        assert!(lines.is_empty(), "{lines:?}");
-        assert_eq!(
-            (fig.started, fig.routed, fig.stuck, fig.moved, fig.rewrites),
-            (1, 3, 2, 1, 1)
-        );
-    }
-
-    #[test]
-    fn every_way_to_break_stickiness_is_a_violation() {
-        let cases = [
-            // Served elsewhere while its node was up.
-            rec("x", 10, Some("n2"), "n3", Some("n3")),
-            // Failed over, but the route was not rewritten.
-            rec("x", 120, Some("n2"), "n3", None),
-            // A session started without a route.
-            rec("x", 0, None, "n1", None),
-            // An answer naming another node than the one that served it.
-            rec("x", 10, Some("n1"), "n1", Some("n3")),
-        ];
-        for r in cases {
-            let (fig, lines) = check(std::slice::from_ref(&r), up);
-            assert_eq!(fig.violations, 1, "{r:?}");
-            assert_eq!(fig.sessions_violated, 1);
-            assert!(
-                lines[0].starts_with("sticky session c1-s0: x: "),
-                "{lines:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn failed_requests_and_plain_requests_are_not_judged() {
-        let mut failed = rec("f", 10, Some("n2"), "", None);
-        failed.result = Some(Err("connect: refused".to_owned()));
-        let mut plain = rec("p", 10, Some("n2"), "n3", None);
-        plain.session = None;
-        let (fig, lines) = check(&[failed, plain], up);
-        assert!(lines.is_empty());
-        assert_eq!(fig.routed, 0);
-    }
 }
