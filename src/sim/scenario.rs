@@ -159,8 +159,9 @@ pub struct Fault {
     pub at_s: f64,
     /// What.
     pub action: Action,
-    /// The node (`n3`), or `owner:<key>` for the node that owns that key
-    /// in the first ready node's view at that moment.
+    /// The node (`n3`), or `owner:<key>` for the node that last served
+    /// that key (a session id such as `c1-s0`: the node holding that
+    /// session), else its owner on the ring of the ready nodes.
     #[serde(default)]
     pub node: Option<String>,
     /// One side of a partition or link change (node ids).

@@ -10,7 +10,8 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use super::{Outgoing, Record, Shared, begin, complete, virtual_instant};
+use super::clients::{Outgoing, begin, complete, virtual_instant};
+use super::{Record, Shared};
 use crate::sim::scenario::Traffic;
 use crate::sim::trace::{self, Trace};
 
