@@ -9,4 +9,5 @@ pub(crate) mod gossip;
 pub(crate) mod ingress;
 pub(crate) mod peer;
 pub mod tls;
+pub(crate) mod upstream;
 pub(crate) mod wire;

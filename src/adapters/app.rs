@@ -16,14 +16,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::body::{self, Body, BodyError};
+use super::upstream::{Upstream, UpstreamError};
+use crate::config::AppKind;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
-
-use super::body::{self, Body, BodyError};
-use crate::config::AppKind;
 
 /// Largest body `/bytes/<n>` streams (1 GiB).
 pub(crate) const MAX_BYTES_BODY: u64 = 1 << 30;
@@ -50,8 +48,8 @@ pub(crate) struct ServeCtx<'a> {
 pub(crate) struct AppError {
     /// The upstream base URI.
     pub uri: String,
-    /// The client's error.
-    pub source: hyper_util::client::legacy::Error,
+    /// What failed.
+    pub source: UpstreamError,
 }
 
 /// The local app of a node.
@@ -68,8 +66,8 @@ pub(crate) enum App {
     Upstream {
         /// `http://host:port` of the app.
         base: http::Uri,
-        /// Pooled HTTP/1.1 client.
-        client: Client<HttpConnector, Body>,
+        /// Its connection pool.
+        pool: Upstream,
     },
 }
 
@@ -81,18 +79,10 @@ impl App {
                 sessions: AtomicU64::new(0),
                 slowdown: Arc::new(AtomicU32::new(1)),
             },
-            AppKind::Upstream(base) => {
-                let mut conn = HttpConnector::new();
-                conn.set_nodelay(true);
-                conn.set_connect_timeout(Some(Duration::from_secs(2)));
-                let client = Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(30))
-                    .build(conn);
-                App::Upstream {
-                    base: base.clone(),
-                    client,
-                }
-            }
+            AppKind::Upstream(base) => App::Upstream {
+                base: base.clone(),
+                pool: Upstream::new(base),
+            },
         }
     }
 
@@ -139,7 +129,7 @@ impl App {
                 }
                 Ok(builtin(req, ctx, sessions))
             }
-            App::Upstream { base, client } => upstream(base, client, req, ctx).await,
+            App::Upstream { base, pool } => upstream(base, pool, req, ctx).await,
         }
     }
 }
@@ -356,26 +346,27 @@ fn strip_hop_by_hop(h: &mut http::HeaderMap) {
 
 async fn upstream(
     base: &http::Uri,
-    client: &Client<HttpConnector, Body>,
+    pool: &Upstream,
     req: Request<Body>,
     ctx: ServeCtx<'_>,
 ) -> Result<Response<Body>, AppError> {
     let (mut parts, body) = req.into_parts();
-    let pq = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let mut uri = http::uri::Parts::from(base.clone());
-    uri.path_and_query = Some(pq);
-    parts.uri = http::Uri::from_parts(uri).expect("base URI has scheme and authority");
+    // Origin-form: the pool's connection already names the app.
+    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        parts.uri = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
+            .into();
+    }
     strip_hop_by_hop(&mut parts.headers);
     // An IP address is always a valid header value.
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(ctx.client.ip().to_string())) {
         parts.headers.append("x-forwarded-for", v);
     }
-    let resp = client
-        .request(Request::from_parts(parts, body))
+    let resp = pool
+        .send(Request::from_parts(parts, body))
         .await
         .map_err(|source| AppError {
             uri: base.to_string(),
@@ -383,10 +374,7 @@ async fn upstream(
         })?;
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(
-        parts,
-        body.map_err(BodyError::Upstream).boxed_unsync(),
-    ))
+    Ok(Response::from_parts(parts, body))
 }
 
 #[cfg(test)]

@@ -192,6 +192,19 @@ fn router_tracks_load(r: &Router) -> bool {
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
     counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
+    /// The policy is by-traffic: a finished request's bytes go to the
+    /// router (no other policy reads them, so no other takes its lock).
+    records_bytes: bool,
+}
+
+impl Tracker {
+    /// A tracker for `router`'s policy.
+    fn for_router(router: &Router) -> Tracker {
+        Tracker {
+            records_bytes: router.policy() == crate::engine::balance::PolicyKind::ByTraffic,
+            ..Tracker::default()
+        }
+    }
 }
 
 /// Counts one outstanding request to `node` until dropped; then, under
@@ -235,10 +248,12 @@ impl Drop for Outstanding {
             }
         }
         drop(counts);
-        self.router
-            .lock()
-            .expect("router lock")
-            .record_bytes(&self.node, self.bytes);
+        if self.tracker.records_bytes {
+            self.router
+                .lock()
+                .expect("router lock")
+                .record_bytes(&self.node, self.bytes);
+        }
     }
 }
 
@@ -459,7 +474,7 @@ impl Ingress {
             id_header: HeaderValue::from_str(&node_id).ok(),
             node_id,
             view,
-            tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::default())),
+            tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::for_router(&router))),
             router: Arc::new(Mutex::new(router)),
             latency_us: AtomicU64::new(0),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
@@ -979,6 +994,36 @@ mod tests {
         ] {
             assert_eq!(error_response(&e, "n1").status().as_u16(), s);
         }
+    }
+
+    /// Drops an [`Outstanding`] for `policy` on another thread while this
+    /// one holds the router lock (a decision in progress); true when the
+    /// drop finished without waiting for that lock.
+    fn drop_skips_router_lock(policy: crate::engine::balance::PolicyKind) -> bool {
+        use crate::engine::rules::Rules;
+        let router = Arc::new(Mutex::new(Router::new(policy, Rules::default())));
+        let tracker = Arc::new(Tracker::for_router(&router.lock().unwrap()));
+        let g = Outstanding::new(&tracker, &router, NodeId::from("a"), 10);
+        let held = router.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            drop(g);
+            tx.send(()).unwrap();
+        });
+        // A deadlock detector, not a timing assumption: the drop takes
+        // microseconds, or waits until `held` is released.
+        let done = rx.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
+        drop(held);
+        t.join().unwrap();
+        assert_eq!(*tracker.counts.lock().unwrap(), Default::default());
+        done
+    }
+
+    #[test]
+    fn only_by_traffic_takes_the_router_lock_when_a_request_ends() {
+        use crate::engine::balance::PolicyKind;
+        assert!(drop_skips_router_lock(PolicyKind::LeastLoad));
+        assert!(!drop_skips_router_lock(PolicyKind::ByTraffic));
     }
 
     #[test]
