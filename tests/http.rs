@@ -99,3 +99,25 @@ async fn slow_idle_half_closed_and_oversized_clients_get_the_right_answer() {
         assert!(text.starts_with("HTTP/1.1 400"), "{head:?}: {text:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_is_a_bad_request_not_an_owner_failure() {
+    let c = Cluster::start("badchunk", 2, "[ring]\nvnodes = 1024\n", USER_RULES);
+    let entry = c.nodes[0].http;
+    let r = ring(&["n1", "n2"], 1024);
+    // The key's owner is the other node: the body is pumped to it over
+    // QUIC and breaks there (a chunk size that is not hex).
+    let user = user_where(&r, |o| o == "n2");
+    let mut s = TcpStream::connect(entry).unwrap();
+    write!(
+        s,
+        "POST /echo?user={user} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nbad\r\n0\r\n\r\n"
+    )
+    .unwrap();
+    let (text, _) = read_until_closed(&mut s);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text:?}");
+    assert_eq!(counter(entry, "forwarded"), 1, "the request was forwarded");
+    // The node still serves.
+    let ok = get(entry, &format!("/x?user={user}"), &[]).await;
+    assert_eq!((ok.status, ok.served_by()), (200, "n2"));
+}

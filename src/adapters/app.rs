@@ -52,6 +52,22 @@ pub(crate) struct AppError {
     pub source: UpstreamError,
 }
 
+impl AppError {
+    /// The client's own request body failed (malformed chunked encoding, a
+    /// connection cut mid-body) while it was sent to the app: a bad
+    /// request, not the app's failure. The body error's text, if so.
+    pub(crate) fn client_body(&self) -> Option<String> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&self.source);
+        while let Some(e) = cause {
+            if let Some(b @ BodyError::Client(_)) = e.downcast_ref::<BodyError>() {
+                return Some(b.to_string());
+            }
+            cause = e.source();
+        }
+        None
+    }
+}
+
 /// The local app of a node.
 pub(crate) enum App {
     /// The built-in demo app.

@@ -777,7 +777,13 @@ impl Ingress {
                 };
                 self.counters.served_local.fetch_add(1, Ordering::Relaxed);
                 let guard = self.track(cand, request_bytes);
-                let resp = self.serve_app(Request::from_parts(parts, b), ctx).await?;
+                let resp = self
+                    .serve_app(Request::from_parts(parts, b), ctx)
+                    .await
+                    .map_err(|e| match e.client_body() {
+                        Some(why) => RequestError::ClientBody(why),
+                        None => RequestError::App(e),
+                    })?;
                 return Ok((resp, self.node_id.clone(), guard));
             }
             let pair = match self.links.open(cand).await {
@@ -839,6 +845,11 @@ impl Ingress {
                 }
                 Err(ExchangeError::Timeout(p)) => {
                     return Err(RequestError::Timeout(p.to_string()));
+                }
+                // The client's body broke before the owner answered: the
+                // client's fault, never retried.
+                Err(ExchangeError::ClientBody(why)) => {
+                    return Err(RequestError::ClientBody(why));
                 }
                 Err(e) => {
                     let retry = replayable

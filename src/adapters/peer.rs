@@ -87,6 +87,10 @@ pub(crate) enum ExchangeError {
     /// No response head within the response timeout.
     #[error("peer {0} sent no response head in time")]
     Timeout(NodeId),
+    /// The client's request body failed (malformed, cut off) before the
+    /// response head arrived; the stream was reset.
+    #[error("{0}")]
+    ClientBody(String),
 }
 
 /// Serves requests that peers forward to this node.
@@ -416,25 +420,48 @@ pub(crate) async fn exchange(
     send.write_chunk(head)
         .await
         .map_err(|e| failed(e.to_string()))?;
+    // Set when the client's own body fails while it is pumped.
+    let (client_failed, mut client_failure) = tokio::sync::oneshot::channel::<String>();
     if body.is_end_stream() {
         let _ = send.finish();
     } else {
         tokio::spawn(async move {
-            if let Err(e) = body::pump(body, &mut send).await {
-                debug!(error = %e, "request body to peer stopped");
+            match body::pump(body, &mut send).await {
+                Ok(_) => {}
+                Err(body::PumpError::Source(e @ body::BodyError::Client(_))) => {
+                    debug!(error = %e, "client request body failed: stream reset");
+                    let _ = client_failed.send(e.to_string());
+                }
+                Err(e) => debug!(error = %e, "request body to peer stopped"),
             }
         });
     }
     let read = async {
-        let resp: ResponseHead = read_head(&mut recv).await.map_err(|e| match e {
-            HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
-                if code.into_inner() == u64::from(wire::RESET_REFUSED) =>
-            {
-                ExchangeError::Refused(peer.clone())
+        // A client body failure before the head is a bad request; a pump
+        // that ended otherwise (the sender dropped) changes nothing.
+        let client_body = async {
+            match (&mut client_failure).await {
+                Ok(why) => why,
+                Err(_) => std::future::pending().await,
             }
-            e => failed(e.to_string()),
-        })?;
-        Ok(resp)
+        };
+        let resp = async {
+            read_head::<ResponseHead>(&mut recv)
+                .await
+                .map_err(|e| match e {
+                    HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(
+                        code,
+                    ))) if code.into_inner() == u64::from(wire::RESET_REFUSED) => {
+                        ExchangeError::Refused(peer.clone())
+                    }
+                    e => failed(e.to_string()),
+                })
+        };
+        tokio::select! {
+            biased;
+            why = client_body => Err(ExchangeError::ClientBody(why)),
+            resp = resp => resp,
+        }
     };
     let resp = tokio::time::timeout(timeout, read)
         .await

@@ -180,3 +180,69 @@ async fn nothing_listening_is_a_connect_error() {
     let e = Upstream::new(&uri).send(get("/")).await.unwrap_err();
     assert!(matches!(e, UpstreamError::Connect(_)), "{e:?}");
 }
+
+/// A real `hyper::Error`: a request on a connection the server closes
+/// at once.
+async fn hyper_client_error() -> hyper::Error {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (c, _) = l.accept().await.unwrap();
+        drop(c);
+    });
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/")
+        .header(header::HOST, "a")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    sender.send_request(req).await.unwrap_err()
+}
+
+/// A request body whose first frame is the error `e`.
+struct Failing(Option<BodyError>);
+
+impl HttpBody for Failing {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        Poll::Ready(self.0.take().map(Err))
+    }
+}
+
+#[tokio::test]
+async fn a_failing_client_body_is_told_apart_from_an_app_failure() {
+    let (uri, _seen) = app("never", false).await;
+    let pool = Upstream::new(&uri);
+    // A client body that fails (as a malformed chunked one does): a bad
+    // request the ingress answers with 400.
+    let body = Failing(Some(BodyError::Client(hyper_client_error().await))).boxed_unsync();
+    let req = Request::post("/echo")
+        .header(header::TRANSFER_ENCODING, "chunked")
+        .body(body)
+        .unwrap();
+    let e = pool.send(req).await.unwrap_err();
+    let app_error = crate::adapters::app::AppError {
+        uri: uri.to_string(),
+        source: e,
+    };
+    assert!(app_error.client_body().is_some(), "{app_error:?}");
+    // The app failing is not the client's fault.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone: Uri = format!("http://{}", l.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    drop(l);
+    let app_error = crate::adapters::app::AppError {
+        uri: gone.to_string(),
+        source: Upstream::new(&gone).send(get("/")).await.unwrap_err(),
+    };
+    assert_eq!(app_error.client_body(), None);
+}
