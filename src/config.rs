@@ -224,6 +224,10 @@ pub struct LimitsSection {
     /// Longest wait for a client's complete request head, idle keep-alive
     /// time included, in ms (default 30000); the connection is closed after.
     pub header_read_timeout_ms: u64,
+    /// Longest wait between two reads of a client's request body, in ms
+    /// (default 30000; nginx's `client_body_timeout`); the request gets 408
+    /// when it has no answer yet, else the connection is cut.
+    pub body_read_timeout_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -236,6 +240,7 @@ impl Default for LimitsSection {
             drain_timeout_ms: 30_000,
             startup_wait_ms: 3_000,
             header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 30_000,
         }
     }
 }
@@ -424,6 +429,8 @@ pub struct NodeConfig {
     pub startup_wait: Duration,
     /// Longest wait for a client's complete request head.
     pub header_read_timeout: Duration,
+    /// Longest wait between two reads of a client's request body.
+    pub body_read_timeout: Duration,
     /// Add `peerlb-served-by`.
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
@@ -539,6 +546,7 @@ impl ClusterFile {
             ("limits.connect_timeout_ms", l.connect_timeout_ms),
             ("limits.drain_timeout_ms", l.drain_timeout_ms),
             ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -809,6 +817,7 @@ impl ClusterFile {
             drain_timeout: ms(self.limits.drain_timeout_ms),
             startup_wait: ms(self.limits.startup_wait_ms),
             header_read_timeout: ms(self.limits.header_read_timeout_ms),
+            body_read_timeout: ms(self.limits.body_read_timeout_ms),
             header_served_by: self.headers.served_by,
             header_entry: self.headers.entry,
             gossip_interval: ms(self.gossip.interval_ms),
@@ -1004,6 +1013,10 @@ mod tests {
             (
                 format!("[limits]\nresponse_timeout_ms = 0\n{ONE}"),
                 "limits.response_timeout_ms",
+            ),
+            (
+                format!("[limits]\nbody_read_timeout_ms = 0\n{ONE}"),
+                "limits.body_read_timeout_ms",
             ),
             (String::new(), "nodes"),
         ] {

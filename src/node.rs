@@ -153,6 +153,7 @@ impl Node {
                     s => Some(s.clone()),
                 },
                 header_read_timeout: config.header_read_timeout,
+                body_read_timeout: config.body_read_timeout,
             },
             env.seed,
             gossip.publisher(),

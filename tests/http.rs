@@ -121,3 +121,54 @@ async fn a_malformed_chunked_body_is_a_bad_request_not_an_owner_failure() {
     let ok = get(entry, &format!("/x?user={user}"), &[]).await;
     assert_eq!((ok.status, ok.served_by()), (200, "n2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_gets_408_or_a_cut_connection() {
+    let c = Cluster::start(
+        "stallbody",
+        2,
+        "[ring]\nvnodes = 1024\n[limits]\nbody_read_timeout_ms = 300\n",
+        USER_RULES,
+    );
+    let entry = c.nodes[0].http;
+    let r = ring(&["n1", "n2"], 1024);
+    // A small idempotent body is read whole before any attempt (to replay
+    // it): 3 of 10 bytes, then nothing, is a 408 whoever owns the key.
+    for owner in ["n1", "n2"] {
+        let user = user_where(&r, |o| o == owner);
+        let mut s = TcpStream::connect(entry).unwrap();
+        write!(
+            s,
+            "PUT /x?user={user} HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc"
+        )
+        .unwrap();
+        let (text, closed) = read_until_closed(&mut s);
+        assert!(text.starts_with("HTTP/1.1 408"), "owner {owner}: {text:?}");
+        assert!(
+            closed,
+            "owner {owner}: the connection is closed after a 408"
+        );
+    }
+    // A streamed body to an owner whose echo answer has started: the
+    // stall cuts the connection (never a truncated answer that looks whole).
+    let user = user_where(&r, |o| o == "n2");
+    let mut s = TcpStream::connect(entry).unwrap();
+    write!(
+        s,
+        "POST /echo?user={user} HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nabc"
+    )
+    .unwrap();
+    let (text, closed) = read_until_closed(&mut s);
+    assert!(
+        closed,
+        "a stalled streamed body leaves the connection open: {text:?}"
+    );
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    assert!(
+        text.contains("content-length: 100") && body.len() < 100,
+        "the cut answer is visibly short of its Content-Length: {text:?}"
+    );
+    // The node still serves.
+    let ok = get(entry, &format!("/x?user={user}"), &[]).await;
+    assert_eq!((ok.status, ok.served_by()), (200, "n2"));
+}

@@ -54,13 +54,15 @@ pub(crate) struct AppError {
 
 impl AppError {
     /// The client's own request body failed (malformed chunked encoding, a
-    /// connection cut mid-body) while it was sent to the app: a bad
-    /// request, not the app's failure. The body error's text, if so.
-    pub(crate) fn client_body(&self) -> Option<String> {
+    /// connection cut mid-body, stalled) while it was sent to the app: the
+    /// client's fault, not the app's. That body error, if so.
+    pub(crate) fn client_body(&self) -> Option<&BodyError> {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&self.source);
         while let Some(e) = cause {
-            if let Some(b @ BodyError::Client(_)) = e.downcast_ref::<BodyError>() {
-                return Some(b.to_string());
+            if let Some(b @ (BodyError::Client(_) | BodyError::ClientTimeout(_))) =
+                e.downcast_ref::<BodyError>()
+            {
+                return Some(b);
             }
             cause = e.source();
         }

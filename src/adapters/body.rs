@@ -18,9 +18,13 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, BodyError>;
 /// Why a body stopped before its end.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BodyError {
-    /// The client's connection failed while its request body was read.
+    /// The client's connection failed while its request body was read, or
+    /// the body was malformed (chunked encoding).
     #[error("client body: {0}")]
     Client(hyper::Error),
+    /// The client sent no body data for this long (`limits.body_read_timeout_ms`).
+    #[error("client body: no data for {} ms", .0.as_millis())]
+    ClientTimeout(std::time::Duration),
     /// The peer stream failed or was reset while a body was read from it.
     #[error("peer stream: {0}")]
     Peer(#[from] quinn::ReadError),
@@ -44,6 +48,59 @@ pub(crate) fn empty() -> Body {
 /// A client's request body (hyper) as a [`Body`].
 pub(crate) fn from_incoming(b: hyper::body::Incoming) -> Body {
     b.map_err(BodyError::Client).boxed_unsync()
+}
+
+/// A client's request body (hyper) as a [`Body`] that fails with
+/// [`BodyError::ClientTimeout`] when `idle` passes with no frame (measured
+/// from the first poll, then from each frame).
+pub(crate) fn from_incoming_with_timeout(
+    b: hyper::body::Incoming,
+    idle: std::time::Duration,
+) -> Body {
+    ReadTimeout {
+        inner: b,
+        idle,
+        deadline: None,
+    }
+    .boxed_unsync()
+}
+
+/// See [`from_incoming_with_timeout`].
+struct ReadTimeout {
+    inner: hyper::body::Incoming,
+    idle: std::time::Duration,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl HttpBody for ReadTimeout {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(r) = Pin::new(&mut this.inner).poll_frame(cx) {
+            this.deadline = None;
+            return Poll::Ready(r.map(|f| f.map_err(BodyError::Client)));
+        }
+        let idle = this.idle;
+        let deadline = this
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        ready!(deadline.as_mut().poll(cx));
+        this.deadline = None;
+        Poll::Ready(Some(Err(BodyError::ClientTimeout(idle))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Largest chunk taken from a QUIC stream per read, and largest frame a

@@ -86,9 +86,22 @@ pub(crate) enum RequestError {
     /// The client's request body could not be read (400).
     #[error("reading the request body: {0}")]
     ClientBody(String),
+    /// The client's request body stalled past `limits.body_read_timeout_ms` (408).
+    #[error("reading the request body: {0}")]
+    ClientTimeout(String),
     /// The local upstream app failed (502).
     #[error(transparent)]
     App(#[from] AppError),
+}
+
+impl RequestError {
+    /// The error for a client body that failed: 408 when it stalled, else 400.
+    fn client_body(e: &body::BodyError) -> RequestError {
+        match e {
+            body::BodyError::ClientTimeout(_) => RequestError::ClientTimeout(e.to_string()),
+            _ => RequestError::ClientBody(e.to_string()),
+        }
+    }
 }
 
 /// The one place where errors become HTTP statuses.
@@ -100,6 +113,7 @@ pub(crate) fn error_response(err: &RequestError, node: &str) -> Response<Body> {
         RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
         RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
     };
     let mut r = Response::new(body::full(format!("{err}\n")));
     *r.status_mut() = status;
@@ -162,6 +176,8 @@ pub(crate) struct IngressSettings {
     pub rules_source: Option<crate::config::RulesSource>,
     /// Longest wait for a complete request head, idle keep-alive included.
     pub header_read_timeout: Duration,
+    /// Longest wait between two reads of a request body.
+    pub body_read_timeout: Duration,
 }
 
 /// Request counters (monotonic).
@@ -752,13 +768,18 @@ impl Ingress {
             && is_idempotent(&parts.method)
             && content_length(&parts.headers).is_some_and(|n| n <= REPLAY_LIMIT)
         {
-            let collected = http_body_util::Limited::new(incoming, REPLAY_LIMIT as usize)
+            let timed = body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout);
+            let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
                 .collect()
                 .await
-                .map_err(|e| RequestError::ClientBody(e.to_string()))?;
+                .map_err(|e| match e.downcast_ref::<body::BodyError>() {
+                    Some(b) => RequestError::client_body(b),
+                    None => RequestError::ClientBody(e.to_string()),
+                })?;
             (Some(collected.to_bytes()), None)
         } else {
-            (None, Some(body::from_incoming(incoming)))
+            let timed = body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout);
+            (None, Some(timed))
         };
         let replayable = empty_body || replay.is_some();
         let mut last_err: Option<RequestError> = None;
@@ -781,7 +802,7 @@ impl Ingress {
                     .serve_app(Request::from_parts(parts, b), ctx)
                     .await
                     .map_err(|e| match e.client_body() {
-                        Some(why) => RequestError::ClientBody(why),
+                        Some(b) => RequestError::client_body(b),
                         None => RequestError::App(e),
                     })?;
                 return Ok((resp, self.node_id.clone(), guard));
@@ -848,8 +869,8 @@ impl Ingress {
                 }
                 // The client's body broke before the owner answered: the
                 // client's fault, never retried.
-                Err(ExchangeError::ClientBody(why)) => {
-                    return Err(RequestError::ClientBody(why));
+                Err(ExchangeError::ClientBody(b)) => {
+                    return Err(RequestError::client_body(&b));
                 }
                 Err(e) => {
                     let retry = replayable
@@ -1000,6 +1021,7 @@ mod tests {
             (RequestError::OwnerFailed("x".into()), 502),
             (RequestError::Timeout("x".into()), 504),
             (RequestError::ClientBody("x".into()), 400),
+            (RequestError::ClientTimeout("x".into()), 408),
             (RequestError::BadRequest("x"), 400),
             (RequestError::HeadTooLarge { len: 9, max: 8 }, 431),
         ] {

@@ -87,10 +87,10 @@ pub(crate) enum ExchangeError {
     /// No response head within the response timeout.
     #[error("peer {0} sent no response head in time")]
     Timeout(NodeId),
-    /// The client's request body failed (malformed, cut off) before the
-    /// response head arrived; the stream was reset.
+    /// The client's request body failed (malformed, cut off, stalled)
+    /// before the response head arrived; the stream was reset.
     #[error("{0}")]
-    ClientBody(String),
+    ClientBody(body::BodyError),
 }
 
 /// Serves requests that peers forward to this node.
@@ -421,16 +421,18 @@ pub(crate) async fn exchange(
         .await
         .map_err(|e| failed(e.to_string()))?;
     // Set when the client's own body fails while it is pumped.
-    let (client_failed, mut client_failure) = tokio::sync::oneshot::channel::<String>();
+    let (client_failed, mut client_failure) = tokio::sync::oneshot::channel::<body::BodyError>();
     if body.is_end_stream() {
         let _ = send.finish();
     } else {
         tokio::spawn(async move {
             match body::pump(body, &mut send).await {
                 Ok(_) => {}
-                Err(body::PumpError::Source(e @ body::BodyError::Client(_))) => {
+                Err(body::PumpError::Source(
+                    e @ (body::BodyError::Client(_) | body::BodyError::ClientTimeout(_)),
+                )) => {
                     debug!(error = %e, "client request body failed: stream reset");
-                    let _ = client_failed.send(e.to_string());
+                    let _ = client_failed.send(e);
                 }
                 Err(e) => debug!(error = %e, "request body to peer stopped"),
             }
