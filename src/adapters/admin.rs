@@ -49,7 +49,7 @@ pub(crate) async fn answer(
     let (status, text) = match (&method, path.as_str()) {
         // The admin API answers the node's own host only: clients that
         // reach the node through the sprayer get 404 as for any unknown path.
-        _ if !client.ip().to_canonical().is_loopback() => (
+        _ if !answers(client) => (
             StatusCode::NOT_FOUND,
             "{\"error\":\"the admin API answers loopback clients only\"}".to_owned(),
         ),
@@ -101,6 +101,12 @@ pub(crate) async fn answer(
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// Whether the admin API answers `client`: loopback addresses only
+/// (127.0.0.0/8, `::1`, and IPv4-mapped loopback on a dual-stack socket).
+fn answers(client: std::net::SocketAddr) -> bool {
+    client.ip().to_canonical().is_loopback()
 }
 
 /// Reads the new weight from `body` (a decimal integer, surrounding ASCII
@@ -174,6 +180,23 @@ fn status_json(ingress: &Ingress) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_clients_are_answered() {
+        for (addr, ok) in [
+            ("127.0.0.1:5000", true),
+            ("127.3.2.1:5000", true),
+            ("[::1]:5000", true),
+            ("[::ffff:127.0.0.1]:5000", true),
+            ("10.0.0.7:5000", false),
+            ("192.168.1.2:5000", false),
+            ("[::ffff:10.0.0.7]:5000", false),
+            ("[2001:db8::1]:5000", false),
+            ("0.0.0.0:5000", false),
+        ] {
+            assert_eq!(answers(addr.parse().unwrap()), ok, "{addr}");
+        }
+    }
 
     #[test]
     fn weight_bodies() {
