@@ -101,7 +101,7 @@ async fn slow_idle_half_closed_and_oversized_clients_get_the_right_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_chunked_body_is_a_bad_request_not_an_owner_failure() {
+async fn a_malformed_chunked_body_is_400_and_connect_is_501() {
     let c = Cluster::start("badchunk", 2, "[ring]\nvnodes = 1024\n", USER_RULES);
     let entry = c.nodes[0].http;
     let r = ring(&["n1", "n2"], 1024);
@@ -117,6 +117,20 @@ async fn a_malformed_chunked_body_is_a_bad_request_not_an_owner_failure() {
     let (text, _) = read_until_closed(&mut s);
     assert!(text.starts_with("HTTP/1.1 400"), "{text:?}");
     assert_eq!(counter(entry, "forwarded"), 1, "the request was forwarded");
+    // CONNECT asks for a tunnel, which peerlb does not proxy: 501 from the
+    // entry, whoever owns the key.
+    for owner in ["n1", "n2"] {
+        let user = user_where(&r, |o| o == owner);
+        let mut s = TcpStream::connect(entry).unwrap();
+        write!(
+            s,
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nx-user: {user}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let (text, _) = read_until_closed(&mut s);
+        assert!(text.starts_with("HTTP/1.1 501"), "owner {owner}: {text:?}");
+        assert!(text.contains("peerlb-error-from: n1"), "{text:?}");
+    }
     // The node still serves.
     let ok = get(entry, &format!("/x?user={user}"), &[]).await;
     assert_eq!((ok.status, ok.served_by()), (200, "n2"));

@@ -73,6 +73,9 @@ pub(crate) enum RequestError {
     /// The request is malformed (400).
     #[error("bad request: {0}")]
     BadRequest(&'static str),
+    /// A method peerlb does not proxy: CONNECT (tunnels) (501).
+    #[error("{0} is not supported: peerlb proxies HTTP requests, not tunnels")]
+    NotImplemented(http::Method),
     /// No candidate could be reached before anything was sent (503).
     #[error("no node could take the request: {0}")]
     NoNode(String),
@@ -113,6 +116,7 @@ pub(crate) fn error_response(err: &RequestError, node: &str) -> Response<Body> {
         RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
         RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        RequestError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
     };
     let mut r = Response::new(body::full(format!("{err}\n")));
@@ -671,6 +675,9 @@ impl Ingress {
                 max: MAX_HEAD_BYTES,
             });
         }
+        if req.method() == http::Method::CONNECT {
+            return Err(RequestError::NotImplemented(http::Method::CONNECT));
+        }
         let hosts = req.headers().get_all(header::HOST).iter().count();
         if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
             return Err(RequestError::BadRequest(
@@ -1023,6 +1030,7 @@ mod tests {
             (RequestError::ClientBody("x".into()), 400),
             (RequestError::ClientTimeout("x".into()), 408),
             (RequestError::BadRequest("x"), 400),
+            (RequestError::NotImplemented(http::Method::CONNECT), 501),
             (RequestError::HeadTooLarge { len: 9, max: 8 }, 431),
         ] {
             assert_eq!(error_response(&e, "n1").status().as_u16(), s);
