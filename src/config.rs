@@ -602,54 +602,13 @@ impl ClusterFile {
                     format!("{} is out of range 0..={MAX_WEIGHT}", n.weight),
                 ));
             }
-            for (k, addr) in [
-                ("http_addr", a.http_addr),
-                ("peer_addr", a.peer_addr),
-                ("gossip_addr", a.gossip_addr),
-            ] {
-                if addr.port() == 0 {
-                    return Err(inv(
-                        &f(k),
-                        format!("{addr}: port 0 cannot be advertised to peers"),
-                    ));
-                }
-            }
-            for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
-                if addr.ip().is_unspecified() {
-                    return Err(inv(
-                        &f(k),
-                        format!(
-                            "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
-                        ),
-                    ));
-                }
-            }
-            if a.peer_addr == a.gossip_addr {
-                return Err(inv(
-                    &f("gossip_addr"),
-                    format!(
-                        "{} is also this node's peer_addr (both are UDP)",
-                        a.gossip_addr
-                    ),
-                ));
-            }
             for (j, prev) in out.iter().enumerate() {
                 if prev.id.eq_ignore_ascii_case(&a.id) {
                     return Err(inv(&f("id"), format!("{:?} is also nodes[{j}].id", n.id)));
                 }
-                // TCP addresses must differ from every TCP address, UDP ones
-                // (peer and gossip) from every UDP address.
-                for (k, mine, theirs) in [
-                    ("http_addr", a.http_addr, prev.http_addr),
-                    ("peer_addr", a.peer_addr, prev.peer_addr),
-                    ("peer_addr", a.peer_addr, prev.gossip_addr),
-                    ("gossip_addr", a.gossip_addr, prev.gossip_addr),
-                    ("gossip_addr", a.gossip_addr, prev.peer_addr),
-                ] {
-                    if mine == theirs {
-                        return Err(inv(&f(k), format!("{mine} is also used by nodes[{j}]")));
-                    }
-                }
+            }
+            if let Some((k, m)) = addr_problem(&a, out.iter().enumerate()) {
+                return Err(inv(&f(k), m));
             }
             out.push(a);
         }
@@ -757,6 +716,22 @@ impl ClusterFile {
                 n
             }
         };
+        // The flags get the same address rules as the file.
+        if http.is_some() || peer.is_some() || gossip.is_some() {
+            let others = nodes.iter().enumerate().filter(|(_, n)| n.id != me.id);
+            if let Some((k, m)) = addr_problem(&me, others) {
+                // Name the flag when this node's value came from one.
+                let flag = match k {
+                    "http_addr" if http.is_some() => "--http-addr",
+                    "peer_addr" if peer.is_some() => "--peer-addr",
+                    "gossip_addr" if gossip.is_some() => "--gossip-addr",
+                    // gossip_addr == peer_addr: the one that was overridden.
+                    "gossip_addr" if peer.is_some() => "--peer-addr",
+                    _ => "--node",
+                };
+                return Err(inv(flag, format!("{m} (this node's {k})")));
+            }
+        }
         if me.weight > MAX_WEIGHT {
             return Err(inv(
                 "--weight",
@@ -926,6 +901,59 @@ fn parse_app(s: &str) -> Result<AppKind, String> {
         ));
     }
     Ok(AppKind::Upstream(uri))
+}
+
+/// The address rules one node must keep, alone and against `others`
+/// (index in `[[nodes]]`, node): every port advertisable, peer and gossip
+/// addresses dialable (not 0.0.0.0 or ::), its two UDP addresses apart, its
+/// TCP address apart from every other TCP address and its UDP addresses
+/// from every other UDP address. The first broken rule: (field, message).
+fn addr_problem<'a>(
+    a: &NodeAddrs,
+    others: impl IntoIterator<Item = (usize, &'a NodeAddrs)>,
+) -> Option<(&'static str, String)> {
+    for (k, addr) in [
+        ("http_addr", a.http_addr),
+        ("peer_addr", a.peer_addr),
+        ("gossip_addr", a.gossip_addr),
+    ] {
+        if addr.port() == 0 {
+            return Some((k, format!("{addr}: port 0 cannot be advertised to peers")));
+        }
+    }
+    for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
+        if addr.ip().is_unspecified() {
+            return Some((
+                k,
+                format!(
+                    "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
+                ),
+            ));
+        }
+    }
+    if a.peer_addr == a.gossip_addr {
+        return Some((
+            "gossip_addr",
+            format!(
+                "{} is also this node's peer_addr (both are UDP)",
+                a.gossip_addr
+            ),
+        ));
+    }
+    for (j, other) in others {
+        for (k, mine, theirs) in [
+            ("http_addr", a.http_addr, other.http_addr),
+            ("peer_addr", a.peer_addr, other.peer_addr),
+            ("peer_addr", a.peer_addr, other.gossip_addr),
+            ("gossip_addr", a.gossip_addr, other.gossip_addr),
+            ("gossip_addr", a.gossip_addr, other.peer_addr),
+        ] {
+            if mine == theirs {
+                return Some((k, format!("{mine} is also used by nodes[{j}]")));
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -1165,6 +1193,84 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--gossip-addr"), "{e}");
+    }
+
+    #[test]
+    fn address_flags_keep_the_file_rules() {
+        let two = format!(
+            "{ONE}[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:5\"\ngossip_addr = \"127.0.0.1:6\"\n"
+        );
+        let s = src(&two);
+        let file = s.parse().unwrap();
+        let flag = |http: Option<&str>, peer: Option<&str>, gossip: Option<&str>| Overrides {
+            http_addr: http.map(Into::into),
+            peer_addr: peer.map(Into::into),
+            gossip_addr: gossip.map(Into::into),
+            ..Overrides::default()
+        };
+        for (ov, node, field, says) in [
+            (
+                flag(Some("127.0.0.1:0"), None, None),
+                "n1",
+                "--http-addr",
+                "port 0",
+            ),
+            (
+                flag(None, Some("0.0.0.0:7"), None),
+                "n1",
+                "--peer-addr",
+                "0.0.0.0",
+            ),
+            (
+                flag(None, None, Some("127.0.0.1:0")),
+                "n1",
+                "--gossip-addr",
+                "port 0",
+            ),
+            (
+                flag(Some("127.0.0.1:4"), None, None),
+                "n1",
+                "--http-addr",
+                "nodes[1]",
+            ),
+            (
+                flag(None, Some("127.0.0.1:3"), None),
+                "n1",
+                "--peer-addr",
+                "peer_addr",
+            ),
+            (
+                flag(None, Some("127.0.0.1:6"), None),
+                "n1",
+                "--peer-addr",
+                "nodes[1]",
+            ),
+            // A node joining with all three flags gets the same rules.
+            (
+                flag(
+                    Some("127.0.0.1:8"),
+                    Some("127.0.0.1:5"),
+                    Some("127.0.0.1:9"),
+                ),
+                "n3",
+                "--peer-addr",
+                "nodes[1]",
+            ),
+        ] {
+            let e = file.validate(&s, node, &ov).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(": {field}: ")) && e.contains(says),
+                "{field}: {e}"
+            );
+        }
+        // Values that keep the rules still pass.
+        let ok = flag(
+            Some("127.0.0.1:7"),
+            Some("127.0.0.1:8"),
+            Some("127.0.0.1:9"),
+        );
+        file.validate(&s, "n1", &ok).unwrap();
+        file.validate(&s, "n3", &ok).unwrap();
     }
 
     #[test]
