@@ -650,7 +650,13 @@ impl ClusterFile {
                 "must be greater than 0".into(),
             ));
         }
-        self.rules_source(src)?.load()?;
+        self.rules_source(src)?.load().map_err(|e| match e {
+            // A rules file that cannot be read is the `rules_file` field's fault.
+            ConfigError::Read { path, source } if self.rules_file.is_some() => {
+                inv("rules_file", format!("{path}: {source}"))
+            }
+            e => e,
+        })?;
         Ok(out)
     }
 
@@ -1097,7 +1103,10 @@ mod tests {
         let e = validate(&format!("rules_file = \"nope.xml\"\n{ONE}"), "n1")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("/etc/peerlb/nope.xml"), "{e}");
+        assert!(
+            e.starts_with("test.toml: rules_file: /etc/peerlb/nope.xml: "),
+            "{e}"
+        );
     }
 
     #[test]

@@ -100,7 +100,23 @@ pub(crate) async fn answer(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if status == StatusCode::METHOD_NOT_ALLOWED
+        && let Some(allow) = allowed_method(&path)
+    {
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
     r
+}
+
+/// The method an admin path takes (the `Allow` header of a 405).
+fn allowed_method(path: &str) -> Option<&'static str> {
+    match path {
+        STATUS => Some("GET"),
+        RELOAD_RULES => Some("POST"),
+        WEIGHT => Some("PUT"),
+        _ => None,
+    }
 }
 
 /// Whether the admin API answers `client`: loopback addresses only

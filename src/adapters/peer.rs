@@ -583,6 +583,15 @@ async fn serve_stream<H: ProxiedHandler>(
 ) {
     let head: RequestHead = match read_head(&mut recv).await {
         Ok(h) => h,
+        // The entry gave up on the request before its head was read (the
+        // client's body broke at once): nothing of ours went wrong.
+        Err(HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code))))
+            if code.into_inner() == u64::from(wire::RESET_BODY_FAILED) =>
+        {
+            debug!("peer abandoned a request before its head was read");
+            let _ = send.reset(wire::RESET_BODY_FAILED.into());
+            return;
+        }
         Err(e) => {
             warn!(error = %e, "bad request frame from peer: closing that stream");
             let _ = recv.stop(wire::RESET_BAD_FRAME.into());
