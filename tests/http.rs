@@ -116,6 +116,7 @@ async fn a_malformed_chunked_body_is_400_and_connect_is_501() {
     .unwrap();
     let (text, _) = read_until_closed(&mut s);
     assert!(text.starts_with("HTTP/1.1 400"), "{text:?}");
+    assert!(text.contains("connection: close\r\n"), "{text:?}");
     assert_eq!(counter(entry, "forwarded"), 1, "the request was forwarded");
     // CONNECT asks for a tunnel, which peerlb does not proxy: 501 from the
     // entry, whoever owns the key.

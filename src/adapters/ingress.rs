@@ -126,6 +126,15 @@ pub(crate) fn error_response(err: &RequestError, node: &str) -> Response<Body> {
     if let Ok(v) = HeaderValue::from_str(node) {
         r.headers_mut().insert("peerlb-error-from", v);
     }
+    // The rest of a broken or stalled request body cannot be skipped: the
+    // connection ends with this answer, and says so.
+    if matches!(
+        err,
+        RequestError::ClientBody(_) | RequestError::ClientTimeout(_)
+    ) {
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     r
 }
 
