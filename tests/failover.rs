@@ -103,20 +103,26 @@ async fn c8_sigterm_drains_in_flight_requests_and_loses_none_routed_to_the_leavi
     .expect("the long request reaches n2");
     // Continuous traffic entering through the nodes that stay.
     let stop = Arc::new(AtomicBool::new(false));
+    // Set just before SIGTERM: requests sent after it show who served
+    // during n2's grace period.
+    let termed = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = Vec::new();
     for (k, addr) in [n1, n3, n1, n3].into_iter().enumerate() {
-        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let (stop, termed, ok, failed) = (stop.clone(), termed.clone(), ok.clone(), failed.clone());
         tasks.push(tokio::spawn(async move {
             let mut conn = Conn::open(addr).await.unwrap();
-            let mut served = BTreeSet::new();
+            let mut served_after_term = BTreeSet::new();
             let mut i = k * 1000;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
+                let after_term = termed.load(Ordering::Relaxed);
                 match conn.get(&format!("/x?user=u{}", i % 100), &[]).await {
                     Ok(r) if r.status == 200 => {
                         ok.fetch_add(1, Ordering::Relaxed);
-                        served.insert(r.served_by().to_owned());
+                        if after_term {
+                            served_after_term.insert(r.served_by().to_owned());
+                        }
                     }
                     other => {
                         failed.fetch_add(1, Ordering::Relaxed);
@@ -124,10 +130,11 @@ async fn c8_sigterm_drains_in_flight_requests_and_loses_none_routed_to_the_leavi
                     }
                 }
             }
-            served
+            served_after_term
         }));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    termed.store(true, Ordering::Relaxed);
     let mut child = c.sigterm("n2");
     let exited = c.wait_until(Duration::from_secs(10), || {
         child.try_wait().unwrap().is_some()
@@ -156,7 +163,7 @@ async fn c8_sigterm_drains_in_flight_requests_and_loses_none_routed_to_the_leavi
     assert!(ok.load(Ordering::Relaxed) > 100);
     assert!(
         served.contains("n2"),
-        "n2 kept serving during its grace period"
+        "n2 kept serving requests sent after its SIGTERM, during its grace period: {served:?}"
     );
     assert_eq!(serving(n1).unwrap(), vec!["n1", "n3"]);
     let log = c.log("n2");
