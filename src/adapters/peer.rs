@@ -420,11 +420,13 @@ pub(crate) async fn exchange(
     send.write_chunk(head)
         .await
         .map_err(|e| failed(e.to_string()))?;
-    // Set when the client's own body fails while it is pumped.
-    let (client_failed, mut client_failure) = tokio::sync::oneshot::channel::<body::BodyError>();
-    if body.is_end_stream() {
+    // Told when the client's own body fails while it is pumped (no channel
+    // for a request without a body).
+    let client_failure = if body.is_end_stream() {
         let _ = send.finish();
+        None
     } else {
+        let (client_failed, client_failure) = tokio::sync::oneshot::channel::<body::BodyError>();
         tokio::spawn(async move {
             match body::pump(body, &mut send).await {
                 Ok(_) => {}
@@ -437,14 +439,18 @@ pub(crate) async fn exchange(
                 Err(e) => debug!(error = %e, "request body to peer stopped"),
             }
         });
-    }
+        Some(client_failure)
+    };
     let read = async {
         // A client body failure before the head is a bad request; a pump
         // that ended otherwise (the sender dropped) changes nothing.
         let client_body = async {
-            match (&mut client_failure).await {
-                Ok(why) => why,
-                Err(_) => std::future::pending().await,
+            match client_failure {
+                Some(rx) => match rx.await {
+                    Ok(why) => why,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
             }
         };
         let resp = async {
