@@ -8,6 +8,7 @@ pub(crate) mod body;
 pub(crate) mod gossip;
 pub(crate) mod ingress;
 pub(crate) mod peer;
+pub(crate) mod send_timeout;
 pub mod tls;
 pub(crate) mod upstream;
 pub(crate) mod wire;

@@ -228,6 +228,10 @@ pub struct LimitsSection {
     /// (default 30000; nginx's `client_body_timeout`); the request gets 408
     /// when it has no answer yet, else the connection is cut.
     pub body_read_timeout_ms: u64,
+    /// Longest a write to a client may make no progress (the client reads
+    /// nothing), in ms (default 60000; nginx's `send_timeout`); the
+    /// connection is closed after.
+    pub send_timeout_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -241,6 +245,7 @@ impl Default for LimitsSection {
             startup_wait_ms: 3_000,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 30_000,
+            send_timeout_ms: 60_000,
         }
     }
 }
@@ -431,6 +436,8 @@ pub struct NodeConfig {
     pub header_read_timeout: Duration,
     /// Longest wait between two reads of a client's request body.
     pub body_read_timeout: Duration,
+    /// Longest a write to a client may make no progress.
+    pub send_timeout: Duration,
     /// Add `peerlb-served-by`.
     pub header_served_by: bool,
     /// Add `peerlb-entry`.
@@ -547,6 +554,7 @@ impl ClusterFile {
             ("limits.drain_timeout_ms", l.drain_timeout_ms),
             ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+            ("limits.send_timeout_ms", l.send_timeout_ms),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -799,6 +807,7 @@ impl ClusterFile {
             startup_wait: ms(self.limits.startup_wait_ms),
             header_read_timeout: ms(self.limits.header_read_timeout_ms),
             body_read_timeout: ms(self.limits.body_read_timeout_ms),
+            send_timeout: ms(self.limits.send_timeout_ms),
             header_served_by: self.headers.served_by,
             header_entry: self.headers.entry,
             gossip_interval: ms(self.gossip.interval_ms),

@@ -154,6 +154,7 @@ impl Node {
                 },
                 header_read_timeout: config.header_read_timeout,
                 body_read_timeout: config.body_read_timeout,
+                send_timeout: config.send_timeout,
             },
             env.seed,
             gossip.publisher(),

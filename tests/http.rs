@@ -187,3 +187,37 @@ async fn a_stalled_request_body_gets_408_or_a_cut_connection() {
     let ok = get(entry, &format!("/x?user={user}"), &[]).await;
     assert_eq!((ok.status, ok.served_by()), (200, "n2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
+    let c = Cluster::start(
+        "sendtimeout",
+        2,
+        "[ring]\nvnodes = 1024\n[limits]\nsend_timeout_ms = 300\n",
+        USER_RULES,
+    );
+    let (entry, owner) = (c.nodes[0].http, c.nodes[1].http);
+    let r = ring(&["n1", "n2"], 1024);
+    let user = user_where(&r, |o| o == "n2");
+    // 1 GiB from the other node, and the client never reads a byte.
+    let mut s = TcpStream::connect(entry).unwrap();
+    write!(
+        s,
+        "GET /bytes/1073741824?user={user} HTTP/1.1\r\nHost: a\r\n\r\n"
+    )
+    .unwrap();
+    c.wait_until(Duration::from_secs(5), || {
+        status(owner).is_some_and(|v| v["inflight"] == 1)
+    })
+    .expect("the owner serves the request");
+    // Once the socket buffers are full, no write progresses: 300 ms later
+    // the entry closes the connection, and both nodes let the request go.
+    c.wait_until(Duration::from_secs(10), || {
+        status(entry).is_some_and(|v| v["inflight"] == 0)
+            && status(owner).is_some_and(|v| v["inflight"] == 0)
+    })
+    .expect("the stalled request is released on both nodes");
+    // The client finds its connection ended, short of the 1 GiB.
+    let (text, closed) = read_until_closed(&mut s);
+    assert!(closed && text.len() < 1 << 30);
+}

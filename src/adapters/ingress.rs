@@ -33,6 +33,7 @@ use super::app::{App, AppError, ServeCtx};
 use super::body::{self, Body};
 use super::gossip::Publisher;
 use super::peer::{self, ExchangeError, PeerLinks, ProxiedHandler};
+use super::send_timeout::SendTimeout;
 use super::wire::{self, RequestHead, RequestHeadRef};
 use crate::config::MAX_WEIGHT;
 use crate::engine::membership::{MembershipView, NodeId};
@@ -191,6 +192,8 @@ pub(crate) struct IngressSettings {
     pub header_read_timeout: Duration,
     /// Longest wait between two reads of a request body.
     pub body_read_timeout: Duration,
+    /// Longest a write to a client may make no progress.
+    pub send_timeout: Duration,
 }
 
 /// Request counters (monotonic).
@@ -979,7 +982,10 @@ pub(crate) async fn serve(
             // idle keep-alive connections included (slowloris).
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(header_timeout)
-            .serve_connection(TokioIo::new(stream), svc);
+            .serve_connection(
+                TokioIo::new(SendTimeout::new(stream, ingress.settings.send_timeout)),
+                svc,
+            );
         let fut = graceful.watch(conn);
         tokio::spawn(
             async move {
