@@ -1052,34 +1052,45 @@ mod tests {
         }
     }
 
-    /// Drops an [`Outstanding`] for `policy` on another thread while this
-    /// one holds the router lock (a decision in progress); true when the
-    /// drop finished without waiting for that lock.
-    fn drop_skips_router_lock(policy: crate::engine::balance::PolicyKind) -> bool {
-        use crate::engine::rules::Rules;
-        let router = Arc::new(Mutex::new(Router::new(policy, Rules::default())));
+    fn tracked(
+        policy: crate::engine::balance::PolicyKind,
+    ) -> (Arc<Mutex<Router>>, Arc<Tracker>, Outstanding) {
+        let router = Arc::new(Mutex::new(Router::new(
+            policy,
+            crate::engine::rules::Rules::default(),
+        )));
         let tracker = Arc::new(Tracker::for_router(&router.lock().unwrap()));
         let g = Outstanding::new(&tracker, &router, NodeId::from("a"), 10);
+        (router, tracker, g)
+    }
+
+    #[test]
+    fn least_load_ends_a_request_without_the_router_lock() {
+        let (router, tracker, g) = tracked(crate::engine::balance::PolicyKind::LeastLoad);
+        // A decision in progress holds the router lock while the request
+        // ends on another thread: the drop must not wait for it.
         let held = router.lock().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let t = std::thread::spawn(move || {
             drop(g);
             tx.send(()).unwrap();
         });
-        // A deadlock detector, not a timing assumption: the drop takes
-        // microseconds, or waits until `held` is released.
-        let done = rx.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
+        // A deadlock detector: it answers in microseconds unless the drop
+        // waits for `held`.
+        let done = rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
         drop(held);
         t.join().unwrap();
+        assert!(done, "the drop waited for the router lock");
         assert_eq!(*tracker.counts.lock().unwrap(), Default::default());
-        done
     }
 
     #[test]
-    fn only_by_traffic_takes_the_router_lock_when_a_request_ends() {
-        use crate::engine::balance::PolicyKind;
-        assert!(drop_skips_router_lock(PolicyKind::LeastLoad));
-        assert!(!drop_skips_router_lock(PolicyKind::ByTraffic));
+    fn by_traffic_records_a_finished_requests_bytes() {
+        let (router, tracker, mut g) = tracked(crate::engine::balance::PolicyKind::ByTraffic);
+        g.bytes += 90;
+        drop(g);
+        assert_eq!(router.lock().unwrap().recorded_bytes("a"), 100);
+        assert_eq!(*tracker.counts.lock().unwrap(), Default::default());
     }
 
     #[test]

@@ -270,6 +270,12 @@ impl Router {
         }
     }
 
+    /// Bytes [`Router::record_bytes`] counted for `node` (0 unless by-traffic).
+    #[cfg(test)]
+    pub(crate) fn recorded_bytes(&self, node: &str) -> u64 {
+        self.bytraffic.bytes(node)
+    }
+
     fn effective(&self) -> Effective {
         match self.policy.kind() {
             PolicyKind::ConsistentHash if !self.rules.is_empty() => Effective::Hash,
