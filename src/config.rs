@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::adapters::tls;
 use crate::engine::balance::Policy;
-use crate::engine::membership::NodeId;
+use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
 use crate::engine::rules::{RuleSpec, Rules};
 
@@ -596,7 +595,7 @@ impl ClusterFile {
         let mut out: Vec<NodeAddrs> = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
             let f = |k: &str| format!("nodes[{i}].{k}");
-            tls::validate_node_id(&n.id).map_err(|e| inv(&f("id"), e.to_string()))?;
+            NodeId::new(&n.id).map_err(|e| inv(&f("id"), e.to_string()))?;
             let a = NodeAddrs {
                 id: NodeId::from(n.id.as_str()),
                 http_addr: parse_addr(&n.http_addr).map_err(|m| inv(&f("http_addr"), m))?,
@@ -686,7 +685,7 @@ impl ClusterFile {
             message,
         };
         let mut nodes = self.check(src)?;
-        tls::validate_node_id(node_id).map_err(|e| inv("--node", e.to_string()))?;
+        NodeId::new(node_id).map_err(|e| inv("--node", e.to_string()))?;
         let pos = nodes.iter().position(|n| &*n.id == node_id);
         let addr_flag =
             |flag: &str, v: &Option<String>| -> Result<Option<SocketAddr>, ConfigError> {

@@ -22,6 +22,8 @@
 //!   (`kind[:local]`): round robin, random, weighted random; `balance/`
 //!   holds mod_proxy_balancer's byrequests and bytraffic, mod_oc4j's metric
 //!   (and its smoothing), and least-load.
+//! - `node_id`: `NodeId`, a node's name, and the rules it must follow (it
+//!   is also a DNS label of the node's certificate name).
 //! - `membership`: the published node state and the immutable membership
 //!   view with its ring and version.
 //! - `route`: `Router::decide(request, view, now, rng) -> Decision` (and
@@ -29,6 +31,7 @@
 
 pub(crate) mod balance;
 pub(crate) mod membership;
+pub(crate) mod node_id;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;

@@ -154,7 +154,7 @@ impl Env {
         peer_socket
             .set_nonblocking(true)
             .map_err(err("peer_addr", n.peer_addr))?;
-        crate::adapters::peer::size_socket_buffers(&peer_socket);
+        size_socket_buffers(&peer_socket);
         let peer_socket = quinn::TokioRuntime
             .wrap_udp_socket(peer_socket)
             .map_err(err("peer_addr", n.peer_addr))?;
@@ -185,6 +185,27 @@ impl Env {
             tls: None,
             app_slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
         })
+    }
+}
+
+/// Requested size of the peer UDP socket's receive and send buffers.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Sizes the receive and send buffers of the peer UDP socket (before it
+/// is handed to quinn). A node that is off the CPU for a few ms while a
+/// peer streams to it must not drop datagrams: the Linux default, about
+/// 208 KiB, overflows, quinn sees loss and its congestion window stays at
+/// its minimum. The kernel caps the request at `net.core.rmem_max` /
+/// `wmem_max`; a smaller buffer is logged, not an error.
+fn size_socket_buffers(socket: &std::net::UdpSocket) {
+    let sock = socket2::SockRef::from(socket);
+    for (what, r) in [
+        ("receive", sock.set_recv_buffer_size(SOCKET_BUFFER)),
+        ("send", sock.set_send_buffer_size(SOCKET_BUFFER)),
+    ] {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "cannot set the peer socket's {what} buffer size");
+        }
     }
 }
 

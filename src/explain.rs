@@ -10,7 +10,8 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use crate::engine::balance::Policy;
-use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
+use crate::engine::membership::{Member, MembershipView, NodeStatus};
+use crate::engine::node_id::NodeId;
 use crate::engine::route::{Reason, Router, RouterOptions};
 use crate::engine::rules::{RequestView, Rules};
 

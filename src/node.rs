@@ -17,7 +17,8 @@ use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::{NodeConfig, RulesSource};
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
-use crate::engine::membership::{Member, MembershipView, NodeId, NodeStatus};
+use crate::engine::membership::{Member, MembershipView, NodeStatus};
+use crate::engine::node_id::NodeId;
 use crate::engine::route::Router;
 use crate::env::Env;
 

@@ -16,7 +16,8 @@ use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::engine::membership::{Member, NodeId, NodeStatus};
+use crate::engine::membership::{Member, NodeStatus};
+use crate::engine::node_id::NodeId;
 
 /// Gossip settings for one node.
 #[derive(Debug, Clone)]

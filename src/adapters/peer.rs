@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use super::body::{self, Body, QuicBody};
 use super::tls::{self, TlsMaterial};
 use super::wire::{self, RequestHead, ResponseHead};
-use crate::engine::membership::NodeId;
+use crate::engine::node_id::NodeId;
 
 /// Peer link settings.
 #[derive(Debug, Clone)]
@@ -146,9 +146,6 @@ fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
-/// Requested size of the peer UDP socket's receive and send buffers.
-const SOCKET_BUFFER: usize = 4 << 20;
-
 /// Largest UDP payload a node sends (after MTU discovery) or accepts.
 ///
 /// quinn sends up to 10 packets in one GSO batch (`MAX_TRANSMIT_SEGMENTS`
@@ -157,24 +154,6 @@ const SOCKET_BUFFER: usize = 4 << 20;
 /// them lost, and its black-hole detection drops the path to 1,200 bytes
 /// for 10 minutes. quinn's receive buffers grow linearly with this value.
 const MAX_UDP_PAYLOAD: u16 = 6500;
-
-/// Sizes the receive and send buffers of the peer UDP socket (before it
-/// is handed to quinn). A node that is off the CPU for a few ms while a
-/// peer streams to it must not drop datagrams: the Linux default, about
-/// 208 KiB, overflows, quinn sees loss and its congestion window stays at
-/// its minimum. The kernel caps the request at `net.core.rmem_max` /
-/// `wmem_max`; a smaller buffer is logged, not an error.
-pub(crate) fn size_socket_buffers(socket: &std::net::UdpSocket) {
-    let sock = socket2::SockRef::from(socket);
-    for (what, r) in [
-        ("receive", sock.set_recv_buffer_size(SOCKET_BUFFER)),
-        ("send", sock.set_send_buffer_size(SOCKET_BUFFER)),
-    ] {
-        if let Err(e) = r {
-            warn!(error = %e, "cannot set the peer socket's {what} buffer size");
-        }
-    }
-}
 
 /// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors
 /// never bind), driven by `runtime`. `seed` seeds quinn's endpoint RNG;

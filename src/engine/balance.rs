@@ -23,7 +23,7 @@ use std::str::FromStr;
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::membership::NodeId;
+use super::node_id::NodeId;
 
 pub(crate) mod byrequests;
 pub(crate) mod bytraffic;

@@ -13,11 +13,8 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3;
 
+use super::node_id::NodeId;
 use super::ring::Ring;
-
-/// A node's stable identity (`node_id` in the config): a name, never an index.
-/// Cheap to clone; ordered and compared as a string.
-pub type NodeId = Arc<str>;
 
 /// A node's published lifecycle state (gossip key `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -46,7 +46,7 @@ use std::cmp::Ordering;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::membership::NodeId;
+use super::node_id::NodeId;
 
 mod hrw;
 

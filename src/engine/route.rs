@@ -45,7 +45,8 @@ use super::balance::metric::effective_metric;
 use super::balance::{
     Policy, PolicyKind, RoundRobin, random_pick, rotation_from, weighted_random_pick,
 };
-use super::membership::{MembershipView, NodeId};
+use super::membership::MembershipView;
+use super::node_id::NodeId;
 use super::rules::{RequestView, Rules, default_key};
 use super::sticky::route_from_request;
 

@@ -15,6 +15,7 @@ use rcgen::{
 use rustls_pki_types::PrivatePkcs8KeyDer;
 
 use crate::adapters::tls::{self, TlsError, TlsMaterial};
+use crate::engine::node_id::NodeId;
 
 /// An Ed25519 key from a 32-byte seed, as PKCS#8 v1 (RFC 8410).
 fn ed25519(seed: [u8; 32]) -> Result<KeyPair, rcgen::Error> {
@@ -95,7 +96,7 @@ pub fn generate(cluster: &str, ids: &[String], seed: u64) -> anyhow::Result<Vec<
     let ca_cert = ca.self_signed(&ca_key)?;
     let mut out = Vec::with_capacity(ids.len());
     for (i, id) in ids.iter().enumerate() {
-        tls::validate_node_id(id)?;
+        NodeId::new(id)?;
         let key = ed25519(key_seed(seed, i as u64 + 1))?;
         let mut p = CertificateParams::new(vec![tls::node_server_name(id)])?;
         p.distinguished_name = DistinguishedName::new();

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::engine::membership::NodeId;
+use crate::engine::node_id::NodeId;
 
 /// The byrequests state: lbstatus per node id.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::engine::membership::NodeId;
+use crate::engine::node_id::NodeId;
 
 /// The bytraffic state: bytes per node id and the last usable set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -12,7 +12,7 @@
 use std::cmp::Ordering;
 
 use super::RoundRobin;
-use crate::engine::membership::NodeId;
+use crate::engine::node_id::NodeId;
 
 /// The least-load state: the round-robin position for ties.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
