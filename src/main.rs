@@ -258,7 +258,7 @@ fn route(a: RouteArgs) -> anyhow::Result<u8> {
             Ok(p) => p,
             Err(e) => return Ok(usage(&format!("--policy: {p:?}: {e}"))),
         },
-        None => c.policy,
+        None => c.routing.policy,
     };
     let members = match &a.members {
         Some(spec) => match explain::parse_members(spec) {
@@ -286,9 +286,9 @@ fn route(a: RouteArgs) -> anyhow::Result<u8> {
     };
     let setup = explain::Setup {
         policy,
-        rules: c.rules,
-        options: c.router,
-        vnodes: c.vnodes,
+        rules: c.routing.rules,
+        options: c.routing.router,
+        vnodes: c.routing.vnodes,
         members,
         entry,
         seed: a.seed,

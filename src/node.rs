@@ -11,11 +11,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::adapters::app::App;
-use crate::adapters::gossip::{self, GossipSettings, Published};
-use crate::adapters::ingress::{self, Ingress, IngressSettings};
-use crate::adapters::peer::{self, PeerLinks, PeerSettings};
+use crate::adapters::gossip::{self, GossipIdentity, Published};
+use crate::adapters::ingress::{self, Ingress};
+use crate::adapters::peer::{self, PeerLinks};
 use crate::adapters::tls::{self, TlsMaterial};
-use crate::config::{NodeConfig, RulesSource};
+use crate::config::NodeConfig;
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
@@ -79,11 +79,7 @@ impl Node {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
         let Node { config, env, tls } = self;
         let me = config.node.clone();
-        let settings = PeerSettings {
-            keep_alive: config.keep_alive,
-            idle_timeout: config.idle_timeout,
-            connect_timeout: config.connect_timeout,
-        };
+        let settings = config.peer.clone();
         let (endpoint, client) = peer::endpoint(
             env.peer_socket,
             env.quic_runtime,
@@ -94,16 +90,13 @@ impl Node {
         )?;
         let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
         let gossip = gossip::start(
-            &GossipSettings {
+            &GossipIdentity {
                 cluster: config.cluster.clone(),
                 node_id: me.id.clone(),
                 generation: env.generation,
                 gossip_addr: me.gossip_addr,
-                seeds: config.seeds.clone(),
-                interval: config.gossip_interval,
-                phi_threshold: config.phi_threshold,
-                dead_node_grace: config.dead_node_grace,
             },
+            &config.gossip,
             &Published {
                 peer_addr: me.peer_addr,
                 http_addr: me.http_addr,
@@ -127,36 +120,28 @@ impl Node {
         let (view_tx, view_rx) = watch::channel(Arc::new(MembershipView::new(
             me.id.clone(),
             [self_member.clone()],
-            config.vnodes,
+            config.routing.vnodes,
         )));
         let view_task = tokio::spawn(maintain_view(
             gossip.members(),
             links.clone(),
             view_tx,
             self_member,
-            config.vnodes,
+            config.routing.vnodes,
         ));
 
         let ingress = Arc::new(Ingress::new(
             me.id.clone(),
             view_rx,
-            Router::with_options(config.policy, config.rules.clone(), config.router)
-                .map_err(NodeError::Router)?,
+            Router::with_options(
+                config.routing.policy,
+                config.routing.rules.clone(),
+                config.routing.router,
+            )
+            .map_err(NodeError::Router)?,
             links.clone(),
             App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
-            IngressSettings {
-                max_request_target: config.max_request_target,
-                response_timeout: config.response_timeout,
-                header_served_by: config.header_served_by,
-                header_entry: config.header_entry,
-                rules_source: match &config.rules_source {
-                    RulesSource::Inline(_) => None,
-                    s => Some(s.clone()),
-                },
-                header_read_timeout: config.header_read_timeout,
-                body_read_timeout: config.body_read_timeout,
-                send_timeout: config.send_timeout,
-            },
+            config.ingress.clone(),
             env.seed,
             gossip.publisher(),
         ));
@@ -169,12 +154,12 @@ impl Node {
             &me.id,
             gossip.members(),
             links.connected(),
-            config.gossip_interval * 3,
-            config.startup_wait,
+            config.gossip.interval * 3,
+            config.lifecycle.startup_wait,
         )
         .await;
         if !waited {
-            warn!(wait = ?config.startup_wait, "not every live peer is connected yet: accepting clients anyway");
+            warn!(wait = ?config.lifecycle.startup_wait, "not every live peer is connected yet: accepting clients anyway");
         }
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -195,30 +180,32 @@ impl Node {
         info!(node = %me.id, generation = env.generation, peer = %me.peer_addr, gossip = %me.gossip_addr, "node running");
 
         let rules_task = config
+            .ingress
             .rules_source
-            .file()
+            .as_ref()
+            .and_then(|s| s.file())
             .map(|f| tokio::spawn(watch_rules(ingress.clone(), f.to_path_buf())));
         let load_task = tokio::spawn(publish_load(
             ingress.clone(),
             gossip.publisher(),
-            MetricSmoother::new(config.metric_history)
+            MetricSmoother::new(config.metric.history)
                 .map_err(|e| NodeError::Metric(e.to_string()))?,
-            config.metric_capacity,
-            config.metric_latency_limit_ms,
-            config.gossip_interval,
+            config.metric.capacity,
+            config.metric.latency_limit_ms,
+            config.gossip.interval,
         ));
 
         shutdown.await;
-        info!(grace = ?config.drain_grace, "draining: published leaving, still serving");
+        info!(grace = ?config.lifecycle.drain_grace, "draining: published leaving, still serving");
         gossip.publisher().set_status(NodeStatus::Leaving).await;
-        tokio::time::sleep(config.drain_grace).await;
+        tokio::time::sleep(config.lifecycle.drain_grace).await;
         ingress.stop_accepting();
         let _ = stop_tx.send(true);
         for l in listeners {
             let _ = l.await;
         }
         let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
-        let drained = tokio::time::timeout(config.drain_timeout, async {
+        let drained = tokio::time::timeout(config.lifecycle.drain_timeout, async {
             graceful.shutdown().await;
             while ingress.inflight() > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;

@@ -16,12 +16,14 @@ use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::config::GossipSettings;
 use crate::engine::membership::{Member, NodeStatus};
 use crate::engine::node_id::NodeId;
 
-/// Gossip settings for one node.
+/// Who this node is in gossip (its chitchat id and cluster); the tunables
+/// come from the config ([`GossipSettings`]).
 #[derive(Debug, Clone)]
-pub(crate) struct GossipSettings {
+pub(crate) struct GossipIdentity {
     /// chitchat cluster id (the cluster name).
     pub cluster: String,
     /// This node's id.
@@ -30,14 +32,6 @@ pub(crate) struct GossipSettings {
     pub generation: u64,
     /// The address to gossip on (bound by the transport).
     pub gossip_addr: SocketAddr,
-    /// Seed addresses.
-    pub seeds: Vec<String>,
-    /// Gossip round interval.
-    pub interval: Duration,
-    /// Phi threshold.
-    pub phi_threshold: f64,
-    /// How long dead members are kept.
-    pub dead_node_grace: Duration,
 }
 
 /// The state this node publishes.
@@ -103,15 +97,16 @@ pub(crate) struct Gossip {
 /// # Errors
 /// [`GossipError`] when chitchat cannot open its socket.
 pub(crate) async fn start(
+    who: &GossipIdentity,
     s: &GossipSettings,
     me: &Published,
     transport: &dyn Transport,
 ) -> Result<Gossip, GossipError> {
     let config = ChitchatConfig {
-        chitchat_id: ChitchatId::new(s.node_id.to_string(), s.generation, s.gossip_addr),
-        cluster_id: s.cluster.clone(),
+        chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),
+        cluster_id: who.cluster.clone(),
         gossip_interval: s.interval,
-        listen_addr: s.gossip_addr,
+        listen_addr: who.gossip_addr,
         seed_nodes: s.seeds.clone(),
         failure_detector_config: FailureDetectorConfig {
             phi_threshold: s.phi_threshold,
@@ -135,7 +130,7 @@ pub(crate) async fn start(
     let handle = chitchat::spawn_chitchat(config, initial, transport)
         .await
         .map_err(|e| GossipError {
-            addr: s.gossip_addr,
+            addr: who.gossip_addr,
             message: format!("{e:#}"),
         })?;
     let mut live = handle.chitchat().lock().await.live_nodes_watcher();

@@ -35,7 +35,7 @@ use super::gossip::Publisher;
 use super::peer::{self, ExchangeError, PeerLinks, ProxiedHandler};
 use super::send_timeout::SendTimeout;
 use super::wire::{self, RequestHead, RequestHeadRef};
-use crate::config::MAX_WEIGHT;
+use crate::config::{IngressSettings, MAX_WEIGHT};
 use crate::engine::membership::MembershipView;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::Router;
@@ -174,27 +174,6 @@ pub(crate) enum WeightError {
     /// or the connection failed).
     #[error("reading the body: {0}")]
     Body(String),
-}
-
-/// Settings of the request path.
-#[derive(Debug, Clone)]
-pub(crate) struct IngressSettings {
-    /// Longest request-target in bytes.
-    pub max_request_target: usize,
-    /// Longest wait for an owner's response head.
-    pub response_timeout: Duration,
-    /// Add `peerlb-served-by`.
-    pub header_served_by: bool,
-    /// Add `peerlb-entry`.
-    pub header_entry: bool,
-    /// Where the rules come from, for reloads.
-    pub rules_source: Option<crate::config::RulesSource>,
-    /// Longest wait for a complete request head, idle keep-alive included.
-    pub header_read_timeout: Duration,
-    /// Longest wait between two reads of a request body.
-    pub body_read_timeout: Duration,
-    /// Longest a write to a client may make no progress.
-    pub send_timeout: Duration,
 }
 
 /// Request counters (monotonic).

@@ -26,18 +26,8 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use super::body::{self, Body, QuicBody};
 use super::tls::{self, TlsMaterial};
 use super::wire::{self, RequestHead, ResponseHead};
+use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
-
-/// Peer link settings.
-#[derive(Debug, Clone)]
-pub(crate) struct PeerSettings {
-    /// QUIC keep-alive interval.
-    pub keep_alive: Duration,
-    /// QUIC idle timeout (a silent peer's connection closes after this).
-    pub idle_timeout: Duration,
-    /// Longest wait for a handshake or a stream to open.
-    pub connect_timeout: Duration,
-}
 
 /// Errors setting up the endpoint.
 #[derive(Debug, thiserror::Error)]

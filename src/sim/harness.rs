@@ -335,7 +335,7 @@ impl<'s> Run<'s> {
         let mut ring_vnodes = 0;
         for ((id, ip), pem) in ids.iter().zip(&ips).zip(pems) {
             let config = file.validate(&src, id, &Overrides::default())?;
-            ring_vnodes = config.vnodes;
+            ring_vnodes = config.routing.vnodes;
             weights.insert(id.clone(), config.node.weight);
             slots.push(Rc::new(NodeSlot {
                 id: id.clone(),

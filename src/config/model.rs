@@ -1,0 +1,294 @@
+//! The serde model of `cluster.toml`: [`ClusterFile`] mirrors the file
+//! (`deny_unknown_fields`, a `Default` per section, a doc per field), and
+//! [`Overrides`] holds the per-node values flags and environment variables
+//! replace. Nothing here checks a value; `validate` does.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::rules::RuleSpec;
+
+/// The whole `cluster.toml` as written (the serde model).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// Cluster name: the chitchat cluster id; nodes of other clusters are ignored.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Balancing policy: a kebab-case name, optionally with `:local`
+    /// affinity (e.g. `consistent-hash`, `least-load:local`).
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// SailFin `data-centric-rules.xml` to take the rules from, relative to
+    /// this file; exclusive with `[[rules]]`. Reloaded when it changes.
+    #[serde(default)]
+    pub rules_file: Option<String>,
+    /// The app: `"builtin"` or the `http://host:port` URL of an upstream app.
+    #[serde(default = "default_app")]
+    pub app: String,
+    /// The client-facing address the sprayer exposes; `peerlb up` binds every
+    /// node there with SO_REUSEPORT. Optional for multi-machine clusters.
+    #[serde(default)]
+    pub sprayer_addr: Option<String>,
+    /// Gossip seed addresses (`host:port`); empty means every node's `gossip_addr`.
+    #[serde(default)]
+    pub seeds: Vec<String>,
+    /// Ring parameters.
+    #[serde(default)]
+    pub ring: RingSection,
+    /// Policy parameters.
+    #[serde(default)]
+    pub balance: BalanceSection,
+    /// TLS material for the peer links.
+    #[serde(default)]
+    pub tls: TlsSection,
+    /// Request limits and timeouts.
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// Informational response headers.
+    #[serde(default)]
+    pub headers: HeadersSection,
+    /// Gossip (chitchat) parameters.
+    #[serde(default)]
+    pub gossip: GossipSection,
+    /// Peer (QUIC) link parameters.
+    #[serde(default)]
+    pub peer: PeerSection,
+    /// The nodes of the cluster.
+    #[serde(default)]
+    pub nodes: Vec<NodeSpec>,
+    /// Data-centric rules, in order; the first non-empty key wins.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+}
+
+fn default_name() -> String {
+    "peerlb".to_owned()
+}
+fn default_policy() -> String {
+    "consistent-hash".to_owned()
+}
+fn default_app() -> String {
+    "builtin".to_owned()
+}
+
+/// `[ring]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RingSection {
+    /// Ring resolution (1..=4096): the ring is a slot table of `256 x vnodes`
+    /// slots (rounded up to a power of two) filled by weighted rendezvous
+    /// hashing; more slots, finer balance.
+    pub vnodes: u32,
+}
+
+impl Default for RingSection {
+    fn default() -> Self {
+        Self {
+            vnodes: crate::engine::ring::DEFAULT_VNODES,
+        }
+    }
+}
+
+/// `[balance]`: parameters of the balancing policies.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalanceSection {
+    /// Bounded-load factor `c` for consistent-hash (HAProxy
+    /// `hash-balance-factor` / 100): a node at or above `c` x the average
+    /// in-flight load is passed over for the next node on the ring. Unset:
+    /// no bound. Range 1.0..=1000.0.
+    pub hash_balance_factor: Option<f64>,
+    /// History proportion `h` of the published load metric (mod_oc4j):
+    /// `smoothed = (1 - h) * metric + h * previous`. Range 0.0..1.0 (default 0.3).
+    pub metric_history: f64,
+    /// In-flight requests at which a node's metric reaches 0 (fully busy), default 100.
+    pub metric_capacity: u32,
+    /// Mean serve time in ms at which a node's metric reaches 0, default
+    /// 1000; 0 leaves latency out of the metric.
+    pub metric_latency_limit_ms: u32,
+}
+
+impl Default for BalanceSection {
+    fn default() -> Self {
+        Self {
+            hash_balance_factor: None,
+            metric_history: 0.3,
+            metric_capacity: 100,
+            metric_latency_limit_ms: 1000,
+        }
+    }
+}
+
+/// `[tls]`. Paths are relative to the directory of the config file (the
+/// current directory for the embedded default).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// Directory holding `ca.pem` and `<node id>.pem` / `<node id>.key`.
+    pub dir: String,
+    /// The cluster CA certificate; default `<dir>/ca.pem`.
+    pub ca: Option<String>,
+    /// This node's certificate; default `<dir>/<node id>.pem`.
+    pub cert: Option<String>,
+    /// This node's private key; default `<dir>/<node id>.key`.
+    pub key: Option<String>,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        Self {
+            dir: "certs".to_owned(),
+            ca: None,
+            cert: None,
+            key: None,
+        }
+    }
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Longest request-target accepted, in bytes; longer gets 414 (default 8192).
+    pub max_request_target: usize,
+    /// Time to wait for an owner's response head, in ms (default 30000); 504 after.
+    pub response_timeout_ms: u64,
+    /// Time to open a peer stream before trying the next candidate, in ms (default 1000).
+    pub connect_timeout_ms: u64,
+    /// On SIGTERM, how long a node keeps serving after publishing `leaving`
+    /// so every peer sees it before listeners close, in ms (default 1500).
+    pub drain_grace_ms: u64,
+    /// On SIGTERM, the longest wait for in-flight requests, in ms (default 30000).
+    pub drain_timeout_ms: u64,
+    /// At start, the longest wait for authenticated connections to every
+    /// live peer before accepting clients, in ms (default 3000). Until then
+    /// a new node would own every key alone.
+    pub startup_wait_ms: u64,
+    /// Longest wait for a client's complete request head, idle keep-alive
+    /// time included, in ms (default 30000); the connection is closed after.
+    pub header_read_timeout_ms: u64,
+    /// Longest wait between two reads of a client's request body, in ms
+    /// (default 30000; nginx's `client_body_timeout`); the request gets 408
+    /// when it has no answer yet, else the connection is cut.
+    pub body_read_timeout_ms: u64,
+    /// Longest a write to a client may make no progress (the client reads
+    /// nothing), in ms (default 60000; nginx's `send_timeout`); the
+    /// connection is closed after.
+    pub send_timeout_ms: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            max_request_target: 8192,
+            response_timeout_ms: 30_000,
+            connect_timeout_ms: 1_000,
+            drain_grace_ms: 1_500,
+            drain_timeout_ms: 30_000,
+            startup_wait_ms: 3_000,
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 30_000,
+            send_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// `[headers]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeadersSection {
+    /// Add `peerlb-served-by: <node id>` to responses (default true).
+    pub served_by: bool,
+    /// Add `peerlb-entry: <node id>` to responses (default true).
+    pub entry: bool,
+}
+
+impl Default for HeadersSection {
+    fn default() -> Self {
+        Self {
+            served_by: true,
+            entry: true,
+        }
+    }
+}
+
+/// `[gossip]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GossipSection {
+    /// Gossip round interval, in ms (default 200).
+    pub interval_ms: u64,
+    /// Phi-accrual threshold above which a member is considered dead (default 8.0).
+    pub phi_threshold: f64,
+    /// How long a dead member is kept before it is forgotten, in ms (default 3600000).
+    pub dead_node_grace_ms: u64,
+}
+
+impl Default for GossipSection {
+    fn default() -> Self {
+        Self {
+            interval_ms: 200,
+            phi_threshold: 8.0,
+            dead_node_grace_ms: 3_600_000,
+        }
+    }
+}
+
+/// `[peer]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeerSection {
+    /// QUIC keep-alive interval, in ms (default 200); must be under `idle_timeout_ms`.
+    pub keep_alive_ms: u64,
+    /// QUIC idle timeout: a peer silent this long is ejected, in ms (default 1000).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for PeerSection {
+    fn default() -> Self {
+        Self {
+            keep_alive_ms: 200,
+            idle_timeout_ms: 1_000,
+        }
+    }
+}
+
+/// One `[[nodes]]` entry.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    /// Stable node id (letters, digits, `-`, `_`, `.`; at most 63 bytes).
+    pub id: String,
+    /// The node's own client HTTP address (`ip:port`).
+    pub http_addr: String,
+    /// The node's peer QUIC address (`ip:port`, UDP).
+    pub peer_addr: String,
+    /// The node's gossip address (`ip:port`, UDP).
+    pub gossip_addr: String,
+    /// Relative weight; 100 is one share (default 100; 0 receives no keys).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    100
+}
+
+/// Per-node values that flags or environment variables override, so N
+/// machines can share one file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--http-addr` / `PEERLB_HTTP_ADDR`.
+    pub http_addr: Option<String>,
+    /// `--peer-addr` / `PEERLB_PEER_ADDR`.
+    pub peer_addr: Option<String>,
+    /// `--gossip-addr` / `PEERLB_GOSSIP_ADDR`.
+    pub gossip_addr: Option<String>,
+    /// `--weight` / `PEERLB_WEIGHT`.
+    pub weight: Option<u32>,
+    /// `--app` / `PEERLB_APP`.
+    pub app: Option<String>,
+    /// `--shared-listen` / `PEERLB_SHARED_LISTEN`: also listen for clients on
+    /// this address with SO_REUSEPORT (what `peerlb up` passes).
+    pub shared_listen: Option<String>,
+}

@@ -1,0 +1,170 @@
+//! The validated configuration of one node ([`NodeConfig`]), grouped by the
+//! part of the node that uses it: each adapter takes its group as it is
+//! (`ingress`, `peer`, `gossip`), the composition root hands the rest to the
+//! engine and to the node's own loops.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::RulesSource;
+use crate::engine::balance::Policy;
+use crate::engine::node_id::NodeId;
+use crate::engine::route::RouterOptions;
+use crate::engine::rules::Rules;
+
+/// The app a node serves requests with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppKind {
+    /// The built-in demo app.
+    Builtin,
+    /// Proxy to a local upstream application at this `http://` URL.
+    Upstream(http::Uri),
+}
+
+/// One node's validated view of a node entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAddrs {
+    /// Node id (checked by [`NodeId::new`]).
+    pub id: NodeId,
+    /// Client HTTP address.
+    pub http_addr: SocketAddr,
+    /// Peer QUIC address.
+    pub peer_addr: SocketAddr,
+    /// Gossip address.
+    pub gossip_addr: SocketAddr,
+    /// Weight (100 = one share).
+    pub weight: u32,
+}
+
+/// Resolved TLS file paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPaths {
+    /// Directory of the cluster's certificates.
+    pub dir: PathBuf,
+    /// CA certificate.
+    pub ca: PathBuf,
+    /// This node's certificate.
+    pub cert: PathBuf,
+    /// This node's key.
+    pub key: PathBuf,
+}
+
+/// Everything one node needs, validated and typed.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Cluster name (`name`).
+    pub cluster: String,
+    /// This node.
+    pub node: NodeAddrs,
+    /// Every node listed in the file (this one included, with overrides applied).
+    pub nodes: Vec<NodeAddrs>,
+    /// Extra client listener shared with SO_REUSEPORT, if any.
+    pub shared_listen: Option<SocketAddr>,
+    /// The app (`app`, `--app`).
+    pub app: AppKind,
+    /// TLS paths (`[tls]`).
+    pub tls: TlsPaths,
+    /// What the engine decides with: policy, rules, ring resolution.
+    pub routing: RoutingSettings,
+    /// The load this node publishes (`[balance] metric_*`).
+    pub metric: MetricSettings,
+    /// The client side of the request path (`[limits]`, `[headers]`).
+    pub ingress: IngressSettings,
+    /// Peer links (`[peer]`, `limits.connect_timeout_ms`).
+    pub peer: PeerSettings,
+    /// Gossip (`seeds`, `[gossip]`).
+    pub gossip: GossipSettings,
+    /// Start-up and shutdown waits (`limits.startup_wait_ms`, `drain_*`).
+    pub lifecycle: LifecycleSettings,
+}
+
+/// What the router decides with.
+#[derive(Debug, Clone)]
+pub struct RoutingSettings {
+    /// Balancing policy (`policy`).
+    pub policy: Policy,
+    /// Router options: bounded load (`balance.hash_balance_factor`).
+    pub router: RouterOptions,
+    /// Compiled data-centric rules (`[[rules]]` or `rules_file`).
+    pub rules: Rules,
+    /// Ring resolution (`ring.vnodes`).
+    pub vnodes: u32,
+}
+
+/// The load metric a node publishes in gossip (mod_oc4j's metric with
+/// smoothing; see `engine::balance::metric`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricSettings {
+    /// Smoothing history `h`, in `0.0..1.0` (`balance.metric_history`).
+    pub history: f64,
+    /// In-flight requests at which the metric is 0 (`balance.metric_capacity`).
+    pub capacity: u32,
+    /// Serve time in ms at which the metric is 0; 0 ignores latency
+    /// (`balance.metric_latency_limit_ms`).
+    pub latency_limit_ms: u32,
+}
+
+/// The ingress (client-facing) side of the request path.
+#[derive(Debug, Clone)]
+pub struct IngressSettings {
+    /// Longest request-target in bytes (`limits.max_request_target`).
+    pub max_request_target: usize,
+    /// Longest wait for an owner's response head (`limits.response_timeout_ms`).
+    pub response_timeout: Duration,
+    /// Add `peerlb-served-by` (`headers.served_by`).
+    pub header_served_by: bool,
+    /// Add `peerlb-entry` (`headers.entry`).
+    pub header_entry: bool,
+    /// Where the rules come from, for reloads; `None` when they cannot
+    /// change (the embedded default's `[[rules]]`).
+    pub rules_source: Option<RulesSource>,
+    /// Longest wait for a complete request head, idle keep-alive included
+    /// (`limits.header_read_timeout_ms`).
+    pub header_read_timeout: Duration,
+    /// Longest wait between two reads of a request body
+    /// (`limits.body_read_timeout_ms`).
+    pub body_read_timeout: Duration,
+    /// Longest a write to a client may make no progress
+    /// (`limits.send_timeout_ms`).
+    pub send_timeout: Duration,
+}
+
+/// Peer link (QUIC) settings.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    /// QUIC keep-alive interval (`peer.keep_alive_ms`).
+    pub keep_alive: Duration,
+    /// QUIC idle timeout: a silent peer's connection closes after this
+    /// (`peer.idle_timeout_ms`).
+    pub idle_timeout: Duration,
+    /// Longest wait for a handshake or a stream to open
+    /// (`limits.connect_timeout_ms`).
+    pub connect_timeout: Duration,
+}
+
+/// Gossip (chitchat) settings.
+#[derive(Debug, Clone)]
+pub struct GossipSettings {
+    /// Seed addresses (`seeds`; every other node's `gossip_addr` when empty).
+    pub seeds: Vec<String>,
+    /// Gossip round interval (`gossip.interval_ms`).
+    pub interval: Duration,
+    /// Phi accrual failure-detector threshold (`gossip.phi_threshold`).
+    pub phi_threshold: f64,
+    /// How long dead members are kept (`gossip.dead_node_grace_ms`).
+    pub dead_node_grace: Duration,
+}
+
+/// Start-up and shutdown waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifecycleSettings {
+    /// Longest wait for peer connections before accepting clients
+    /// (`limits.startup_wait_ms`).
+    pub startup_wait: Duration,
+    /// Serve-after-leaving grace on SIGTERM (`limits.drain_grace_ms`).
+    pub drain_grace: Duration,
+    /// Longest wait for in-flight requests on SIGTERM
+    /// (`limits.drain_timeout_ms`).
+    pub drain_timeout: Duration,
+}

@@ -1,0 +1,327 @@
+//! Validation errors name their field; the embedded default is valid.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::engine::balance::Policy;
+
+fn src(text: &str) -> Source {
+    Source {
+        origin: "test.toml".into(),
+        base_dir: PathBuf::from("/etc/peerlb"),
+        path: None,
+        text: text.into(),
+    }
+}
+
+fn validate(text: &str, node: &str) -> Result<NodeConfig, ConfigError> {
+    let s = src(text);
+    s.parse()?.validate(&s, node, &Overrides::default())
+}
+
+#[test]
+fn embedded_default_is_valid_three_nodes_on_loopback() {
+    let s = Source::load(None).unwrap();
+    let c = s
+        .parse()
+        .unwrap()
+        .validate(&s, "n2", &Overrides::default())
+        .unwrap();
+    assert_eq!(c.nodes.len(), 3);
+    assert_eq!(&*c.node.id, "n2");
+    assert_eq!(c.node.http_addr, "127.0.0.1:8082".parse().unwrap());
+    assert_eq!(
+        c.routing.policy,
+        Policy::from(crate::engine::balance::PolicyKind::ConsistentHash)
+    );
+    assert_eq!(c.app, AppKind::Builtin);
+    assert_eq!(c.ingress.max_request_target, 8192);
+    assert_eq!(c.gossip.seeds, vec!["127.0.0.1:7181", "127.0.0.1:7183"]);
+    assert_eq!(c.tls.cert, PathBuf::from("./certs/n2.pem"));
+    assert!(!c.routing.rules.is_empty());
+    let f = s.parse().unwrap();
+    assert_eq!(f.sprayer_addr.as_deref(), Some("127.0.0.1:8080"));
+}
+
+#[test]
+fn unknown_field_is_named() {
+    let e = validate("name = \"x\"\nbogus = 1\n", "n1").unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }));
+    assert!(e.to_string().contains("bogus"), "{e}");
+}
+
+const ONE: &str = "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:1\"\npeer_addr = \"127.0.0.1:2\"\ngossip_addr = \"127.0.0.1:3\"\n";
+
+#[test]
+fn bad_address_names_the_field_path() {
+    let text = format!(
+        "{ONE}[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"nowhere\"\ngossip_addr = \"127.0.0.1:6\"\n"
+    );
+    let e = validate(&text, "n1").unwrap_err().to_string();
+    assert!(e.starts_with("test.toml: nodes[1].peer_addr: "), "{e}");
+}
+
+#[test]
+fn duplicate_ids_and_addresses_are_refused() {
+    let dup = format!("{ONE}{ONE}");
+    let e = validate(&dup, "n1").unwrap_err().to_string();
+    assert!(e.contains("nodes[1].id"), "{e}");
+    let clash = format!(
+        "{ONE}[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:2\"\ngossip_addr = \"127.0.0.1:6\"\n"
+    );
+    let e = validate(&clash, "n1").unwrap_err().to_string();
+    assert!(e.contains("nodes[1].peer_addr"), "{e}");
+}
+
+#[test]
+fn bad_policy_app_vnodes_and_timeouts_are_named() {
+    for (text, field) in [
+        (format!("policy = \"fastest\"\n{ONE}"), "policy"),
+        (format!("app = \"ftp://x\"\n{ONE}"), "app"),
+        (format!("[ring]\nvnodes = 0\n{ONE}"), "ring.vnodes"),
+        (
+            format!("[peer]\nkeep_alive_ms = 2000\nidle_timeout_ms = 1000\n{ONE}"),
+            "peer.keep_alive_ms",
+        ),
+        (
+            format!("[limits]\nresponse_timeout_ms = 0\n{ONE}"),
+            "limits.response_timeout_ms",
+        ),
+        (
+            format!("[limits]\nbody_read_timeout_ms = 0\n{ONE}"),
+            "limits.body_read_timeout_ms",
+        ),
+        (String::new(), "nodes"),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+    }
+}
+
+#[test]
+fn policies_with_local_affinity_and_balance_ranges() {
+    let c = validate(&format!("policy = \"least-load:local\"\n{ONE}"), "n1").unwrap();
+    assert_eq!(c.routing.policy.to_string(), "least-load:local");
+    for (text, field) in [
+        (
+            format!("policy = \"consistent-hash:local\"\n{ONE}"),
+            "policy",
+        ),
+        (
+            format!("[balance]\nhash_balance_factor = 0.5\n{ONE}"),
+            "balance.hash_balance_factor",
+        ),
+        (
+            format!("[balance]\nmetric_history = 1.0\n{ONE}"),
+            "balance.metric_history",
+        ),
+        (
+            format!("[balance]\nmetric_capacity = 0\n{ONE}"),
+            "balance.metric_capacity",
+        ),
+        (
+            format!("rules_file = \"r.xml\"\n{ONE}[[rules]]\nextract = [{{ query = \"u\" }}]\n"),
+            "rules_file",
+        ),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+    }
+    let c = validate(
+        &format!("[balance]\nhash_balance_factor = 1.25\n{ONE}"),
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(c.routing.router.hash_balance_factor, Some(1.25));
+}
+
+#[test]
+fn a_missing_rules_file_names_the_file() {
+    let e = validate(&format!("rules_file = \"nope.xml\"\n{ONE}"), "n1")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("test.toml: rules_file: /etc/peerlb/nope.xml: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn addresses_that_cannot_work_are_refused() {
+    let node = |i: u32, http: &str, peer: &str, gossip: &str| {
+        format!(
+            "[[nodes]]\nid = \"n{i}\"\nhttp_addr = \"{http}\"\npeer_addr = \"{peer}\"\ngossip_addr = \"{gossip}\"\n"
+        )
+    };
+    for (text, field) in [
+        (
+            node(1, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:2"),
+            "nodes[0].gossip_addr",
+        ),
+        (
+            node(1, "127.0.0.1:1", "127.0.0.1:0", "127.0.0.1:3"),
+            "nodes[0].peer_addr",
+        ),
+        (
+            node(1, "127.0.0.1:1", "0.0.0.0:2", "127.0.0.1:3"),
+            "nodes[0].peer_addr",
+        ),
+        (
+            node(1, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+                + &node(2, "127.0.0.1:4", "127.0.0.1:3", "127.0.0.1:6"),
+            "nodes[1].peer_addr",
+        ),
+        (
+            format!("sprayer_addr = \"127.0.0.1:1\"\n{ONE}"),
+            "sprayer_addr",
+        ),
+        (
+            ONE.replace(
+                "gossip_addr = \"127.0.0.1:3\"",
+                "gossip_addr = \"127.0.0.1:3\"\nweight = 0",
+            ),
+            "nodes",
+        ),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+    }
+}
+
+#[test]
+fn bad_rule_is_reported_under_rules() {
+    let text = format!("{ONE}[[rules]]\nextract = [{{ path_regex = \"(\" }}]\n");
+    let e = validate(&text, "n1").unwrap_err().to_string();
+    assert!(
+        e.starts_with("test.toml: rules[0].extract[0].path_regex: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_node_needs_all_addresses() {
+    let e = validate(ONE, "n9").unwrap_err().to_string();
+    assert!(e.contains("--node") && e.contains("n1"), "{e}");
+    let s = src(ONE);
+    let ov = Overrides {
+        http_addr: Some("127.0.0.1:11".into()),
+        peer_addr: Some("127.0.0.1:12".into()),
+        gossip_addr: Some("127.0.0.1:13".into()),
+        weight: Some(50),
+        ..Overrides::default()
+    };
+    let c = s.parse().unwrap().validate(&s, "n9", &ov).unwrap();
+    assert_eq!(c.nodes.len(), 2);
+    assert_eq!(c.node.weight, 50);
+    assert_eq!(c.gossip.seeds, vec!["127.0.0.1:3"]);
+}
+
+#[test]
+fn overrides_replace_per_node_values() {
+    let s = src(ONE);
+    let ov = Overrides {
+        http_addr: Some("127.0.0.1:9999".into()),
+        app: Some("http://127.0.0.1:9000".into()),
+        ..Overrides::default()
+    };
+    let c = s.parse().unwrap().validate(&s, "n1", &ov).unwrap();
+    assert_eq!(c.node.http_addr, "127.0.0.1:9999".parse().unwrap());
+    assert_eq!(c.nodes[0].http_addr, c.node.http_addr);
+    assert!(matches!(c.app, AppKind::Upstream(_)));
+    let bad = Overrides {
+        gossip_addr: Some("x".into()),
+        ..Overrides::default()
+    };
+    let e = s
+        .parse()
+        .unwrap()
+        .validate(&s, "n1", &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--gossip-addr"), "{e}");
+}
+
+#[test]
+fn address_flags_keep_the_file_rules() {
+    let two = format!(
+        "{ONE}[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:5\"\ngossip_addr = \"127.0.0.1:6\"\n"
+    );
+    let s = src(&two);
+    let file = s.parse().unwrap();
+    let flag = |http: Option<&str>, peer: Option<&str>, gossip: Option<&str>| Overrides {
+        http_addr: http.map(Into::into),
+        peer_addr: peer.map(Into::into),
+        gossip_addr: gossip.map(Into::into),
+        ..Overrides::default()
+    };
+    for (ov, node, field, says) in [
+        (
+            flag(Some("127.0.0.1:0"), None, None),
+            "n1",
+            "--http-addr",
+            "port 0",
+        ),
+        (
+            flag(None, Some("0.0.0.0:7"), None),
+            "n1",
+            "--peer-addr",
+            "0.0.0.0",
+        ),
+        (
+            flag(None, None, Some("127.0.0.1:0")),
+            "n1",
+            "--gossip-addr",
+            "port 0",
+        ),
+        (
+            flag(Some("127.0.0.1:4"), None, None),
+            "n1",
+            "--http-addr",
+            "nodes[1]",
+        ),
+        (
+            flag(None, Some("127.0.0.1:3"), None),
+            "n1",
+            "--peer-addr",
+            "peer_addr",
+        ),
+        (
+            flag(None, Some("127.0.0.1:6"), None),
+            "n1",
+            "--peer-addr",
+            "nodes[1]",
+        ),
+        // A node joining with all three flags gets the same rules.
+        (
+            flag(
+                Some("127.0.0.1:8"),
+                Some("127.0.0.1:5"),
+                Some("127.0.0.1:9"),
+            ),
+            "n3",
+            "--peer-addr",
+            "nodes[1]",
+        ),
+    ] {
+        let e = file.validate(&s, node, &ov).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(": {field}: ")) && e.contains(says),
+            "{field}: {e}"
+        );
+    }
+    // Values that keep the rules still pass.
+    let ok = flag(
+        Some("127.0.0.1:7"),
+        Some("127.0.0.1:8"),
+        Some("127.0.0.1:9"),
+    );
+    file.validate(&s, "n1", &ok).unwrap();
+    file.validate(&s, "n3", &ok).unwrap();
+}
+
+#[test]
+fn tls_paths_are_relative_to_the_config_file() {
+    let c = validate(ONE, "n1").unwrap();
+    assert_eq!(c.tls.ca, PathBuf::from("/etc/peerlb/certs/ca.pem"));
+    assert_eq!(c.tls.key, PathBuf::from("/etc/peerlb/certs/n1.key"));
+}

@@ -1,0 +1,433 @@
+//! Validation of the file model into typed values: [`ClusterFile::check`]
+//! (the whole file, whichever node runs) and [`ClusterFile::validate`] (one
+//! node, with its overrides). Every error names the field path
+//! (`nodes[1].peer_addr`) or the flag (`--peer-addr`) at fault.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{
+    AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
+    MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings,
+    RulesSource, Source, TlsPaths,
+};
+use crate::engine::balance::Policy;
+use crate::engine::node_id::NodeId;
+use crate::engine::route::RouterOptions;
+
+impl ClusterFile {
+    /// Checks the whole file (every node, every rule), independent of which
+    /// node will run. Used by `peerlb check-config` and before [`Self::validate`].
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first offending field.
+    pub fn check(&self, src: &Source) -> Result<Vec<NodeAddrs>, ConfigError> {
+        let inv = |field: &str, message: String| ConfigError::Invalid {
+            origin: src.origin.clone(),
+            field: field.to_owned(),
+            message,
+        };
+        if self.name.is_empty() {
+            return Err(inv("name", "must not be empty".into()));
+        }
+        parse_policy(&self.policy).map_err(|m| inv("policy", m))?;
+        parse_app(&self.app).map_err(|m| inv("app", m))?;
+        if let Some(s) = &self.sprayer_addr {
+            parse_addr(s).map_err(|m| inv("sprayer_addr", m))?;
+        }
+        if !(1..=4096).contains(&self.ring.vnodes) {
+            return Err(inv(
+                "ring.vnodes",
+                format!("{} is out of range 1..=4096", self.ring.vnodes),
+            ));
+        }
+        if self.tls.dir.is_empty() {
+            return Err(inv("tls.dir", "must not be empty".into()));
+        }
+        let l = &self.limits;
+        // hyper's HTTP/1 parser answers 414 itself past 65534 bytes.
+        if !(64..=65_534).contains(&l.max_request_target) {
+            return Err(inv(
+                "limits.max_request_target",
+                format!("{} is out of range 64..=65534", l.max_request_target),
+            ));
+        }
+        for (name, v) in [
+            ("limits.response_timeout_ms", l.response_timeout_ms),
+            ("limits.connect_timeout_ms", l.connect_timeout_ms),
+            ("limits.drain_timeout_ms", l.drain_timeout_ms),
+            ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+            ("limits.send_timeout_ms", l.send_timeout_ms),
+            ("gossip.interval_ms", self.gossip.interval_ms),
+            ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
+            ("peer.keep_alive_ms", self.peer.keep_alive_ms),
+            ("peer.idle_timeout_ms", self.peer.idle_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(inv(name, "must be greater than 0".into()));
+            }
+        }
+        if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
+            return Err(inv(
+                "peer.keep_alive_ms",
+                format!(
+                    "{} must be less than peer.idle_timeout_ms ({})",
+                    self.peer.keep_alive_ms, self.peer.idle_timeout_ms
+                ),
+            ));
+        }
+        if !(self.gossip.phi_threshold.is_finite() && self.gossip.phi_threshold > 0.0) {
+            return Err(inv(
+                "gossip.phi_threshold",
+                format!("{} must be a positive number", self.gossip.phi_threshold),
+            ));
+        }
+        for (i, s) in self.seeds.iter().enumerate() {
+            if s.is_empty() || !s.contains(':') {
+                return Err(inv(
+                    &format!("seeds[{i}]"),
+                    format!("{s:?} is not host:port"),
+                ));
+            }
+        }
+        if self.nodes.is_empty() {
+            return Err(inv(
+                "nodes",
+                "at least one [[nodes]] entry is required".into(),
+            ));
+        }
+        let mut out: Vec<NodeAddrs> = Vec::with_capacity(self.nodes.len());
+        for (i, n) in self.nodes.iter().enumerate() {
+            let f = |k: &str| format!("nodes[{i}].{k}");
+            let id = NodeId::new(&n.id).map_err(|e| inv(&f("id"), e.to_string()))?;
+            let a = NodeAddrs {
+                id,
+                http_addr: parse_addr(&n.http_addr).map_err(|m| inv(&f("http_addr"), m))?,
+                peer_addr: parse_addr(&n.peer_addr).map_err(|m| inv(&f("peer_addr"), m))?,
+                gossip_addr: parse_addr(&n.gossip_addr).map_err(|m| inv(&f("gossip_addr"), m))?,
+                weight: n.weight,
+            };
+            if n.weight > MAX_WEIGHT {
+                return Err(inv(
+                    &f("weight"),
+                    format!("{} is out of range 0..={MAX_WEIGHT}", n.weight),
+                ));
+            }
+            for (j, prev) in out.iter().enumerate() {
+                if prev.id.eq_ignore_ascii_case(&a.id) {
+                    return Err(inv(&f("id"), format!("{:?} is also nodes[{j}].id", n.id)));
+                }
+            }
+            if let Some((k, m)) = addr_problem(&a, out.iter().enumerate()) {
+                return Err(inv(&f(k), m));
+            }
+            out.push(a);
+        }
+        if out.iter().all(|n| n.weight == 0) {
+            return Err(inv(
+                "nodes",
+                "every node has weight 0: no node would receive requests".into(),
+            ));
+        }
+        if let Some(s) = self
+            .sprayer_addr
+            .as_deref()
+            .and_then(|s| parse_addr(s).ok())
+            && let Some(i) = out.iter().position(|n| n.http_addr == s)
+        {
+            return Err(inv(
+                "sprayer_addr",
+                format!("{s} is also nodes[{i}].http_addr; the shared address must be its own"),
+            ));
+        }
+        let b = &self.balance;
+        if let Some(c) = b.hash_balance_factor
+            && !(1.0..=1000.0).contains(&c)
+        {
+            return Err(inv(
+                "balance.hash_balance_factor",
+                format!("{c} is out of range 1.0..=1000.0"),
+            ));
+        }
+        if !(0.0..1.0).contains(&b.metric_history) {
+            return Err(inv(
+                "balance.metric_history",
+                format!("{} is out of range 0.0..1.0", b.metric_history),
+            ));
+        }
+        if b.metric_capacity == 0 {
+            return Err(inv(
+                "balance.metric_capacity",
+                "must be greater than 0".into(),
+            ));
+        }
+        self.rules_source(src)?.load().map_err(|e| match e {
+            // A rules file that cannot be read is the `rules_file` field's fault.
+            ConfigError::Read { path, source } if self.rules_file.is_some() => {
+                inv("rules_file", format!("{path}: {source}"))
+            }
+            e => e,
+        })?;
+        Ok(out)
+    }
+
+    /// Validates the file for node `node_id` with `overrides` applied.
+    /// A node id not listed in the file is accepted when the overrides give
+    /// all three of its addresses (a node joining a running cluster).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first offending field (or flag).
+    pub fn validate(
+        &self,
+        src: &Source,
+        node_id: &str,
+        ov: &Overrides,
+    ) -> Result<NodeConfig, ConfigError> {
+        let inv = |field: &str, message: String| ConfigError::Invalid {
+            origin: src.origin.clone(),
+            field: field.to_owned(),
+            message,
+        };
+        let mut nodes = self.check(src)?;
+        let id = NodeId::new(node_id).map_err(|e| inv("--node", e.to_string()))?;
+        let pos = nodes.iter().position(|n| &*n.id == node_id);
+        let addr_flag =
+            |flag: &str, v: &Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
+                v.as_deref()
+                    .map(|s| parse_addr(s).map_err(|m| inv(flag, m)))
+                    .transpose()
+            };
+        let http = addr_flag("--http-addr", &ov.http_addr)?;
+        let peer = addr_flag("--peer-addr", &ov.peer_addr)?;
+        let gossip = addr_flag("--gossip-addr", &ov.gossip_addr)?;
+        let me = match pos {
+            Some(i) => {
+                let n = &mut nodes[i];
+                n.http_addr = http.unwrap_or(n.http_addr);
+                n.peer_addr = peer.unwrap_or(n.peer_addr);
+                n.gossip_addr = gossip.unwrap_or(n.gossip_addr);
+                n.weight = ov.weight.unwrap_or(n.weight);
+                n.clone()
+            }
+            None => {
+                let (Some(http_addr), Some(peer_addr), Some(gossip_addr)) = (http, peer, gossip)
+                else {
+                    let known: Vec<&str> = nodes.iter().map(|n| &*n.id).collect();
+                    return Err(inv(
+                        "--node",
+                        format!(
+                            "{node_id:?} is not in [[nodes]] (known: {}); a new node needs \
+                             --http-addr, --peer-addr and --gossip-addr",
+                            known.join(", ")
+                        ),
+                    ));
+                };
+                let n = NodeAddrs {
+                    id,
+                    http_addr,
+                    peer_addr,
+                    gossip_addr,
+                    weight: ov.weight.unwrap_or(100),
+                };
+                nodes.push(n.clone());
+                n
+            }
+        };
+        // The flags get the same address rules as the file.
+        if http.is_some() || peer.is_some() || gossip.is_some() {
+            let others = nodes.iter().enumerate().filter(|(_, n)| n.id != me.id);
+            if let Some((k, m)) = addr_problem(&me, others) {
+                // Name the flag when this node's value came from one.
+                let flag = match k {
+                    "http_addr" if http.is_some() => "--http-addr",
+                    "peer_addr" if peer.is_some() => "--peer-addr",
+                    "gossip_addr" if gossip.is_some() => "--gossip-addr",
+                    // gossip_addr == peer_addr: the one that was overridden.
+                    "gossip_addr" if peer.is_some() => "--peer-addr",
+                    _ => "--node",
+                };
+                return Err(inv(flag, format!("{m} (this node's {k})")));
+            }
+        }
+        if me.weight > MAX_WEIGHT {
+            return Err(inv(
+                "--weight",
+                format!("{} is out of range 0..={MAX_WEIGHT}", me.weight),
+            ));
+        }
+        let app = parse_app(ov.app.as_deref().unwrap_or(&self.app))
+            .map_err(|m| inv(if ov.app.is_some() { "--app" } else { "app" }, m))?;
+        let shared_listen = addr_flag("--shared-listen", &ov.shared_listen)?;
+        if shared_listen == Some(me.http_addr) {
+            return Err(inv(
+                "--shared-listen",
+                format!("{} is this node's http_addr", me.http_addr),
+            ));
+        }
+        let seeds = if self.seeds.is_empty() {
+            nodes
+                .iter()
+                .filter(|n| n.id != me.id)
+                .map(|n| n.gossip_addr.to_string())
+                .collect()
+        } else {
+            self.seeds.clone()
+        };
+        let dir = src.base_dir.join(&self.tls.dir);
+        let path_or = |p: &Option<String>, default: PathBuf| {
+            p.as_ref().map_or(default, |p| src.base_dir.join(p))
+        };
+        let tls = TlsPaths {
+            ca: path_or(&self.tls.ca, dir.join("ca.pem")),
+            cert: path_or(&self.tls.cert, dir.join(format!("{node_id}.pem"))),
+            key: path_or(&self.tls.key, dir.join(format!("{node_id}.key"))),
+            dir,
+        };
+        let ms = Duration::from_millis;
+        let rules_source = self.rules_source(src)?;
+        Ok(NodeConfig {
+            cluster: self.name.clone(),
+            node: me,
+            nodes,
+            shared_listen,
+            app,
+            tls,
+            routing: RoutingSettings {
+                policy: parse_policy(&self.policy).map_err(|m| inv("policy", m))?,
+                router: RouterOptions {
+                    hash_balance_factor: self.balance.hash_balance_factor,
+                },
+                rules: rules_source.load()?,
+                vnodes: self.ring.vnodes,
+            },
+            metric: MetricSettings {
+                history: self.balance.metric_history,
+                capacity: self.balance.metric_capacity,
+                latency_limit_ms: self.balance.metric_latency_limit_ms,
+            },
+            ingress: IngressSettings {
+                max_request_target: self.limits.max_request_target,
+                response_timeout: ms(self.limits.response_timeout_ms),
+                header_served_by: self.headers.served_by,
+                header_entry: self.headers.entry,
+                rules_source: match rules_source {
+                    RulesSource::Inline(_) => None,
+                    s => Some(s),
+                },
+                header_read_timeout: ms(self.limits.header_read_timeout_ms),
+                body_read_timeout: ms(self.limits.body_read_timeout_ms),
+                send_timeout: ms(self.limits.send_timeout_ms),
+            },
+            peer: PeerSettings {
+                keep_alive: ms(self.peer.keep_alive_ms),
+                idle_timeout: ms(self.peer.idle_timeout_ms),
+                connect_timeout: ms(self.limits.connect_timeout_ms),
+            },
+            gossip: GossipSettings {
+                seeds,
+                interval: ms(self.gossip.interval_ms),
+                phi_threshold: self.gossip.phi_threshold,
+                dead_node_grace: ms(self.gossip.dead_node_grace_ms),
+            },
+            lifecycle: LifecycleSettings {
+                startup_wait: ms(self.limits.startup_wait_ms),
+                drain_grace: ms(self.limits.drain_grace_ms),
+                drain_timeout: ms(self.limits.drain_timeout_ms),
+            },
+        })
+    }
+}
+
+impl ClusterFile {
+    fn rules_source(&self, src: &Source) -> Result<RulesSource, ConfigError> {
+        match (&self.rules_file, src.path.as_ref()) {
+            (Some(_), _) if !self.rules.is_empty() => Err(ConfigError::Invalid {
+                origin: src.origin.clone(),
+                field: "rules_file".into(),
+                message: "give either rules_file or [[rules]], not both".into(),
+            }),
+            (Some(f), _) => Ok(RulesSource::Xml(src.base_dir.join(f))),
+            (None, Some(p)) => Ok(RulesSource::Toml(p.clone())),
+            (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
+        }
+    }
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("{s:?} is not an ip:port socket address"))
+}
+
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    s.parse::<Policy>().map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn parse_app(s: &str) -> Result<AppKind, String> {
+    if s == "builtin" {
+        return Ok(AppKind::Builtin);
+    }
+    let uri: http::Uri = s
+        .parse()
+        .map_err(|_| format!("{s:?} is neither \"builtin\" nor an http:// URL"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!(
+            "{s:?} is neither \"builtin\" nor an http://host:port URL (https upstreams are not supported)"
+        ));
+    }
+    Ok(AppKind::Upstream(uri))
+}
+
+/// The address rules one node must keep, alone and against `others`
+/// (index in `[[nodes]]`, node): every port advertisable, peer and gossip
+/// addresses dialable (not 0.0.0.0 or ::), its two UDP addresses apart, its
+/// TCP address apart from every other TCP address and its UDP addresses
+/// from every other UDP address. The first broken rule: (field, message).
+fn addr_problem<'a>(
+    a: &NodeAddrs,
+    others: impl IntoIterator<Item = (usize, &'a NodeAddrs)>,
+) -> Option<(&'static str, String)> {
+    for (k, addr) in [
+        ("http_addr", a.http_addr),
+        ("peer_addr", a.peer_addr),
+        ("gossip_addr", a.gossip_addr),
+    ] {
+        if addr.port() == 0 {
+            return Some((k, format!("{addr}: port 0 cannot be advertised to peers")));
+        }
+    }
+    for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
+        if addr.ip().is_unspecified() {
+            return Some((
+                k,
+                format!(
+                    "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
+                ),
+            ));
+        }
+    }
+    if a.peer_addr == a.gossip_addr {
+        return Some((
+            "gossip_addr",
+            format!(
+                "{} is also this node's peer_addr (both are UDP)",
+                a.gossip_addr
+            ),
+        ));
+    }
+    for (j, other) in others {
+        for (k, mine, theirs) in [
+            ("http_addr", a.http_addr, other.http_addr),
+            ("peer_addr", a.peer_addr, other.peer_addr),
+            ("peer_addr", a.peer_addr, other.gossip_addr),
+            ("gossip_addr", a.gossip_addr, other.gossip_addr),
+            ("gossip_addr", a.gossip_addr, other.peer_addr),
+        ] {
+            if mine == theirs {
+                return Some((k, format!("{mine} is also used by nodes[{j}]")));
+            }
+        }
+    }
+    None
+}
