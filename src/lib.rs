@@ -16,11 +16,13 @@
 //! - `engine/` (I/O-free, no clock, seeded randomness): `ring` (consistent
 //!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
 //!   (sticky route cookie / URL parameter), `balance` (policies),
-//!   `membership` (immutable [`MembershipView`]), `route` (the decision).
+//!   `node_id` ([`NodeId`] and its naming rules), `membership` (immutable
+//!   [`MembershipView`]), `route` (the decision).
 //! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
 //!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path), `app` (built-in and upstream app),
-//!   `tls` (cluster CA, node certificates, mutual TLS).
+//!   `tls` (identity, issuance, configs: cluster CA, node certificates,
+//!   mutual TLS).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
