@@ -1,7 +1,7 @@
 //! `cluster.toml`: the serde model of the file and its validation into a
 //! [`NodeConfig`] for one node.
 //!
-//! Two layers: [`ClusterFile`] mirrors the file exactly
+//! Two layers (docs/architecture.md, "Configuration in two layers"): [`ClusterFile`] mirrors the file exactly
 //! (`deny_unknown_fields`, a `Default` per section, a doc per field); then
 //! [`ClusterFile::validate`] turns it, plus per-node [`Overrides`] from flags
 //! and environment variables, into typed values. Every error names the field

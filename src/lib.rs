@@ -26,8 +26,9 @@
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
-//! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`,
-//!   `app`: the built-in app alone, a benchmark backend).
+//! - `main.rs` and `cli/` (binary crate): the `peerlb` CLI, one file per
+//!   command (`node`, `up`, `certs`, `check-config`, `route`, `app`: the
+//!   built-in app alone, a benchmark backend).
 //! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
 //!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 

@@ -28,7 +28,7 @@ async fn a3_weighted_round_robin_70_30_gives_the_byrequests_schedule() {
         assert_eq!(r.status, 200);
         seq += if r.served_by() == "n1" { "a" } else { "b" };
     }
-    // mod_proxy_balancer byrequests, lbfactor 70/30 (cases/algorithms.md A3).
+    // mod_proxy_balancer byrequests, lbfactor 70/30 (docs/cases.md, case A3).
     assert_eq!(seq, "abaaabaaba".repeat(2));
 }
 

@@ -1,4 +1,4 @@
-//! The simulation tier (STYLE.md 9): every scenario in `simulations/` on
+//! The simulation tier (CONTRIBUTING.md, "The tiers"): every scenario in `simulations/` on
 //! its seeds, the determinism canaries, and what the harness's adapters
 //! promise. Needs `--features sim` and `RUSTFLAGS="--cfg tokio_unstable"`
 //! (see simulations/README.md): `simulations/peerlb-sim test`.

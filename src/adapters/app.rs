@@ -10,6 +10,9 @@
 //! | `/echo` | streams the request body back |
 //! | `/delay/<ms>` | waits `ms` milliseconds (at most 60000), then answers like any other path |
 //! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
+//!
+//! Case code (H4) names a case of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

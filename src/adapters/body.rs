@@ -116,7 +116,8 @@ const COALESCE_BELOW: usize = 16 * 1024;
 /// quinn holds it (`read_chunk`), not a copy into a buffer of our own.
 /// With a known length (`Content-Length`), it looks for the FIN right after
 /// the last byte, so the stream is read to its end and dropping the body
-/// costs no STOP_SENDING frame (DESIGN.md, performance notes).
+/// costs no STOP_SENDING frame (docs/architecture.md, "Read every response
+/// stream to its end").
 pub(crate) struct QuicBody {
     recv: quinn::RecvStream,
     remaining: Option<u64>,

@@ -16,6 +16,9 @@
 //! from gossip, in any order), and a position is never an identity, so ids
 //! sorted ascending are the only order that gives every entry node the same
 //! schedule.
+//!
+//! Case codes (A1, A4, A5, A6, A8, A9, A10, A11) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::fmt;
 use std::str::FromStr;

@@ -4,6 +4,9 @@
 //! The gossip adapter turns chitchat's live node states into `Member`s and
 //! builds a new view whenever they change; the view builds the consistent-hash
 //! ring once, from the members whose status is [`NodeStatus::Serving`].
+//!
+//! Case codes (C5, C9) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -41,6 +41,9 @@
 //! pairs and of `vnodes` only. Nodes are identified by id (never by an index
 //! into the caller's list); the per-node hash input is length-prefixed so no
 //! two ids share one (case C1); rank ties fall to the lower node id.
+//!
+//! Case codes (C1, C2, C6) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::cmp::Ordering;
 

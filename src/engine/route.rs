@@ -1,7 +1,7 @@
 //! The routing decision: `decide(request, membership view, now, rng)` gives
 //! the owner of a request and the failover order ([`Decision`]).
 //!
-//! Order of precedence (DESIGN.md, "What the seeds' algorithms mean exactly"):
+//! Order of precedence (docs/architecture.md, "What the policies mean exactly"):
 //!
 //! 1. No serving member at all: the entry node serves the request itself.
 //! 2. A sticky route (cookie or `;peerlb-route=` parameter) naming a
@@ -31,6 +31,9 @@
 //! count and makes consecutive requests from one entry spread at once
 //! instead of piling onto a node until the next gossip round.
 //! [`Router::decide`] passes 0 for every node.
+//!
+//! Case codes (C7, H2, H4) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::cmp::Ordering;
 use std::fmt;

@@ -42,6 +42,9 @@
 //! A nested rule may also have `when` conditions, checked first. Rules are
 //! tried in order; the first rule yielding a non-empty key wins. With no
 //! rule yielding a key the router uses [`default_key`] (case H2).
+//!
+//! Case code (H2) names a case of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::borrow::Cow;
 use std::fmt;

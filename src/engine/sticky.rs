@@ -10,6 +10,9 @@
 //!
 //! A route is only a hint: the router honours it only when it names a serving
 //! member (a forged or stale route gains nothing, cases H4 and C7).
+//!
+//! Case codes (C7, H4) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::borrow::Cow;
 

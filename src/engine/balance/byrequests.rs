@@ -14,6 +14,9 @@
 //! it; a worker never seen before starts at 0. Entries of workers absent
 //! from the usable set are forgotten only once the table holds more than
 //! twice the usable workers plus 16 (bounded memory under churn).
+//!
+//! Case codes (A1, A2, A4) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::collections::BTreeMap;
 

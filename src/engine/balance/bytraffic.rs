@@ -13,6 +13,9 @@
 //! (or returns to) the usable set starts at the lowest traffic per lbfactor of
 //! the workers already there instead of at its old (or zero) count, so it
 //! takes its share from then on without a catch-up burst.
+//!
+//! Case code (A11) names a case of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;

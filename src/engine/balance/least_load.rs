@@ -8,6 +8,9 @@
 //! Nodes of weight 0 are not candidates. Among the nodes tied at the lowest
 //! `Nw`, the pick is the first id after the id of the previous pick
 //! (wrapping), as [`RoundRobin`] does over the whole set.
+//!
+//! Case code (A9) names a case of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::cmp::Ordering;
 

@@ -18,6 +18,9 @@
 //!    member as its lbfactor in the `byrequests` scheduler, so that of every
 //!    `sum` requests exactly `metric` go to each node while the metrics hold
 //!    (A6: 20, 40, 90 of every 150), evenly spread.
+//!
+//! Case codes (A6, A7, A8) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use crate::engine::membership::NO_METRIC;
 

@@ -1,6 +1,9 @@
 //! Ring tests: cases C1-C4 with their exact assertions, the balance and
 //! movement goals of the ring-quality issue, rebuilds, failover order, and
 //! bounded loads.
+//!
+//! Case codes (C1, C2, C4, C6) name cases of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use super::*;
 use proptest::prelude::*;

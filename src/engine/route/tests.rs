@@ -1,5 +1,6 @@
 //! Router tests: precedence, every policy through `decide`, golden
-//! sequences from cases/algorithms.md, and the candidates invariant.
+//! sequences of the balancing cases (A1-A11: their inputs and values are in
+//! `docs/cases.md`), and the candidates invariant.
 use super::*;
 use crate::engine::balance::Policy;
 use crate::engine::membership::NO_METRIC;

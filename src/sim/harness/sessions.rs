@@ -1,6 +1,9 @@
 //! Sticky sessions in a run (case C7): client hosts whose users hold
 //! sessions, keep the cookies the nodes set and send them back, and the
 //! invariant "stickiness holds unless its node died".
+//!
+//! Case code (C7) names a case of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -1,0 +1,112 @@
+//! `peerlb route`: the owner the engine picks for one request, explained
+//! (no network; the decision itself is in `peerlb::explain`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use peerlb::config::EXIT_CONFIG;
+use peerlb::explain;
+
+use super::load_cluster;
+
+/// The arguments of `peerlb route`.
+#[derive(Args)]
+pub(crate) struct RouteArgs {
+    /// cluster.toml whose policy, rules and nodes to use (default: the embedded one).
+    #[arg(long, env = "PEERLB_CONFIG")]
+    config: Option<PathBuf>,
+    /// The request: "METHOD /target", e.g. "GET /cart?user=alice".
+    #[arg(long)]
+    request: String,
+    /// A request header "Name: value" (repeatable).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// A request cookie "name=value" (repeatable).
+    #[arg(long = "cookie")]
+    cookies: Vec<String>,
+    /// The client address the entry node sees.
+    #[arg(long, default_value = "127.0.0.1:40000")]
+    from: std::net::SocketAddr,
+    /// The members in view: "n1,n2=weight:200/load:40/inflight:3,n3=down"
+    /// (default: every node of the config, serving, with its weight).
+    #[arg(long)]
+    members: Option<String>,
+    /// The entry node (default: the first member).
+    #[arg(long)]
+    entry: Option<String>,
+    /// Override the config's policy, e.g. "weighted-round-robin".
+    #[arg(long)]
+    policy: Option<String>,
+    /// Also print the owners of N such requests in a row.
+    #[arg(long, default_value_t = 0)]
+    count: usize,
+    /// Seed for random policies.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints the explanation (text or JSON); 0, or 64 for a bad argument or
+/// configuration.
+pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
+    let (_, c) = match load_cluster(a.config.as_deref()) {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let usage = |e: &dyn std::fmt::Display| {
+        eprintln!("peerlb route: {e}");
+        EXIT_CONFIG as u8
+    };
+    let policy = match &a.policy {
+        Some(p) => match p.parse() {
+            Ok(p) => p,
+            Err(e) => return Ok(usage(&format!("--policy: {p:?}: {e}"))),
+        },
+        None => c.routing.policy,
+    };
+    let members = match &a.members {
+        Some(spec) => match explain::parse_members(spec) {
+            Ok(m) => m,
+            Err(e) => return Ok(usage(&e)),
+        },
+        None => c
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut m = explain::parse_members(&n.id).expect("validated node id");
+                m[0].weight = n.weight;
+                m.remove(0)
+            })
+            .collect(),
+    };
+    let entry = a
+        .entry
+        .clone()
+        .or_else(|| members.first().map(|m| m.id.to_string()))
+        .unwrap_or_default();
+    let req = match explain::parse_request(&a.request, &a.headers, &a.cookies) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(&e)),
+    };
+    let setup = explain::Setup {
+        policy,
+        rules: c.routing.rules,
+        options: c.routing.router,
+        vnodes: c.routing.vnodes,
+        members,
+        entry,
+        seed: a.seed,
+    };
+    let e = match explain::explain(setup, &req, a.from, a.count) {
+        Ok(e) => e,
+        Err(e) => return Ok(usage(&e)),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&e)?);
+    } else {
+        print!("{e}");
+    }
+    Ok(0)
+}
