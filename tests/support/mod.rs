@@ -162,7 +162,8 @@ impl Cluster {
         self.nodes.iter().find(|n| n.id == id).unwrap()
     }
 
-    /// Waits (up to 20 s) until every running node serves `n` members.
+    /// Waits (up to 60 s: a deadline, not a delay) until every running node
+    /// serves `n` members.
     pub fn wait_converged(&self, n: usize) {
         let running: Vec<NodeInfo> = self
             .nodes
@@ -170,7 +171,7 @@ impl Cluster {
             .filter(|x| self.children.contains_key(&x.id))
             .cloned()
             .collect();
-        self.wait_until(Duration::from_secs(20), || {
+        self.wait_until(Duration::from_secs(60), || {
             running
                 .iter()
                 .all(|x| serving(x.http).map(|s| s.len()) == Some(n))
