@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use support::*;
 
+// Weighted round robin 70/30 picks `a b a a a b a a b a` (case A3 in docs/cases.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a3_weighted_round_robin_70_30_gives_the_byrequests_schedule() {
+async fn weighted_round_robin_70_30_gives_the_byrequests_schedule() {
     let mut c = Cluster::start("wrr", 2, "policy = \"weighted-round-robin\"\n", "");
     // Weights live in [[nodes]]: restart both nodes with 70 / 30.
     let text = std::fs::read_to_string(&c.config).unwrap();
@@ -31,7 +32,7 @@ async fn a3_weighted_round_robin_70_30_gives_the_byrequests_schedule() {
         assert_eq!(r.status, 200);
         seq += if r.served_by() == "n1" { "a" } else { "b" };
     }
-    // mod_proxy_balancer byrequests, lbfactor 70/30 (cases/algorithms.md A3).
+    // mod_proxy_balancer byrequests, lbfactor 70/30 (case A3 in docs/cases.md).
     assert_eq!(seq, "abaaabaaba".repeat(2));
 }
 
@@ -256,7 +257,7 @@ async fn least_load_sends_new_requests_to_the_idle_nodes() {
 
 /// `metric` through a running cluster: with `metric_capacity = 1`, a node
 /// with a request in flight publishes load 0 and gets no new requests
-/// (mod_oc4j's byrequests on the published metric; case A10 in
+/// (mod_oc4j's byrequests on the published metric; case A6 in
 /// docs/cases.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metric_sends_nothing_to_a_node_publishing_load_0() {
@@ -300,7 +301,7 @@ async fn metric_sends_nothing_to_a_node_publishing_load_0() {
 /// `by-traffic` through a running cluster: each request goes to the node
 /// this entry has moved the fewest bytes to (ties to the first id), so
 /// after 100 kB to n1 and to n2, small requests all go to n3
-/// (mod_proxy_balancer bytraffic; case A8 in docs/cases.md).
+/// (mod_proxy_balancer bytraffic; case A5 in docs/cases.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_traffic_sends_requests_to_the_node_with_the_fewest_bytes() {
     let c = Cluster::start("bytraffic", 3, "policy = \"by-traffic\"\n", STEADY);
