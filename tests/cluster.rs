@@ -719,7 +719,12 @@ fn weight_in_view(at: std::net::SocketAddr, id: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weight_put_on_the_admin_api_reaches_every_ring_and_bad_weights_are_refused() {
-    let c = Cluster::start("weight", 3, "[ring]\nvnodes = 1024\n", USER_RULES);
+    let c = Cluster::start(
+        "weight",
+        3,
+        "[ring]\nvnodes = 1024\n",
+        &format!("{STEADY}{USER_RULES}"),
+    );
     let n1 = c.node("n1").http;
     // Bad input is refused with a 4xx naming the problem; nothing changes.
     let (status_code, v) = put_weight(n1, "heavy").await;
@@ -749,12 +754,16 @@ async fn a_weight_put_on_the_admin_api_reaches_every_ring_and_bad_weights_are_re
             .all(|n| weight_in_view(n.http, "n1") == Some(300))
     })
     .expect("every node's view gives n1 weight 300");
-    let versions: BTreeSet<String> = c
-        .nodes
-        .iter()
-        .map(|n| status(n.http).unwrap()["view_version"].to_string())
-        .collect();
-    assert_eq!(versions.len(), 1, "one view everywhere: {versions:?}");
+    let mut versions = BTreeSet::new();
+    c.wait_until(Duration::from_secs(20), || {
+        versions = c
+            .nodes
+            .iter()
+            .map(|n| status(n.http).map(|s| s["view_version"].to_string()))
+            .collect();
+        versions.len() == 1
+    })
+    .unwrap_or_else(|_| panic!("one view everywhere: {versions:?}"));
     // Keys the reweighted ring moves to n1 are served by n1 from every entry.
     let ids = ["n1", "n2", "n3"];
     let weighted = Ring::build(

@@ -140,7 +140,7 @@ async fn sigterm_drains_in_flight_requests_and_loses_none_routed_to_the_leaving_
             "app = \"http://{}\"\n[ring]\nvnodes = 1024\n[limits]\ndrain_grace_ms = 800\n",
             app.addr
         ),
-        USER_RULES,
+        &format!("{STEADY}{USER_RULES}"),
     );
     let r = ring(&["n1", "n2", "n3"], 1024);
     let user = user_where(&r, |o| o == "n2");

@@ -166,11 +166,6 @@ async fn rules_reload_on_admin_call_affects_new_requests_and_bad_rules_are_refus
     );
 }
 
-/// Peer links that survive a loaded machine's stalls: these tests are
-/// about the policies, and a member that flaps out of the view (QUIC idle
-/// timeout) and back would restart their state.
-const STEADY: &str = "[peer]\nkeep_alive_ms = 500\nidle_timeout_ms = 10000\n\n";
-
 /// A member's published figure `field` in `at`'s view.
 fn published(at: std::net::SocketAddr, id: &str, field: &str) -> Option<u64> {
     status(at)?["members"]

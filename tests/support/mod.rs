@@ -16,6 +16,12 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use peerlb::{NodeId, Ring};
 
+/// Peer links that survive a loaded machine's stalls, for tests that are
+/// not about failure detection: with the default 1 s QUIC idle timeout, a
+/// process stalled for a second on a busy 2-core machine loses its links,
+/// and a request held across the stall is replayed elsewhere.
+pub const STEADY: &str = "[peer]\nkeep_alive_ms = 500\nidle_timeout_ms = 10000\n\n";
+
 /// The default rules: query `user`, else header `x-user`, else cookie `session`.
 pub const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
 
