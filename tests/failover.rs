@@ -45,7 +45,10 @@ async fn owner_dying_mid_request_replays_only_small_idempotent_requests() {
         "midreq",
         3,
         &format!("app = \"http://{}\"\n[ring]\nvnodes = 1024\n", app.addr),
-        USER_RULES,
+        // The kill is seen when n1's link to n2 idles out: 4 s rides out a
+        // loaded machine's stalls (a stall past the idle timeout would
+        // replay the held requests before the kill).
+        &format!("[peer]\nkeep_alive_ms = 300\nidle_timeout_ms = 4000\n\n{USER_RULES}"),
     );
     let r = ring(&["n1", "n2", "n3"], 1024);
     // A key owned by n2, entering at n1; its next node serves the replays.

@@ -22,6 +22,12 @@ use peerlb::{NodeId, Ring};
 /// and a request held across the stall is replayed elsewhere.
 pub const STEADY: &str = "[peer]\nkeep_alive_ms = 500\nidle_timeout_ms = 10000\n\n";
 
+/// Gossip's phi threshold in test clusters: with 100 ms rounds the default
+/// 8 marks a member dead after a stall of about 0.8 s, which a busy 2-core
+/// machine produces, and views flap. 30 (about 3 s) keeps them steady; a
+/// killed node is still ejected at once when its QUIC link is lost.
+pub const PHI: u32 = 30;
+
 /// The default rules: query `user`, else header `x-user`, else cookie `session`.
 pub const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
 
@@ -105,8 +111,9 @@ impl Cluster {
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
             })
             .collect();
-        let mut text =
-            format!("name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\n\n");
+        let mut text = format!(
+            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {PHI}\n\n"
+        );
         for node in &nodes {
             text += &format!(
                 "[[nodes]]\nid = \"{}\"\nhttp_addr = \"{}\"\npeer_addr = \"{}\"\ngossip_addr = \"{}\"\n\n",
