@@ -538,7 +538,7 @@ async fn membership_skew_forwards_once_and_the_owner_serves() {
     let original = std::mem::replace(&mut c.config, skewed_path);
     c.spawn(0);
     c.config = original;
-    c.wait_converged(3);
+    c.wait_same_view(3);
     let ids = ["n1", "n2", "n3"];
     let (small, big) = (ring(&ids, 4), ring(&ids, 1024));
     let user = (0..100_000)

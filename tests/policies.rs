@@ -25,7 +25,7 @@ async fn weighted_round_robin_70_30_gives_the_byrequests_schedule() {
     c.kill9("n2");
     c.spawn(0);
     c.spawn(1);
-    c.wait_converged(2);
+    c.wait_same_view(2);
     let mut seq = String::new();
     for _ in 0..20 {
         let r = get(c.nodes[0].http, "/x", &[]).await;

@@ -201,6 +201,29 @@ impl Cluster {
         });
     }
 
+    /// After a restart: waits (up to 60 s) until every running node serves
+    /// `n` members and all have the same view (`view_version` covers the
+    /// members' generations, so a peer's stale view of the node before its
+    /// restart does not count).
+    pub fn wait_same_view(&self, n: usize) {
+        self.wait_converged(n);
+        let running: Vec<SocketAddr> = self
+            .nodes
+            .iter()
+            .filter(|x| self.children.contains_key(&x.id))
+            .map(|x| x.http)
+            .collect();
+        let mut seen = Vec::new();
+        self.wait_until(Duration::from_secs(60), || {
+            seen = running
+                .iter()
+                .map(|a| status(*a).map(|s| (s["view_version"].to_string(), s["serving"].clone())))
+                .collect();
+            seen.iter().all(|v| v.is_some() && *v == seen[0])
+        })
+        .unwrap_or_else(|_| panic!("the nodes' views differ: {seen:?}"));
+    }
+
     /// Polls `f` every 50 ms until it holds or `limit` passes (see [`poll`]).
     pub fn wait_until(&self, limit: Duration, f: impl FnMut() -> bool) -> Result<(), ()> {
         poll(limit, f)
