@@ -49,8 +49,6 @@ fn an_invalid_config_names_the_field_and_exits_64_before_binding() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("nodes[0].gossip_addr"), "{args:?}: {err}");
     }
-    // Nothing was bound: the node's http port is still free.
-    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port stayed free");
     // Unknown fields are named too.
     let unknown = write(&dir, "unknown.toml", "nmae = \"typo\"\n");
     let out = Command::new(bin())
@@ -175,30 +173,46 @@ async fn up_starts_every_node_behind_one_shared_address_and_survives_a_kill() {
     // kill -9 one child: every request through the shared address still succeeds.
     // SAFETY: kill(2) on a child of the `up` process we started.
     unsafe { libc::kill(pids["n2"] as libc::pid_t, libc::SIGKILL) };
-    let exited = (0..200).find(|_| {
-        std::thread::sleep(Duration::from_millis(50));
+    poll(Duration::from_secs(10), || {
         rx.try_iter()
             .any(|l| l.starts_with("node n2") && l.contains("exited"))
-    });
-    assert!(exited.is_some(), "up reports that n2 exited");
+    })
+    .expect("up reports that n2 exited");
+    // The survivors drop n2 from their views; then every key is served by
+    // one of them (the ring without n2), through the shared address.
+    let survivors: Vec<std::net::SocketAddr> = text
+        .lines()
+        .filter(|l| l.starts_with("http_addr"))
+        .filter_map(|l| l.split('"').nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(survivors.len(), 3);
+    let (n1, n3) = (survivors[0], survivors[2]);
+    poll(Duration::from_secs(20), || {
+        [n1, n3]
+            .iter()
+            .all(|a| serving(*a).is_some_and(|s| s == ["n1", "n3"]))
+    })
+    .expect("the survivors drop n2 from their views");
+    let without_n2 = ring(&["n1", "n3"], 1024);
     let mut served = std::collections::BTreeSet::new();
     for i in 0..60 {
-        let r = get(sprayer, &format!("/x?user=u{i}"), &[]).await;
+        let user = format!("u{i}");
+        let r = get(sprayer, &format!("/x?user={user}"), &[]).await;
         assert_eq!(r.status, 200, "request {i} after the kill");
-        assert_ne!(r.header("peerlb-entry"), Some("n2"));
+        assert_eq!(r.served_by(), &**without_n2.owner(&user).unwrap());
         served.insert(r.served_by().to_owned());
     }
-    assert!(!served.contains("n2"));
+    assert_eq!(served.len(), 2, "both survivors serve: {served:?}");
     // SIGTERM to up: it stops the remaining nodes and exits 0.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(up.id() as libc::pid_t, libc::SIGTERM) };
-    let status = (0..400)
-        .find_map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            up.try_wait().unwrap()
-        })
-        .expect("up exits after SIGTERM");
-    assert!(status.success());
+    let mut status = None;
+    poll(Duration::from_secs(20), || {
+        status = up.try_wait().unwrap();
+        status.is_some()
+    })
+    .expect("up exits after SIGTERM");
+    assert!(status.unwrap().success());
     for id in ["n1", "n3"] {
         // SAFETY: signal 0 only checks whether the process exists.
         let alive = unsafe { libc::kill(pids[id] as libc::pid_t, 0) } == 0;
@@ -260,4 +274,185 @@ fn route_explains_a_decision_and_reproduces_the_byrequests_example() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--members"));
+}
+
+/// A file for `n` loopback nodes (`n1`..) on free ports, gossip every 100 ms.
+/// Returns the file and each node's (http, peer) ports.
+fn cluster_file(
+    dir: &std::path::Path,
+    n: usize,
+    head: &str,
+) -> (std::path::PathBuf, Vec<(u16, u16)>) {
+    let mut text = format!("name = \"cli\"\n{head}\n[gossip]\ninterval_ms = 100\n");
+    let mut ports = Vec::new();
+    for i in 1..=n {
+        let (http, peer) = (free_port(), free_port());
+        ports.push((http, peer));
+        text += &format!(
+            "[[nodes]]\nid = \"n{i}\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{peer}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            free_port()
+        );
+    }
+    (write(dir, "cluster.toml", &text), ports)
+}
+
+/// `check-config --node ID` adds the per-node check: an id not in the
+/// file is an error there (64, naming `--node`), while the whole-file
+/// check alone passes.
+#[test]
+fn check_config_with_node_also_runs_the_per_node_check() {
+    let dir = temp_dir("checknode");
+    let (cfg, _) = cluster_file(&dir, 2, "");
+    let run = |extra: &[&str]| {
+        Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(&cfg)
+            .args(extra)
+            .env_remove("PEERLB_NODE")
+            .output()
+            .unwrap()
+    };
+    let whole = run(&[]);
+    assert_eq!(whole.status.code(), Some(0), "{whole:?}");
+    let known = run(&["--node", "n2"]);
+    assert_eq!(known.status.code(), Some(0), "{known:?}");
+    let unknown = run(&["--node", "n9"]);
+    assert_eq!(unknown.status.code(), Some(64), "{unknown:?}");
+    let err = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        err.contains("--node") && err.contains("\"n9\" is not in [[nodes]]"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A node handed another node's certificate and key refuses to start
+/// under a false name: exit 1 with the documented message.
+#[test]
+fn node_exits_1_on_another_nodes_certificate() {
+    let dir = temp_dir("othercert");
+    let (cfg, _) = cluster_file(&dir, 2, "");
+    let out = Command::new(bin())
+        .args(["certs", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let certs = dir.join("certs");
+    std::fs::copy(certs.join("n2.pem"), certs.join("n1.pem")).unwrap();
+    std::fs::copy(certs.join("n2.key"), certs.join("n1.key")).unwrap();
+    let mut child = Command::new(bin())
+        .args(["node", "--node", "n1", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let exited = poll(Duration::from_secs(20), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    if exited.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("a node with n2's certificate kept running as n1");
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.unwrap().code(), Some(1), "{err}");
+    assert!(
+        err.contains("peer certificate is not valid for node \"n1\""),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A child of `up` that exits before the cluster is ready (its http port
+/// is taken) stops the start: `up` reports it and exits 1.
+#[test]
+fn up_exits_1_when_a_node_fails_to_start() {
+    let dir = temp_dir("upfail");
+    let sprayer = free_port();
+    let (cfg, ports) = cluster_file(&dir, 3, &format!("sprayer_addr = \"127.0.0.1:{sprayer}\""));
+    // n2's peer (UDP) port is taken: n2 cannot bind it and exits 1.
+    let _taken = std::net::UdpSocket::bind(("127.0.0.1", ports[1].1)).unwrap();
+    let http: Vec<u16> = ports.iter().map(|p| p.0).collect();
+    let mut up = Command::new(bin())
+        .args(["up", "--config"])
+        .arg(&cfg)
+        .current_dir(&dir)
+        .stdout(std::fs::File::create(dir.join("up.out")).unwrap())
+        .stderr(std::fs::File::create(dir.join("up.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let exited = poll(Duration::from_secs(30), || {
+        status = up.try_wait().unwrap();
+        status.is_some()
+    });
+    if exited.is_err() {
+        // SAFETY: kill(2) on our own child: SIGTERM stops its nodes too.
+        unsafe { libc::kill(up.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = up.wait();
+        panic!(
+            "up kept running with a node that could not start\n{}",
+            std::fs::read_to_string(dir.join("up.out")).unwrap_or_default()
+        );
+    }
+    let out = std::fs::read_to_string(dir.join("up.out")).unwrap()
+        + &std::fs::read_to_string(dir.join("up.err")).unwrap();
+    assert_eq!(status.unwrap().code(), Some(1), "{out}");
+    assert!(out.contains("node n2 exited (status 1)"), "{out}");
+    // The others were stopped: nothing serves on their ports any more.
+    poll(Duration::from_secs(20), || {
+        [http[0], http[2]]
+            .iter()
+            .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_err())
+    })
+    .expect("up stops the nodes that did start");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// On the embedded config there is no file to reload: the rules reload
+/// answers 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_reload_on_the_embedded_config_is_409() {
+    let dir = temp_dir("embedded");
+    let out = Command::new(bin())
+        .arg("certs")
+        .current_dir(&dir)
+        .env_remove("PEERLB_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let http: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let log = std::fs::File::create(dir.join("n1.log")).unwrap();
+    let mut node = Command::new(bin())
+        .args(["node", "--node", "n1", "--http-addr", &http.to_string()])
+        .args(["--peer-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--gossip-addr", &format!("127.0.0.1:{}", free_port())])
+        .current_dir(&dir)
+        .env_remove("PEERLB_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let up = eventually(Duration::from_secs(20), || status(http).is_some()).await;
+    let answer = if up.is_ok() {
+        let mut conn = Conn::open(http).await.unwrap();
+        conn.request("POST", "/_peerlb/rules/reload", &[], bytes::Bytes::new())
+            .await
+            .ok()
+    } else {
+        None
+    };
+    let _ = node.kill();
+    let _ = node.wait();
+    let log = std::fs::read_to_string(dir.join("n1.log")).unwrap_or_default();
+    let r = answer.unwrap_or_else(|| panic!("the node never answered\n{log}"));
+    assert_eq!(r.status, 409, "{:?}", r.body);
+    assert!(r.json()["error"].is_string(), "{:?}", r.body);
+    assert_eq!(r.header("peerlb-entry"), Some("n1"));
+    let _ = std::fs::remove_dir_all(dir);
 }

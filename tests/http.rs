@@ -6,29 +6,11 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 use support::*;
-
-/// Reads until the server closes the connection (or 5 s pass); returns
-/// what it sent and whether it closed.
-fn read_until_closed(s: &mut TcpStream) -> (String, bool) {
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return (String::from_utf8_lossy(&out).into_owned(), true),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return (String::from_utf8_lossy(&out).into_owned(), true);
-            }
-            Err(_) => return (String::from_utf8_lossy(&out).into_owned(), false),
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_idle_half_closed_and_oversized_clients_get_the_right_answer() {

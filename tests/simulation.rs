@@ -176,7 +176,8 @@ fn process_randomness_comes_from_the_seed() {
 /// chitchat 0.13's failure detector reads `tokio::time::Instant`, so under
 /// turmoil it runs on virtual time: 30 virtual seconds of a live peer never
 /// mark it dead, and a crashed peer is marked dead within a few virtual
-/// seconds, in far less wall time.
+/// seconds. Only virtual time is asserted: a bound on wall time would
+/// measure the machine's load, not the detector.
 #[test]
 fn chitchat_failure_detector_runs_on_virtual_time() {
     use chitchat::{ChitchatConfig, ChitchatId, FailureDetectorConfig};
@@ -229,8 +230,6 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
                 }
             });
         }
-        #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
-        let wall = std::time::Instant::now();
         while sim.elapsed() < Duration::from_secs(35) {
             sim.step().unwrap();
         }
@@ -239,7 +238,6 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
         while sim.elapsed() < Duration::from_secs(60) {
             sim.step().unwrap();
         }
-        let wall = wall.elapsed();
         let live = live.borrow();
         // Both live from 3 s to the crash: never marked dead while alive.
         let before: Vec<usize> = live
@@ -265,7 +263,6 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
                 .filter(|(t, _)| *t > crashed_at + dead_at)
                 .all(|(_, n)| *n == 1)
         );
-        assert!(wall < Duration::from_secs(60), "{wall:?}");
     })
     .join()
     .unwrap();

@@ -279,6 +279,55 @@ mod tests {
         assert_eq!(back, head());
     }
 
+    /// Golden frame, written by hand from the format (bincode 2 standard
+    /// config: integers above u8 as varints, 0..=250 in one byte, 251 +
+    /// u16 LE, 254 + u128 LE; strings and byte strings as varint length +
+    /// bytes; `Option` as 0/1 + value; serde's `SocketAddr` as variant
+    /// index (0 = V4), four octets, port), not from `encode`: a change to
+    /// the bytes peers exchange fails here, whatever the round trips say.
+    #[test]
+    fn request_head_frame_matches_the_hand_written_golden_bytes() {
+        let head = RequestHead {
+            request_id: 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10,
+            entry: "n1".into(),
+            hops: 1,
+            view_version: 300,
+            method: "GET".into(),
+            uri: "/a?user=x".into(),
+            headers: vec![("x-user".into(), b"\xffbin".to_vec())],
+            client: "127.0.0.1:5555".parse().unwrap(),
+            hash_key: Some("x".into()),
+        };
+        #[rustfmt::skip]
+        let body: &[u8] = &[
+            // request_id: u128 varint, tag 254 then 16 bytes little endian
+            0xfe, 0x10, 0x0f, 0x0e, 0x0d, 0x0c, 0x0b, 0x0a, 0x09,
+            0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,
+            // entry "n1"
+            0x02, b'n', b'1',
+            // hops: u8, one raw byte
+            0x01,
+            // view_version 300: tag 251 then u16 LE
+            0xfb, 0x2c, 0x01,
+            // method "GET"
+            0x03, b'G', b'E', b'T',
+            // uri "/a?user=x"
+            0x09, b'/', b'a', b'?', b'u', b's', b'e', b'r', b'=', b'x',
+            // headers: one pair, name "x-user", value 4 raw bytes
+            0x01,
+            0x06, b'x', b'-', b'u', b's', b'e', b'r',
+            0x04, 0xff, b'b', b'i', b'n',
+            // client: SocketAddr::V4 (variant 0), 127.0.0.1, port 5555 (251, u16 LE)
+            0x00, 0x7f, 0x00, 0x00, 0x01, 0xfb, 0xb3, 0x15,
+            // hash_key: Some("x")
+            0x01, 0x01, b'x',
+        ];
+        let mut golden = (body.len() as u32).to_be_bytes().to_vec();
+        golden.extend_from_slice(body);
+        assert_eq!(encode(&head).unwrap(), golden);
+        assert_eq!(decode::<RequestHead>(body).unwrap(), head);
+    }
+
     #[test]
     fn response_head_round_trips() {
         let h = ResponseHead {

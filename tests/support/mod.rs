@@ -1,5 +1,7 @@
-//! Black-box test support: real `peerlb` processes on loopback and a small
-//! HTTP/1.1 client.
+//! Black-box test support, shared by every file in tests/: real `peerlb`
+//! processes on loopback (certificates made by `peerlb certs`), free ports,
+//! polling with a deadline, a small HTTP/1.1 client, raw-socket helpers and
+//! an upstream app whose answers the test holds back.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -13,6 +15,18 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use peerlb::{NodeId, Ring};
+
+/// Peer links that survive a loaded machine's stalls, for tests that are
+/// not about failure detection: with the default 1 s QUIC idle timeout, a
+/// process stalled for a second on a busy 2-core machine loses its links,
+/// and a request held across the stall is replayed elsewhere.
+pub const STEADY: &str = "[peer]\nkeep_alive_ms = 500\nidle_timeout_ms = 10000\n\n";
+
+/// Gossip's phi threshold in test clusters: with 100 ms rounds the default
+/// 8 marks a member dead after a stall of about 0.8 s, which a busy 2-core
+/// machine produces, and views flap. 30 (about 3 s) keeps them steady; a
+/// killed node is still ejected at once when its QUIC link is lost.
+pub const PHI: u32 = 30;
 
 /// The default rules: query `user`, else header `x-user`, else cookie `session`.
 pub const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
@@ -97,8 +111,9 @@ impl Cluster {
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
             })
             .collect();
-        let mut text =
-            format!("name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\n\n");
+        let mut text = format!(
+            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {PHI}\n\n"
+        );
         for node in &nodes {
             text += &format!(
                 "[[nodes]]\nid = \"{}\"\nhttp_addr = \"{}\"\npeer_addr = \"{}\"\ngossip_addr = \"{}\"\n\n",
@@ -160,7 +175,8 @@ impl Cluster {
         self.nodes.iter().find(|n| n.id == id).unwrap()
     }
 
-    /// Waits (up to 20 s) until every running node serves `n` members.
+    /// Waits (up to 60 s: a deadline, not a delay) until every running node
+    /// serves `n` members.
     pub fn wait_converged(&self, n: usize) {
         let running: Vec<NodeInfo> = self
             .nodes
@@ -168,7 +184,7 @@ impl Cluster {
             .filter(|x| self.children.contains_key(&x.id))
             .cloned()
             .collect();
-        self.wait_until(Duration::from_secs(20), || {
+        self.wait_until(Duration::from_secs(60), || {
             running
                 .iter()
                 .all(|x| serving(x.http).map(|s| s.len()) == Some(n))
@@ -185,16 +201,32 @@ impl Cluster {
         });
     }
 
-    /// Polls `f` every 50 ms until it holds or `limit` passes.
-    pub fn wait_until(&self, limit: Duration, mut f: impl FnMut() -> bool) -> Result<(), ()> {
-        let start = std::time::Instant::now();
-        while start.elapsed() < limit {
-            if f() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(())
+    /// After a restart: waits (up to 60 s) until every running node serves
+    /// `n` members and all have the same view (`view_version` covers the
+    /// members' generations, so a peer's stale view of the node before its
+    /// restart does not count).
+    pub fn wait_same_view(&self, n: usize) {
+        self.wait_converged(n);
+        let running: Vec<SocketAddr> = self
+            .nodes
+            .iter()
+            .filter(|x| self.children.contains_key(&x.id))
+            .map(|x| x.http)
+            .collect();
+        let mut seen = Vec::new();
+        self.wait_until(Duration::from_secs(60), || {
+            seen = running
+                .iter()
+                .map(|a| status(*a).map(|s| (s["view_version"].to_string(), s["serving"].clone())))
+                .collect();
+            seen.iter().all(|v| v.is_some() && *v == seen[0])
+        })
+        .unwrap_or_else(|_| panic!("the nodes' views differ: {seen:?}"));
+    }
+
+    /// Polls `f` every 50 ms until it holds or `limit` passes (see [`poll`]).
+    pub fn wait_until(&self, limit: Duration, f: impl FnMut() -> bool) -> Result<(), ()> {
+        poll(limit, f)
     }
 
     /// `kill -9` of a node.
@@ -222,6 +254,153 @@ impl Drop for Cluster {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Polls `f` every 50 ms until it holds (`Ok`) or `limit` passes (`Err`):
+/// the one way tests wait for a condition (never a fixed sleep). Blocking:
+/// from async code prefer [`eventually`].
+pub fn poll(limit: Duration, mut f: impl FnMut() -> bool) -> Result<(), ()> {
+    let start = std::time::Instant::now();
+    loop {
+        if f() {
+            return Ok(());
+        }
+        if start.elapsed() >= limit {
+            return Err(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// [`poll`] for async tests: checks `f` every 50 ms on the runtime's timer
+/// (blocking calls inside `f`, such as [`status`], are short).
+pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> Result<(), ()> {
+    let start = std::time::Instant::now();
+    loop {
+        if f() {
+            return Ok(());
+        }
+        if start.elapsed() >= limit {
+            return Err(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The first executable called `name` on `PATH`.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// Reads a raw socket until the server closes it (or one read waits 20 s);
+/// returns what it sent and whether it closed (EOF or reset).
+pub fn read_until_closed(s: &mut std::net::TcpStream) -> (String, bool) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&out).into_owned(), true),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (String::from_utf8_lossy(&out).into_owned(), true);
+            }
+            Err(_) => return (String::from_utf8_lossy(&out).into_owned(), false),
+        }
+    }
+}
+
+/// Writes `raw` (a whole request, as bytes on the wire) on a fresh
+/// connection to `addr` and reads the answer until the server closes.
+pub fn raw_exchange(addr: SocketAddr, raw: &[u8]) -> (String, bool) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(raw).unwrap();
+    read_until_closed(&mut s)
+}
+
+/// An upstream app in the test process (`app = "http://<addr>"`): answers
+/// `app <method> <path and query> <body length>`; a path starting with
+/// `/hold` is held (no response head) until [`GatedApp::release`]. It
+/// counts requests by path and its TCP connections.
+#[derive(Clone)]
+pub struct GatedApp {
+    pub addr: SocketAddr,
+    gate: tokio::sync::watch::Sender<bool>,
+    arrived: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    pub conns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl GatedApp {
+    /// Binds on loopback and serves until the test's runtime ends.
+    pub async fn start() -> GatedApp {
+        use hyper::service::service_fn;
+        use std::sync::atomic::Ordering;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let app = GatedApp {
+            addr: l.local_addr().unwrap(),
+            gate: tokio::sync::watch::channel(false).0,
+            arrived: Default::default(),
+            conns: Default::default(),
+        };
+        let a = app.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                a.conns.fetch_add(1, Ordering::Relaxed);
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let a = a.clone();
+                        async move {
+                            let target = req.uri().to_string();
+                            let method = req.method().to_string();
+                            *a.arrived
+                                .lock()
+                                .unwrap()
+                                .entry(req.uri().path().to_owned())
+                                .or_default() += 1;
+                            let len = match req.into_body().collect().await {
+                                Ok(b) => b.to_bytes().len(),
+                                Err(_) => return Err("body failed"),
+                            };
+                            if target.starts_with("/hold") {
+                                let mut rx = a.gate.subscribe();
+                                let _ = rx.wait_for(|open| *open).await;
+                            }
+                            Ok(http::Response::new(Full::new(Bytes::from(format!(
+                                "app {method} {target} {len}"
+                            )))))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        app
+    }
+
+    /// Lets every held request (and every later one) answer.
+    pub fn release(&self) {
+        self.gate.send_replace(true);
+    }
+
+    /// How many requests for `path` (without query) reached the app.
+    pub fn arrived(&self, path: &str) -> u64 {
+        self.arrived.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+
+    /// How many requests reached the app, all paths.
+    pub fn arrived_total(&self) -> u64 {
+        self.arrived.lock().unwrap().values().sum()
     }
 }
 

@@ -1,0 +1,328 @@
+//! The answers peerlb makes itself, as a client sees them: each status with
+//! `peerlb-entry`, `peerlb-error-from` and a text/plain cause (so peerlb's
+//! own answer is told apart from hyper's bare one), the `errors` and
+//! `requests` counters, the `[headers]` switches, the admin API's 404s and
+//! an owner dying mid-response. Real `peerlb` processes on loopback.
+
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use support::*;
+
+/// The head of a raw answer: (status, lowercase header lines).
+fn head_of(text: &str) -> (u16, String) {
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head)
+}
+
+/// Asserts the marks of an error peerlb made at `node`.
+fn assert_peerlb_error(what: &str, status: u16, want: u16, head: &str, node: &str) {
+    assert_eq!(status, want, "{what}: {head}");
+    for line in [
+        format!("peerlb-entry: {node}"),
+        format!("peerlb-error-from: {node}"),
+        "content-type: text/plain".to_owned(),
+    ] {
+        assert!(
+            head.lines().any(|l| l == line),
+            "{what}: no `{line}` in {head}"
+        );
+    }
+    assert!(
+        !head.contains("peerlb-served-by"),
+        "{what}: an error the entry makes names no serving node: {head}"
+    );
+}
+
+/// Every error status the entry makes carries its marks, counts in
+/// `errors`, and counts in `requests` only once the request was routed
+/// (docs/architecture.md, "Response headers" and step 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_the_entry_makes_carries_its_marks_and_counts_in_errors() {
+    let c = Cluster::start(
+        "errors",
+        2,
+        "[ring]\nvnodes = 1024\n[limits]\nresponse_timeout_ms = 400\nbody_read_timeout_ms = 300\n",
+        USER_RULES,
+    );
+    let entry = c.nodes[0].http;
+    let r = ring(&["n1", "n2"], 1024);
+    let remote = user_where(&r, |o| o == "n2");
+    let (errors0, requests0) = (counter(entry, "errors"), counter(entry, "requests"));
+
+    // Refused at the head checks: counted in errors, not in requests.
+    let long_target = format!("/x?user={remote}&pad={}", "a".repeat(8200));
+    let big_header = "v".repeat(62_000);
+    let checks: Vec<(&str, String, u16)> = vec![
+        (
+            "414 target too long",
+            format!("GET {long_target} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
+            414,
+        ),
+        (
+            "431 head too large",
+            format!(
+                "GET /x?user={remote} HTTP/1.1\r\nHost: a\r\nx-big: {big_header}\r\nConnection: close\r\n\r\n"
+            ),
+            431,
+        ),
+        (
+            "400 without Host",
+            "GET /x HTTP/1.1\r\nConnection: close\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "501 CONNECT",
+            format!(
+                "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nx-user: {remote}\r\nConnection: close\r\n\r\n"
+            ),
+            501,
+        ),
+    ];
+    for (what, raw, want) in &checks {
+        let (text, _) = raw_exchange(entry, raw.as_bytes());
+        let (status, head) = head_of(&text);
+        assert_peerlb_error(what, status, *want, &head, "n1");
+    }
+    assert_eq!(counter(entry, "errors"), errors0 + 4);
+    assert_eq!(
+        counter(entry, "requests"),
+        requests0,
+        "refused heads are not requests"
+    );
+
+    // Routed, then failed: counted in both.
+    // 408: a small PUT body that stalls (read whole before any attempt).
+    let (text, closed) = raw_exchange(
+        entry,
+        format!("PUT /x?user={remote} HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+            .as_bytes(),
+    );
+    let (status, head) = head_of(&text);
+    assert_peerlb_error("408 stalled body", status, 408, &head, "n1");
+    assert!(closed && head.contains("connection: close"), "{head}");
+    // 504: the owner sends no response head within response_timeout_ms;
+    // not retried (the entry's own app, the next candidate, serves nothing).
+    let local_before = counter(entry, "served_local");
+    let resp = get(entry, &format!("/delay/5000?user={remote}"), &[]).await;
+    assert_eq!(resp.status, 504, "{:?}", resp.body);
+    assert_eq!(resp.header("peerlb-entry"), Some("n1"));
+    assert_eq!(resp.header("peerlb-error-from"), Some("n1"));
+    assert_eq!(resp.header("content-type"), Some("text/plain"));
+    assert_eq!(resp.header("peerlb-served-by"), None);
+    assert_eq!(
+        counter(entry, "served_local"),
+        local_before,
+        "a 504 is not retried"
+    );
+    assert_eq!(counter(entry, "errors"), errors0 + 6);
+    assert_eq!(counter(entry, "requests"), requests0 + 2);
+
+    // An app answer counts in requests only; admin answers in neither.
+    let ok = get(entry, &format!("/x?user={remote}"), &[]).await;
+    assert_eq!((ok.status, ok.served_by()), (200, "n2"));
+    assert_eq!(ok.header("peerlb-error-from"), None);
+    assert_eq!(counter(entry, "errors"), errors0 + 6);
+    assert_eq!(counter(entry, "requests"), requests0 + 3);
+}
+
+/// A proxied owner's 502 for an unreachable upstream app is the owner's
+/// error: `peerlb-error-from` and `peerlb-served-by` name the owner,
+/// `peerlb-entry` the entry, and it counts in the owner's `errors`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_502_names_the_owner_as_its_maker() {
+    let dead = free_port();
+    let c = Cluster::start(
+        "owner502",
+        2,
+        &format!("app = \"http://127.0.0.1:{dead}\"\n[ring]\nvnodes = 1024\n"),
+        USER_RULES,
+    );
+    let r = ring(&["n1", "n2"], 1024);
+    let user = user_where(&r, |o| o == "n2");
+    let owner_errors = counter(c.nodes[1].http, "errors");
+    let resp = get(c.nodes[0].http, &format!("/x?user={user}"), &[]).await;
+    assert_eq!(resp.status, 502);
+    assert_eq!(resp.header("peerlb-entry"), Some("n1"));
+    assert_eq!(resp.header("peerlb-error-from"), Some("n2"));
+    assert_eq!(resp.header("peerlb-served-by"), Some("n2"));
+    assert!(String::from_utf8_lossy(&resp.body).contains(&dead.to_string()));
+    assert_eq!(counter(c.nodes[1].http, "errors"), owner_errors + 1);
+}
+
+/// `[headers] served_by = false, entry = false` leave both marks off app
+/// answers, and `peerlb-entry` off errors (which keep `peerlb-error-from`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_headers_switches_turn_the_marks_off() {
+    let c = Cluster::start(
+        "noheaders",
+        2,
+        "[ring]\nvnodes = 1024\n",
+        &format!("[headers]\nserved_by = false\nentry = false\n\n{USER_RULES}"),
+    );
+    let r = ring(&["n1", "n2"], 1024);
+    for owner in ["n1", "n2"] {
+        let user = user_where(&r, |o| o == owner);
+        let resp = get(c.nodes[0].http, &format!("/x?user={user}"), &[]).await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(
+            resp.json()["node"],
+            owner,
+            "the app still serves at the owner"
+        );
+        assert_eq!(resp.header("peerlb-served-by"), None, "owner {owner}");
+        assert_eq!(resp.header("peerlb-entry"), None, "owner {owner}");
+    }
+    let long = format!("/x?pad={}", "a".repeat(8200));
+    let resp = get(c.nodes[0].http, &long, &[]).await;
+    assert_eq!(resp.status, 414);
+    assert_eq!(resp.header("peerlb-entry"), None);
+    assert_eq!(resp.header("peerlb-error-from"), Some("n1"));
+    // The defaults (both on) are what every other test sees.
+    let admin = get(c.nodes[0].http, "/_peerlb/status", &[]).await;
+    assert_eq!(admin.header("peerlb-entry"), None);
+}
+
+/// The admin API: an unknown `/_peerlb/` path is 404 with its error, and a
+/// client from a non-loopback address gets 404 on every admin path; both
+/// carry `peerlb-entry` and are not routed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_paths_answer_404_when_unknown_or_to_a_non_loopback_client() {
+    let c = Cluster::start("admin404", 2, "", USER_RULES);
+    let entry = c.nodes[0].http;
+    let resp = get(entry, "/_peerlb/nope", &[]).await;
+    assert_eq!(resp.status, 404);
+    assert_eq!(resp.json()["error"], "unknown admin path");
+    assert_eq!(resp.header("peerlb-entry"), Some("n1"));
+    assert_eq!(
+        resp.header("peerlb-served-by"),
+        None,
+        "not routed to an app"
+    );
+    // A non-loopback source address: the machine's own address on another
+    // interface, to a node listening on all addresses.
+    let Some(lan) = non_loopback_ipv4() else {
+        eprintln!("SKIPPED the non-loopback half: this machine has no non-loopback IPv4 address");
+        return;
+    };
+    let port = free_port();
+    let text = std::fs::read_to_string(&c.config).unwrap().replace(
+        &format!("http_addr = \"{}\"", c.nodes[1].http),
+        &format!("http_addr = \"0.0.0.0:{port}\""),
+    );
+    let open = write(&c.dir, "open.toml", &text);
+    let dir = temp_dir("admin404-n2");
+    let log = std::fs::File::create(dir.join("n2.log")).unwrap();
+    let mut c = c;
+    c.kill9("n2");
+    let mut n2 = std::process::Command::new(bin())
+        .args(["node", "--node", "n2", "--config"])
+        .arg(&open)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let local: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let ready = eventually(Duration::from_secs(20), || {
+        serving(local).is_some_and(|s| s.len() == 2)
+    })
+    .await;
+    let from_lan: std::net::SocketAddr = format!("{lan}:{port}").parse().unwrap();
+    let result = async {
+        ready.map_err(|_| "n2 did not rejoin".to_owned())?;
+        for path in ["/_peerlb/status", "/_peerlb/nope"] {
+            let resp = get(from_lan, path, &[]).await;
+            if resp.status != 404
+                || resp.json()["error"] != "the admin API answers loopback clients only"
+                || resp.header("peerlb-entry") != Some("n2")
+            {
+                return Err(format!("{path} from {lan}: {resp:?}"));
+            }
+        }
+        // The same node answers a loopback client.
+        let ok = get(local, "/_peerlb/status", &[]).await;
+        if ok.status != 200 {
+            return Err(format!("loopback status: {ok:?}"));
+        }
+        Ok(())
+    }
+    .await;
+    let _ = n2.kill();
+    let _ = n2.wait();
+    result.unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}",
+            std::fs::read_to_string(dir.join("n2.log")).unwrap_or_default()
+        )
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The first IPv4 address of this machine that is not loopback, found by
+/// routing a UDP socket (nothing is sent).
+fn non_loopback_ipv4() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// The owner dies after the response head went out: the entry cuts the
+/// client's connection, so the answer is visibly short of its
+/// Content-Length (never a truncated body that looks complete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_dying_mid_response_cuts_the_clients_connection() {
+    let mut c = Cluster::start("midresp", 2, "[ring]\nvnodes = 1024\n", USER_RULES);
+    let r = ring(&["n1", "n2"], 1024);
+    let user = user_where(&r, |o| o == "n2");
+    let entry = c.nodes[0].http;
+    let mut s = TcpStream::connect(entry).unwrap();
+    write!(
+        s,
+        "GET /bytes/1073741824?user={user} HTTP/1.1\r\nHost: a\r\n\r\n"
+    )
+    .unwrap();
+    // Read until the head and some body arrived, then kill the owner.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    while got.len() < 200_000 {
+        let n = std::io::Read::read(&mut s, &mut buf).unwrap();
+        assert!(n > 0, "closed before the body started");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got[..got.len().min(512)]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("content-length: 1073741824"), "{head}");
+    c.kill9("n2");
+    // The client keeps reading: the connection ends, far short of 1 GiB.
+    let (rest, closed) = tokio::task::spawn_blocking(move || read_until_closed(&mut s))
+        .await
+        .unwrap();
+    assert!(
+        closed,
+        "the client's connection stays open after the owner died"
+    );
+    assert!(
+        got.len() + rest.len() < 1 << 30,
+        "the whole body arrived from a dead owner"
+    );
+    // The entry still serves (its own keys and, with n2 gone, all keys).
+    let ok = get(entry, &format!("/x?user={user}"), &[]).await;
+    assert_eq!(ok.status, 200);
+}
