@@ -504,7 +504,7 @@ fn a9_least_load_through_the_router() {
     assert_eq!(
         got,
         [
-            "s1", "s1", "s1", "s1", "s1", "s2", "s1", "s2", "s3", "s1", "s2", "s3"
+            "s1", "s1", "s1", "s1", "s1", "s2", "s1", "s3", "s1", "s2", "s2", "s3"
         ]
     );
     // decide() without local counts: only the published figures.
