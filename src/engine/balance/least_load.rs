@@ -68,11 +68,7 @@ impl LeastLoad {
             }
             return Some(first);
         }
-        let tied: Vec<NodeId> = nodes
-            .iter()
-            .filter(is_tied)
-            .map(|n| n.0.clone())
-            .collect();
+        let tied: Vec<NodeId> = nodes.iter().filter(is_tied).map(|n| n.0.clone()).collect();
         self.tie_broken = true;
         let id = self.ties.pick(&tied)?;
         nodes.iter().position(|n| *n.0 == id)
