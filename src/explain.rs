@@ -232,7 +232,7 @@ pub fn explain(
         key: d.key.clone(),
         reason: d.reason.to_string(),
         owner: d.owner.to_string(),
-        candidates: d.candidates.iter().map(|c| c.to_string()).collect(),
+        candidates: d.candidates(&view).map(|c| c.to_string()).collect(),
         picks,
     })
 }

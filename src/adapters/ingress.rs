@@ -765,7 +765,7 @@ impl Ingress {
             .serve_candidates(
                 req,
                 client,
-                &decision.candidates,
+                decision.candidates(&view),
                 decision.key.as_deref(),
                 request_id,
                 view.version(),
@@ -796,7 +796,7 @@ impl Ingress {
         &self,
         req: Request<Incoming>,
         client: SocketAddr,
-        candidates: &[NodeId],
+        candidates: impl Iterator<Item = &NodeId>,
         key: Option<&str>,
         request_id: u128,
         view_version: u64,

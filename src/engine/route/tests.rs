@@ -69,8 +69,12 @@ fn three() -> MembershipView {
     view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)])
 }
 
-fn ids(d: &Decision) -> Vec<&str> {
-    d.candidates.iter().map(|s| &**s).collect()
+fn ids<'a>(d: &'a Decision, v: &'a MembershipView) -> Vec<&'a str> {
+    d.candidates(v).map(|s| &**s).collect()
+}
+
+fn cands(d: &Decision, v: &MembershipView) -> Vec<NodeId> {
+    d.candidates(v).cloned().collect()
 }
 
 fn decide(router: &mut Router, req: &Req, v: &MembershipView) -> Decision {
@@ -99,14 +103,14 @@ fn consistent_hash_rule_key() {
     assert_eq!(d.reason, Reason::Rule(0));
     assert_eq!(Some(&d.owner), v.ring().owner("alice"));
     let want: Vec<NodeId> = v.ring().candidates("alice").cloned().collect();
-    assert_eq!(d.candidates, want);
+    assert_eq!(cands(&d, &v), want);
     // Same key from another client: same owner.
     let d2 = decide(
         &mut r,
         &Req::new("/y?user=alice", None, "192.0.2.9:2000"),
         &v,
     );
-    assert_eq!(d2.candidates, d.candidates);
+    assert_eq!(cands(&d2, &v), cands(&d, &v));
 }
 
 #[test]
@@ -135,14 +139,14 @@ fn h3_no_rules_means_sticky_round_robin() {
         let d = decide(&mut r, &req, &v);
         assert_eq!((d.reason, d.key.as_deref()), (Reason::RoundRobin, None));
         assert_eq!(&*d.owner, w[0]);
-        assert_eq!(ids(&d), w);
+        assert_eq!(ids(&d, &v), w);
     }
     // Once the session exists, the route sticks, and does not advance
     // the rotation.
     let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1000");
     for _ in 0..3 {
         let d = decide(&mut r, &sticky, &v);
-        assert_eq!(ids(&d), ["n3", "n1", "n2"]);
+        assert_eq!(ids(&d, &v), ["n3", "n1", "n2"]);
         assert_eq!(d.reason, Reason::StickyRoute);
     }
     assert_eq!(&*decide(&mut r, &req, &v).owner, "n2");
@@ -159,7 +163,7 @@ fn a11_round_robin_policy_over_views() {
         .collect();
     assert_eq!(owners, ["n1", "n3", "n1", "n3"]);
     let d = decide(&mut r, &req, &down);
-    assert_eq!(ids(&d), ["n1", "n3"]);
+    assert_eq!(ids(&d, &down), ["n1", "n3"]);
     let owners: Vec<String> = (0..3)
         .map(|_| decide(&mut r, &req, &three()).owner.to_string())
         .collect();
@@ -175,7 +179,7 @@ fn sticky_route_wins_under_consistent_hash() {
         &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
         &v,
     );
-    let other = plain.candidates[2].clone();
+    let other = cands(&plain, &v)[2].clone();
     let req = Req::new(
         "/x?user=alice",
         Some(&format!("peerlb-route={other}")),
@@ -186,11 +190,11 @@ fn sticky_route_wins_under_consistent_hash() {
     assert_eq!(d.owner, other);
     assert_eq!(d.key.as_deref(), Some("alice"));
     let want = vec![
-        plain.candidates[2].clone(),
-        plain.candidates[0].clone(),
-        plain.candidates[1].clone(),
+        cands(&plain, &v)[2].clone(),
+        cands(&plain, &v)[0].clone(),
+        cands(&plain, &v)[1].clone(),
     ];
-    assert_eq!(d.candidates, want);
+    assert_eq!(cands(&d, &v), want);
 }
 
 #[test]
@@ -223,7 +227,7 @@ fn h4_forged_or_non_serving_route_is_ignored() {
                 let got = decide(&mut b, forged, &v);
                 assert_eq!(got, want, "{policy} {route:?}");
                 assert_ne!(got.reason, Reason::StickyRoute);
-                assert!(!got.candidates.iter().any(|c| &**c == "n2"));
+                assert!(!got.candidates(&v).any(|c| &**c == "n2"));
             }
         }
     }
@@ -243,7 +247,7 @@ fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
         let d = decide(&mut r, &req, &v);
         assert_ne!(&*d.owner, "n2");
         assert_eq!(d.reason, Reason::RoundRobin);
-        assert!(d.candidates.iter().all(|c| v.is_serving(c)));
+        assert!(d.candidates(&v).all(|c| v.is_serving(c)));
         // The ingress rewrites the cookie to d.owner; the next request sticks.
         let next = Req::new(
             "/cart",
@@ -266,8 +270,9 @@ fn c6_dead_owner_next_node_on_ring_takes_over() {
         .into_iter()
         .map(|id| (id, if id == dead { Leaving } else { Serving }))
         .collect();
-    let after = decide(&mut r, &req, &view("n1", &members));
-    assert_eq!(after.candidates, before.candidates[1..]);
+    let after_view = view("n1", &members);
+    let after = decide(&mut r, &req, &after_view);
+    assert_eq!(cands(&after, &after_view), cands(&before, &v)[1..]);
 }
 
 #[test]
@@ -318,7 +323,7 @@ fn random_is_seeded() {
             .position(|id| *id == d.owner)
             .unwrap();
         let want: Vec<NodeId> = rotation_from(v.serving_ids(), i).cloned().collect();
-        assert_eq!(d.candidates, want);
+        assert_eq!(cands(&d, &v), want);
     }
 }
 
@@ -335,13 +340,8 @@ fn no_serving_members_the_entry_serves_itself() {
                 &v,
             );
             assert_eq!(
-                d,
-                Decision {
-                    owner: "self".into(),
-                    candidates: vec!["self".into()],
-                    key: None,
-                    reason: Reason::NoMembers
-                }
+                (&*d.owner, ids(&d, &v), d.key.as_deref(), d.reason),
+                ("self", vec!["self"], None, Reason::NoMembers)
             );
         }
     }
@@ -356,7 +356,10 @@ fn hash_with_all_weights_zero_falls_back_to_rotation() {
     let v = MembershipView::new("a".into(), m, 160);
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
     let d = decide(&mut r, &Req::new("/?user=x", None, "192.0.2.1:1"), &v);
-    assert_eq!((ids(&d), d.reason), (vec!["a", "b"], Reason::RoundRobin));
+    assert_eq!(
+        (ids(&d, &v), d.reason),
+        (vec!["a", "b"], Reason::RoundRobin)
+    );
 }
 
 /// A view of serving members `(id, weight, load metric, inflight)`.
@@ -396,7 +399,7 @@ fn a3_weighted_round_robin_through_the_router() {
     );
     let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
     assert_eq!(
-        (ids(&d), d.reason),
+        (ids(&d, &v), d.reason),
         (vec!["a", "b"], Reason::WeightedRoundRobin)
     );
 }
@@ -458,7 +461,7 @@ fn a6_a7_metric_shares() {
     }
     let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
     assert_eq!(
-        (ids(&d), d.reason),
+        (ids(&d, &v), d.reason),
         (vec!["n3", "n1", "n2"], Reason::Metric)
     );
     // A7: no metric counts as 50.
@@ -496,7 +499,7 @@ fn a9_least_load_through_the_router() {
         if i == 5 {
             // s1 and s2 tie at 70 and s2 wins: failover goes to s1 (70)
             // before s3 (80).
-            assert_eq!(ids(&d), ["s2", "s1", "s3"]);
+            assert_eq!(ids(&d, &v), ["s2", "s1", "s3"]);
         }
         *local.borrow_mut().entry(d.owner.to_string()).or_insert(0) += 10;
         got.push(d.owner.to_string());
@@ -570,7 +573,7 @@ fn local_affinity_prefers_the_entry_node() {
         for _ in 0..3 {
             let d = decide(&mut r, &req, &v);
             assert_eq!(
-                (ids(&d), d.reason),
+                (ids(&d, &v), d.reason),
                 (vec!["n2", "n3", "n1"], Reason::Local),
                 "{p}"
             );
@@ -627,18 +630,18 @@ fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
     assert_eq!(d.reason, Reason::BoundedLoad { rule: Some(0) });
     assert_eq!(d.reason.to_string(), "bounded-load[0]");
     assert_eq!(
-        d.candidates,
+        cands(&d, &v),
         [
-            plain.candidates[1].clone(),
-            plain.candidates[0].clone(),
-            plain.candidates[2].clone()
+            cands(&plain, &idle)[1].clone(),
+            cands(&plain, &idle)[0].clone(),
+            cands(&plain, &idle)[2].clone()
         ]
     );
     // The entry's own in-flight counts too.
     let owner = plain.owner.clone();
     let local = |id: &str| if id == &*owner { 30 } else { 0 };
     let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
-    assert_eq!(d.owner, plain.candidates[1]);
+    assert_eq!(d.owner, cands(&plain, &idle)[1]);
     // The default key spills with rule None.
     let req = Req::new("/x", None, "192.0.2.1:1000");
     let d0 = decide(&mut r, &req, &idle);
@@ -734,18 +737,19 @@ proptest! {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         for _ in 0..3 {
             let d = r.decide(&req.view(), &v, T0, &mut rng);
-            prop_assert_eq!(&d.candidates[0], &d.owner);
-            let set: std::collections::BTreeSet<_> = d.candidates.iter().collect();
-            prop_assert_eq!(set.len(), d.candidates.len());
+            let c = cands(&d, &v);
+            prop_assert_eq!(&c[0], &d.owner);
+            let set: std::collections::BTreeSet<_> = c.iter().collect();
+            prop_assert_eq!(set.len(), c.len());
             if d.reason == Reason::NoMembers {
                 prop_assert!(v.serving_ids().is_empty());
             } else {
-                prop_assert!(d.candidates.iter().all(|c| v.is_serving(c)));
+                prop_assert!(c.iter().all(|c| v.is_serving(c)));
                 if d.key.is_none() {
-                    prop_assert_eq!(d.candidates.len(), v.serving_ids().len());
+                    prop_assert_eq!(c.len(), v.serving_ids().len());
                 } else {
                     // Hash: the ring's nodes (weight > 0), plus a sticky owner.
-                    prop_assert!(d.candidates.len() >= v.ring().node_count());
+                    prop_assert!(c.len() >= v.ring().node_count());
                 }
             }
             r.record_bytes(&d.owner, 100);
