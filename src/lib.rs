@@ -48,5 +48,7 @@ pub use engine::membership::{Member, MembershipView, NodeId, NodeStatus};
 pub use engine::ring::Ring;
 pub use engine::route::{Decision, Reason, Router};
 pub use engine::rules::{RequestView, RuleSpec, Rules};
+#[doc(hidden)]
+pub use engine::testing;
 pub use env::Env;
 pub use node::Node;

@@ -7,44 +7,20 @@ use crate::engine::membership::NodeStatus::{self, *};
 use crate::engine::membership::tests::{member, view};
 use crate::engine::rules::RuleSpec;
 use crate::engine::sticky::encode_route_param;
-use http::header::COOKIE;
-use http::{HeaderMap, HeaderValue, Method, Uri};
+use crate::engine::testing::TestRequest;
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
 const T0: Duration = Duration::ZERO;
 
-struct Req {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    client: SocketAddr,
-}
-
-impl Req {
-    fn new(uri: &str, cookie: Option<&str>, client: &str) -> Req {
-        let mut headers = HeaderMap::new();
-        if let Some(c) = cookie {
-            headers.insert(COOKIE, HeaderValue::from_str(c).unwrap());
-        }
-        Req {
-            method: Method::GET,
-            uri: uri.parse().unwrap(),
-            headers,
-            client: client.parse().unwrap(),
-        }
-    }
-
-    fn view(&self) -> RequestView<'_> {
-        RequestView {
-            method: &self.method,
-            uri: &self.uri,
-            headers: &self.headers,
-            client: self.client,
-        }
+/// `GET uri` from `client`, with a `Cookie` header when `cookie` is set.
+fn request(uri: &str, cookie: Option<&str>, client: &str) -> TestRequest {
+    let req = TestRequest::get(uri).client(client);
+    match cookie {
+        Some(c) => req.cookie(c),
+        None => req,
     }
 }
 
@@ -77,8 +53,29 @@ fn cands(d: &Decision, v: &MembershipView) -> Vec<NodeId> {
     d.candidates(v).cloned().collect()
 }
 
-fn decide(router: &mut Router, req: &Req, v: &MembershipView) -> Decision {
+fn decide(router: &mut Router, req: &TestRequest, v: &MembershipView) -> Decision {
     router.decide(&req.view(), v, T0, &mut rng())
+}
+
+#[test]
+fn a_hash_decision_carries_no_ranked_list() {
+    // The failover order is computed from the key's point when walked
+    // (Decision::candidates), so a decision costs the same at any N.
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let v = three();
+    let d = decide(&mut r, &request("/x?user=alice", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        d.failover,
+        Failover::Ring {
+            point: hash_key("alice")
+        }
+    );
+    let mut r = Router::new(PolicyKind::RoundRobin, Rules::default());
+    let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        (d.failover.clone(), ids(&d, &v)),
+        (Failover::Rotation, vec!["n1", "n2", "n3"])
+    );
 }
 
 #[test]
@@ -96,7 +93,7 @@ fn consistent_hash_rule_key() {
     let v = three();
     let d = decide(
         &mut r,
-        &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
+        &request("/x?user=alice", None, "192.0.2.1:1000"),
         &v,
     );
     assert_eq!(d.key.as_deref(), Some("alice"));
@@ -107,7 +104,7 @@ fn consistent_hash_rule_key() {
     // Same key from another client: same owner.
     let d2 = decide(
         &mut r,
-        &Req::new("/y?user=alice", None, "192.0.2.9:2000"),
+        &request("/y?user=alice", None, "192.0.2.9:2000"),
         &v,
     );
     assert_eq!(cands(&d2, &v), cands(&d, &v));
@@ -117,7 +114,7 @@ fn consistent_hash_rule_key() {
 fn h2_no_rule_matching_uses_client_host_and_port() {
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
     let v = three();
-    let d = decide(&mut r, &Req::new("/x", None, "192.0.2.1:1000"), &v);
+    let d = decide(&mut r, &request("/x", None, "192.0.2.1:1000"), &v);
     assert_eq!(d.key.as_deref(), Some("192.0.2.1:1000"));
     assert_eq!(d.reason, Reason::DefaultKey);
     assert_eq!(Some(&d.owner), v.ring().owner("192.0.2.1:1000"));
@@ -128,7 +125,7 @@ fn h3_no_rules_means_sticky_round_robin() {
     let mut r = Router::new(PolicyKind::ConsistentHash, Rules::default());
     assert!(r.is_sticky());
     let v = three();
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     let want = [
         ["n1", "n2", "n3"],
         ["n2", "n3", "n1"],
@@ -143,7 +140,7 @@ fn h3_no_rules_means_sticky_round_robin() {
     }
     // Once the session exists, the route sticks, and does not advance
     // the rotation.
-    let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1000");
+    let sticky = request("/", Some("peerlb-route=n3"), "192.0.2.1:1000");
     for _ in 0..3 {
         let d = decide(&mut r, &sticky, &v);
         assert_eq!(ids(&d, &v), ["n3", "n1", "n2"]);
@@ -156,7 +153,7 @@ fn h3_no_rules_means_sticky_round_robin() {
 fn a11_round_robin_policy_over_views() {
     let mut r = Router::new(PolicyKind::RoundRobin, Rules::default());
     assert!(!r.is_sticky());
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     let down = view("n1", &[("n1", Serving), ("n2", Leaving), ("n3", Serving)]);
     let owners: Vec<String> = (0..4)
         .map(|_| decide(&mut r, &req, &down).owner.to_string())
@@ -176,11 +173,11 @@ fn sticky_route_wins_under_consistent_hash() {
     let v = three();
     let plain = decide(
         &mut r,
-        &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
+        &request("/x?user=alice", None, "192.0.2.1:1000"),
         &v,
     );
     let other = cands(&plain, &v)[2].clone();
-    let req = Req::new(
+    let req = request(
         "/x?user=alice",
         Some(&format!("peerlb-route={other}")),
         "192.0.2.1:1000",
@@ -211,13 +208,13 @@ fn h4_forged_or_non_serving_route_is_ignored() {
                 Router::new(policy, rules.clone()),
                 Router::new(policy, rules),
             );
-            let honest = Req::new("/x?user=u", None, "192.0.2.1:1000");
-            let forged_cookie = Req::new(
+            let honest = request("/x?user=u", None, "192.0.2.1:1000");
+            let forged_cookie = request(
                 "/x?user=u",
                 Some(&format!("peerlb-route={route}")),
                 "192.0.2.1:1000",
             );
-            let forged_param = Req::new(
+            let forged_param = request(
                 &format!("/x{}?user=u", encode_route_param(route)),
                 None,
                 "192.0.2.1:1000",
@@ -237,7 +234,7 @@ fn h4_forged_or_non_serving_route_is_ignored() {
 fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
     let mut r = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
     assert!(r.is_sticky());
-    let req = Req::new("/cart", Some("peerlb-route=n2"), "192.0.2.1:1000");
+    let req = request("/cart", Some("peerlb-route=n2"), "192.0.2.1:1000");
     assert_eq!(&*decide(&mut r, &req, &three()).owner, "n2");
     // n2 died (gone from the view) or is leaving: the route is ignored.
     for v in [
@@ -249,7 +246,7 @@ fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
         assert_eq!(d.reason, Reason::RoundRobin);
         assert!(d.candidates(&v).all(|c| v.is_serving(c)));
         // The ingress rewrites the cookie to d.owner; the next request sticks.
-        let next = Req::new(
+        let next = request(
             "/cart",
             Some(&format!("peerlb-route={}", d.owner)),
             "192.0.2.1:1000",
@@ -262,7 +259,7 @@ fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
 #[test]
 fn c6_dead_owner_next_node_on_ring_takes_over() {
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
-    let req = Req::new("/x?user=bob", None, "192.0.2.1:1000");
+    let req = request("/x?user=bob", None, "192.0.2.1:1000");
     let v = three();
     let before = decide(&mut r, &req, &v);
     let dead = before.owner.to_string();
@@ -288,7 +285,7 @@ fn c4_views_from_any_order_decide_alike() {
     let mut ra = Router::new(PolicyKind::ConsistentHash, user_rules());
     let mut rb = Router::new(PolicyKind::ConsistentHash, user_rules());
     for u in 0..200 {
-        let req = Req::new(&format!("/?user=u{u}"), None, "192.0.2.1:1000");
+        let req = request(&format!("/?user=u{u}"), None, "192.0.2.1:1000");
         assert_eq!(decide(&mut ra, &req, &va), decide(&mut rb, &req, &vb));
     }
 }
@@ -304,7 +301,7 @@ fn random_is_seeded() {
             ("n4", Serving),
         ],
     );
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     let run = |seed: u64| {
         let mut r = Router::new(PolicyKind::Random, Rules::default());
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
@@ -336,7 +333,7 @@ fn no_serving_members_the_entry_serves_itself() {
             let mut r = Router::new(policy, user_rules());
             let d = decide(
                 &mut r,
-                &Req::new("/?user=a", Some("peerlb-route=n2"), "192.0.2.1:1"),
+                &request("/?user=a", Some("peerlb-route=n2"), "192.0.2.1:1"),
                 &v,
             );
             assert_eq!(
@@ -355,7 +352,7 @@ fn hash_with_all_weights_zero_falls_back_to_rotation() {
     }
     let v = MembershipView::new("a".into(), m, 160);
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
-    let d = decide(&mut r, &Req::new("/?user=x", None, "192.0.2.1:1"), &v);
+    let d = decide(&mut r, &request("/?user=x", None, "192.0.2.1:1"), &v);
     assert_eq!(
         (ids(&d, &v), d.reason),
         (vec!["a", "b"], Reason::RoundRobin)
@@ -378,7 +375,7 @@ fn weighted(self_id: &str, ms: &[(&str, u32, u8, u32)]) -> MembershipView {
 }
 
 fn owners(r: &mut Router, v: &MembershipView, n: usize) -> Vec<String> {
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     (0..n)
         .map(|_| decide(r, &req, v).owner.to_string())
         .collect()
@@ -397,7 +394,7 @@ fn a3_weighted_round_robin_through_the_router() {
         owners(&mut r, &v, 10),
         ["a", "b", "a", "a", "a", "b", "a", "a", "b", "a"]
     );
-    let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+    let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
     assert_eq!(
         (ids(&d, &v), d.reason),
         (vec!["a", "b"], Reason::WeightedRoundRobin)
@@ -431,7 +428,7 @@ fn a10_weights_50_100_100() {
     // weighted-random: the same shares in expectation (seeded).
     let mut r = Router::new(PolicyKind::WeightedRandom, Rules::default());
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let mut n = BTreeMap::new();
     for _ in 0..20_000 {
         let d = r.decide(&req.view(), &v, T0, &mut rng);
@@ -459,7 +456,7 @@ fn a6_a7_metric_shares() {
             (20, 40, 90)
         );
     }
-    let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+    let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
     assert_eq!(
         (ids(&d, &v), d.reason),
         (vec!["n3", "n1", "n2"], Reason::Metric)
@@ -490,7 +487,7 @@ fn a9_least_load_through_the_router() {
     );
     let local = RefCell::new(BTreeMap::<String, u32>::new());
     let mut r = Router::new(PolicyKind::LeastLoad, Rules::default());
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let mut got = Vec::new();
     for i in 0..12 {
         let loads = |id: &str| local.borrow().get(id).copied().unwrap_or(0);
@@ -521,7 +518,7 @@ fn a5_by_traffic_through_the_router() {
         &[("a", 100, 100, 0), ("b", 200, 100, 0), ("c", 100, 100, 0)],
     );
     let mut r = Router::new(PolicyKind::ByTraffic, Rules::default());
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let mut got = Vec::new();
     for _ in 0..8 {
         let d = decide(&mut r, &req, &v);
@@ -547,14 +544,14 @@ fn weighted_policies_with_no_weight_fall_back_to_round_robin() {
     ] {
         let mut r = Router::new(p, Rules::default());
         assert_eq!(owners(&mut r, &v, 3), ["a", "b", "a"], "{p}");
-        let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+        let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
         assert_eq!(d.reason, Reason::RoundRobin);
     }
 }
 
 #[test]
 fn local_affinity_prefers_the_entry_node() {
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let v = weighted(
         "n2",
         &[
@@ -579,7 +576,7 @@ fn local_affinity_prefers_the_entry_node() {
             );
         }
         // A sticky route still wins.
-        let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1");
+        let sticky = request("/", Some("peerlb-route=n3"), "192.0.2.1:1");
         assert_eq!(decide(&mut r, &sticky, &v).reason, Reason::StickyRoute);
     }
     // Not a candidate (draining, or weight 0 for weighted policies, or
@@ -616,7 +613,7 @@ fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
     };
     let mut r = Router::with_options(PolicyKind::ConsistentHash, user_rules(), opts).unwrap();
     assert_eq!(r.options(), opts);
-    let req = Req::new("/x?user=alice", None, "192.0.2.1:1000");
+    let req = request("/x?user=alice", None, "192.0.2.1:1000");
     let idle = three();
     let plain = decide(&mut r, &req, &idle);
     assert_eq!(plain.reason, Reason::Rule(0));
@@ -643,7 +640,7 @@ fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
     let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
     assert_eq!(d.owner, cands(&plain, &idle)[1]);
     // The default key spills with rule None.
-    let req = Req::new("/x", None, "192.0.2.1:1000");
+    let req = request("/x", None, "192.0.2.1:1000");
     let d0 = decide(&mut r, &req, &idle);
     let local = |id: &str| if id == &*d0.owner { 30 } else { 0 };
     let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
@@ -698,7 +695,7 @@ fn set_rules_affects_later_decisions() {
     assert!(r.is_sticky());
     r.set_rules(user_rules());
     assert!(!r.is_sticky());
-    let d = decide(&mut r, &Req::new("/?user=z", None, "192.0.2.1:1"), &three());
+    let d = decide(&mut r, &request("/?user=z", None, "192.0.2.1:1"), &three());
     assert_eq!(d.key.as_deref(), Some("z"));
     assert_eq!(r.rules().len(), 1);
 }
@@ -733,7 +730,7 @@ proptest! {
         let policy = if local && kind.has_local_variant() { Policy::local(kind).unwrap() } else { Policy::new(kind) };
         let opts = RouterOptions { hash_balance_factor: bounded.then_some(1.25) };
         let mut r = Router::with_options(policy, user_rules(), opts).unwrap();
-        let req = Req::new(&format!("/?user={user}"), Some(&format!("peerlb-route=n{route}")), "192.0.2.1:1");
+        let req = request(&format!("/?user={user}"), Some(&format!("peerlb-route=n{route}")), "192.0.2.1:1");
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         for _ in 0..3 {
             let d = r.decide(&req.view(), &v, T0, &mut rng);
