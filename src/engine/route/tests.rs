@@ -320,7 +320,7 @@ fn random_is_seeded() {
             .position(|id| *id == d.owner)
             .unwrap();
         let want: Vec<NodeId> = rotation_from(v.serving_ids(), i).cloned().collect();
-        assert_eq!(cands(&d, &v), want);
+        assert_eq!(cands(d, &v), want);
     }
 }
 
