@@ -16,7 +16,9 @@
 //! - `engine/` (I/O-free, no clock, seeded randomness): `ring` (consistent
 //!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
 //!   (sticky route cookie / URL parameter), `balance` (policies),
-//!   `membership` (immutable [`MembershipView`]), `route` (the decision).
+//!   `membership` (immutable [`MembershipView`]), `route` (the decision),
+//!   `testing` (doc-hidden test support: the request builder the unit tests
+//!   and the benches share).
 //! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
 //!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path), `app` (built-in and upstream app),
