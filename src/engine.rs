@@ -36,3 +36,4 @@ pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
 pub(crate) mod sticky;
+pub mod testing;

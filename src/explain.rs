@@ -3,6 +3,7 @@
 //! the hash key, the owner, the failover order, and the sequence of picks
 //! the policy would make for N such requests.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -182,6 +183,14 @@ pub struct Setup {
 /// Decides `req` from `client` under `setup`, then `count` more times for
 /// the sequence of picks.
 ///
+/// `load_step` models the load a request adds while nothing completes
+/// (`--load-step`): each of the `count` picks adds `load_step` to the
+/// picked node's load figure for the later picks, as the entry's own
+/// outstanding requests do in a node (`Router::decide_with_loads`), so
+/// `least-load` and bounded-load hashing move on. With figures 20, 70, 80
+/// (`inflight:N`) and `load_step` 10, `least-load` replays Citrix's custom
+/// load example: `1 1 1 1 1 2 1 3`. 0 (the default): no load added.
+///
 /// # Errors
 /// [`ArgError`] for `--policy` when the router options are invalid.
 pub fn explain(
@@ -189,6 +198,7 @@ pub fn explain(
     req: &http::Request<()>,
     client: SocketAddr,
     count: usize,
+    load_step: u32,
 ) -> Result<Explanation, ArgError> {
     let Setup {
         policy,
@@ -221,8 +231,15 @@ pub fn explain(
         let mut router = Router::with_options(policy, router.rules().clone(), options)
             .map_err(|e| arg_err("--policy", e.to_string()))?;
         let mut rng = SmallRng::seed_from_u64(seed);
+        let mut added: BTreeMap<NodeId, u32> = BTreeMap::new();
         for i in 0..count {
-            let d = router.decide(&rv, &view, Duration::from_millis(i as u64), &mut rng);
+            let now = Duration::from_millis(i as u64);
+            let local = |id: &str| added.get(id).copied().unwrap_or(0);
+            let d = router.decide_with_loads(&rv, &view, now, &mut rng, &local);
+            if load_step > 0 {
+                let l = added.entry(d.owner.clone()).or_insert(0);
+                *l = l.saturating_add(load_step);
+            }
             picks.push(d.owner.to_string());
         }
     }
@@ -233,7 +250,7 @@ pub fn explain(
         key: d.key.clone(),
         reason: d.reason.to_string(),
         owner: d.owner.to_string(),
-        candidates: d.candidates.iter().map(|c| c.to_string()).collect(),
+        candidates: d.candidates(&view).map(|c| c.to_string()).collect(),
         picks,
     })
 }
@@ -277,6 +294,7 @@ mod tests {
             &req,
             "10.1.2.3:5555".parse().unwrap(),
             count,
+            0,
         )
         .unwrap()
     }

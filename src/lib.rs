@@ -17,7 +17,9 @@
 //!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
 //!   (sticky route cookie / URL parameter), `balance` (policies),
 //!   `node_id` ([`NodeId`] and its naming rules), `membership` (immutable
-//!   [`MembershipView`]), `route` (the decision).
+//!   [`MembershipView`]), `route` (the decision), `testing` (doc-hidden
+//!   test support: the request builder the unit tests and the benches
+//!   share).
 //! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
 //!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path), `app` (built-in and upstream app),
@@ -52,5 +54,7 @@ pub use engine::node_id::{InvalidNodeId, NodeId};
 pub use engine::ring::Ring;
 pub use engine::route::{Decision, Reason, Router};
 pub use engine::rules::{RequestView, RuleSpec, Rules};
+#[doc(hidden)]
+pub use engine::testing;
 pub use env::Env;
 pub use node::Node;

@@ -191,7 +191,6 @@ impl Node {
             MetricSmoother::new(config.metric.history)
                 .map_err(|e| NodeError::Metric(e.to_string()))?,
             config.metric.capacity,
-            config.metric.latency_limit_ms,
             config.gossip.interval,
         ));
 
@@ -252,41 +251,34 @@ async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
 }
 
 /// Every `interval`, computes this node's load metric (0..=100, 100 idle)
-/// from its in-flight requests and its app's mean serve time, smooths it
-/// (mod_oc4j history) and publishes it with the in-flight count as gossip
-/// keys `load` and `inflight` when they change.
+/// with mod_oc4j's conversion of the app processing time accrued since the
+/// previous interval (seconds per second, `balance/metric.rs`), bounded by
+/// the requests the app is serving, smooths it (mod_oc4j history) and
+/// publishes it with the served count as gossip keys `load` and `inflight`
+/// when they change. `inflight` counts the requests this node's app serves
+/// (client requests served here plus proxied ones), never the requests it
+/// only forwards: it is the load bounded-load hashing and `least-load`
+/// compare, the same on every node.
 async fn publish_load(
     ingress: Arc<Ingress>,
     publisher: gossip::Publisher,
     mut smoother: MetricSmoother,
     capacity: u32,
-    latency_limit_ms: u32,
     interval: Duration,
 ) {
     let mut tick = tokio::time::interval(interval);
     let mut last = None;
-    let mut last_served = 0;
+    let mut last_busy_us = ingress.app_busy_us();
     loop {
         tick.tick().await;
-        let served = ingress
-            .counters
-            .served_local
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if served == last_served {
-            ingress.decay_latency();
-        }
-        last_served = served;
-        let inflight = ingress.inflight();
-        let raw = raw_metric(
-            inflight,
-            capacity,
-            ingress.app_latency_ms(),
-            latency_limit_ms,
-        );
-        let load = smoother.observe(raw);
-        if last != Some((load, inflight)) {
-            publisher.set_load(load, inflight).await;
-            last = Some((load, inflight));
+        let busy_us = ingress.app_busy_us();
+        let delta = (busy_us - last_busy_us) as f64 / 1e6 / interval.as_secs_f64();
+        last_busy_us = busy_us;
+        let serving = ingress.serving();
+        let load = smoother.observe(raw_metric(serving, capacity, delta));
+        if last != Some((load, serving)) {
+            publisher.set_load(load, serving).await;
+            last = Some((load, serving));
         }
     }
 }

@@ -456,3 +456,34 @@ async fn rules_reload_on_the_embedded_config_is_409() {
     assert_eq!(r.header("peerlb-entry"), Some("n1"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn route_replays_the_least_load_example_with_a_load_step() {
+    // Citrix custom load: figures 20, 70, 80, each request adding 10.
+    // Requests 1-5 to s1; 6 to s2 (s1 and s2 tie at 70); 7 to s1 (alone at
+    // 70); 8 to s3 (all tie at 80; the tie rotation continues after s2).
+    let picks = |step: &str| -> String {
+        let out = Command::new(bin())
+            .args(["route", "--request", "GET /", "--policy", "least-load"])
+            .args(["--members", "s1=inflight:20,s2=inflight:70,s3=inflight:80"])
+            .args(["--count", "8", "--load-step", step, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let picks: Vec<&str> = v["picks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        picks.join(" ")
+    };
+    assert_eq!(picks("10"), "s1 s1 s1 s1 s1 s2 s1 s3");
+    // Without a step nothing adds load: the first pick repeats.
+    assert_eq!(picks("0"), "s1 s1 s1 s1 s1 s1 s1 s1");
+}

@@ -203,3 +203,40 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
     let (text, closed) = read_until_closed(&mut s);
     assert!(closed && text.len() < 1 << 30);
 }
+
+/// A node publishes (gossip `inflight`, the figure of bounded-load hashing
+/// and `least-load`) the requests its app serves, not the ones it only
+/// forwards: an entry forwarding a long request to its owner keeps
+/// publishing 0 while the owner publishes 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_publishes_the_requests_it_serves_not_those_it_forwards() {
+    let c = Cluster::start("servedload", 2, "[ring]\nvnodes = 1024\n", USER_RULES);
+    let (entry, owner) = (c.nodes[0].http, c.nodes[1].http);
+    let r = ring(&["n1", "n2"], 1024);
+    let user = user_where(&r, |o| o == "n2");
+    let long =
+        tokio::spawn(async move { get(entry, &format!("/delay/3000?user={user}"), &[]).await });
+    // The published count of `id` as node `at` sees it.
+    let published = |at, id: &str| -> Option<u64> {
+        let v = status(at)?;
+        let m = v["members"].as_array()?.iter().find(|m| m["id"] == id)?;
+        m["inflight"].as_u64()
+    };
+    c.wait_until(Duration::from_secs(5), || published(entry, "n2") == Some(1))
+        .expect("the owner publishes the request it serves");
+    // The entry has the request in flight (forwarded) ...
+    assert_eq!(status(entry).unwrap()["inflight"], 1);
+    // ... and for 1.5 s (seven publish intervals of 200 ms, with gossip
+    // rounds between) it never publishes it as its own load; counting it
+    // (as nodes did) shows 1 at the owner within a few hundred ms.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(
+            published(owner, "n1"),
+            Some(0),
+            "the entry published a forwarded request"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(long.await.unwrap().status, 200);
+}

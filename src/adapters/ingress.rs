@@ -339,8 +339,13 @@ pub(crate) struct Ingress {
     /// Requests this entry has outstanding per node, when the policy needs
     /// load figures (least-load, by-traffic, bounded load).
     tracker: Option<Arc<Tracker>>,
-    /// Mean time the local app takes to answer, in µs (EWMA, 1/8 weight).
-    latency_us: AtomicU64,
+    /// Cumulative time the local app took to return response heads, in µs
+    /// (the measured value of the mod_oc4j metric, `balance/metric.rs`).
+    busy_us: AtomicU64,
+    /// Requests the local app is serving (client requests served here and
+    /// proxied requests), until their response bodies end: the load this
+    /// node publishes as `inflight`.
+    serving: Arc<AtomicU32>,
     rng: Mutex<SmallRng>,
     links: Arc<PeerLinks>,
     app: App,
@@ -360,11 +365,15 @@ pub(crate) struct Ingress {
     pub counters: Counters,
 }
 
-/// Counts one request in flight on this node until dropped.
-struct Inflight(Arc<AtomicU32>);
+/// Counts one request in flight on this node (and in a second counter, the
+/// requests the app serves, when set) until dropped.
+struct Inflight(Arc<AtomicU32>, Option<Arc<AtomicU32>>);
 impl Drop for Inflight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = &self.1 {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -488,7 +497,8 @@ impl Ingress {
             view,
             tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::for_router(&router))),
             router: Arc::new(Mutex::new(router)),
-            latency_us: AtomicU64::new(0),
+            busy_us: AtomicU64::new(0),
+            serving: Arc::new(AtomicU32::new(0)),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             links,
             app,
@@ -503,6 +513,12 @@ impl Ingress {
     /// Requests in flight on this node (client and proxied).
     pub(crate) fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Requests the local app is serving now (client requests served here
+    /// plus proxied requests; not the requests this entry forwards).
+    pub(crate) fn serving(&self) -> u32 {
+        self.serving.load(Ordering::Relaxed)
     }
 
     /// Reads and compiles the rules again and puts them in force for new
@@ -564,7 +580,8 @@ impl Ingress {
             .map(|t| Outstanding::new(t, &self.router, node.clone(), request_bytes))
     }
 
-    /// Serves with the local app, keeping the mean serve time for the load metric.
+    /// Serves with the local app, adding its time to the response head to
+    /// the cumulative processing time of the load metric.
     async fn serve_app(
         &self,
         req: Request<Body>,
@@ -573,22 +590,14 @@ impl Ingress {
         let start = tokio::time::Instant::now();
         let r = self.app.serve(req, ctx).await;
         let us = start.elapsed().as_micros().min(u128::from(u32::MAX)) as u64;
-        let old = self.latency_us.load(Ordering::Relaxed);
-        let new = if old == 0 { us } else { (old * 7 + us) / 8 };
-        self.latency_us.store(new, Ordering::Relaxed);
+        self.busy_us.fetch_add(us, Ordering::Relaxed);
         r
     }
 
-    /// Halves the mean serve time: called when a tick passed with no
-    /// request served, so an idle node's metric recovers.
-    pub(crate) fn decay_latency(&self) {
-        let v = self.latency_us.load(Ordering::Relaxed);
-        self.latency_us.store(v / 2, Ordering::Relaxed);
-    }
-
-    /// Mean time the local app took to answer recently (EWMA), in ms.
-    pub(crate) fn app_latency_ms(&self) -> u32 {
-        (self.latency_us.load(Ordering::Relaxed) / 1000) as u32
+    /// Cumulative time the local app took to return response heads, in µs
+    /// (only grows; the load metric uses its change per interval).
+    pub(crate) fn app_busy_us(&self) -> u64 {
+        self.busy_us.load(Ordering::Relaxed)
     }
 
     /// Stops accepting proxied requests (they are refused, retryable):
@@ -609,7 +618,21 @@ impl Ingress {
 
     fn enter(&self) -> Inflight {
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        Inflight(self.inflight.clone())
+        Inflight(self.inflight.clone(), None)
+    }
+
+    /// Counts one proxied request in flight and as served by the local app
+    /// until dropped.
+    fn enter_proxied(&self) -> Inflight {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.serving.fetch_add(1, Ordering::Relaxed);
+        Inflight(self.inflight.clone(), Some(self.serving.clone()))
+    }
+
+    /// Counts one request served by the local app until dropped.
+    fn enter_serving(&self) -> Inflight {
+        self.serving.fetch_add(1, Ordering::Relaxed);
+        Inflight(self.serving.clone(), None)
     }
 
     /// Handles one client request end to end; never fails (errors become
@@ -722,7 +745,7 @@ impl Ingress {
             .serve_candidates(
                 req,
                 client,
-                &decision.candidates,
+                decision.candidates(&view),
                 decision.key.as_deref(),
                 request_id,
                 view.version(),
@@ -753,7 +776,7 @@ impl Ingress {
         &self,
         req: Request<Incoming>,
         client: SocketAddr,
-        candidates: &[NodeId],
+        candidates: impl Iterator<Item = &NodeId>,
         key: Option<&str>,
         request_id: u128,
         view_version: u64,
@@ -797,6 +820,7 @@ impl Ingress {
                 };
                 self.counters.served_local.fetch_add(1, Ordering::Relaxed);
                 let guard = self.track(cand, request_bytes);
+                let serving = self.enter_serving();
                 let resp = self
                     .serve_app(Request::from_parts(parts, b), ctx)
                     .await
@@ -804,6 +828,7 @@ impl Ingress {
                         Some(b) => RequestError::client_body(b),
                         None => RequestError::App(e),
                     })?;
+                let resp = track_body(resp, None, serving);
                 return Ok((resp, self.node_id.clone(), guard));
             }
             let pair = match self.links.open(cand).await {
@@ -897,7 +922,7 @@ impl ProxiedHandler for Ingress {
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
-        let inflight = self.enter();
+        let inflight = self.enter_proxied();
         if let Some(k) = &head.hash_key {
             let view = self.view.borrow();
             if view.ring().owner(k).is_some_and(|o| *o != self.node_id) {

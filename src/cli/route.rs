@@ -40,6 +40,10 @@ pub(crate) struct RouteArgs {
     /// Also print the owners of N such requests in a row.
     #[arg(long, default_value_t = 0)]
     count: usize,
+    /// With --count: each pick adds N to its node's load figure (requests
+    /// that stay in flight), so least-load and bounded loads move on.
+    #[arg(long, default_value_t = 0)]
+    load_step: u32,
     /// Seed for random policies.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -99,7 +103,7 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         entry,
         seed: a.seed,
     };
-    let e = match explain::explain(setup, &req, a.from, a.count) {
+    let e = match explain::explain(setup, &req, a.from, a.count, a.load_step) {
         Ok(e) => e,
         Err(e) => return Ok(usage(&e)),
     };

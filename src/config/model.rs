@@ -101,11 +101,9 @@ pub struct BalanceSection {
     /// History proportion `h` of the published load metric (mod_oc4j):
     /// `smoothed = (1 - h) * metric + h * previous`. Range 0.0..1.0 (default 0.3).
     pub metric_history: f64,
-    /// In-flight requests at which a node's metric reaches 0 (fully busy), default 100.
+    /// Requests in service on this node's app at which its metric reaches
+    /// 0 (peerlb's bound on the mod_oc4j metric), default 100.
     pub metric_capacity: u32,
-    /// Mean serve time in ms at which a node's metric reaches 0, default
-    /// 1000; 0 leaves latency out of the metric.
-    pub metric_latency_limit_ms: u32,
 }
 
 impl Default for BalanceSection {
@@ -114,7 +112,6 @@ impl Default for BalanceSection {
             hash_balance_factor: None,
             metric_history: 0.3,
             metric_capacity: 100,
-            metric_latency_limit_ms: 1000,
         }
     }
 }

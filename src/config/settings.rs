@@ -98,11 +98,8 @@ pub struct RoutingSettings {
 pub struct MetricSettings {
     /// Smoothing history `h`, in `0.0..1.0` (`balance.metric_history`).
     pub history: f64,
-    /// In-flight requests at which the metric is 0 (`balance.metric_capacity`).
+    /// Requests in service at which the metric is 0 (`balance.metric_capacity`).
     pub capacity: u32,
-    /// Serve time in ms at which the metric is 0; 0 ignores latency
-    /// (`balance.metric_latency_limit_ms`).
-    pub latency_limit_ms: u32,
 }
 
 /// The ingress (client-facing) side of the request path.

@@ -305,7 +305,6 @@ impl ClusterFile {
             metric: MetricSettings {
                 history: self.balance.metric_history,
                 capacity: self.balance.metric_capacity,
-                latency_limit_ms: self.balance.metric_latency_limit_ms,
             },
             ingress: IngressSettings {
                 max_request_target: self.limits.max_request_target,

@@ -105,7 +105,9 @@ pub struct Member {
     /// `NO_METRIC` (255) when the node published none (the `metric` policy then
     /// counts it as 50).
     pub load: u8,
-    /// Requests in flight on the node when it last published: its load
+    /// Requests the node's app was serving when it last published (client
+    /// requests served there plus proxied ones; not the requests it only
+    /// forwards, so every node counts the load it serves): its load
     /// figure for `least-load` and bounded-load hashing (plus the entry's own
     /// count, see `Router::decide_with_loads`).
     pub inflight: u32,

@@ -291,9 +291,12 @@ impl Ring {
     /// every ring node exactly once. The second candidate is the owner of
     /// the key on the ring without the first (and so on down the list).
     ///
-    /// The owner comes from the table without allocating; asking for the
-    /// second candidate scores and sorts the other nodes once (one
-    /// allocation, `N` scores).
+    /// Lazy: the owner comes from the table (one load); each of the next
+    /// [`SCANNED_CANDIDATES`] candidates is found when asked by one pass
+    /// over the nodes (`N` scores, no allocation: the best node ranked after
+    /// the previous one); asking for more scores and sorts the remaining
+    /// nodes once (one allocation). A request that fails over once or twice
+    /// never ranks the whole cluster.
     pub fn candidates(&self, key: &str) -> Candidates<'_> {
         self.candidates_of_point(hash_key(key))
     }
@@ -304,6 +307,7 @@ impl Ring {
             ring: self,
             slot: self.slot_of(point) as u32,
             yielded: 0,
+            last: None,
             rest: Vec::new(),
         }
     }
@@ -363,26 +367,40 @@ impl Ring {
         }
     }
 
-    /// The ranked nodes of `slot` other than `first`, worst first (so
-    /// `pop` yields them in failover order).
-    fn ranked_rest(&self, slot: u32, first: u16) -> Vec<u16> {
-        let others = (0..self.nodes.len() as u16).filter(|&i| i != first);
+    /// The standing of the node ranked first among those ranked after
+    /// `last` for `slot` (one pass, `N` scores); `None` when `last` is the
+    /// last node.
+    fn next_after(&self, slot: u32, last: Contender) -> Option<Contender> {
+        let mut best: Option<Contender> = None;
+        for i in 0..self.nodes.len() as u32 {
+            let c = self.contender(i, slot);
+            if c.cmp_rank(&last).is_gt() && best.is_none_or(|b| c.cmp_rank(&b).is_lt()) {
+                best = Some(c);
+            }
+        }
+        best
+    }
+
+    /// The nodes ranked after `last` for `slot`, worst first (so `pop`
+    /// yields them in failover order).
+    fn ranked_after(&self, slot: u32, last: Contender) -> Vec<u16> {
         if self.uniform {
             // Sort keys `u << 16 | !index`: ascending puts the best last.
-            let mut rest: Vec<u128> = others
-                .map(|i| {
+            // Ranked after `last`: smaller `u`, or equal `u` and larger index.
+            let mut rest: Vec<u128> = (0..self.nodes.len() as u16)
+                .filter_map(|i| {
                     let u = hrw::score(self.keys[usize::from(i)], slot);
-                    (u128::from(u) << 16) | u128::from(!i)
+                    let after = u < last.u || (u == last.u && u32::from(i) > last.index);
+                    after.then_some((u128::from(u) << 16) | u128::from(!i))
                 })
                 .collect();
             rest.sort_unstable();
             return rest.into_iter().map(|k| !(k as u16)).collect();
         }
-        let mut rest: Vec<(Contender, u64)> = others
-            .map(|i| {
-                let c = self.contender(u32::from(i), slot);
-                (c, hrw::neg_log2(c.u))
-            })
+        let mut rest: Vec<(Contender, u64)> = (0..self.nodes.len() as u32)
+            .map(|i| self.contender(i, slot))
+            .filter(|c| c.cmp_rank(&last).is_gt())
+            .map(|c| (c, hrw::neg_log2(c.u)))
             .collect();
         rest.sort_unstable_by(|(a, la), (b, lb)| b.cmp_rank_with(*lb, a, *la));
         rest.into_iter().map(|(c, _)| c.index as u16).collect()
@@ -514,16 +532,41 @@ impl Ring {
     ///
     /// Returns the candidates (the chosen owner first, then the remaining
     /// nodes in failover order; each ring node once) and how many nodes were
-    /// passed over. Empty for an empty ring.
+    /// passed over. Empty for an empty ring. [`Ring::bounded_owner`] gives
+    /// the owner alone without ranking the other nodes.
     pub fn bounded_candidates(
         &self,
         key: &str,
         factor_pct: u32,
         load: impl Fn(&NodeId) -> u64,
     ) -> (Vec<NodeId>, usize) {
-        let order: Vec<&NodeId> = self.candidates(key).collect();
-        if order.is_empty() {
+        let point = hash_key(key);
+        let Some((owner, skipped)) = self.bounded_owner(point, factor_pct, load) else {
             return (Vec::new(), 0);
+        };
+        let mut out = Vec::with_capacity(self.nodes.len());
+        out.push(owner.clone());
+        out.extend(
+            self.candidates_of_point(point)
+                .filter(|id| *id != owner)
+                .cloned(),
+        );
+        (out, skipped)
+    }
+
+    /// The owner [`Ring::bounded_candidates`] picks for the key at `point`
+    /// and how many nodes were passed over, without building the whole
+    /// order: one pass over the nodes for the total load (the loads are
+    /// read once each), then the key's candidates one at a time until one
+    /// is eligible (usually the first). `None` for an empty ring.
+    pub fn bounded_owner(
+        &self,
+        point: u64,
+        factor_pct: u32,
+        load: impl Fn(&NodeId) -> u64,
+    ) -> Option<(&NodeId, usize)> {
+        if self.nodes.is_empty() {
+            return None;
         }
         let loads: Vec<u64> = self.nodes.iter().map(&load).collect();
         let total_load: u128 = loads.iter().map(|&l| u128::from(l)).sum();
@@ -547,29 +590,38 @@ impl Ring {
                 .binary_search(id)
                 .expect("candidates come from the ring")
         };
-        let skipped = order.iter().position(|id| eligible[index(id)]).unwrap_or(0);
-        let mut out = Vec::with_capacity(order.len());
-        out.push(order[skipped].clone());
-        out.extend(
+        let mut order = self.candidates_of_point(point);
+        let first = order.next()?;
+        if eligible[index(first)] {
+            return Some((first, 0));
+        }
+        // Some node is always eligible (capacity > total load); the owner
+        // stays the ring owner if none were (it cannot happen).
+        Some(
             order
-                .iter()
                 .enumerate()
-                .filter(|(i, _)| *i != skipped)
-                .map(|(_, id)| (*id).clone()),
-        );
-        (out, skipped)
+                .find(|(_, id)| eligible[index(id)])
+                .map_or((first, 0), |(i, id)| (id, i + 1)),
+        )
     }
 }
 
+/// Candidates after the owner that [`Candidates`] finds one pass over the
+/// nodes each (2 here: the second and third candidates) before it ranks the
+/// rest at once. Past a few passes one sort is cheaper.
+pub(crate) const SCANNED_CANDIDATES: usize = 2;
+
 /// Iterator over the distinct nodes of a ring in failover order, returned by
-/// [`Ring::candidates`].
+/// [`Ring::candidates`]; lazy (see there).
 #[derive(Debug)]
 pub struct Candidates<'r> {
     ring: &'r Ring,
     slot: u32,
     yielded: usize,
-    /// The not yet yielded nodes after the owner, worst first; filled on the
-    /// second call to `next`.
+    /// The standing of the last node yielded.
+    last: Option<Contender>,
+    /// The not yet yielded nodes, worst first; filled once
+    /// [`SCANNED_CANDIDATES`] passes have been made.
     rest: Vec<u16>,
 }
 
@@ -581,15 +633,23 @@ impl<'r> Iterator for Candidates<'r> {
         if self.yielded >= ring.nodes.len() {
             return None;
         }
-        let owner = ring.table[self.slot as usize];
-        let next = match self.yielded {
-            0 => owner,
-            1 => {
-                self.rest = ring.ranked_rest(self.slot, owner);
+        let next = match self.last {
+            None => ring.table[self.slot as usize],
+            Some(last) if self.yielded <= SCANNED_CANDIDATES => {
+                let c = ring.next_after(self.slot, last)?;
+                self.last = Some(c);
+                c.index as u16
+            }
+            Some(last) => {
+                if self.yielded == SCANNED_CANDIDATES + 1 {
+                    self.rest = ring.ranked_after(self.slot, last);
+                }
                 self.rest.pop()?
             }
-            _ => self.rest.pop()?,
         };
+        if self.last.is_none() {
+            self.last = Some(ring.contender(u32::from(next), self.slot));
+        }
         self.yielded += 1;
         Some(&ring.nodes[next as usize])
     }

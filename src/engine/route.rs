@@ -50,6 +50,7 @@ use super::balance::{
 };
 use super::membership::MembershipView;
 use super::node_id::NodeId;
+use super::ring::hash_key;
 use super::rules::{RequestView, Rules, default_key};
 use super::sticky::route_from_request;
 
@@ -131,16 +132,76 @@ impl fmt::Display for Reason {
 /// The outcome of routing one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    /// The node that should serve the request (`candidates[0]`).
+    /// The node that should serve the request (the first of
+    /// [`Decision::candidates`]).
     pub owner: NodeId,
-    /// The owner first, then the failover order: distinct nodes, each at most
-    /// once, all serving in the view (except the entry node itself under
-    /// [`Reason::NoMembers`]). Never empty.
-    pub candidates: Vec<NodeId>,
+    /// How the failover order after the owner is computed, when it is asked
+    /// for ([`Decision::candidates`]).
+    failover: Failover,
     /// The hash key, when the policy hashed one.
     pub key: Option<String>,
     /// Why the owner was picked.
     pub reason: Reason,
+}
+
+/// The failover order of a [`Decision`], kept as the few values it is
+/// computed from so that a decision costs the same at 10 and 1,000 nodes
+/// (the order is produced only as far as a request fails over).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Failover {
+    /// The key's ring order (the ring's rank order of the key's slot).
+    Ring {
+        /// The key's point ([`super::ring::hash_key`]).
+        point: u64,
+    },
+    /// The serving ids after the owner, ascending, wrapping.
+    Rotation,
+    /// An order the policy ranked already (`least-load`: by load figure).
+    Listed(Vec<NodeId>),
+    /// No other candidate ([`Reason::NoMembers`]).
+    Only,
+}
+
+impl Decision {
+    /// The owner first, then the failover order: distinct nodes, each at
+    /// most once, all serving in `view` (except the entry node itself under
+    /// [`Reason::NoMembers`]); never empty. `view` is the view the decision
+    /// was made with (with another view the order is that view's).
+    ///
+    /// Lazy: the owner costs nothing, and under `consistent-hash` each
+    /// further candidate is computed when the iterator is advanced to it
+    /// (`Ring::candidates`), so a request that never fails over never ranks
+    /// the cluster.
+    pub fn candidates<'a>(&'a self, view: &'a MembershipView) -> impl Iterator<Item = &'a NodeId> {
+        let rest = match &self.failover {
+            Failover::Ring { point } => Rest::Ring(view.ring().candidates_of_point(*point)),
+            Failover::Rotation => {
+                let serving = view.serving_ids();
+                let start = serving.partition_point(|id| *id <= self.owner);
+                Rest::Listed(serving[start..].iter().chain(&serving[..start]))
+            }
+            Failover::Listed(order) => Rest::Listed(order.iter().chain(&[])),
+            Failover::Only => Rest::Listed([].iter().chain(&[])),
+        };
+        std::iter::once(&self.owner).chain(rest.filter(move |id| **id != self.owner))
+    }
+}
+
+/// The candidates after the owner (before the owner is filtered out).
+enum Rest<'a> {
+    Ring(super::ring::Candidates<'a>),
+    Listed(std::iter::Chain<std::slice::Iter<'a, NodeId>, std::slice::Iter<'a, NodeId>>),
+}
+
+impl<'a> Iterator for Rest<'a> {
+    type Item = &'a NodeId;
+
+    fn next(&mut self) -> Option<&'a NodeId> {
+        match self {
+            Rest::Ring(c) => c.next(),
+            Rest::Listed(l) => l.next(),
+        }
+    }
 }
 
 /// Tunables of a [`Router`] beyond the policy and the rules.
@@ -330,7 +391,7 @@ impl Router {
         if serving.is_empty() {
             return Decision {
                 owner: view.self_id().clone(),
-                candidates: vec![view.self_id().clone()],
+                failover: Failover::Only,
                 key: None,
                 reason: Reason::NoMembers,
             };
@@ -348,36 +409,40 @@ impl Router {
                 Some((i, k)) => (k, Some(i)),
                 None => (default_key(req.client), None),
             };
-            let (ring, skipped) = match self.balance_factor_pct {
-                Some(pct) => view.ring().bounded_candidates(&key, pct, |id| figure(id)),
-                None => (view.ring().candidates(&key).cloned().collect(), 0),
-            };
-            let (candidates, reason) = match sticky {
-                Some(i) => {
-                    let owner = &serving[i];
-                    let mut c = Vec::with_capacity(ring.len() + 1);
-                    c.push(owner.clone());
-                    c.extend(ring.into_iter().filter(|id| id != owner));
-                    (c, Reason::StickyRoute)
+            let point = hash_key(&key);
+            let ring = view.ring();
+            let (owner, reason) = match (sticky, self.balance_factor_pct) {
+                (Some(i), _) => (&serving[i], Reason::StickyRoute),
+                (None, Some(pct)) => {
+                    let (owner, skipped) = ring
+                        .bounded_owner(point, pct, |id| figure(id))
+                        .expect("the ring is not empty");
+                    let reason = match skipped {
+                        0 => rule.map_or(Reason::DefaultKey, Reason::Rule),
+                        _ => Reason::BoundedLoad { rule },
+                    };
+                    (owner, reason)
                 }
-                None if skipped > 0 => (ring, Reason::BoundedLoad { rule }),
-                None => (ring, rule.map_or(Reason::DefaultKey, Reason::Rule)),
+                (None, None) => (
+                    ring.owner_of_point(point).expect("the ring is not empty"),
+                    rule.map_or(Reason::DefaultKey, Reason::Rule),
+                ),
             };
             return Decision {
-                owner: candidates[0].clone(),
-                candidates,
+                owner: owner.clone(),
+                failover: Failover::Ring { point },
                 key: Some(key),
                 reason,
             };
         }
 
-        let rotation = |i: usize| rotation_from(serving, i).cloned().collect::<Vec<_>>();
-        let decision = |candidates: Vec<NodeId>, reason| Decision {
-            owner: candidates[0].clone(),
-            candidates,
+        let rotation = |i: usize| Decision {
+            owner: serving[i].clone(),
+            failover: Failover::Rotation,
             key: None,
-            reason,
+            reason: Reason::RoundRobin,
         };
+        let decision = |d: Decision, reason| Decision { reason, ..d };
         if let Some(i) = sticky {
             return decision(rotation(i), Reason::StickyRoute);
         }
@@ -453,10 +518,14 @@ impl Router {
                         (_, 0) => Ordering::Less,
                         _ => cmp_nw((a.2, a.1), (b.2, b.1)),
                     });
-                    let mut c = Vec::with_capacity(serving.len());
-                    c.push(serving[i].clone());
-                    c.extend(rest.into_iter().map(|(j, _)| serving[j].clone()));
-                    return decision(c, Reason::LeastLoad);
+                    return Decision {
+                        owner: serving[i].clone(),
+                        failover: Failover::Listed(
+                            rest.into_iter().map(|(j, _)| serving[j].clone()).collect(),
+                        ),
+                        key: None,
+                        reason: Reason::LeastLoad,
+                    };
                 }
                 None
             }

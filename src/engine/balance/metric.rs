@@ -5,10 +5,37 @@
 //! Reported values are smoothed with a history proportion `h`:
 //! `smoothed = (1 - h) * metric + h * previous` (A8).
 //!
+//! # The conversion (mod_oc4j)
+//!
+//! mod_oc4j turns an unbounded measured value into the 0..=100 metric with
+//! `metric = 100 / (1 + ln(1 + delta))` ([`oc4j_metric`]), where `delta` is
+//! the change of the measured value since the previous measurement; the
+//! measured value is the instance's request processing time. peerlb
+//! measures the same quantity: the node's *cumulative* app processing time
+//! (the sum, over every request its app served, of the time from handing
+//! the request to the app to the app's response head), sampled every gossip
+//! interval. `delta` is its increase since the previous sample **in seconds
+//! of processing per second of interval**: the reference's seconds at a 1 s
+//! measurement interval, and the same value whatever `gossip.interval_ms`
+//! is (by Little's law, the mean number of requests the app was busy with).
+//! An idle node accrues nothing: `delta = 0`, metric 100. `delta` 1, 10,
+//! 100 give 59, 29, 18: the metric falls ever more slowly and never
+//! reaches 0, so a busy node keeps a share.
+//!
+//! # Addition: the in-flight bound
+//!
+//! Processing time is added when a response head returns, so it lags by up
+//! to an interval and says nothing of requests that have not answered yet.
+//! peerlb therefore also bounds the metric by the requests the app is
+//! serving now: `raw = min(oc4j_metric(delta), 100 * (1 - serving /
+//! capacity))` ([`raw_metric`]). This term is peerlb's own, not mod_oc4j's;
+//! only a node at `capacity` requests in service reports 0.
+//!
 //! Where each step runs:
 //!
 //! 1. The node computes its own raw metric every gossip interval with
-//!    [`raw_metric`] from its in-flight requests and its recent latency.
+//!    [`raw_metric`] from its requests in service and the processing time
+//!    accrued since the previous interval.
 //! 2. It smooths it with its [`MetricSmoother`] (history `h`, default
 //!    [`DEFAULT_METRIC_HISTORY`]) and publishes the smoothed value as gossip
 //!    key `load` (`Member::load`). Smoothing happens at the publisher because
@@ -40,27 +67,28 @@ pub(crate) fn effective_metric(load: u8) -> u8 {
     }
 }
 
-/// A node's raw metric, 0..=100 (100 = idle): `100 * (1 - busy)` rounded,
-/// where `busy = max(inflight / capacity, latency_ms / latency_limit_ms)`
-/// clamped to 0..=1. `capacity` is the number of in-flight requests at which
-/// the node counts as fully busy; `latency_ms` the recent mean (or p50) time
-/// to serve a request and `latency_limit_ms` the latency at which it counts as
-/// fully busy. A limit of 0 disables that term.
-pub(crate) fn raw_metric(
-    inflight: u32,
-    capacity: u32,
-    latency_ms: u32,
-    latency_limit_ms: u32,
-) -> u8 {
-    let frac = |v: u32, limit: u32| {
-        if limit == 0 {
-            0.0
-        } else {
-            (f64::from(v) / f64::from(limit)).min(1.0)
-        }
+/// mod_oc4j's conversion of a measured change into the metric:
+/// `100 / (1 + ln(1 + delta))`, in `0.0..=100.0` (100 at `delta = 0`, 59.06
+/// at 1, 29.43 at 10, 17.81 at 100; never 0). `delta` is the processing
+/// time accrued since the previous measurement, in seconds per second of
+/// interval (module doc); a negative or NaN `delta` counts as 0.
+pub(crate) fn oc4j_metric(delta: f64) -> f64 {
+    let delta = if delta > 0.0 { delta } else { 0.0 };
+    100.0 / (1.0 + delta.ln_1p())
+}
+
+/// A node's raw metric, 0..=100 (100 = idle): the mod_oc4j conversion of
+/// `busy_delta` (app processing seconds accrued per second since the
+/// previous measurement, see [`oc4j_metric`]), bounded by peerlb's
+/// in-flight term `100 * (1 - serving / capacity)` (`serving`: requests the
+/// node's app is serving now; `capacity` 0 disables the term), rounded.
+pub(crate) fn raw_metric(serving: u32, capacity: u32, busy_delta: f64) -> u8 {
+    let inflight_term = if capacity == 0 {
+        100.0
+    } else {
+        100.0 * (1.0 - (f64::from(serving) / f64::from(capacity)).min(1.0))
     };
-    let busy = frac(inflight, capacity).max(frac(latency_ms, latency_limit_ms));
-    (100.0 * (1.0 - busy)).round() as u8
+    oc4j_metric(busy_delta).min(inflight_term).round() as u8
 }
 
 /// Exponential smoothing of a node's own metric before it is published:
@@ -150,13 +178,45 @@ mod tests {
     }
 
     #[test]
-    fn raw_metric_from_inflight_and_latency() {
-        assert_eq!(raw_metric(0, 64, 0, 0), 100);
-        assert_eq!(raw_metric(16, 64, 0, 0), 75);
-        assert_eq!(raw_metric(64, 64, 0, 0), 0);
-        assert_eq!(raw_metric(500, 64, 0, 0), 0);
-        // Latency dominates when it is the busier term.
-        assert_eq!(raw_metric(16, 64, 400, 1000), 60);
-        assert_eq!(raw_metric(0, 0, 0, 0), 100);
+    fn oc4j_conversion_at_reference_points() {
+        // 100 / (1 + ln(1 + delta)).
+        assert_eq!(oc4j_metric(0.0), 100.0);
+        assert!(
+            (oc4j_metric(1.0) - 59.06).abs() < 0.01,
+            "{}",
+            oc4j_metric(1.0)
+        );
+        assert!((oc4j_metric(10.0) - 29.43).abs() < 0.01);
+        assert!((oc4j_metric(100.0) - 17.81).abs() < 0.01);
+        // Never 0, however busy.
+        assert!(oc4j_metric(1e12) > 3.0);
+        assert_eq!(oc4j_metric(-1.0), 100.0);
+        assert_eq!(oc4j_metric(f64::NAN), 100.0);
+        let raw = |d| raw_metric(0, 100, d);
+        assert_eq!(
+            [raw(0.0), raw(1.0), raw(10.0), raw(100.0)],
+            [100, 59, 29, 18]
+        );
+    }
+
+    #[test]
+    fn raw_metric_in_flight_term_is_an_upper_bound() {
+        assert_eq!(raw_metric(25, 100, 0.0), 75);
+        // The lower of the two terms: 59 (oc4j) under 75 (in flight).
+        assert_eq!(raw_metric(25, 100, 1.0), 59);
+        assert_eq!(raw_metric(90, 100, 1.0), 10);
+        assert_eq!(raw_metric(100, 100, 0.0), 0);
+        assert_eq!(raw_metric(500, 100, 0.0), 0);
+        // capacity 0: no in-flight term.
+        assert_eq!(raw_metric(500, 0, 10.0), 29);
+    }
+
+    #[test]
+    fn a8_smoothing_of_converted_values() {
+        // An idle node (first previous 50), then one second busy per second.
+        let mut s = MetricSmoother::default();
+        assert_eq!(s.observe(raw_metric(0, 100, 0.0)), 85);
+        // 0.7 * 59 + 0.3 * 85 = 66.8 -> 67.
+        assert_eq!(s.observe(raw_metric(0, 100, 1.0)), 67);
     }
 }

@@ -322,6 +322,21 @@ fn candidates_are_the_rank_order_of_the_slot() {
 }
 
 #[test]
+fn candidates_rank_nothing_until_asked_and_sort_only_past_the_scanned_ones() {
+    let ring = Ring::build(&ten(), 8);
+    let mut it = ring.candidates("k");
+    // Owner and the scanned candidates: no ranking of the rest.
+    for _ in 0..=SCANNED_CANDIDATES {
+        assert!(it.next().is_some());
+        assert!(it.rest.is_empty());
+    }
+    // The next one ranks the remaining nodes once.
+    assert!(it.next().is_some());
+    assert_eq!(it.rest.len(), 10 - SCANNED_CANDIDATES - 2);
+    assert_eq!(it.count(), 10 - SCANNED_CANDIDATES - 2);
+}
+
+#[test]
 fn candidates_are_distinct_owner_first_and_cover_all() {
     let ring = Ring::build(&ten(), 64);
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);

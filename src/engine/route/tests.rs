@@ -8,44 +8,20 @@ use crate::engine::membership::NodeStatus::{self, *};
 use crate::engine::membership::tests::{member, view};
 use crate::engine::rules::RuleSpec;
 use crate::engine::sticky::encode_route_param;
-use http::header::COOKIE;
-use http::{HeaderMap, HeaderValue, Method, Uri};
+use crate::engine::testing::TestRequest;
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
 const T0: Duration = Duration::ZERO;
 
-struct Req {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    client: SocketAddr,
-}
-
-impl Req {
-    fn new(uri: &str, cookie: Option<&str>, client: &str) -> Req {
-        let mut headers = HeaderMap::new();
-        if let Some(c) = cookie {
-            headers.insert(COOKIE, HeaderValue::from_str(c).unwrap());
-        }
-        Req {
-            method: Method::GET,
-            uri: uri.parse().unwrap(),
-            headers,
-            client: client.parse().unwrap(),
-        }
-    }
-
-    fn view(&self) -> RequestView<'_> {
-        RequestView {
-            method: &self.method,
-            uri: &self.uri,
-            headers: &self.headers,
-            client: self.client,
-        }
+/// `GET uri` from `client`, with a `Cookie` header when `cookie` is set.
+fn request(uri: &str, cookie: Option<&str>, client: &str) -> TestRequest {
+    let req = TestRequest::get(uri).client(client);
+    match cookie {
+        Some(c) => req.cookie(c),
+        None => req,
     }
 }
 
@@ -70,12 +46,37 @@ fn three() -> MembershipView {
     view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)])
 }
 
-fn ids(d: &Decision) -> Vec<&str> {
-    d.candidates.iter().map(|s| &**s).collect()
+fn ids<'a>(d: &'a Decision, v: &'a MembershipView) -> Vec<&'a str> {
+    d.candidates(v).map(|s| &**s).collect()
 }
 
-fn decide(router: &mut Router, req: &Req, v: &MembershipView) -> Decision {
+fn cands(d: &Decision, v: &MembershipView) -> Vec<NodeId> {
+    d.candidates(v).cloned().collect()
+}
+
+fn decide(router: &mut Router, req: &TestRequest, v: &MembershipView) -> Decision {
     router.decide(&req.view(), v, T0, &mut rng())
+}
+
+#[test]
+fn a_hash_decision_carries_no_ranked_list() {
+    // The failover order is computed from the key's point when walked
+    // (Decision::candidates), so a decision costs the same at any N.
+    let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let v = three();
+    let d = decide(&mut r, &request("/x?user=alice", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        d.failover,
+        Failover::Ring {
+            point: hash_key("alice")
+        }
+    );
+    let mut r = Router::new(PolicyKind::RoundRobin, Rules::default());
+    let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        (d.failover.clone(), ids(&d, &v)),
+        (Failover::Rotation, vec!["n1", "n2", "n3"])
+    );
 }
 
 #[test]
@@ -93,28 +94,28 @@ fn consistent_hash_rule_key() {
     let v = three();
     let d = decide(
         &mut r,
-        &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
+        &request("/x?user=alice", None, "192.0.2.1:1000"),
         &v,
     );
     assert_eq!(d.key.as_deref(), Some("alice"));
     assert_eq!(d.reason, Reason::Rule(0));
     assert_eq!(Some(&d.owner), v.ring().owner("alice"));
     let want: Vec<NodeId> = v.ring().candidates("alice").cloned().collect();
-    assert_eq!(d.candidates, want);
+    assert_eq!(cands(&d, &v), want);
     // Same key from another client: same owner.
     let d2 = decide(
         &mut r,
-        &Req::new("/y?user=alice", None, "192.0.2.9:2000"),
+        &request("/y?user=alice", None, "192.0.2.9:2000"),
         &v,
     );
-    assert_eq!(d2.candidates, d.candidates);
+    assert_eq!(cands(&d2, &v), cands(&d, &v));
 }
 
 #[test]
 fn h2_no_rule_matching_uses_client_host_and_port() {
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
     let v = three();
-    let d = decide(&mut r, &Req::new("/x", None, "192.0.2.1:1000"), &v);
+    let d = decide(&mut r, &request("/x", None, "192.0.2.1:1000"), &v);
     assert_eq!(d.key.as_deref(), Some("192.0.2.1:1000"));
     assert_eq!(d.reason, Reason::DefaultKey);
     assert_eq!(Some(&d.owner), v.ring().owner("192.0.2.1:1000"));
@@ -125,7 +126,7 @@ fn h3_no_rules_means_sticky_round_robin() {
     let mut r = Router::new(PolicyKind::ConsistentHash, Rules::default());
     assert!(r.is_sticky());
     let v = three();
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     let want = [
         ["n1", "n2", "n3"],
         ["n2", "n3", "n1"],
@@ -136,14 +137,14 @@ fn h3_no_rules_means_sticky_round_robin() {
         let d = decide(&mut r, &req, &v);
         assert_eq!((d.reason, d.key.as_deref()), (Reason::RoundRobin, None));
         assert_eq!(&*d.owner, w[0]);
-        assert_eq!(ids(&d), w);
+        assert_eq!(ids(&d, &v), w);
     }
     // Once the session exists, the route sticks, and does not advance
     // the rotation.
-    let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1000");
+    let sticky = request("/", Some("peerlb-route=n3"), "192.0.2.1:1000");
     for _ in 0..3 {
         let d = decide(&mut r, &sticky, &v);
-        assert_eq!(ids(&d), ["n3", "n1", "n2"]);
+        assert_eq!(ids(&d, &v), ["n3", "n1", "n2"]);
         assert_eq!(d.reason, Reason::StickyRoute);
     }
     assert_eq!(&*decide(&mut r, &req, &v).owner, "n2");
@@ -153,14 +154,14 @@ fn h3_no_rules_means_sticky_round_robin() {
 fn a11_round_robin_policy_over_views() {
     let mut r = Router::new(PolicyKind::RoundRobin, Rules::default());
     assert!(!r.is_sticky());
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     let down = view("n1", &[("n1", Serving), ("n2", Leaving), ("n3", Serving)]);
     let owners: Vec<String> = (0..4)
         .map(|_| decide(&mut r, &req, &down).owner.to_string())
         .collect();
     assert_eq!(owners, ["n1", "n3", "n1", "n3"]);
     let d = decide(&mut r, &req, &down);
-    assert_eq!(ids(&d), ["n1", "n3"]);
+    assert_eq!(ids(&d, &down), ["n1", "n3"]);
     let owners: Vec<String> = (0..3)
         .map(|_| decide(&mut r, &req, &three()).owner.to_string())
         .collect();
@@ -173,11 +174,11 @@ fn sticky_route_wins_under_consistent_hash() {
     let v = three();
     let plain = decide(
         &mut r,
-        &Req::new("/x?user=alice", None, "192.0.2.1:1000"),
+        &request("/x?user=alice", None, "192.0.2.1:1000"),
         &v,
     );
-    let other = plain.candidates[2].clone();
-    let req = Req::new(
+    let other = cands(&plain, &v)[2].clone();
+    let req = request(
         "/x?user=alice",
         Some(&format!("peerlb-route={other}")),
         "192.0.2.1:1000",
@@ -187,11 +188,11 @@ fn sticky_route_wins_under_consistent_hash() {
     assert_eq!(d.owner, other);
     assert_eq!(d.key.as_deref(), Some("alice"));
     let want = vec![
-        plain.candidates[2].clone(),
-        plain.candidates[0].clone(),
-        plain.candidates[1].clone(),
+        cands(&plain, &v)[2].clone(),
+        cands(&plain, &v)[0].clone(),
+        cands(&plain, &v)[1].clone(),
     ];
-    assert_eq!(d.candidates, want);
+    assert_eq!(cands(&d, &v), want);
 }
 
 #[test]
@@ -208,13 +209,13 @@ fn h4_forged_or_non_serving_route_is_ignored() {
                 Router::new(policy, rules.clone()),
                 Router::new(policy, rules),
             );
-            let honest = Req::new("/x?user=u", None, "192.0.2.1:1000");
-            let forged_cookie = Req::new(
+            let honest = request("/x?user=u", None, "192.0.2.1:1000");
+            let forged_cookie = request(
                 "/x?user=u",
                 Some(&format!("peerlb-route={route}")),
                 "192.0.2.1:1000",
             );
-            let forged_param = Req::new(
+            let forged_param = request(
                 &format!("/x{}?user=u", encode_route_param(route)),
                 None,
                 "192.0.2.1:1000",
@@ -224,7 +225,7 @@ fn h4_forged_or_non_serving_route_is_ignored() {
                 let got = decide(&mut b, forged, &v);
                 assert_eq!(got, want, "{policy} {route:?}");
                 assert_ne!(got.reason, Reason::StickyRoute);
-                assert!(!got.candidates.iter().any(|c| &**c == "n2"));
+                assert!(!got.candidates(&v).any(|c| &**c == "n2"));
             }
         }
     }
@@ -234,7 +235,7 @@ fn h4_forged_or_non_serving_route_is_ignored() {
 fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
     let mut r = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
     assert!(r.is_sticky());
-    let req = Req::new("/cart", Some("peerlb-route=n2"), "192.0.2.1:1000");
+    let req = request("/cart", Some("peerlb-route=n2"), "192.0.2.1:1000");
     assert_eq!(&*decide(&mut r, &req, &three()).owner, "n2");
     // n2 died (gone from the view) or is leaving: the route is ignored.
     for v in [
@@ -244,9 +245,9 @@ fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
         let d = decide(&mut r, &req, &v);
         assert_ne!(&*d.owner, "n2");
         assert_eq!(d.reason, Reason::RoundRobin);
-        assert!(d.candidates.iter().all(|c| v.is_serving(c)));
+        assert!(d.candidates(&v).all(|c| v.is_serving(c)));
         // The ingress rewrites the cookie to d.owner; the next request sticks.
-        let next = Req::new(
+        let next = request(
             "/cart",
             Some(&format!("peerlb-route={}", d.owner)),
             "192.0.2.1:1000",
@@ -259,7 +260,7 @@ fn c7_dead_sticky_node_fails_over_to_a_serving_node() {
 #[test]
 fn c6_dead_owner_next_node_on_ring_takes_over() {
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
-    let req = Req::new("/x?user=bob", None, "192.0.2.1:1000");
+    let req = request("/x?user=bob", None, "192.0.2.1:1000");
     let v = three();
     let before = decide(&mut r, &req, &v);
     let dead = before.owner.to_string();
@@ -267,8 +268,9 @@ fn c6_dead_owner_next_node_on_ring_takes_over() {
         .into_iter()
         .map(|id| (id, if id == dead { Leaving } else { Serving }))
         .collect();
-    let after = decide(&mut r, &req, &view("n1", &members));
-    assert_eq!(after.candidates, before.candidates[1..]);
+    let after_view = view("n1", &members);
+    let after = decide(&mut r, &req, &after_view);
+    assert_eq!(cands(&after, &after_view), cands(&before, &v)[1..]);
 }
 
 #[test]
@@ -284,7 +286,7 @@ fn c4_views_from_any_order_decide_alike() {
     let mut ra = Router::new(PolicyKind::ConsistentHash, user_rules());
     let mut rb = Router::new(PolicyKind::ConsistentHash, user_rules());
     for u in 0..200 {
-        let req = Req::new(&format!("/?user=u{u}"), None, "192.0.2.1:1000");
+        let req = request(&format!("/?user=u{u}"), None, "192.0.2.1:1000");
         assert_eq!(decide(&mut ra, &req, &va), decide(&mut rb, &req, &vb));
     }
 }
@@ -300,7 +302,7 @@ fn random_is_seeded() {
             ("n4", Serving),
         ],
     );
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     let run = |seed: u64| {
         let mut r = Router::new(PolicyKind::Random, Rules::default());
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
@@ -319,7 +321,7 @@ fn random_is_seeded() {
             .position(|id| *id == d.owner)
             .unwrap();
         let want: Vec<NodeId> = rotation_from(v.serving_ids(), i).cloned().collect();
-        assert_eq!(d.candidates, want);
+        assert_eq!(cands(d, &v), want);
     }
 }
 
@@ -332,17 +334,12 @@ fn no_serving_members_the_entry_serves_itself() {
             let mut r = Router::new(policy, user_rules());
             let d = decide(
                 &mut r,
-                &Req::new("/?user=a", Some("peerlb-route=n2"), "192.0.2.1:1"),
+                &request("/?user=a", Some("peerlb-route=n2"), "192.0.2.1:1"),
                 &v,
             );
             assert_eq!(
-                d,
-                Decision {
-                    owner: "self".into(),
-                    candidates: vec!["self".into()],
-                    key: None,
-                    reason: Reason::NoMembers
-                }
+                (&*d.owner, ids(&d, &v), d.key.as_deref(), d.reason),
+                ("self", vec!["self"], None, Reason::NoMembers)
             );
         }
     }
@@ -356,8 +353,11 @@ fn hash_with_all_weights_zero_falls_back_to_rotation() {
     }
     let v = MembershipView::new("a".into(), m, 160);
     let mut r = Router::new(PolicyKind::ConsistentHash, user_rules());
-    let d = decide(&mut r, &Req::new("/?user=x", None, "192.0.2.1:1"), &v);
-    assert_eq!((ids(&d), d.reason), (vec!["a", "b"], Reason::RoundRobin));
+    let d = decide(&mut r, &request("/?user=x", None, "192.0.2.1:1"), &v);
+    assert_eq!(
+        (ids(&d, &v), d.reason),
+        (vec!["a", "b"], Reason::RoundRobin)
+    );
 }
 
 /// A view of serving members `(id, weight, load metric, inflight)`.
@@ -376,7 +376,7 @@ fn weighted(self_id: &str, ms: &[(&str, u32, u8, u32)]) -> MembershipView {
 }
 
 fn owners(r: &mut Router, v: &MembershipView, n: usize) -> Vec<String> {
-    let req = Req::new("/", None, "192.0.2.1:1000");
+    let req = request("/", None, "192.0.2.1:1000");
     (0..n)
         .map(|_| decide(r, &req, v).owner.to_string())
         .collect()
@@ -395,9 +395,9 @@ fn a3_weighted_round_robin_through_the_router() {
         owners(&mut r, &v, 10),
         ["a", "b", "a", "a", "a", "b", "a", "a", "b", "a"]
     );
-    let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+    let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
     assert_eq!(
-        (ids(&d), d.reason),
+        (ids(&d, &v), d.reason),
         (vec!["a", "b"], Reason::WeightedRoundRobin)
     );
 }
@@ -429,7 +429,7 @@ fn a10_weights_50_100_100() {
     // weighted-random: the same shares in expectation (seeded).
     let mut r = Router::new(PolicyKind::WeightedRandom, Rules::default());
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let mut n = BTreeMap::new();
     for _ in 0..20_000 {
         let d = r.decide(&req.view(), &v, T0, &mut rng);
@@ -457,9 +457,9 @@ fn a6_a7_metric_shares() {
             (20, 40, 90)
         );
     }
-    let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+    let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
     assert_eq!(
-        (ids(&d), d.reason),
+        (ids(&d, &v), d.reason),
         (vec!["n3", "n1", "n2"], Reason::Metric)
     );
     // A7: no metric counts as 50.
@@ -488,7 +488,7 @@ fn a9_least_load_through_the_router() {
     );
     let local = RefCell::new(BTreeMap::<String, u32>::new());
     let mut r = Router::new(PolicyKind::LeastLoad, Rules::default());
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let mut got = Vec::new();
     for i in 0..12 {
         let loads = |id: &str| local.borrow().get(id).copied().unwrap_or(0);
@@ -497,7 +497,7 @@ fn a9_least_load_through_the_router() {
         if i == 5 {
             // s1 and s2 tie at 70 and s2 wins: failover goes to s1 (70)
             // before s3 (80).
-            assert_eq!(ids(&d), ["s2", "s1", "s3"]);
+            assert_eq!(ids(&d, &v), ["s2", "s1", "s3"]);
         }
         *local.borrow_mut().entry(d.owner.to_string()).or_insert(0) += 10;
         got.push(d.owner.to_string());
@@ -505,7 +505,7 @@ fn a9_least_load_through_the_router() {
     assert_eq!(
         got,
         [
-            "s1", "s1", "s1", "s1", "s1", "s2", "s1", "s2", "s3", "s1", "s2", "s3"
+            "s1", "s1", "s1", "s1", "s1", "s2", "s1", "s3", "s1", "s2", "s2", "s3"
         ]
     );
     // decide() without local counts: only the published figures.
@@ -519,7 +519,7 @@ fn a5_by_traffic_through_the_router() {
         &[("a", 100, 100, 0), ("b", 200, 100, 0), ("c", 100, 100, 0)],
     );
     let mut r = Router::new(PolicyKind::ByTraffic, Rules::default());
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let mut got = Vec::new();
     for _ in 0..8 {
         let d = decide(&mut r, &req, &v);
@@ -545,14 +545,14 @@ fn weighted_policies_with_no_weight_fall_back_to_round_robin() {
     ] {
         let mut r = Router::new(p, Rules::default());
         assert_eq!(owners(&mut r, &v, 3), ["a", "b", "a"], "{p}");
-        let d = decide(&mut r, &Req::new("/", None, "192.0.2.1:1"), &v);
+        let d = decide(&mut r, &request("/", None, "192.0.2.1:1"), &v);
         assert_eq!(d.reason, Reason::RoundRobin);
     }
 }
 
 #[test]
 fn local_affinity_prefers_the_entry_node() {
-    let req = Req::new("/", None, "192.0.2.1:1");
+    let req = request("/", None, "192.0.2.1:1");
     let v = weighted(
         "n2",
         &[
@@ -571,13 +571,13 @@ fn local_affinity_prefers_the_entry_node() {
         for _ in 0..3 {
             let d = decide(&mut r, &req, &v);
             assert_eq!(
-                (ids(&d), d.reason),
+                (ids(&d, &v), d.reason),
                 (vec!["n2", "n3", "n1"], Reason::Local),
                 "{p}"
             );
         }
         // A sticky route still wins.
-        let sticky = Req::new("/", Some("peerlb-route=n3"), "192.0.2.1:1");
+        let sticky = request("/", Some("peerlb-route=n3"), "192.0.2.1:1");
         assert_eq!(decide(&mut r, &sticky, &v).reason, Reason::StickyRoute);
     }
     // Not a candidate (draining, or weight 0 for weighted policies, or
@@ -614,7 +614,7 @@ fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
     };
     let mut r = Router::with_options(PolicyKind::ConsistentHash, user_rules(), opts).unwrap();
     assert_eq!(r.options(), opts);
-    let req = Req::new("/x?user=alice", None, "192.0.2.1:1000");
+    let req = request("/x?user=alice", None, "192.0.2.1:1000");
     let idle = three();
     let plain = decide(&mut r, &req, &idle);
     assert_eq!(plain.reason, Reason::Rule(0));
@@ -628,20 +628,20 @@ fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
     assert_eq!(d.reason, Reason::BoundedLoad { rule: Some(0) });
     assert_eq!(d.reason.to_string(), "bounded-load[0]");
     assert_eq!(
-        d.candidates,
+        cands(&d, &v),
         [
-            plain.candidates[1].clone(),
-            plain.candidates[0].clone(),
-            plain.candidates[2].clone()
+            cands(&plain, &idle)[1].clone(),
+            cands(&plain, &idle)[0].clone(),
+            cands(&plain, &idle)[2].clone()
         ]
     );
     // The entry's own in-flight counts too.
     let owner = plain.owner.clone();
     let local = |id: &str| if id == &*owner { 30 } else { 0 };
     let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
-    assert_eq!(d.owner, plain.candidates[1]);
+    assert_eq!(d.owner, cands(&plain, &idle)[1]);
     // The default key spills with rule None.
-    let req = Req::new("/x", None, "192.0.2.1:1000");
+    let req = request("/x", None, "192.0.2.1:1000");
     let d0 = decide(&mut r, &req, &idle);
     let local = |id: &str| if id == &*d0.owner { 30 } else { 0 };
     let d = r.decide_with_loads(&req.view(), &idle, T0, &mut rng(), &local);
@@ -696,7 +696,7 @@ fn set_rules_affects_later_decisions() {
     assert!(r.is_sticky());
     r.set_rules(user_rules());
     assert!(!r.is_sticky());
-    let d = decide(&mut r, &Req::new("/?user=z", None, "192.0.2.1:1"), &three());
+    let d = decide(&mut r, &request("/?user=z", None, "192.0.2.1:1"), &three());
     assert_eq!(d.key.as_deref(), Some("z"));
     assert_eq!(r.rules().len(), 1);
 }
@@ -731,25 +731,96 @@ proptest! {
         let policy = if local && kind.has_local_variant() { Policy::local(kind).unwrap() } else { Policy::new(kind) };
         let opts = RouterOptions { hash_balance_factor: bounded.then_some(1.25) };
         let mut r = Router::with_options(policy, user_rules(), opts).unwrap();
-        let req = Req::new(&format!("/?user={user}"), Some(&format!("peerlb-route=n{route}")), "192.0.2.1:1");
+        let req = request(&format!("/?user={user}"), Some(&format!("peerlb-route=n{route}")), "192.0.2.1:1");
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         for _ in 0..3 {
             let d = r.decide(&req.view(), &v, T0, &mut rng);
-            prop_assert_eq!(&d.candidates[0], &d.owner);
-            let set: std::collections::BTreeSet<_> = d.candidates.iter().collect();
-            prop_assert_eq!(set.len(), d.candidates.len());
+            let c = cands(&d, &v);
+            prop_assert_eq!(&c[0], &d.owner);
+            let set: std::collections::BTreeSet<_> = c.iter().collect();
+            prop_assert_eq!(set.len(), c.len());
             if d.reason == Reason::NoMembers {
                 prop_assert!(v.serving_ids().is_empty());
             } else {
-                prop_assert!(d.candidates.iter().all(|c| v.is_serving(c)));
+                prop_assert!(c.iter().all(|c| v.is_serving(c)));
                 if d.key.is_none() {
-                    prop_assert_eq!(d.candidates.len(), v.serving_ids().len());
+                    prop_assert_eq!(c.len(), v.serving_ids().len());
                 } else {
                     // Hash: the ring's nodes (weight > 0), plus a sticky owner.
-                    prop_assert!(d.candidates.len() >= v.ring().node_count());
+                    prop_assert!(c.len() >= v.ring().node_count());
                 }
             }
             r.record_bytes(&d.owner, 100);
         }
     }
+}
+
+/// Replays `n` requests entering through `n1` of ten equal nodes (half of
+/// them on one hot key), none completing, under bounded loads with factor
+/// 1.25; `entry_extra(total)` is added to `n1`'s figure. With `check`, asserts
+/// the bound after every request. Returns the requests each node serves.
+fn bounded_replay(
+    n: usize,
+    entry_extra: impl Fn(u64) -> u64,
+    check: bool,
+) -> BTreeMap<String, u64> {
+    let members: Vec<(String, u32, u8, u32)> =
+        (0..10).map(|i| (format!("n{i}"), 100, 100, 0)).collect();
+    let ms: Vec<(&str, u32, u8, u32)> = members
+        .iter()
+        .map(|(id, w, l, f)| (id.as_str(), *w, *l, *f))
+        .collect();
+    let v = weighted("n1", &ms);
+    let options = RouterOptions {
+        hash_balance_factor: Some(1.25),
+    };
+    let mut r = Router::with_options(PolicyKind::ConsistentHash, user_rules(), options).unwrap();
+    let mut served: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..n {
+        let user = if i % 2 == 0 {
+            "hot".to_owned()
+        } else {
+            format!("u{i}")
+        };
+        let req = request(&format!("/?user={user}"), None, "192.0.2.1:1");
+        let total: u64 = served.values().sum();
+        let figure = |id: &str| {
+            let own = served.get(id).copied().unwrap_or(0);
+            let extra = if id == "n1" { entry_extra(total) } else { 0 };
+            u32::try_from(own + extra).unwrap()
+        };
+        let d = r.decide_with_loads(&req.view(), &v, T0, &mut rng(), &figure);
+        *served.entry(d.owner.to_string()).or_insert(0) += 1;
+        // The bound, after every request: no node serves more than its part
+        // of 1.25 x (total + 1), rounded up.
+        let total = total + 1;
+        let cap = (total as f64 * 1.25 / 10.0).ceil() as u64 + 1;
+        assert!(
+            !check || served.values().all(|&s| s <= cap),
+            "request {i}: {served:?} over {cap}"
+        );
+    }
+    served
+}
+
+#[test]
+fn bounded_loads_on_served_load_keep_every_node_under_the_factor() {
+    // The figure of every node is the requests it serves (what nodes
+    // publish as `inflight`): the hot key spills over and every node,
+    // the entry included, stays within 1.25 x the mean (asserted per
+    // request in `bounded_replay`).
+    let served = bounded_replay(2_000, |_| 0, true);
+    let max = *served.values().max().unwrap() as f64;
+    assert!(max / 200.0 <= 1.25 + 0.01, "{served:?}");
+    // The entry serves its keys (about a tenth of the 1,000 cold ones).
+    assert!(served["n1"] >= 60, "{served:?}");
+}
+
+#[test]
+fn counting_forwarded_requests_starves_the_entry() {
+    // What publishing the requests a node forwards did: the entry's figure
+    // is every request it has in flight, so bounded loads pass it over and
+    // it serves almost nothing although it owns a tenth of the keys.
+    let served = bounded_replay(2_000, |total| total, false);
+    assert!(served.get("n1").copied().unwrap_or(0) < 20, "{served:?}");
 }

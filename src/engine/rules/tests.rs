@@ -1,39 +1,11 @@
 //! Rule tests: the TOML model, every extractor and condition, errors.
 use super::*;
-use http::HeaderValue;
+use crate::engine::testing::TestRequest;
 
-struct Req {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    client: SocketAddr,
-}
-
-impl Req {
-    fn new(method: &str, uri: &str, headers: &[(&str, &str)]) -> Req {
-        let mut h = HeaderMap::new();
-        for (n, v) in headers {
-            h.append(
-                HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        Req {
-            method: method.parse().unwrap(),
-            uri: uri.parse().unwrap(),
-            headers: h,
-            client: "192.0.2.7:40123".parse().unwrap(),
-        }
-    }
-
-    fn view(&self) -> RequestView<'_> {
-        RequestView {
-            method: &self.method,
-            uri: &self.uri,
-            headers: &self.headers,
-            client: self.client,
-        }
-    }
+/// `method uri` with `headers`, from the default test client
+/// (192.0.2.7:40123).
+fn request(method: &str, uri: &str, headers: &[(&str, &str)]) -> TestRequest {
+    TestRequest::new(method, uri).headers(headers)
 }
 
 fn rules(toml_src: &str) -> Rules {
@@ -48,7 +20,7 @@ fn specs(toml_src: &str) -> Vec<RuleSpec> {
     toml::from_str::<File>(toml_src).unwrap().rules
 }
 
-fn key(r: &Rules, req: &Req) -> Option<(usize, String)> {
+fn key(r: &Rules, req: &TestRequest) -> Option<(usize, String)> {
     r.extract(&req.view())
 }
 
@@ -75,9 +47,9 @@ fn module_doc_example_parses() {
                    { path_regex = "^/users/([^/]+)", prefix = "u:" }]
         "#,
     );
-    let req = Req::new("GET", "/api/x?user=ann", &[]);
+    let req = request("GET", "/api/x?user=ann", &[]);
     assert_eq!(key(&r, &req), Some((0, "ann".into())));
-    let req = Req::new("GET", "/api/x?user=ann", &[("x-internal", "1")]);
+    let req = request("GET", "/api/x?user=ann", &[("x-internal", "1")]);
     assert_eq!(key(&r, &req), None);
 }
 
@@ -153,7 +125,7 @@ fn each_extractor_kind() {
         ("/", &[("cookie", "session=")], None),
     ];
     for (uri, headers, want) in cases {
-        let req = Req::new("GET", uri, headers);
+        let req = request("GET", uri, headers);
         assert_eq!(
             key(&r, &req),
             want.map(|k| (0, k.to_owned())),
@@ -177,20 +149,20 @@ fn first_non_empty_rule_wins() {
     );
     // Rule 0 applies and yields.
     assert_eq!(
-        key(&r, &Req::new("GET", "/api/x?id=7", &[("x-tenant", "t")])),
+        key(&r, &request("GET", "/api/x?id=7", &[("x-tenant", "t")])),
         Some((0, "7".into()))
     );
     // Rule 0 applies but is empty: rule 1.
     assert_eq!(
-        key(&r, &Req::new("GET", "/api/x?id=", &[("x-tenant", "t")])),
+        key(&r, &request("GET", "/api/x?id=", &[("x-tenant", "t")])),
         Some((1, "t".into()))
     );
     // Rule 0 does not apply, rule 1 empty: rule 2.
     assert_eq!(
-        key(&r, &Req::new("GET", "/web?id=7", &[])),
+        key(&r, &request("GET", "/web?id=7", &[])),
         Some((2, "late:7".into()))
     );
-    assert_eq!(key(&r, &Req::new("GET", "/web", &[])), None);
+    assert_eq!(key(&r, &request("GET", "/web", &[])), None);
 }
 
 #[test]
@@ -215,31 +187,31 @@ fn conditions_all_must_hold() {
         ("cookie", "c1="),
     ];
     assert_eq!(
-        key(&r, &Req::new("POST", "/cart/1", ok)),
+        key(&r, &request("POST", "/cart/1", ok)),
         Some((0, "k".into()))
     );
     assert_eq!(
-        key(&r, &Req::new("POST", "http://SHOP.example/cart", &ok[1..])),
+        key(&r, &request("POST", "http://SHOP.example/cart", &ok[1..])),
         Some((0, "k".into()))
     );
-    assert_eq!(key(&r, &Req::new("GET", "/cart/1", ok)), None);
-    assert_eq!(key(&r, &Req::new("post", "/cart/1", ok)), None);
-    assert_eq!(key(&r, &Req::new("POST", "/carts", ok)), None);
-    assert_eq!(key(&r, &Req::new("POST", "/cart", &ok[1..])), None); // no host
+    assert_eq!(key(&r, &request("GET", "/cart/1", ok)), None);
+    assert_eq!(key(&r, &request("post", "/cart/1", ok)), None);
+    assert_eq!(key(&r, &request("POST", "/carts", ok)), None);
+    assert_eq!(key(&r, &request("POST", "/cart", &ok[1..])), None); // no host
     let other_host = [("host", "other.example"), ok[1], ok[2]];
-    assert_eq!(key(&r, &Req::new("POST", "/cart", &other_host)), None);
+    assert_eq!(key(&r, &request("POST", "/cart", &other_host)), None);
     let with_b = [ok[0], ok[1], ok[2], ("x-b", "1")];
-    assert_eq!(key(&r, &Req::new("POST", "/cart", &with_b)), None);
+    assert_eq!(key(&r, &request("POST", "/cart", &with_b)), None);
     let no_c1 = [ok[0], ok[1], ("cookie", "c3=1")];
-    assert_eq!(key(&r, &Req::new("POST", "/cart", &no_c1)), None);
+    assert_eq!(key(&r, &request("POST", "/cart", &no_c1)), None);
     let with_c2 = [ok[0], ok[1], ("cookie", "c1=1; c2=2")];
-    assert_eq!(key(&r, &Req::new("POST", "/cart", &with_c2)), None);
+    assert_eq!(key(&r, &request("POST", "/cart", &with_c2)), None);
 }
 
 #[test]
 fn ipv6_host_header() {
     let r = rules("[[rules]]\nwhen = { host = \"[::1]\" }\nextract = [{ header = \"x\" }]");
-    let req = Req::new("GET", "/", &[("host", "[::1]:8080"), ("x", "v")]);
+    let req = request("GET", "/", &[("host", "[::1]:8080"), ("x", "v")]);
     assert_eq!(key(&r, &req), Some((0, "v".into())));
 }
 
@@ -258,7 +230,7 @@ fn h2_default_key_is_remote_host_and_port() {
         "192.0.2.7:40123"
     );
     let r = rules("[[rules]]\nextract = [{ header = \"x-user\" }]");
-    let req = Req::new("GET", "/", &[]);
+    let req = request("GET", "/", &[]);
     assert_eq!(key(&r, &req), None);
     assert_eq!(default_key(req.client), "192.0.2.7:40123");
 }
@@ -267,7 +239,7 @@ fn h2_default_key_is_remote_host_and_port() {
 fn empty_rules() {
     let r = Rules::compile(&[]).unwrap();
     assert!(r.is_empty());
-    assert_eq!(key(&r, &Req::new("GET", "/?user=1", &[])), None);
+    assert_eq!(key(&r, &request("GET", "/?user=1", &[])), None);
 }
 
 #[test]
@@ -463,7 +435,7 @@ fn nested_key_semantics() {
         ] }
         "#,
     );
-    let k = |method: &str, uri: &str, h: &[(&str, &str)]| key(&r, &Req::new(method, uri, h));
+    let k = |method: &str, uri: &str, h: &[(&str, &str)]| key(&r, &request(method, uri, h));
     assert_eq!(k("POST", "/", &[("x-post", "P")]), Some((0, "P".into())));
     assert_eq!(k("GET", "/", &[("x-post", "P")]), None);
     // if: all conditions hold: the last result is "" (absent) -> no key.
@@ -523,7 +495,7 @@ fn nested_key_semantics() {
         ] }
         "#,
     );
-    let k = |uri: &str, h: &[(&str, &str)]| key(&doc, &Req::new("GET", uri, h));
+    let k = |uri: &str, h: &[(&str, &str)]| key(&doc, &request("GET", uri, h));
     assert_eq!(
         k("/?tenant=t1", &[("x-internal", "1")]),
         Some((0, "t1".into()))

@@ -2,11 +2,8 @@
 //! semantics, and errors naming element and line.
 
 use super::super::{RuleSpec, Rules, uri_user};
-use crate::engine::rules::RequestView;
-use http::header::HeaderName;
-use http::{HeaderMap, HeaderValue, Method, Uri};
+use crate::engine::testing::TestRequest;
 use serde::Deserialize;
-use std::net::SocketAddr;
 
 const EXAMPLE: &str = include_str!("../../../../docs/data-centric-rules.xml");
 
@@ -55,36 +52,11 @@ const EXAMPLE_NESTED_TOML: &str = r#"
     ] }
 "#;
 
-struct Req {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
-impl Req {
-    fn new(uri: &str, headers: &[(&str, &str)]) -> Req {
-        let mut h = HeaderMap::new();
-        for (n, v) in headers {
-            h.append(
-                HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        Req {
-            method: Method::GET,
-            uri: uri.parse().unwrap(),
-            headers: h,
-        }
-    }
-
-    fn key(&self, rules: &Rules) -> Option<(usize, String)> {
-        rules.extract(&RequestView {
-            method: &self.method,
-            uri: &self.uri,
-            headers: &self.headers,
-            client: SocketAddr::from(([192, 0, 2, 1], 4000)),
-        })
-    }
+/// `GET uri` with `headers`, from 192.0.2.1:4000.
+fn request(uri: &str, headers: &[(&str, &str)]) -> TestRequest {
+    TestRequest::get(uri)
+        .headers(headers)
+        .client("192.0.2.1:4000")
 }
 
 fn toml_rules(src: &str) -> Rules {
@@ -96,7 +68,7 @@ fn toml_rules(src: &str) -> Rules {
 }
 
 fn key(rules: &Rules, uri: &str, headers: &[(&str, &str)]) -> Option<(usize, String)> {
-    Req::new(uri, headers).key(rules)
+    rules.extract(&request(uri, headers).view())
 }
 
 /// (request-target, headers, key from the example)
@@ -159,15 +131,19 @@ fn shipped_example_and_its_toml_twin_extract_the_same_keys() {
     assert_eq!((xml.len(), toml.len(), nested.len()), (3, 3, 3));
     assert_eq!(xml.name(1), Some("<or> at line 42"));
     for (uri, headers, want) in CASES {
-        let req = Req::new(uri, headers);
-        let got = req.key(&xml);
+        let req = request(uri, headers);
+        let got = xml.extract(&req.view());
         assert_eq!(
             got,
             want.map(|(i, k)| (i, k.to_owned())),
             "{uri} {headers:?}"
         );
-        assert_eq!(req.key(&toml), got, "toml: {uri} {headers:?}");
-        assert_eq!(req.key(&nested), got, "nested toml: {uri} {headers:?}");
+        assert_eq!(toml.extract(&req.view()), got, "toml: {uri} {headers:?}");
+        assert_eq!(
+            nested.extract(&req.view()),
+            got,
+            "nested toml: {uri} {headers:?}"
+        );
     }
     let sip = xml.sip_rules().unwrap();
     assert_eq!((sip.name.as_str(), sip.line), ("sip-rules", 59));
@@ -388,9 +364,9 @@ proptest::proptest! {
         if !cookie.is_empty() {
             hs.push(("cookie", &cookie));
         }
-        let req = Req::new(&uri, &hs);
-        let want = req.key(&xml);
-        proptest::prop_assert_eq!(req.key(&nested), want.clone(), "nested: {} {:?}", uri, hs);
-        proptest::prop_assert_eq!(req.key(&flat), want, "flat: {} {:?}", uri, hs);
+        let req = request(&uri, &hs);
+        let want = xml.extract(&req.view());
+        proptest::prop_assert_eq!(nested.extract(&req.view()), want.clone(), "nested: {} {:?}", uri, hs);
+        proptest::prop_assert_eq!(flat.extract(&req.view()), want, "flat: {} {:?}", uri, hs);
     }
 }
