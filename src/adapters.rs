@@ -5,8 +5,11 @@
 pub(crate) mod admin;
 pub(crate) mod app;
 pub(crate) mod body;
+pub(crate) mod errors;
 pub(crate) mod gossip;
 pub(crate) mod ingress;
+pub(crate) mod node_state;
+pub(crate) mod owner;
 pub(crate) mod peer;
 pub(crate) mod send_timeout;
 pub mod tls;

@@ -13,6 +13,8 @@ use tracing::{info, warn};
 use crate::adapters::app::App;
 use crate::adapters::gossip::{self, GossipSettings, Published};
 use crate::adapters::ingress::{self, Ingress, IngressSettings};
+use crate::adapters::node_state::NodeState;
+use crate::adapters::owner::Owner;
 use crate::adapters::peer::{self, PeerLinks, PeerSettings};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::{NodeConfig, RulesSource};
@@ -136,30 +138,37 @@ impl Node {
             config.vnodes,
         ));
 
-        let ingress = Arc::new(Ingress::new(
+        let state = Arc::new(NodeState::new(
             me.id.clone(),
             view_rx,
             Router::with_options(config.policy, config.rules.clone(), config.router)
                 .map_err(NodeError::Router)?,
-            links.clone(),
+            match &config.rules_source {
+                RulesSource::Inline(_) => None,
+                s => Some(s.clone()),
+            },
+            gossip.publisher(),
+        ));
+        let owner = Arc::new(Owner::new(
+            state.clone(),
             App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
+        ));
+        let ingress = Arc::new(Ingress::new(
+            state.clone(),
+            owner.clone(),
+            links.clone(),
             IngressSettings {
                 max_request_target: config.max_request_target,
                 response_timeout: config.response_timeout,
                 header_served_by: config.header_served_by,
                 header_entry: config.header_entry,
-                rules_source: match &config.rules_source {
-                    RulesSource::Inline(_) => None,
-                    s => Some(s.clone()),
-                },
                 header_read_timeout: config.header_read_timeout,
                 body_read_timeout: config.body_read_timeout,
                 send_timeout: config.send_timeout,
             },
             env.seed,
-            gossip.publisher(),
         ));
-        let peer_task = tokio::spawn(peer::serve(endpoint, ingress.clone()));
+        let peer_task = tokio::spawn(peer::serve(endpoint, owner));
 
         // Accept clients only once every live peer is connected (or after
         // startup_wait): until then this node would own every key alone.
@@ -196,9 +205,9 @@ impl Node {
         let rules_task = config
             .rules_source
             .file()
-            .map(|f| tokio::spawn(watch_rules(ingress.clone(), f.to_path_buf())));
+            .map(|f| tokio::spawn(watch_rules(state.clone(), f.to_path_buf())));
         let load_task = tokio::spawn(publish_load(
-            ingress.clone(),
+            state.clone(),
             gossip.publisher(),
             MetricSmoother::new(config.metric_history)
                 .map_err(|e| NodeError::Metric(e.to_string()))?,
@@ -211,7 +220,7 @@ impl Node {
         info!(grace = ?config.drain_grace, "draining: published leaving, still serving");
         gossip.publisher().set_status(NodeStatus::Leaving).await;
         tokio::time::sleep(config.drain_grace).await;
-        ingress.stop_accepting();
+        state.stop_accepting();
         let _ = stop_tx.send(true);
         for l in listeners {
             let _ = l.await;
@@ -219,14 +228,14 @@ impl Node {
         let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
         let drained = tokio::time::timeout(config.drain_timeout, async {
             graceful.shutdown().await;
-            while ingress.inflight() > 0 {
+            while state.inflight() > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
         .await;
         if drained.is_err() {
             warn!(
-                inflight = ingress.inflight(),
+                inflight = state.inflight(),
                 "drain timeout: closing with requests in flight"
             );
         }
@@ -246,7 +255,7 @@ impl Node {
 /// Polls the rules file every 2 s and reloads the rules when its
 /// modification time or size changes; invalid new rules are logged and the
 /// old ones stay in force.
-async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
+async fn watch_rules(state: Arc<NodeState>, file: std::path::PathBuf) {
     let stamp = |m: std::fs::Metadata| (m.modified().ok(), m.len());
     let mut last = std::fs::metadata(&file).ok().map(stamp);
     let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -257,7 +266,7 @@ async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
             continue;
         }
         last = now;
-        if let Err(e) = ingress.reload_rules() {
+        if let Err(e) = state.reload_rules() {
             warn!(file = %file.display(), error = %e, "rules file changed but is invalid: the old rules stay in force");
         }
     }
@@ -268,7 +277,7 @@ async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
 /// (mod_oc4j history) and publishes it with the in-flight count as gossip
 /// keys `load` and `inflight` when they change.
 async fn publish_load(
-    ingress: Arc<Ingress>,
+    state: Arc<NodeState>,
     publisher: gossip::Publisher,
     mut smoother: MetricSmoother,
     capacity: u32,
@@ -280,21 +289,16 @@ async fn publish_load(
     let mut last_served = 0;
     loop {
         tick.tick().await;
-        let served = ingress
+        let served = state
             .counters
             .served_local
             .load(std::sync::atomic::Ordering::Relaxed);
         if served == last_served {
-            ingress.decay_latency();
+            state.decay_latency();
         }
         last_served = served;
-        let inflight = ingress.inflight();
-        let raw = raw_metric(
-            inflight,
-            capacity,
-            ingress.app_latency_ms(),
-            latency_limit_ms,
-        );
+        let inflight = state.inflight();
+        let raw = raw_metric(inflight, capacity, state.app_latency_ms(), latency_limit_ms);
         let load = smoother.observe(raw);
         if last != Some((load, inflight)) {
             publisher.set_load(load, inflight).await;

@@ -90,7 +90,11 @@ impl ReplayPlan {
     /// (`body_empty`: the client sent no body, or an empty one) or announces
     /// `content_length` bytes (`None`: chunked, or no valid
     /// `Content-Length`).
-    pub(crate) fn new(method: &Method, body_empty: bool, content_length: Option<u64>) -> ReplayPlan {
+    pub(crate) fn new(
+        method: &Method,
+        body_empty: bool,
+        content_length: Option<u64>,
+    ) -> ReplayPlan {
         let idempotent = is_idempotent(method);
         let body = if body_empty {
             BodyPlan::Empty
@@ -148,7 +152,10 @@ mod tests {
         assert_eq!(plan(Method::GET, true, None), BodyPlan::Empty);
         assert_eq!(plan(Method::POST, true, Some(0)), BodyPlan::Empty);
         assert_eq!(plan(Method::PUT, false, Some(10)), BodyPlan::Buffer);
-        assert_eq!(plan(Method::PUT, false, Some(REPLAY_LIMIT)), BodyPlan::Buffer);
+        assert_eq!(
+            plan(Method::PUT, false, Some(REPLAY_LIMIT)),
+            BodyPlan::Buffer
+        );
         assert_eq!(
             plan(Method::PUT, false, Some(REPLAY_LIMIT + 1)),
             BodyPlan::Stream
@@ -174,9 +181,15 @@ mod tests {
     #[test]
     fn a_refused_request_is_retried_when_replayable_whatever_its_method() {
         let post_empty = ReplayPlan::new(&Method::POST, true, None);
-        assert_eq!(post_empty.after(Failure::Refused), AfterFailure::NextCandidate);
+        assert_eq!(
+            post_empty.after(Failure::Refused),
+            AfterFailure::NextCandidate
+        );
         let get_buffered = ReplayPlan::new(&Method::GET, false, Some(5));
-        assert_eq!(get_buffered.after(Failure::Refused), AfterFailure::NextCandidate);
+        assert_eq!(
+            get_buffered.after(Failure::Refused),
+            AfterFailure::NextCandidate
+        );
         let post_streamed = ReplayPlan::new(&Method::POST, false, Some(5));
         assert_eq!(post_streamed.after(Failure::Refused), AfterFailure::Fail);
         let put_large = ReplayPlan::new(&Method::PUT, false, Some(REPLAY_LIMIT + 1));
@@ -187,9 +200,17 @@ mod tests {
     fn a_request_the_owner_may_have_processed_is_retried_only_when_idempotent_and_replayable() {
         for failure in [Failure::Lost, Failure::HeadTooLarge] {
             let get = ReplayPlan::new(&Method::GET, true, None);
-            assert_eq!(get.after(failure), AfterFailure::NextCandidate, "{failure:?}");
+            assert_eq!(
+                get.after(failure),
+                AfterFailure::NextCandidate,
+                "{failure:?}"
+            );
             let put = ReplayPlan::new(&Method::PUT, false, Some(REPLAY_LIMIT));
-            assert_eq!(put.after(failure), AfterFailure::NextCandidate, "{failure:?}");
+            assert_eq!(
+                put.after(failure),
+                AfterFailure::NextCandidate,
+                "{failure:?}"
+            );
             // A POST without a body is replayable, but not idempotent.
             let post = ReplayPlan::new(&Method::POST, true, None);
             assert_eq!(post.after(failure), AfterFailure::Fail, "{failure:?}");
