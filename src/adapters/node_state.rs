@@ -15,6 +15,7 @@ use rand::Rng;
 use tokio::sync::watch;
 use tracing::{debug, info};
 
+use super::REQUEST_PATH;
 use super::body::{self, Body};
 use super::errors::{ReloadError, RequestError, WeightError, error_response};
 use super::gossip::Publisher;
@@ -290,7 +291,7 @@ impl NodeState {
     /// Counts a request answered with `e`, logs it, and answers it.
     pub(crate) fn failed(&self, e: RequestError) -> Response<Body> {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        debug!(error = %e, "request failed");
+        debug!(target: REQUEST_PATH, error = %e, "request failed");
         error_response(&e.into(), &self.node_id)
     }
 
@@ -338,7 +339,7 @@ impl NodeState {
         let rules = src.load().map_err(ReloadError::Invalid)?;
         let n = rules.len();
         self.router.lock().expect("router lock").set_rules(rules);
-        info!(rules = n, "data-centric rules reloaded");
+        info!(target: REQUEST_PATH, rules = n, "data-centric rules reloaded");
         Ok(n)
     }
 
@@ -374,7 +375,7 @@ impl NodeState {
         }
         let previous = self.weight.swap(w, Ordering::Relaxed);
         self.publisher.set_weight(w).await;
-        info!(weight = w, previous, "weight changed: published in gossip");
+        info!(target: REQUEST_PATH, weight = w, previous, "weight changed: published in gossip");
         Ok(previous)
     }
 }

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use http::{Request, Response};
 use tracing::debug;
 
+use super::REQUEST_PATH;
 use super::app::{App, AppError, ServeCtx};
 use super::body::Body;
 use super::errors::RequestError;
@@ -65,7 +66,7 @@ impl ProxiedHandler for Owner {
                     .counters
                     .proxied_disagree
                     .fetch_add(1, Ordering::Relaxed);
-                debug!(key = %k, "proxied request for a key this node's view gives to another owner: serving it (hop limit 1)");
+                debug!(target: REQUEST_PATH, key = %k, "proxied request for a key this node's view gives to another owner: serving it (hop limit 1)");
             }
         }
         state.counters.served_local.fetch_add(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
 use super::{Ingress, SERVED_BY};
+use crate::adapters::REQUEST_PATH;
 use crate::adapters::app::ServeCtx;
 use crate::adapters::body::{self, Body};
 use crate::adapters::errors::RequestError;
@@ -59,7 +60,7 @@ impl Ingress {
         // one (fields formatted into the registry) costs several percent of
         // a node's CPU per hop (docs/performance.md). Events that matter at
         // info carry the request id themselves.
-        let span = debug_span!("request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
+        let span = debug_span!(target: REQUEST_PATH, "request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
         let (mut resp, served_by, guard) = self
             .serve_candidates(
                 req,
@@ -158,7 +159,7 @@ impl Ingress {
             let pair = match self.links.open(cand).await {
                 Ok(p) => p,
                 Err(e) => {
-                    debug!(error = %e, "owner not reachable: trying the next candidate");
+                    debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
                     let err = RequestError::NoNode(e.to_string());
                     if plan.after(Failure::Unreachable) == AfterFailure::Fail {
                         return Err(err);
@@ -236,7 +237,7 @@ impl Ingress {
                         // answered: the client's fault.
                         ExchangeError::ClientBody(b) => RequestError::client_body(&b),
                         e => {
-                            warn!(id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
+                            warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
                             RequestError::OwnerFailed(e.to_string())
                         }
                     };

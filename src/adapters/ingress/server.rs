@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::Ingress;
+use crate::adapters::REQUEST_PATH;
 use crate::adapters::send_timeout::SendTimeout;
 use crate::env::HttpListener;
 
@@ -33,7 +34,7 @@ pub(crate) async fn serve(
                     // Out of file descriptors, typically: say so once a
                     // second, not once per try.
                     if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                        warn!(error = %e, "accept failed");
+                        warn!(target: REQUEST_PATH, error = %e, "accept failed");
                         last_warn = Some(tokio::time::Instant::now());
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -63,13 +64,13 @@ pub(crate) async fn serve(
         tokio::spawn(
             async move {
                 if let Err(e) = fut.await {
-                    debug!(error = %e, "client connection ended with an error");
+                    debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
                 }
             }
-            .instrument(info_span!("conn", %client)),
+            .instrument(info_span!(target: REQUEST_PATH, "conn", %client)),
         );
     }
     if let Some(local) = local {
-        debug!(%local, "listener closed");
+        debug!(target: REQUEST_PATH, %local, "listener closed");
     }
 }
