@@ -16,10 +16,14 @@
 //! - `engine/` (I/O-free, no clock, seeded randomness): `ring` (consistent
 //!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
 //!   (sticky route cookie / URL parameter), `balance` (policies),
-//!   `membership` (immutable [`MembershipView`]), `route` (the decision).
+//!   `membership` (immutable [`MembershipView`]), `route` (the decision),
+//!   `failover` (replay plan and the choice after a failed attempt).
 //! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
 //!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
-//!   server and the request path), `app` (built-in and upstream app),
+//!   server and the request path), `owner` (serving with the local app),
+//!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
+//!   owner and `admin`), `errors` (every error as an HTTP answer), `app`
+//!   (built-in and upstream app),
 //!   `tls` (cluster CA, node certificates, mutual TLS).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
