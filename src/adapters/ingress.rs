@@ -16,20 +16,19 @@
 //! HTTP answers in `errors::error_response`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 
 use super::admin;
 use super::body::Body;
 use super::node_state::{NodeState, track_body};
 use super::owner::Owner;
 use super::peer::PeerLinks;
+use forward::{ForwardSettings, Forwarder};
 
 mod forward;
 mod limits;
@@ -37,13 +36,8 @@ mod server;
 
 pub(crate) use server::serve;
 
-/// Response header naming the node that served the request.
-pub(crate) const SERVED_BY: &str = "peerlb-served-by";
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";
-/// Response header carrying a new sticky route as a path parameter
-/// (`;peerlb-route=<id>`), for clients that refuse cookies.
-pub(crate) const ROUTE: &str = "peerlb-route";
 
 /// Settings of the request path.
 #[derive(Debug, Clone)]
@@ -67,14 +61,9 @@ pub(crate) struct IngressSettings {
 /// The request path of one node's client listeners.
 pub(crate) struct Ingress {
     state: Arc<NodeState>,
-    /// Serves the requests this node is the first candidate for.
-    owner: Arc<Owner>,
-    rng: Mutex<SmallRng>,
-    links: Arc<PeerLinks>,
+    forwarder: Forwarder,
     settings: IngressSettings,
-    epoch: tokio::time::Instant,
-    /// This node's id as a header value (`peerlb-entry`, `peerlb-served-by`),
-    /// made once.
+    /// This node's id as a header value (`peerlb-entry`), made once.
     id_header: Option<HeaderValue>,
 }
 
@@ -89,14 +78,16 @@ impl Ingress {
         settings: IngressSettings,
         seed: u64,
     ) -> Ingress {
+        let forward = ForwardSettings {
+            response_timeout: settings.response_timeout,
+            body_read_timeout: settings.body_read_timeout,
+            header_served_by: settings.header_served_by,
+        };
         Ingress {
             id_header: HeaderValue::from_str(state.node_id()).ok(),
+            forwarder: Forwarder::new(state.clone(), owner, links, forward, seed),
             state,
-            owner,
-            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
-            links,
             settings,
-            epoch: tokio::time::Instant::now(),
         }
     }
 
@@ -115,7 +106,7 @@ impl Ingress {
             Ok(()) => {
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
-                match self.route_and_serve(req, client).await {
+                match self.forwarder.route_and_serve(req, client).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(e) => self.state.failed(e),
                 }
@@ -127,5 +118,23 @@ impl Ingress {
             resp.headers_mut().insert(ENTRY, v.clone());
         }
         resp
+    }
+}
+
+impl server::Handler for Ingress {
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        Ingress::handle(self, req, client)
+    }
+
+    fn header_read_timeout(&self) -> Duration {
+        self.settings.header_read_timeout
+    }
+
+    fn send_timeout(&self) -> Duration {
+        self.settings.send_timeout
     }
 }

@@ -6,33 +6,84 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, header};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use rand::RngExt;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 use tracing::{Instrument, debug, debug_span, warn};
 
 use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
-use super::{Ingress, SERVED_BY};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::app::ServeCtx;
 use crate::adapters::body::{self, Body};
 use crate::adapters::errors::RequestError;
-use crate::adapters::node_state::Outstanding;
-use crate::adapters::peer::{self, ExchangeError};
+use crate::adapters::node_state::{NodeState, Outstanding};
+use crate::adapters::owner::Owner;
+use crate::adapters::peer::{self, ExchangeError, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 use crate::engine::membership::NodeId;
 use crate::engine::route::EntryDecision;
 use crate::engine::rules::RequestView;
 
+/// Response header naming the node that served the request.
+pub(crate) const SERVED_BY: &str = "peerlb-served-by";
+
 fn content_length(h: &http::HeaderMap) -> Option<u64> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
-impl Ingress {
+/// Settings of routing and forwarding.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ForwardSettings {
+    /// Longest wait for an owner's response head.
+    pub(super) response_timeout: Duration,
+    /// Longest wait between two reads of a request body.
+    pub(super) body_read_timeout: Duration,
+    /// Add `peerlb-served-by`.
+    pub(super) header_served_by: bool,
+}
+
+/// Routes client requests and serves them: locally through the owner side,
+/// or forwarded to a peer with failover and replay.
+pub(super) struct Forwarder {
+    state: Arc<NodeState>,
+    /// Serves the requests this node is the first candidate for.
+    owner: Arc<Owner>,
+    links: Arc<PeerLinks>,
+    rng: Mutex<SmallRng>,
+    epoch: tokio::time::Instant,
+    settings: ForwardSettings,
+    /// This node's id as a header value (`peerlb-served-by`), made once.
+    id_header: Option<HeaderValue>,
+}
+
+impl Forwarder {
+    /// A forwarder for the node whose state is `state`; `seed` seeds
+    /// request ids and random picks.
+    pub(super) fn new(
+        state: Arc<NodeState>,
+        owner: Arc<Owner>,
+        links: Arc<PeerLinks>,
+        settings: ForwardSettings,
+        seed: u64,
+    ) -> Forwarder {
+        Forwarder {
+            id_header: HeaderValue::from_str(state.node_id()).ok(),
+            state,
+            owner,
+            links,
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            epoch: tokio::time::Instant::now(),
+            settings,
+        }
+    }
+
     /// Routes a client request that passed the limits and serves it: the
     /// response, and the guard that keeps it outstanding to its server.
     pub(super) async fn route_and_serve(

@@ -6,11 +6,14 @@
 use http::{HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 
-use super::ROUTE;
 use crate::adapters::body::Body;
 use crate::adapters::errors::RequestError;
 use crate::adapters::wire;
 use crate::engine::sticky::{self, Announcement};
+
+/// Response header carrying a new sticky route as a path parameter
+/// (`;peerlb-route=<id>`), for clients that refuse cookies.
+pub(crate) const ROUTE: &str = "peerlb-route";
 
 /// Largest request head accepted, in bytes (request-target plus header
 /// lines): it must fit a peer frame ([`wire::MAX_HEAD_LEN`]) with room for
