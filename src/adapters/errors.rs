@@ -273,6 +273,31 @@ mod tests {
         assert_eq!(r.headers()[header::CONNECTION], "close");
     }
 
+    async fn text(r: Response<Body>) -> String {
+        use http_body_util::BodyExt;
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn bodies_are_the_cause_as_text_or_json() {
+        let r = error_response(&RequestError::NoNode("no candidate".into()).into(), "n1");
+        assert_eq!(
+            text(r).await,
+            "no node could take the request: no candidate\n"
+        );
+        let r = error_response(&AdminError::NotLoopback.into(), "n1");
+        assert_eq!(
+            text(r).await,
+            "{\"error\":\"the admin API answers loopback clients only\"}\n"
+        );
+        let r = error_response(&AdminError::Reload(ReloadError::Embedded).into(), "n1");
+        assert_eq!(
+            text(r).await,
+            "{\"error\":\"the rules come from the embedded cluster.toml: nothing to reload\"}\n"
+        );
+    }
+
     #[test]
     fn admin_errors_are_json_with_allow_on_a_405() {
         let r = error_response(&AdminError::MethodNotAllowed { allow: "PUT" }.into(), "n1");
