@@ -17,7 +17,8 @@
 //!   hash key from a request; the default key. `rules/xml` parses SailFin's
 //!   `data-centric-rules.xml` (quick-xml), `rules/tree` evaluates its
 //!   `or` / `and` / `if` expressions.
-//! - `sticky`: the sticky route cookie and `;peerlb-route=` path parameter.
+//! - `sticky`: the sticky route cookie and `;peerlb-route=` path parameter,
+//!   and when a response announces a new route (`Session::announce`).
 //! - `balance`: policies as pure state machines and the `Policy` name
 //!   (`kind[:local]`): round robin, random, weighted random; `balance/`
 //!   holds mod_proxy_balancer's byrequests and bytraffic, mod_oc4j's metric
@@ -28,8 +29,12 @@
 //!   view with its ring and version.
 //! - `route`: `Router::decide(request, view, now, rng) -> Decision` (and
 //!   `decide_with_loads` with the entry's own in-flight counts).
+//! - `failover`: the replay plan of a request (which body is kept to be
+//!   sent again) and what the entry does after an attempt on a candidate
+//!   failed.
 
 pub(crate) mod balance;
+pub(crate) mod failover;
 pub(crate) mod membership;
 pub(crate) mod node_id;
 pub(crate) mod ring;

@@ -17,14 +17,16 @@
 //!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
 //!   (sticky route cookie / URL parameter), `balance` (policies),
 //!   `node_id` ([`NodeId`] and its naming rules), `membership` (immutable
-//!   [`MembershipView`]), `route` (the decision), `testing` (doc-hidden
-//!   test support: the request builder the unit tests and the benches
-//!   share).
+//!   [`MembershipView`]), `route` (the decision), `failover` (replay plan
+//!   and the choice after a failed attempt), `testing` (doc-hidden test
+//!   support: the request builder the unit tests and the benches share).
 //! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
 //!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
-//!   server and the request path), `app` (built-in and upstream app),
-//!   `tls` (identity, issuance, configs: cluster CA, node certificates,
-//!   mutual TLS).
+//!   server and the request path), `owner` (serving with the local app),
+//!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
+//!   owner and `admin`), `errors` (every error as an HTTP answer), `app`
+//!   (built-in and upstream app), `tls` (identity, issuance, configs:
+//!   cluster CA, node certificates, mutual TLS).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.

@@ -13,6 +13,8 @@ use tracing::{info, warn};
 use crate::adapters::app::App;
 use crate::adapters::gossip::{self, GossipIdentity, Published};
 use crate::adapters::ingress::{self, Ingress};
+use crate::adapters::node_state::NodeState;
+use crate::adapters::owner::Owner;
 use crate::adapters::peer::{self, PeerLinks};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::NodeConfig;
@@ -130,7 +132,7 @@ impl Node {
             config.routing.vnodes,
         ));
 
-        let ingress = Arc::new(Ingress::new(
+        let state = Arc::new(NodeState::new(
             me.id.clone(),
             view_rx,
             Router::with_options(
@@ -139,13 +141,21 @@ impl Node {
                 config.routing.router,
             )
             .map_err(NodeError::Router)?,
-            links.clone(),
-            App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
-            config.ingress.clone(),
-            env.seed,
+            config.ingress.rules_source.clone(),
             gossip.publisher(),
         ));
-        let peer_task = tokio::spawn(peer::serve(endpoint, ingress.clone()));
+        let owner = Arc::new(Owner::new(
+            state.clone(),
+            App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
+        ));
+        let ingress = Arc::new(Ingress::new(
+            state.clone(),
+            owner.clone(),
+            links.clone(),
+            config.ingress.clone(),
+            env.seed,
+        ));
+        let peer_task = tokio::spawn(peer::serve(endpoint, owner));
 
         // Accept clients only once every live peer is connected (or after
         // startup_wait): until then this node would own every key alone.
@@ -184,9 +194,9 @@ impl Node {
             .rules_source
             .as_ref()
             .and_then(|s| s.file())
-            .map(|f| tokio::spawn(watch_rules(ingress.clone(), f.to_path_buf())));
+            .map(|f| tokio::spawn(watch_rules(state.clone(), f.to_path_buf())));
         let load_task = tokio::spawn(publish_load(
-            ingress.clone(),
+            state.clone(),
             gossip.publisher(),
             MetricSmoother::new(config.metric.history)
                 .map_err(|e| NodeError::Metric(e.to_string()))?,
@@ -198,7 +208,7 @@ impl Node {
         info!(grace = ?config.lifecycle.drain_grace, "draining: published leaving, still serving");
         gossip.publisher().set_status(NodeStatus::Leaving).await;
         tokio::time::sleep(config.lifecycle.drain_grace).await;
-        ingress.stop_accepting();
+        state.stop_accepting();
         let _ = stop_tx.send(true);
         for l in listeners {
             let _ = l.await;
@@ -206,14 +216,14 @@ impl Node {
         let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
         let drained = tokio::time::timeout(config.lifecycle.drain_timeout, async {
             graceful.shutdown().await;
-            while ingress.inflight() > 0 {
+            while state.inflight() > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
         .await;
         if drained.is_err() {
             warn!(
-                inflight = ingress.inflight(),
+                inflight = state.inflight(),
                 "drain timeout: closing with requests in flight"
             );
         }
@@ -233,7 +243,7 @@ impl Node {
 /// Polls the rules file every 2 s and reloads the rules when its
 /// modification time or size changes; invalid new rules are logged and the
 /// old ones stay in force.
-async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
+async fn watch_rules(state: Arc<NodeState>, file: std::path::PathBuf) {
     let stamp = |m: std::fs::Metadata| (m.modified().ok(), m.len());
     let mut last = std::fs::metadata(&file).ok().map(stamp);
     let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -244,7 +254,7 @@ async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
             continue;
         }
         last = now;
-        if let Err(e) = ingress.reload_rules() {
+        if let Err(e) = state.reload_rules() {
             warn!(file = %file.display(), error = %e, "rules file changed but is invalid: the old rules stay in force");
         }
     }
@@ -260,7 +270,7 @@ async fn watch_rules(ingress: Arc<Ingress>, file: std::path::PathBuf) {
 /// only forwards: it is the load bounded-load hashing and `least-load`
 /// compare, the same on every node.
 async fn publish_load(
-    ingress: Arc<Ingress>,
+    state: Arc<NodeState>,
     publisher: gossip::Publisher,
     mut smoother: MetricSmoother,
     capacity: u32,
@@ -268,13 +278,13 @@ async fn publish_load(
 ) {
     let mut tick = tokio::time::interval(interval);
     let mut last = None;
-    let mut last_busy_us = ingress.app_busy_us();
+    let mut last_busy_us = state.app_busy_us();
     loop {
         tick.tick().await;
-        let busy_us = ingress.app_busy_us();
+        let busy_us = state.app_busy_us();
         let delta = (busy_us - last_busy_us) as f64 / 1e6 / interval.as_secs_f64();
         last_busy_us = busy_us;
-        let serving = ingress.serving();
+        let serving = state.serving();
         let load = smoother.observe(raw_metric(serving, capacity, delta));
         if last != Some((load, serving)) {
             publisher.set_load(load, serving).await;

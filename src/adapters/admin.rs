@@ -10,12 +10,13 @@
 
 use std::sync::atomic::Ordering;
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::body::{self, Body};
-use super::ingress::{Ingress, ReloadError, WeightError};
+use super::body::Body;
+use super::errors::{AdminError, WeightError, error_response, json_response};
+use super::node_state::NodeState;
 
 /// Path prefix reserved for the admin API.
 pub(crate) const PREFIX: &str = "/_peerlb/";
@@ -38,75 +39,39 @@ pub(crate) fn is_admin(path: &str) -> bool {
     path.starts_with(PREFIX)
 }
 
-/// Answers an admin request (a path for which [`is_admin`] holds).
+/// Answers an admin request (a path for which [`is_admin`] holds); errors
+/// are answered by [`error_response`].
 pub(crate) async fn answer(
-    ingress: &Ingress,
+    state: &NodeState,
     req: Request<Incoming>,
     client: std::net::SocketAddr,
 ) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let (status, text) = match (&method, path.as_str()) {
+    let answered: Result<String, AdminError> = match (&method, path.as_str()) {
         // The admin API answers the node's own host only: clients that
         // reach the node through the sprayer get 404 as for any unknown path.
-        _ if !answers(client) => (
-            StatusCode::NOT_FOUND,
-            "{\"error\":\"the admin API answers loopback clients only\"}".to_owned(),
-        ),
-        (&http::Method::GET, STATUS) => (StatusCode::OK, status_json(ingress)),
-        (&http::Method::POST, RELOAD_RULES) => match ingress.reload_rules() {
-            Ok(n) => (
-                StatusCode::OK,
-                serde_json::json!({ "rules": n }).to_string(),
-            ),
-            Err(e @ ReloadError::Embedded) => (
-                StatusCode::CONFLICT,
-                serde_json::json!({ "error": e.to_string() }).to_string(),
-            ),
-            Err(e @ ReloadError::Invalid(_)) => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                serde_json::json!({ "error": e.to_string() }).to_string(),
-            ),
-        },
-        (&http::Method::PUT, WEIGHT) => match put_weight(ingress, req.into_body()).await {
-            Ok((weight, previous)) => (
-                StatusCode::OK,
-                serde_json::json!({ "weight": weight, "previous": previous }).to_string(),
-            ),
-            Err(e) => {
-                let status = match e {
-                    WeightError::NotANumber(_) | WeightError::Body(_) => StatusCode::BAD_REQUEST,
-                    WeightError::OutOfRange(_) => StatusCode::UNPROCESSABLE_ENTITY,
-                    WeightError::AllZero => StatusCode::CONFLICT,
-                };
-                (
-                    status,
-                    serde_json::json!({ "error": e.to_string() }).to_string(),
-                )
-            }
-        },
-        (_, STATUS | RELOAD_RULES | WEIGHT) => (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "{\"error\":\"method not allowed\"}".to_owned(),
-        ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "{\"error\":\"unknown admin path\"}".to_owned(),
-        ),
+        _ if !answers(client) => Err(AdminError::NotLoopback),
+        (&http::Method::GET, STATUS) => Ok(status_json(state)),
+        (&http::Method::POST, RELOAD_RULES) => state
+            .reload_rules()
+            .map(|n| serde_json::json!({ "rules": n }).to_string())
+            .map_err(AdminError::Reload),
+        (&http::Method::PUT, WEIGHT) => put_weight(state, req.into_body())
+            .await
+            .map(|(weight, previous)| {
+                serde_json::json!({ "weight": weight, "previous": previous }).to_string()
+            })
+            .map_err(AdminError::Weight),
+        _ => Err(match allowed_method(&path) {
+            Some(allow) => AdminError::MethodNotAllowed { allow },
+            None => AdminError::UnknownPath,
+        }),
     };
-    let mut r = Response::new(body::full(text + "\n"));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if status == StatusCode::METHOD_NOT_ALLOWED
-        && let Some(allow) = allowed_method(&path)
-    {
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static(allow));
+    match answered {
+        Ok(text) => json_response(StatusCode::OK, text),
+        Err(e) => error_response(&e.into(), state.node_id()),
     }
-    r
 }
 
 /// The method an admin path takes (the `Allow` header of a 405).
@@ -128,19 +93,19 @@ fn answers(client: std::net::SocketAddr) -> bool {
 /// Reads the new weight from `body` (a decimal integer, surrounding ASCII
 /// whitespace allowed, at most [`WEIGHT_BODY_LIMIT`] bytes) and puts it in
 /// force: (new, previous).
-async fn put_weight(ingress: &Ingress, body: Incoming) -> Result<(u32, u32), WeightError> {
+async fn put_weight(state: &NodeState, body: Incoming) -> Result<(u32, u32), WeightError> {
     let bytes = http_body_util::Limited::new(body, WEIGHT_BODY_LIMIT)
         .collect()
         .await
         .map_err(|e| WeightError::Body(e.to_string()))?
         .to_bytes();
     let weight = parse_weight(&bytes)?;
-    let previous = ingress.set_weight(weight).await?;
-    Ok((ingress.weight(), previous))
+    let previous = state.set_weight(weight).await?;
+    Ok((state.weight(), previous))
 }
 
 /// Parses a weight body: ASCII digits, optionally surrounded by ASCII
-/// whitespace. The range is checked by [`Ingress::set_weight`].
+/// whitespace. The range is checked by [`NodeState::set_weight`].
 ///
 /// # Errors
 /// [`WeightError::NotANumber`] quoting the body (lossy UTF-8).
@@ -154,9 +119,9 @@ fn parse_weight(body: &[u8]) -> Result<u64, WeightError> {
     Ok(t.parse().unwrap_or(u64::MAX))
 }
 
-fn status_json(ingress: &Ingress) -> String {
-    let view = ingress.view();
-    let c = &ingress.counters;
+fn status_json(state: &NodeState) -> String {
+    let view = state.view();
+    let c = &state.counters;
     let members: Vec<_> = view
         .members()
         .map(|m| {
@@ -174,13 +139,13 @@ fn status_json(ingress: &Ingress) -> String {
         .collect();
     let serving: Vec<&str> = view.serving_ids().iter().map(|id| &**id).collect();
     serde_json::json!({
-        "node": ingress.node_id(),
+        "node": &**state.node_id(),
         "pid": std::process::id(),
-        "weight": ingress.weight(),
+        "weight": state.weight(),
         "view_version": view.version(),
         "members": members,
         "serving": serving,
-        "inflight": ingress.inflight(),
+        "inflight": state.inflight(),
         "counters": {
             "requests": c.requests.load(Ordering::Relaxed),
             "served_local": c.served_local.load(Ordering::Relaxed),

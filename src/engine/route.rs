@@ -52,7 +52,7 @@ use super::membership::MembershipView;
 use super::node_id::NodeId;
 use super::ring::hash_key;
 use super::rules::{RequestView, Rules, default_key};
-use super::sticky::route_from_request;
+use super::sticky::{Session, route_from_request};
 
 /// Why a [`Decision`] picked its owner (for logs, metrics and the
 /// `peerlb-reason` debug header).
@@ -202,6 +202,18 @@ impl<'a> Iterator for Rest<'a> {
             Rest::Listed(l) => l.next(),
         }
     }
+}
+
+/// What an entry node needs to route a client request and to answer it:
+/// the [`Decision`], and under a sticky policy the request's sticky route
+/// and what the response announces ([`Session::announce`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EntryDecision {
+    /// The routing decision, as [`Router::decide_with_loads`] makes it.
+    pub(crate) decision: Decision,
+    /// Under a sticky policy ([`Router::is_sticky`]): the route the request
+    /// carried; `None` under other policies.
+    pub(crate) sticky: Option<Session>,
 }
 
 /// Tunables of a [`Router`] beyond the policy and the rules.
@@ -386,6 +398,38 @@ impl Router {
         rng: &mut impl Rng,
         local: &impl Fn(&str) -> u32,
     ) -> Decision {
+        self.decide_entry(req, view, now, rng, local).decision
+    }
+
+    /// [`Router::decide_with_loads`] with the sticky-route part of the
+    /// decision: the route the request carried (parsed here, once), for the
+    /// announcement once the response is known.
+    pub(crate) fn decide_entry(
+        &mut self,
+        req: &RequestView<'_>,
+        view: &MembershipView,
+        now: Duration,
+        rng: &mut impl Rng,
+        local: &impl Fn(&str) -> u32,
+    ) -> EntryDecision {
+        let route = route_from_request(req.headers, req.uri);
+        let sticky = self.is_sticky().then(|| Session {
+            route: route.clone(),
+        });
+        let decision = self.decide_routed(req, route.as_deref(), view, now, rng, local);
+        EntryDecision { decision, sticky }
+    }
+
+    /// The decision for a request whose sticky route is `route`.
+    fn decide_routed(
+        &mut self,
+        req: &RequestView<'_>,
+        route: Option<&str>,
+        view: &MembershipView,
+        now: Duration,
+        rng: &mut impl Rng,
+        local: &impl Fn(&str) -> u32,
+    ) -> Decision {
         let _ = now;
         let serving = view.serving_ids();
         if serving.is_empty() {
@@ -400,8 +444,7 @@ impl Router {
             let published = view.get(id).map_or(0, |m| m.inflight);
             u64::from(published) + u64::from(local(id))
         };
-        let sticky = route_from_request(req.headers, req.uri)
-            .and_then(|r| serving.binary_search_by(|id| (**id).cmp(r.as_str())).ok());
+        let sticky = route.and_then(|r| serving.binary_search_by(|id| (**id).cmp(r)).ok());
         let effective = self.effective();
 
         if effective == Effective::Hash && !view.ring().is_empty() {

@@ -47,6 +47,49 @@ pub(crate) fn route_from_request(headers: &HeaderMap, uri: &http::Uri) -> Option
         .map(|v| percent_decode(v, false).into_owned())
 }
 
+/// The sticky-route part of a routing decision under a sticky policy
+/// (`Router::is_sticky`): the route the request carried, parsed once by
+/// [`route_from_request`] when the router decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// The route the request carried (decoded); `None` when it carried none.
+    pub(crate) route: Option<String>,
+}
+
+/// A route the response must announce to the client: the `peerlb-route`
+/// cookie ([`set_cookie_value`]), the `peerlb-route` response header
+/// ([`encode_route_param`]), and with `in_location` the route parameter on
+/// `Location` ([`with_route_param`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Announcement {
+    /// The request carried its route in the URL (a client that refuses
+    /// cookies): `Location` is rewritten to carry the new one.
+    pub(crate) in_location: bool,
+}
+
+impl Session {
+    /// What a response served by `served_by` announces: a route naming
+    /// `served_by` when the session starts (the response sets a cookie,
+    /// `sets_cookie`) or has moved (the request carried a route naming
+    /// another node: a failover, case C7, or a forged or stale route);
+    /// nothing when the route it carried already names `served_by`, or when
+    /// it carried none and no session starts. `route_in_url`: the request's
+    /// last path segment carried a `;peerlb-route=` parameter.
+    pub(crate) fn announce(
+        &self,
+        served_by: &str,
+        sets_cookie: bool,
+        route_in_url: bool,
+    ) -> Option<Announcement> {
+        if self.route.as_deref() == Some(served_by) || !(sets_cookie || self.route.is_some()) {
+            return None;
+        }
+        Some(Announcement {
+            in_location: route_in_url,
+        })
+    }
+}
+
 /// The `Set-Cookie` header value that makes the client stick to `node`:
 /// `peerlb-route=<pct-encoded id>; Path=/; HttpOnly; SameSite=Lax`.
 /// Always a valid header value (ASCII, no control characters).
@@ -330,6 +373,34 @@ mod tests {
         );
         assert_eq!(strip_route_param(";peerlb-route=n1"), "");
         assert_eq!(strip_route_param("/x;peerlb-route"), "/x");
+    }
+
+    #[test]
+    fn a_route_is_announced_when_a_session_starts_or_moves() {
+        let none = Session { route: None };
+        let on_n1 = Session {
+            route: Some("n1".into()),
+        };
+        // No route and no session started by the app: nothing to say.
+        assert_eq!(none.announce("n1", false, false), None);
+        // The app starts a session: it sticks to the node that served it.
+        assert_eq!(
+            none.announce("n1", true, false),
+            Some(Announcement { in_location: false })
+        );
+        // The route already names the serving node: nothing changes.
+        assert_eq!(on_n1.announce("n1", true, true), None);
+        assert_eq!(on_n1.announce("n1", false, false), None);
+        // A failover moved the session: the new node is announced, in the
+        // URL too when the client carried its route there.
+        assert_eq!(
+            on_n1.announce("n2", false, false),
+            Some(Announcement { in_location: false })
+        );
+        assert_eq!(
+            on_n1.announce("n2", false, true),
+            Some(Announcement { in_location: true })
+        );
     }
 
     #[test]

@@ -824,3 +824,28 @@ fn counting_forwarded_requests_starves_the_entry() {
     let served = bounded_replay(2_000, |total| total, false);
     assert!(served.get("n1").copied().unwrap_or(0) < 20, "{served:?}");
 }
+
+#[test]
+fn entry_decision_carries_the_sticky_route_under_sticky_policies_only() {
+    let v = three();
+    let req = request("/x?user=u", Some("peerlb-route=n2"), "192.0.2.1:1000");
+    let mut sticky = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
+    let e = sticky.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| 0);
+    assert_eq!(
+        e.sticky,
+        Some(Session {
+            route: Some("n2".into())
+        })
+    );
+    assert_eq!(e.decision.owner, NodeId::from("n2"));
+    // The same decision as decide(): the route only adds the announcement.
+    let mut again = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
+    assert_eq!(e.decision, decide(&mut again, &req, &v));
+    let plain = request("/x", None, "192.0.2.1:1000");
+    let e = sticky.decide_entry(&plain.view(), &v, T0, &mut rng(), &|_: &str| 0);
+    assert_eq!(e.sticky, Some(Session { route: None }));
+    let mut hashing = Router::new(PolicyKind::ConsistentHash, user_rules());
+    let e = hashing.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| 0);
+    assert_eq!(e.sticky, None);
+    assert_eq!(e.decision.reason, Reason::StickyRoute);
+}

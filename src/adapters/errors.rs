@@ -1,0 +1,310 @@
+//! Every error a node answers a client with, and the one function that makes
+//! them HTTP answers: [`error_response`].
+//!
+//! Request-path errors ([`RequestError`]) become a `text/plain` body with
+//! the cause and `peerlb-error-from: <node id>`; admin API errors
+//! ([`AdminError`], wrapping [`ReloadError`] and [`WeightError`]) become a
+//! JSON body `{"error": "<cause>"}`.
+
+use http::{HeaderValue, Response, StatusCode, header};
+
+use super::app::AppError;
+use super::body::{self, Body};
+use crate::config::MAX_WEIGHT;
+
+/// Response header naming the node that made an error answer.
+pub(crate) const ERROR_FROM: &str = "peerlb-error-from";
+
+/// Why a request got no answer from an app: each maps to one status in
+/// [`error_response`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RequestError {
+    /// The request-target is longer than `limits.max_request_target` (414).
+    #[error("request-target of {len} bytes exceeds the {max}-byte limit")]
+    UriTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The request head (target and headers) is larger than a peer frame
+    /// carries (431).
+    #[error("request head of {len} bytes exceeds the {max}-byte limit")]
+    HeadTooLarge {
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The request is malformed (400).
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    /// A method peerlb does not proxy: CONNECT (tunnels) (501).
+    #[error("{0} is not supported: peerlb proxies HTTP requests, not tunnels")]
+    NotImplemented(http::Method),
+    /// No candidate could be reached before anything was sent (503).
+    #[error("no node could take the request: {0}")]
+    NoNode(String),
+    /// The owner failed after the request may have reached it, and the
+    /// request cannot be safely retried (502).
+    #[error("owner failed: {0}")]
+    OwnerFailed(String),
+    /// The owner sent no response head within the response timeout (504).
+    #[error("owner timed out: {0}")]
+    Timeout(String),
+    /// The client's request body could not be read (400).
+    #[error("reading the request body: {0}")]
+    ClientBody(String),
+    /// The client's request body stalled past `limits.body_read_timeout_ms` (408).
+    #[error("reading the request body: {0}")]
+    ClientTimeout(String),
+    /// The local upstream app failed (502).
+    #[error(transparent)]
+    App(#[from] AppError),
+}
+
+impl RequestError {
+    /// The error for a client body that failed: 408 when it stalled, else 400.
+    pub(crate) fn client_body(e: &body::BodyError) -> RequestError {
+        match e {
+            body::BodyError::ClientTimeout(_) => RequestError::ClientTimeout(e.to_string()),
+            _ => RequestError::ClientBody(e.to_string()),
+        }
+    }
+}
+
+/// Rules could not be reloaded; the rules in force stay.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReloadError {
+    /// The rules come from the embedded cluster.toml, which cannot change.
+    #[error("the rules come from the embedded cluster.toml: nothing to reload")]
+    Embedded,
+    /// The new rules are invalid (the error names the file and field).
+    #[error(transparent)]
+    Invalid(crate::config::ConfigError),
+}
+
+/// A weight from `PUT /_peerlb/weight` was refused; the weight in force
+/// stays.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WeightError {
+    /// The body is not a decimal integer (the offending text, at most 64
+    /// bytes, is quoted). Send digits only, e.g. `300`.
+    #[error("the body must be a decimal integer weight 0..={MAX_WEIGHT}, got {0:?}")]
+    NotANumber(String),
+    /// The weight is above [`MAX_WEIGHT`], the limit config validation
+    /// applies to `[[nodes]] weight` and `--weight`.
+    #[error("weight {0} is out of range 0..={MAX_WEIGHT}")]
+    OutOfRange(u64),
+    /// Weight 0 while every other serving member in this node's view has
+    /// weight 0: no node would receive keys (config validation refuses the
+    /// same for `[[nodes]]`). Raise another node's weight first.
+    #[error(
+        "weight 0 refused: every other serving node has weight 0, so no node would receive requests"
+    )]
+    AllZero,
+    /// The request body could not be read (too long: more than 64 bytes,
+    /// or the connection failed).
+    #[error("reading the body: {0}")]
+    Body(String),
+}
+
+/// Why the admin API refused a request.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdminError {
+    /// The client is not on the node's own host (404, as for any unknown
+    /// path: the admin API is invisible through the sprayer).
+    #[error("the admin API answers loopback clients only")]
+    NotLoopback,
+    /// No admin endpoint at this path (404).
+    #[error("unknown admin path")]
+    UnknownPath,
+    /// The endpoint takes another method, `allow` (405 with `Allow`).
+    #[error("method not allowed")]
+    MethodNotAllowed {
+        /// The method the endpoint takes.
+        allow: &'static str,
+    },
+    /// `POST /_peerlb/rules/reload` failed (409 embedded, 422 invalid).
+    #[error(transparent)]
+    Reload(#[from] ReloadError),
+    /// `PUT /_peerlb/weight` was refused (400 not a number, 422 out of
+    /// range, 409 all zero).
+    #[error(transparent)]
+    Weight(#[from] WeightError),
+}
+
+/// Every error a node answers a client with: the input of
+/// [`error_response`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HttpError {
+    /// An error of the request path.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// An error of the admin API.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+}
+
+/// The one place where errors become HTTP answers. `node` is this node's id
+/// (`peerlb-error-from` of request-path errors).
+///
+/// A request-path error answers its status with a `text/plain` body (the
+/// cause and a newline) and `peerlb-error-from`; one for a broken or stalled
+/// client body also says `Connection: close` (the rest of the body cannot
+/// be skipped, so the connection ends with the answer). An admin error
+/// answers a JSON body (`{"error": "<cause>"}` and a newline), with `Allow`
+/// on a 405.
+pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
+    let status = match err {
+        HttpError::Request(e) => match e {
+            RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RequestError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
+            RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            RequestError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+        },
+        HttpError::Admin(e) => match e {
+            AdminError::NotLoopback | AdminError::UnknownPath => StatusCode::NOT_FOUND,
+            AdminError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            AdminError::Reload(ReloadError::Embedded) => StatusCode::CONFLICT,
+            AdminError::Reload(ReloadError::Invalid(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+            AdminError::Weight(WeightError::NotANumber(_) | WeightError::Body(_)) => {
+                StatusCode::BAD_REQUEST
+            }
+            AdminError::Weight(WeightError::OutOfRange(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+            AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
+        },
+    };
+    match err {
+        HttpError::Request(e) => {
+            let mut r = Response::new(body::full(format!("{e}\n")));
+            *r.status_mut() = status;
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            if let Ok(v) = HeaderValue::from_str(node) {
+                r.headers_mut().insert(ERROR_FROM, v);
+            }
+            if matches!(
+                e,
+                RequestError::ClientBody(_) | RequestError::ClientTimeout(_)
+            ) {
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            r
+        }
+        HttpError::Admin(e) => {
+            let mut r = json_response(
+                status,
+                serde_json::json!({ "error": e.to_string() }).to_string(),
+            );
+            if let AdminError::MethodNotAllowed { allow } = e {
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            r
+        }
+    }
+}
+
+/// An `application/json` answer: `text` and a newline.
+pub(crate) fn json_response(status: StatusCode, text: String) -> Response<Body> {
+    let mut r = Response::new(body::full(text + "\n"));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(e: impl Into<HttpError>) -> u16 {
+        error_response(&e.into(), "n1").status().as_u16()
+    }
+
+    #[test]
+    fn each_error_has_its_status() {
+        for (e, s) in [
+            (RequestError::UriTooLong { len: 9, max: 8 }, 414),
+            (RequestError::NoNode("x".into()), 503),
+            (RequestError::OwnerFailed("x".into()), 502),
+            (RequestError::Timeout("x".into()), 504),
+            (RequestError::ClientBody("x".into()), 400),
+            (RequestError::ClientTimeout("x".into()), 408),
+            (RequestError::BadRequest("x"), 400),
+            (RequestError::NotImplemented(http::Method::CONNECT), 501),
+            (RequestError::HeadTooLarge { len: 9, max: 8 }, 431),
+        ] {
+            assert_eq!(status(e), s);
+        }
+    }
+
+    #[test]
+    fn each_admin_error_has_its_status() {
+        for (e, s) in [
+            (AdminError::NotLoopback, 404),
+            (AdminError::UnknownPath, 404),
+            (AdminError::MethodNotAllowed { allow: "GET" }, 405),
+            (AdminError::Reload(ReloadError::Embedded), 409),
+            (AdminError::Weight(WeightError::NotANumber("x".into())), 400),
+            (AdminError::Weight(WeightError::Body("x".into())), 400),
+            (AdminError::Weight(WeightError::OutOfRange(10_001)), 422),
+            (AdminError::Weight(WeightError::AllZero), 409),
+        ] {
+            assert_eq!(status(e), s);
+        }
+    }
+
+    #[test]
+    fn request_errors_are_text_and_name_the_node() {
+        let r = error_response(&RequestError::NoNode("x".into()).into(), "n1");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/plain");
+        assert_eq!(r.headers()[ERROR_FROM], "n1");
+        assert!(r.headers().get(header::CONNECTION).is_none());
+        let r = error_response(&RequestError::ClientTimeout("x".into()).into(), "n1");
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+    }
+
+    async fn text(r: Response<Body>) -> String {
+        use http_body_util::BodyExt;
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn bodies_are_the_cause_as_text_or_json() {
+        let r = error_response(&RequestError::NoNode("no candidate".into()).into(), "n1");
+        assert_eq!(
+            text(r).await,
+            "no node could take the request: no candidate\n"
+        );
+        let r = error_response(&AdminError::NotLoopback.into(), "n1");
+        assert_eq!(
+            text(r).await,
+            "{\"error\":\"the admin API answers loopback clients only\"}\n"
+        );
+        let r = error_response(&AdminError::Reload(ReloadError::Embedded).into(), "n1");
+        assert_eq!(
+            text(r).await,
+            "{\"error\":\"the rules come from the embedded cluster.toml: nothing to reload\"}\n"
+        );
+    }
+
+    #[test]
+    fn admin_errors_are_json_with_allow_on_a_405() {
+        let r = error_response(&AdminError::MethodNotAllowed { allow: "PUT" }.into(), "n1");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(r.headers()[header::ALLOW], "PUT");
+        assert!(r.headers().get(ERROR_FROM).is_none());
+        let r = error_response(&AdminError::UnknownPath.into(), "n1");
+        assert!(r.headers().get(header::ALLOW).is_none());
+    }
+}

@@ -1,0 +1,310 @@
+//! Forward with failover and replay: the engine decides the owner and the
+//! candidates, and the replay plan ([`ReplayPlan`]) says how the body is
+//! sent and whether the next candidate is tried after a failure; this file
+//! reads the body, serves locally or opens the peer streams, and applies
+//! the sticky route the engine announces.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, header};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use tracing::{Instrument, debug, debug_span, warn};
+
+use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::app::ServeCtx;
+use crate::adapters::body::{self, Body};
+use crate::adapters::errors::RequestError;
+use crate::adapters::node_state::{NodeState, Outstanding, track_body};
+use crate::adapters::owner::Owner;
+use crate::adapters::peer::{self, ExchangeError, PeerLinks};
+use crate::adapters::wire::{self, RequestHeadRef};
+use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+use crate::engine::node_id::NodeId;
+use crate::engine::route::EntryDecision;
+use crate::engine::rules::RequestView;
+
+/// Response header naming the node that served the request.
+pub(crate) const SERVED_BY: &str = "peerlb-served-by";
+
+fn content_length(h: &http::HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// Settings of routing and forwarding.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ForwardSettings {
+    /// Longest wait for an owner's response head.
+    pub(super) response_timeout: Duration,
+    /// Longest wait between two reads of a request body.
+    pub(super) body_read_timeout: Duration,
+    /// Add `peerlb-served-by`.
+    pub(super) header_served_by: bool,
+}
+
+/// Routes client requests and serves them: locally through the owner side,
+/// or forwarded to a peer with failover and replay.
+pub(super) struct Forwarder {
+    state: Arc<NodeState>,
+    /// Serves the requests this node is the first candidate for.
+    owner: Arc<Owner>,
+    links: Arc<PeerLinks>,
+    rng: Mutex<SmallRng>,
+    epoch: tokio::time::Instant,
+    settings: ForwardSettings,
+    /// This node's id as a header value (`peerlb-served-by`), made once.
+    id_header: Option<HeaderValue>,
+}
+
+impl Forwarder {
+    /// A forwarder for the node whose state is `state`; `seed` seeds
+    /// request ids and random picks.
+    pub(super) fn new(
+        state: Arc<NodeState>,
+        owner: Arc<Owner>,
+        links: Arc<PeerLinks>,
+        settings: ForwardSettings,
+        seed: u64,
+    ) -> Forwarder {
+        Forwarder {
+            id_header: HeaderValue::from_str(state.node_id()).ok(),
+            state,
+            owner,
+            links,
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            epoch: tokio::time::Instant::now(),
+            settings,
+        }
+    }
+
+    /// Routes a client request that passed the limits and serves it: the
+    /// response, and the guard that keeps it outstanding to its server.
+    pub(super) async fn route_and_serve(
+        &self,
+        mut req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Result<(Response<Body>, Option<Outstanding>), RequestError> {
+        strip_peerlb_headers(req.headers_mut());
+        let view = self.state.view();
+        let now = self.epoch.elapsed();
+        let (EntryDecision { decision, sticky }, request_id) = {
+            let rv = RequestView {
+                method: req.method(),
+                uri: req.uri(),
+                headers: req.headers(),
+                client,
+            };
+            let mut rng = self.rng.lock().expect("rng lock");
+            let d = self.state.decide(&rv, &view, now, &mut *rng);
+            (d, rng.random::<u128>())
+        };
+        // The route parameter is peerlb's own mark: the app never sees it.
+        let route_in_url = strip_route_param(req.uri_mut());
+        // Per-request spans are debug level: at info, creating and closing
+        // one (fields formatted into the registry) costs several percent of
+        // a node's CPU per hop (docs/performance.md). Events that matter at
+        // info carry the request id themselves.
+        let span = debug_span!(target: REQUEST_PATH, "request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
+        let (mut resp, served_by, guard) = self
+            .serve_candidates(
+                req,
+                client,
+                decision.candidates(&view),
+                decision.key.as_deref(),
+                request_id,
+                view.version(),
+            )
+            .instrument(span)
+            .await?;
+        let announcement = sticky.as_ref().and_then(|s| {
+            let sets_cookie = resp.headers().contains_key(header::SET_COOKIE);
+            s.announce(&served_by, sets_cookie, route_in_url)
+        });
+        if let Some(a) = announcement {
+            set_route(&mut resp, &served_by, a);
+        }
+        if self.settings.header_served_by {
+            let v = if served_by == *self.state.node_id() {
+                self.id_header.clone()
+            } else {
+                HeaderValue::from_str(&served_by).ok()
+            };
+            if let Some(v) = v {
+                resp.headers_mut().insert(SERVED_BY, v);
+            }
+        }
+        Ok((resp, guard))
+    }
+
+    /// Tries each candidate in order; returns the response and who served it.
+    async fn serve_candidates(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+        candidates: impl Iterator<Item = &NodeId>,
+        key: Option<&str>,
+        request_id: u128,
+        view_version: u64,
+    ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
+        let me = self.state.node_id();
+        let (parts, incoming) = req.into_parts();
+        let request_bytes = content_length(&parts.headers).unwrap_or(0);
+        let plan = ReplayPlan::new(
+            &parts.method,
+            incoming.is_end_stream(),
+            content_length(&parts.headers),
+        );
+        // A small body of an idempotent request is kept so the request can
+        // be replayed on the next candidate; other bodies stream once.
+        let timed = body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout);
+        let (replay, mut body) = match plan.body() {
+            BodyPlan::Buffer => {
+                let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
+                    .collect()
+                    .await
+                    .map_err(|e| match e.downcast_ref::<body::BodyError>() {
+                        Some(b) => RequestError::client_body(b),
+                        None => RequestError::ClientBody(e.to_string()),
+                    })?;
+                (Some(collected.to_bytes()), None)
+            }
+            BodyPlan::Empty | BodyPlan::Stream => (None, Some(timed)),
+        };
+        let empty_body = plan.body() == BodyPlan::Empty;
+        let mut last_err: Option<RequestError> = None;
+        let mut head: Option<bytes::Bytes> = None;
+        for cand in candidates {
+            if cand == me {
+                let b = match &replay {
+                    Some(bytes) => body::full(bytes.clone()),
+                    None => body.take().unwrap_or_else(body::empty),
+                };
+                let ctx = ServeCtx {
+                    node: me,
+                    entry: me,
+                    key,
+                    client,
+                };
+                self.state
+                    .counters
+                    .served_local
+                    .fetch_add(1, Ordering::Relaxed);
+                let guard = self.state.track(cand, request_bytes);
+                let serving = self.state.enter_serving();
+                let resp = self
+                    .owner
+                    .serve_app(Request::from_parts(parts, b), ctx)
+                    .await
+                    .map_err(|e| match e.client_body() {
+                        Some(b) => RequestError::client_body(b),
+                        None => RequestError::App(e),
+                    })?;
+                let resp = track_body(resp, None, serving);
+                return Ok((resp, me.clone(), guard));
+            }
+            let pair = match self.links.open(cand).await {
+                Ok(p) => p,
+                Err(e) => {
+                    debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
+                    let err = RequestError::NoNode(e.to_string());
+                    if plan.after(Failure::Unreachable) == AfterFailure::Fail {
+                        return Err(err);
+                    }
+                    self.state
+                        .counters
+                        .failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                    last_err = Some(err);
+                    continue;
+                }
+            };
+            // The head is encoded once, straight from the request parts,
+            // and shared by every attempt.
+            let h = match &head {
+                Some(h) => h.clone(),
+                None => {
+                    let uri = request_target(&parts.uri);
+                    let encoded = wire::encode(&RequestHeadRef {
+                        request_id,
+                        entry: me,
+                        hops: 1,
+                        view_version,
+                        method: parts.method.as_str(),
+                        uri: &uri,
+                        headers: &parts.headers,
+                        client,
+                        hash_key: key,
+                    });
+                    match encoded {
+                        Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
+                        Err(e) => {
+                            // A head too large for the wire: no peer can
+                            // take it; the entry itself still may.
+                            let err = RequestError::OwnerFailed(format!("peer {cand}: {e}"));
+                            if plan.after(Failure::HeadTooLarge) == AfterFailure::Fail {
+                                return Err(err);
+                            }
+                            last_err = Some(err);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let b = match (&replay, empty_body) {
+                (Some(bytes), _) => body::full(bytes.clone()),
+                (None, true) => body::empty(),
+                (None, false) => match body.take() {
+                    Some(b) => b,
+                    None => break,
+                },
+            };
+            self.state
+                .counters
+                .forwarded
+                .fetch_add(1, Ordering::Relaxed);
+            let guard = self.state.track(cand, request_bytes);
+            match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
+                Ok((rh, qb)) => {
+                    let served = NodeId::from(rh.served_by.as_str());
+                    let resp = peer::response_from_head(rh, qb.boxed_unsync());
+                    return Ok((resp, served, guard));
+                }
+                Err(e) => {
+                    let failure = match &e {
+                        ExchangeError::Refused(_) => Failure::Refused,
+                        ExchangeError::Failed { .. } => Failure::Lost,
+                        ExchangeError::Timeout(_) => Failure::Timeout,
+                        ExchangeError::ClientBody(_) => Failure::ClientBody,
+                    };
+                    let retry = plan.after(failure) == AfterFailure::NextCandidate;
+                    let err = match e {
+                        ExchangeError::Timeout(p) => RequestError::Timeout(p.to_string()),
+                        // The client's body broke before the owner
+                        // answered: the client's fault.
+                        ExchangeError::ClientBody(b) => RequestError::client_body(&b),
+                        e => {
+                            warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
+                            RequestError::OwnerFailed(e.to_string())
+                        }
+                    };
+                    if !retry {
+                        return Err(err);
+                    }
+                    self.state
+                        .counters
+                        .failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                    last_err = Some(err);
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| RequestError::NoNode("no candidate".into())))
+    }
+}

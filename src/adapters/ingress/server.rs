@@ -1,0 +1,95 @@
+//! The client server: the accept loop and each connection's HTTP/1.1
+//! settings (keep-alive, half-close, head read timeout, send timeout).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::body::Body;
+use crate::adapters::send_timeout::SendTimeout;
+use crate::env::HttpListener;
+
+/// What the client server calls: the request path (`Ingress`).
+pub(crate) trait Handler: Send + Sync + 'static {
+    /// Answers one client request from `client`; never fails (errors
+    /// become statuses).
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> impl Future<Output = Response<Body>> + Send;
+    /// Longest wait for a complete request head, idle keep-alive included.
+    fn header_read_timeout(&self) -> Duration;
+    /// Longest a write to a client may make no progress.
+    fn send_timeout(&self) -> Duration;
+}
+
+/// Accepts client connections on `listener` until `shutdown` turns true;
+/// each connection is watched by `graceful` so in-flight requests finish.
+pub(crate) async fn serve<H: Handler>(
+    mut listener: Box<dyn HttpListener>,
+    ingress: Arc<H>,
+    mut shutdown: watch::Receiver<bool>,
+    graceful: Arc<GracefulShutdown>,
+) {
+    let local = listener.local_addr().ok();
+    let header_timeout = ingress.header_read_timeout();
+    let mut last_warn: Option<tokio::time::Instant> = None;
+    loop {
+        let (stream, client) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors, typically: say so once a
+                    // second, not once per try.
+                    if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        warn!(target: REQUEST_PATH, error = %e, "accept failed");
+                        last_warn = Some(tokio::time::Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let ing = ingress.clone();
+        let svc = service_fn(move |req| {
+            let ing = ing.clone();
+            async move { Ok::<_, std::convert::Infallible>(ing.handle(req, client).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .keep_alive(true)
+            // A forwarded answer still reaches a client that half-closed.
+            .half_close(true)
+            // Closes connections that send no complete head in time,
+            // idle keep-alive connections included (slowloris).
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(
+                TokioIo::new(SendTimeout::new(stream, ingress.send_timeout())),
+                svc,
+            );
+        let fut = graceful.watch(conn);
+        tokio::spawn(
+            async move {
+                if let Err(e) = fut.await {
+                    debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
+                }
+            }
+            .instrument(info_span!(target: REQUEST_PATH, "conn", %client)),
+        );
+    }
+    if let Some(local) = local {
+        debug!(target: REQUEST_PATH, %local, "listener closed");
+    }
+}

@@ -1,0 +1,451 @@
+//! A node's shared request state: request counters, requests in flight
+//! (on this node, and outstanding per owner for the load-tracking
+//! policies), the app's mean serve time, the published weight, and the
+//! router with its rules. The ingress, the owner side and the admin API
+//! read and change the node through it; it imports none of them.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Response;
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use rand::Rng;
+use tokio::sync::watch;
+use tracing::{debug, info};
+
+use super::REQUEST_PATH;
+use super::body::{self, Body};
+use super::errors::{ReloadError, RequestError, WeightError, error_response};
+use super::gossip::Publisher;
+use crate::config::{MAX_WEIGHT, RulesSource};
+use crate::engine::balance::PolicyKind;
+use crate::engine::membership::MembershipView;
+use crate::engine::node_id::NodeId;
+use crate::engine::route::{EntryDecision, Router};
+use crate::engine::rules::RequestView;
+
+/// Request counters (monotonic).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Requests received from clients.
+    pub requests: AtomicU64,
+    /// Requests served by the local app (client or proxied).
+    pub served_local: AtomicU64,
+    /// Requests forwarded to an owner.
+    pub forwarded: AtomicU64,
+    /// Forward attempts that failed over to the next candidate.
+    pub failovers: AtomicU64,
+    /// Proxied requests received whose owner in this node's view is another node.
+    pub proxied_disagree: AtomicU64,
+    /// Requests answered with an error status by this node.
+    pub errors: AtomicU64,
+}
+
+/// Whether the router's policy reads load figures.
+fn router_tracks_load(r: &Router) -> bool {
+    matches!(r.policy(), PolicyKind::LeastLoad | PolicyKind::ByTraffic)
+        || r.options().hash_balance_factor.is_some()
+}
+
+/// Requests an entry node has outstanding, per node.
+#[derive(Debug, Default)]
+pub(crate) struct Tracker {
+    counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
+    /// The policy is by-traffic: a finished request's bytes go to the
+    /// router (no other policy reads them, so no other takes its lock).
+    records_bytes: bool,
+}
+
+impl Tracker {
+    /// A tracker for `router`'s policy.
+    fn for_router(router: &Router) -> Tracker {
+        Tracker {
+            records_bytes: router.policy() == PolicyKind::ByTraffic,
+            ..Tracker::default()
+        }
+    }
+}
+
+/// Counts one outstanding request to `node` until dropped; then, under
+/// by-traffic, records the bytes it moved.
+pub(crate) struct Outstanding {
+    tracker: Arc<Tracker>,
+    router: Arc<Mutex<Router>>,
+    node: NodeId,
+    bytes: u64,
+}
+
+impl Outstanding {
+    fn new(
+        tracker: &Arc<Tracker>,
+        router: &Arc<Mutex<Router>>,
+        node: NodeId,
+        request_bytes: u64,
+    ) -> Outstanding {
+        *tracker
+            .counts
+            .lock()
+            .expect("tracker lock")
+            .entry(node.clone())
+            .or_insert(0) += 1;
+        Outstanding {
+            tracker: tracker.clone(),
+            router: router.clone(),
+            node,
+            bytes: request_bytes,
+        }
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        let mut counts = self.tracker.counts.lock().expect("tracker lock");
+        if let Some(n) = counts.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.node);
+            }
+        }
+        drop(counts);
+        if self.tracker.records_bytes {
+            self.router
+                .lock()
+                .expect("router lock")
+                .record_bytes(&self.node, self.bytes);
+        }
+    }
+}
+
+/// Counts one request in flight on this node (and in a second counter, the
+/// requests the app serves, when set) until dropped.
+pub(crate) struct Inflight(Arc<AtomicU32>, Option<Arc<AtomicU32>>);
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = &self.1 {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A response body that keeps its request counted (in flight on this node,
+/// and outstanding to its owner) until the body ends, and counts the bytes
+/// it carries.
+struct TrackedBody {
+    inner: Body,
+    guard: Option<Outstanding>,
+    inflight: Option<Inflight>,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = body::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, body::BodyError>>> {
+        let this = &mut *self;
+        let r = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            std::task::Poll::Ready(Some(Ok(f))) => {
+                if let (Some(g), Some(d)) = (this.guard.as_mut(), f.data_ref()) {
+                    g.bytes += d.len() as u64;
+                }
+            }
+            std::task::Poll::Ready(_) => {
+                this.guard = None;
+                this.inflight = None;
+            }
+            std::task::Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps `resp`'s body so the guards live until the body ends.
+pub(crate) fn track_body(
+    resp: Response<Body>,
+    guard: Option<Outstanding>,
+    inflight: Inflight,
+) -> Response<Body> {
+    if resp.body().is_end_stream() {
+        return resp;
+    }
+    resp.map(|inner| {
+        TrackedBody {
+            inner,
+            guard,
+            inflight: Some(inflight),
+        }
+        .boxed_unsync()
+    })
+}
+
+/// The state of one node that its client server, its peer server and its
+/// admin API share.
+pub(crate) struct NodeState {
+    node_id: NodeId,
+    view: watch::Receiver<Arc<MembershipView>>,
+    router: Arc<Mutex<Router>>,
+    /// Requests this entry has outstanding per node, when the policy needs
+    /// load figures (least-load, by-traffic, bounded load).
+    tracker: Option<Arc<Tracker>>,
+    /// Where the rules come from, for reloads (`None`: the embedded config).
+    rules_source: Option<RulesSource>,
+    /// Cumulative time the local app took to return response heads, in µs
+    /// (the measured value of the mod_oc4j metric, `balance/metric.rs`).
+    busy_us: AtomicU64,
+    /// Requests in flight on this node (client and proxied).
+    inflight: Arc<AtomicU32>,
+    /// Requests the local app is serving (client requests served here and
+    /// proxied requests), until their response bodies end: the load this
+    /// node publishes as `inflight`.
+    serving: Arc<AtomicU32>,
+    accepting: AtomicBool,
+    /// Publishes this node's state (`weight`) into gossip.
+    publisher: Publisher,
+    /// The weight this node publishes (config, or the last `PUT
+    /// /_peerlb/weight`).
+    weight: AtomicU32,
+    /// Request counters.
+    pub counters: Counters,
+}
+
+impl NodeState {
+    /// The state of node `node_id`: `router` decides its requests,
+    /// `rules_source` is read again on a reload (`None` for the embedded
+    /// config), `publisher` serves [`NodeState::set_weight`]. The weight it
+    /// publishes starts as its own member's weight in `view`.
+    pub(crate) fn new(
+        node_id: NodeId,
+        view: watch::Receiver<Arc<MembershipView>>,
+        router: Router,
+        rules_source: Option<RulesSource>,
+        publisher: Publisher,
+    ) -> NodeState {
+        let weight = view.borrow().get(&node_id).map_or(0, |m| m.weight);
+        NodeState {
+            publisher,
+            weight: AtomicU32::new(weight),
+            node_id,
+            view,
+            tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::for_router(&router))),
+            router: Arc::new(Mutex::new(router)),
+            rules_source,
+            busy_us: AtomicU64::new(0),
+            inflight: Arc::new(AtomicU32::new(0)),
+            serving: Arc::new(AtomicU32::new(0)),
+            accepting: AtomicBool::new(true),
+            counters: Counters::default(),
+        }
+    }
+
+    /// This node's id.
+    pub(crate) fn node_id(&self) -> &NodeId {
+        &self.node_id
+    }
+
+    /// The current membership view.
+    pub(crate) fn view(&self) -> Arc<MembershipView> {
+        self.view.borrow().clone()
+    }
+
+    /// Routes one client request against `view`, with this entry's
+    /// outstanding requests per node as the load figures when the policy
+    /// reads them. Takes the router lock (and the tracker's, inside it).
+    pub(crate) fn decide(
+        &self,
+        req: &RequestView<'_>,
+        view: &MembershipView,
+        now: Duration,
+        rng: &mut impl Rng,
+    ) -> EntryDecision {
+        let mut router = self.router.lock().expect("router lock");
+        match &self.tracker {
+            Some(t) => {
+                let counts = t.counts.lock().expect("tracker lock");
+                let local = |id: &str| counts.get(id).copied().unwrap_or(0);
+                router.decide_entry(req, view, now, rng, &local)
+            }
+            None => router.decide_entry(req, view, now, rng, &|_: &str| 0),
+        }
+    }
+
+    /// Counts a request to `node` as outstanding, when the policy needs it.
+    pub(crate) fn track(&self, node: &NodeId, request_bytes: u64) -> Option<Outstanding> {
+        self.tracker
+            .as_ref()
+            .map(|t| Outstanding::new(t, &self.router, node.clone(), request_bytes))
+    }
+
+    /// Counts one request in flight on this node until the guard drops.
+    pub(crate) fn enter(&self) -> Inflight {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        Inflight(self.inflight.clone(), None)
+    }
+
+    /// Counts one proxied request in flight and as served by the local app
+    /// until the guard drops.
+    pub(crate) fn enter_proxied(&self) -> Inflight {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.serving.fetch_add(1, Ordering::Relaxed);
+        Inflight(self.inflight.clone(), Some(self.serving.clone()))
+    }
+
+    /// Counts one client request served by the local app until the guard
+    /// drops (it is already counted in flight by [`NodeState::enter`]).
+    pub(crate) fn enter_serving(&self) -> Inflight {
+        self.serving.fetch_add(1, Ordering::Relaxed);
+        Inflight(self.serving.clone(), None)
+    }
+
+    /// Requests in flight on this node (client and proxied).
+    pub(crate) fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Requests the local app is serving now (client requests served here
+    /// plus proxied requests; not the requests this entry forwards).
+    pub(crate) fn serving(&self) -> u32 {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request answered with `e`, logs it, and answers it.
+    pub(crate) fn failed(&self, e: RequestError) -> Response<Body> {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        debug!(target: REQUEST_PATH, error = %e, "request failed");
+        error_response(&e.into(), &self.node_id)
+    }
+
+    /// Adds one local app serve time (to its response head) to the
+    /// cumulative processing time of the load metric.
+    pub(crate) fn observe_latency(&self, elapsed: Duration) {
+        let us = elapsed.as_micros().min(u128::from(u32::MAX)) as u64;
+        self.busy_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Cumulative time the local app took to return response heads, in µs
+    /// (only grows; the load metric uses its change per interval).
+    pub(crate) fn app_busy_us(&self) -> u64 {
+        self.busy_us.load(Ordering::Relaxed)
+    }
+
+    /// False once the node stopped accepting proxied requests.
+    pub(crate) fn accepting(&self) -> bool {
+        self.accepting.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting proxied requests (they are refused, retryable):
+    /// called when the node closes its listeners on shutdown.
+    pub(crate) fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// Reads and compiles the rules again and puts them in force for new
+    /// requests. On error the rules in force stay. Returns the number of
+    /// rules.
+    ///
+    /// # Errors
+    /// [`ReloadError`].
+    pub(crate) fn reload_rules(&self) -> Result<usize, ReloadError> {
+        let Some(src) = &self.rules_source else {
+            return Err(ReloadError::Embedded);
+        };
+        let rules = src.load().map_err(ReloadError::Invalid)?;
+        let n = rules.len();
+        self.router.lock().expect("router lock").set_rules(rules);
+        info!(target: REQUEST_PATH, rules = n, "data-centric rules reloaded");
+        Ok(n)
+    }
+
+    /// The weight this node publishes in gossip now.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// Publishes `weight` as this node's new weight (gossip key `weight`):
+    /// every node, this one included, rebuilds its ring with it once gossip
+    /// brings it (about one gossip interval per hop). Not persisted: a
+    /// restart publishes the configured weight again. Returns the previous
+    /// weight.
+    ///
+    /// # Errors
+    /// [`WeightError::OutOfRange`] above [`MAX_WEIGHT`];
+    /// [`WeightError::AllZero`] for 0 when every other serving member in
+    /// this node's view has weight 0. The weight in force stays.
+    pub(crate) async fn set_weight(&self, weight: u64) -> Result<u32, WeightError> {
+        let w = u32::try_from(weight)
+            .ok()
+            .filter(|w| *w <= MAX_WEIGHT)
+            .ok_or(WeightError::OutOfRange(weight))?;
+        if w == 0 {
+            let view = self.view();
+            let others_zero = view
+                .members()
+                .filter(|m| m.id != self.node_id && view.is_serving(&m.id))
+                .all(|m| m.weight == 0);
+            if others_zero {
+                return Err(WeightError::AllZero);
+            }
+        }
+        let previous = self.weight.swap(w, Ordering::Relaxed);
+        self.publisher.set_weight(w).await;
+        info!(target: REQUEST_PATH, weight = w, previous, "weight changed: published in gossip");
+        Ok(previous)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracked(policy: PolicyKind) -> (Arc<Mutex<Router>>, Arc<Tracker>, Outstanding) {
+        let router = Arc::new(Mutex::new(Router::new(
+            policy,
+            crate::engine::rules::Rules::default(),
+        )));
+        let tracker = Arc::new(Tracker::for_router(&router.lock().unwrap()));
+        let g = Outstanding::new(&tracker, &router, NodeId::from("a"), 10);
+        (router, tracker, g)
+    }
+
+    #[test]
+    fn least_load_ends_a_request_without_the_router_lock() {
+        let (router, tracker, g) = tracked(PolicyKind::LeastLoad);
+        // A decision in progress holds the router lock while the request
+        // ends on another thread: the drop must not wait for it.
+        let held = router.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            drop(g);
+            tx.send(()).unwrap();
+        });
+        // A deadlock detector: it answers in microseconds unless the drop
+        // waits for `held`.
+        let done = rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+        drop(held);
+        t.join().unwrap();
+        assert!(done, "the drop waited for the router lock");
+        assert_eq!(*tracker.counts.lock().unwrap(), Default::default());
+    }
+
+    #[test]
+    fn by_traffic_records_a_finished_requests_bytes() {
+        let (router, tracker, mut g) = tracked(PolicyKind::ByTraffic);
+        g.bytes += 90;
+        drop(g);
+        assert_eq!(router.lock().unwrap().recorded_bytes("a"), 100);
+        assert_eq!(*tracker.counts.lock().unwrap(), Default::default());
+    }
+}

@@ -1,0 +1,85 @@
+//! The owner side of the request path: serving a request with the local
+//! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
+//! calls, never forwarded again: hop limit 1) or this node's own ingress
+//! is the first candidate.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use http::{Request, Response};
+use tracing::debug;
+
+use super::REQUEST_PATH;
+use super::app::{App, AppError, ServeCtx};
+use super::body::Body;
+use super::errors::RequestError;
+use super::node_state::{NodeState, track_body};
+use super::peer::ProxiedHandler;
+use super::wire::RequestHead;
+
+/// The local app of one node, with the node state its serve times and
+/// counters go to.
+pub(crate) struct Owner {
+    state: Arc<NodeState>,
+    app: App,
+}
+
+impl Owner {
+    /// The owner side of the node whose state is `state`, serving with `app`.
+    pub(crate) fn new(state: Arc<NodeState>, app: App) -> Owner {
+        Owner { state, app }
+    }
+
+    /// Serves with the local app, adding its time to the response head to
+    /// the cumulative processing time of the load metric
+    /// ([`NodeState::observe_latency`]).
+    ///
+    /// # Errors
+    /// [`AppError`] when the upstream app fails before a response head.
+    pub(crate) async fn serve_app(
+        &self,
+        req: Request<Body>,
+        ctx: ServeCtx<'_>,
+    ) -> Result<Response<Body>, AppError> {
+        let start = tokio::time::Instant::now();
+        let r = self.app.serve(req, ctx).await;
+        self.state.observe_latency(start.elapsed());
+        r
+    }
+}
+
+impl ProxiedHandler for Owner {
+    fn node_id(&self) -> &str {
+        self.state.node_id()
+    }
+
+    fn accepting(&self) -> bool {
+        self.state.accepting()
+    }
+
+    async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
+        let state = &self.state;
+        let inflight = state.enter_proxied();
+        if let Some(k) = &head.hash_key {
+            let view = state.view();
+            if view.ring().owner(k).is_some_and(|o| o != state.node_id()) {
+                state
+                    .counters
+                    .proxied_disagree
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, key = %k, "proxied request for a key this node's view gives to another owner: serving it (hop limit 1)");
+            }
+        }
+        state.counters.served_local.fetch_add(1, Ordering::Relaxed);
+        let ctx = ServeCtx {
+            node: state.node_id(),
+            entry: &head.entry,
+            key: head.hash_key.as_deref(),
+            client: head.client,
+        };
+        match self.serve_app(req, ctx).await {
+            Ok(r) => track_body(r, None, inflight),
+            Err(e) => state.failed(RequestError::App(e)),
+        }
+    }
+}
