@@ -189,6 +189,9 @@ pub struct TlsSection {
     pub cert: Option<String>,
     /// This node's private key; default `<dir>/<node id>.key`.
     pub key: Option<String>,
+    /// The gossip keyring (one base64 key a line, the first seals; made by
+    /// `peerlb certs`); default `<dir>/gossip.keys`.
+    pub gossip_keyring: Option<String>,
 }
 
 impl Default for TlsSection {
@@ -198,6 +201,7 @@ impl Default for TlsSection {
             ca: None,
             cert: None,
             key: None,
+            gossip_keyring: None,
         }
     }
 }
@@ -385,6 +389,8 @@ pub struct TlsPaths {
     pub cert: PathBuf,
     /// This node's key.
     pub key: PathBuf,
+    /// The gossip keyring.
+    pub gossip_keyring: PathBuf,
 }
 
 /// Everything one node needs, validated and typed.
@@ -778,6 +784,7 @@ impl ClusterFile {
             ca: path_or(&self.tls.ca, dir.join("ca.pem")),
             cert: path_or(&self.tls.cert, dir.join(format!("{node_id}.pem"))),
             key: path_or(&self.tls.key, dir.join(format!("{node_id}.key"))),
+            gossip_keyring: path_or(&self.tls.gossip_keyring, dir.join("gossip.keys")),
             dir,
         };
         let ms = Duration::from_millis;

@@ -41,6 +41,7 @@ pub mod node;
 pub mod sim;
 
 pub use adapters::app::serve_standalone as serve_app;
+pub use adapters::gossip::keyring;
 pub use adapters::tls;
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};
 pub use engine::balance::PolicyKind;

@@ -110,6 +110,7 @@ impl Node {
                 status: NodeStatus::Serving,
             },
             &*env.gossip,
+            env.gossip_keys.clone(),
         )
         .await?;
 

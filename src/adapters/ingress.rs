@@ -577,6 +577,11 @@ impl Ingress {
         Ok(previous)
     }
 
+    /// The gossip keyring and its drop counters (admin API).
+    pub(crate) fn gossip_keys(&self) -> &Arc<crate::adapters::gossip::keyring::GossipKeys> {
+        self.publisher.keys()
+    }
+
     /// Counts a request to `node` as outstanding, when the policy needs it.
     fn track(&self, node: &NodeId, request_bytes: u64) -> Option<Outstanding> {
         self.tracker

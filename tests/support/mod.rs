@@ -14,6 +14,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use peerlb::{NodeId, Ring};
 
+pub mod forge;
+
 /// The default rules: query `user`, else header `x-user`, else cookie `session`.
 pub const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
 

@@ -1,0 +1,264 @@
+//! Bounds on what an opened gossip datagram may say, checked before
+//! chitchat sees it, so that even a holder of the gossip key cannot
+//! overflow, freeze, bloat or panic a node.
+//!
+//! The check reads chitchat's protocol V0 wire format (the only version
+//! peerlb speaks): magic `0xB053` (u16 LE), version byte `0`, message type
+//! (0 Syn, 1 SynAck, 2 Ack, 3 BadCluster); a digest is a u16 count of
+//! `(ChitchatId, heartbeat u64, last_gc_version u64, max_version u64)`; a
+//! delta is a block stream (block type 0 end, 1 zstd-compressed, 2 plain,
+//! each with a u16 length) of operations: 0 node `(ChitchatId,
+//! last_gc_version u64, from_version u64)`, 1 key-value `(key, value,
+//! version u64, status u8 0..=2)`, 2 set-max-version `(u64)`. Strings are
+//! a u16 length and UTF-8; a ChitchatId is `(node id, generation u64,
+//! address: 4|6, octets, port u16)`; integers little-endian.
+//!
+//! A datagram is refused (and counted) when it does not parse, or:
+//! - a node id is longer than 63 bytes, a key than [`MAX_KEY_LEN`], a value
+//!   than [`MAX_VALUE_LEN`], the cluster id than [`MAX_KEY_LEN`];
+//! - a digest or delta names more than `max_members` nodes, or a node
+//!   carries more than [`MAX_KEYS_PER_NODE`] keys;
+//! - a heartbeat or version exceeds [`MAX_COUNTER`] (2^40): chitchat adds
+//!   one to versions and heartbeats, so 2^64 - 1 would overflow and panic,
+//!   and 2^62 would freeze a member's real heartbeats for good; an honest
+//!   node reaches 2^40 after 35,000 years at one update a millisecond;
+//! - a delta carries state about this very node (its id and generation):
+//!   only this node writes its own state, so such a delta is forged or
+//!   replayed and would otherwise replace this node's values.
+
+use std::fmt;
+
+/// Most members (dead ones included) a digest or delta may name: every
+/// node dials every other, so a peerlb cluster is far smaller; this keeps a
+/// full digest (about 110 bytes a member) well inside one datagram.
+pub(crate) const MAX_MEMBERS: usize = 64;
+/// Longest key or cluster id, in bytes.
+pub(crate) const MAX_KEY_LEN: usize = 64;
+/// Longest value, in bytes.
+pub(crate) const MAX_VALUE_LEN: usize = 256;
+/// Most keys one node's delta may carry.
+pub(crate) const MAX_KEYS_PER_NODE: usize = 32;
+/// Largest heartbeat, version or garbage-collection version accepted.
+pub(crate) const MAX_COUNTER: u64 = 1 << 40;
+/// Longest node id (as certificate names allow).
+const MAX_NODE_ID_LEN: usize = 63;
+/// Largest decompressed delta block (chitchat's own limit).
+const MAX_BLOCK: usize = u16::MAX as usize;
+
+/// Why a datagram was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BoundsError {
+    /// The bytes are not a V0 chitchat message.
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+    /// A length or count bound is broken.
+    #[error("{what} {got} over the bound {max}")]
+    TooLarge {
+        /// What (node id, key, value, members, ...).
+        what: &'static str,
+        /// The value found.
+        got: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// A delta writes this node's own state.
+    #[error("a delta about this node itself")]
+    AboutSelf,
+}
+
+/// The bounds one node applies (see the module doc).
+pub(crate) struct Bounds {
+    self_id: String,
+    self_generation: u64,
+    max_members: usize,
+}
+
+impl fmt::Debug for Bounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bounds")
+            .field("self_id", &self.self_id)
+            .field("max_members", &self.max_members)
+            .finish()
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], BoundsError> {
+        if self.0.len() < n {
+            return Err(BoundsError::Malformed("truncated"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, BoundsError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, BoundsError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, BoundsError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn str(&mut self, what: &'static str, max: usize) -> Result<&'a str, BoundsError> {
+        let n = usize::from(self.u16()?);
+        let s = self.take(n)?;
+        if n > max {
+            return Err(too_large(what, n as u64, max as u64));
+        }
+        std::str::from_utf8(s).map_err(|_| BoundsError::Malformed("string not UTF-8"))
+    }
+    /// A ChitchatId: (node id, generation).
+    fn id(&mut self) -> Result<(&'a str, u64), BoundsError> {
+        let node = self.str("node id length", MAX_NODE_ID_LEN)?;
+        let generation = self.u64()?;
+        match self.u8()? {
+            4 => drop(self.take(4)?),
+            6 => drop(self.take(16)?),
+            _ => return Err(BoundsError::Malformed("address family")),
+        }
+        self.u16()?;
+        Ok((node, generation))
+    }
+}
+
+fn too_large(what: &'static str, got: u64, max: u64) -> BoundsError {
+    BoundsError::TooLarge { what, got, max }
+}
+
+fn counter(what: &'static str, v: u64) -> Result<(), BoundsError> {
+    if v > MAX_COUNTER {
+        return Err(too_large(what, v, MAX_COUNTER));
+    }
+    Ok(())
+}
+
+impl Bounds {
+    /// Bounds for the node `self_id` of generation `self_generation` in a
+    /// cluster of at most `max_members` members (dead ones included).
+    pub(crate) fn new(self_id: &str, self_generation: u64, max_members: usize) -> Bounds {
+        Bounds {
+            self_id: self_id.to_owned(),
+            self_generation,
+            max_members,
+        }
+    }
+
+    /// Checks an opened datagram.
+    ///
+    /// # Errors
+    /// [`BoundsError`] naming the first broken bound.
+    pub(crate) fn check(&self, datagram: &[u8]) -> Result<(), BoundsError> {
+        let mut r = Reader(datagram);
+        if r.u16()? != 0xB053 {
+            return Err(BoundsError::Malformed("magic"));
+        }
+        if r.u8()? != 0 {
+            return Err(BoundsError::Malformed("protocol version other than V0"));
+        }
+        match r.u8()? {
+            0 => {
+                self.digest(&mut r)?;
+                r.str("cluster id length", MAX_KEY_LEN)?;
+            }
+            1 => {
+                self.digest(&mut r)?;
+                self.delta(&mut r)?;
+            }
+            2 => self.delta(&mut r)?,
+            3 => {}
+            _ => return Err(BoundsError::Malformed("message type")),
+        }
+        Ok(())
+    }
+
+    fn members(&self, n: usize) -> Result<(), BoundsError> {
+        if n > self.max_members {
+            return Err(too_large("members", n as u64, self.max_members as u64));
+        }
+        Ok(())
+    }
+
+    fn digest(&self, r: &mut Reader<'_>) -> Result<(), BoundsError> {
+        let n = usize::from(r.u16()?);
+        self.members(n)?;
+        for _ in 0..n {
+            r.id()?;
+            counter("heartbeat", r.u64()?)?;
+            counter("last_gc_version", r.u64()?)?;
+            counter("max_version", r.u64()?)?;
+        }
+        Ok(())
+    }
+
+    fn delta(&self, r: &mut Reader<'_>) -> Result<(), BoundsError> {
+        let mut ops = Vec::new();
+        loop {
+            match r.u8()? {
+                0 => break,
+                1 => {
+                    let len = usize::from(r.u16()?);
+                    let block = r.take(len)?;
+                    let mut out = vec![0u8; MAX_BLOCK];
+                    let n = zstd::bulk::decompress_to_buffer(block, &mut out[..])
+                        .map_err(|_| BoundsError::Malformed("compressed block"))?;
+                    ops.extend_from_slice(&out[..n]);
+                }
+                2 => {
+                    let len = usize::from(r.u16()?);
+                    ops.extend_from_slice(r.take(len)?);
+                }
+                _ => return Err(BoundsError::Malformed("block type")),
+            }
+            if ops.len() > 16 * MAX_BLOCK {
+                return Err(too_large(
+                    "delta bytes",
+                    ops.len() as u64,
+                    16 * MAX_BLOCK as u64,
+                ));
+            }
+        }
+        let mut r = Reader(&ops);
+        let (mut nodes, mut keys) = (0usize, 0usize);
+        while !r.0.is_empty() {
+            match r.u8()? {
+                0 => {
+                    let (id, generation) = r.id()?;
+                    if id == self.self_id && generation == self.self_generation {
+                        return Err(BoundsError::AboutSelf);
+                    }
+                    nodes += 1;
+                    self.members(nodes)?;
+                    keys = 0;
+                    counter("last_gc_version", r.u64()?)?;
+                    counter("from_version", r.u64()?)?;
+                }
+                1 if nodes > 0 => {
+                    r.str("key length", MAX_KEY_LEN)?;
+                    r.str("value length", MAX_VALUE_LEN)?;
+                    counter("version", r.u64()?)?;
+                    if r.u8()? > 2 {
+                        return Err(BoundsError::Malformed("deletion status"));
+                    }
+                    keys += 1;
+                    if keys > MAX_KEYS_PER_NODE {
+                        return Err(too_large(
+                            "keys of a node",
+                            keys as u64,
+                            MAX_KEYS_PER_NODE as u64,
+                        ));
+                    }
+                }
+                2 if nodes > 0 => counter("max_version", r.u64()?)?,
+                _ => return Err(BoundsError::Malformed("delta operation")),
+            }
+        }
+        Ok(())
+    }
+}

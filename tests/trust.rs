@@ -1,0 +1,235 @@
+//! The cluster's trust boundary over loopback: gossip datagrams that no
+//! key of the cluster's keyring seals are dropped and counted before
+//! chitchat sees them, so forged state, heartbeats, version overflows and
+//! ghost members have no effect; sealed datagrams that break a bound are
+//! dropped too. The forger builds chitchat V0 datagrams by hand
+//! (`support::forge`).
+
+mod support;
+
+use std::time::Duration;
+
+use peerlb::keyring::{GossipKey, Keyring};
+use support::forge::{self, Id};
+use support::{Cluster, status};
+
+/// The gossip identity of `id` as `observer` sees it.
+fn gossip_id(c: &Cluster, observer: &str, id: &str) -> Id {
+    let v = status(c.node(observer).http).unwrap();
+    let m = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == id)
+        .unwrap()
+        .clone();
+    Id {
+        node: id.to_owned(),
+        generation: m["generation"].as_u64().unwrap(),
+        gossip: c.node(id).gossip,
+    }
+}
+
+/// A gossip drop counter of the node at `id` (`unauthenticated`,
+/// `out_of_bounds`).
+fn dropped(c: &Cluster, id: &str, what: &str) -> u64 {
+    status(c.node(id).http)
+        .and_then(|v| v["gossip"]["dropped"][what].as_u64())
+        .unwrap_or(0)
+}
+
+/// Every node's view: (member id, status) pairs.
+fn views(c: &Cluster) -> Vec<Vec<(String, String)>> {
+    c.nodes
+        .iter()
+        .map(|n| {
+            let v = status(n.http).unwrap();
+            v["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["id"].as_str().unwrap().to_owned(),
+                        m["status"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn all_serving(c: &Cluster) -> bool {
+    views(c)
+        .iter()
+        .all(|v| v.len() == 3 && v.iter().all(|(_, s)| s == "serving"))
+}
+
+/// Waits until `id` has counted `n` datagrams as `what`.
+fn wait_dropped(c: &Cluster, id: &str, what: &str, n: u64) {
+    c.wait_until(Duration::from_secs(10), || dropped(c, id, what) >= n)
+        .unwrap_or_else(|_| {
+            panic!(
+                "{id} counted {} {what} datagrams, expected {n}",
+                dropped(c, id, what)
+            )
+        });
+}
+
+/// Asserts every view stays whole for ten gossip rounds. A forged value is
+/// applied the moment a node reads it (before its drop is counted, which
+/// the caller waited for) and spreads within a few rounds (100 ms each in
+/// test clusters), so the condition must hold on every poll of the window.
+/// A member may flap out of a view for a moment on a loaded machine (phi
+/// accrual at 100 ms rounds), so absence is judged at the end: every view
+/// must be whole again, which a forged heartbeat (a member dead for good)
+/// or forged status (leaving for good) would prevent.
+fn settle(c: &Cluster) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        for v in views(c) {
+            assert!(
+                v.iter()
+                    .all(|(id, s)| s == "serving" && ["n1", "n2", "n3"].contains(&&**id)),
+                "a view changed: {v:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.wait_until(Duration::from_secs(10), || all_serving(c))
+        .unwrap_or_else(|_| panic!("views did not come back whole: {:?}", views(c)));
+}
+
+#[test]
+fn forged_state_heartbeat_and_overflow_without_the_key_are_dropped_counted_and_change_no_view() {
+    let c = Cluster::start("trust-forged", 3, "", "");
+    let (n1, n2, n3) = (
+        gossip_id(&c, "n1", "n1"),
+        gossip_id(&c, "n1", "n2"),
+        gossip_id(&c, "n1", "n3"),
+    );
+    let before = dropped(&c, "n1", "unauthenticated");
+    // 1. Forged state: n2 leaving at version 2^40, sent to n1.
+    forge::send(
+        n1.gossip,
+        &forge::ack(&n2, &[("status", "leaving", 1 << 40)]),
+    );
+    // 2. Forged heartbeat: n3 at 2^62, sent to n1.
+    forge::send(n1.gossip, &forge::syn_ack(&n3, 1 << 62, 1, &[]));
+    // 3. Version overflow: a key of n1 at 2^64 - 1, sent to n2 (and n1).
+    forge::send(n2.gossip, &forge::ack(&n1, &[("load", "100", u64::MAX)]));
+    forge::send(
+        n1.gossip,
+        &forge::ack(&n1, &[("status", "leaving", u64::MAX)]),
+    );
+    wait_dropped(&c, "n1", "unauthenticated", before + 3);
+    wait_dropped(&c, "n2", "unauthenticated", 1);
+    settle(&c);
+    // The node whose version was forged still publishes (an overflow
+    // inside chitchat would have stopped it): a weight change reaches n2.
+    assert!(put_weight(c.node("n1").http, 3).contains("\"weight\":3"));
+    c.wait_until(Duration::from_secs(10), || {
+        let v = status(c.node("n2").http).unwrap();
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "n1" && m["weight"] == 3)
+    })
+    .expect("n1's new weight did not reach n2");
+}
+
+/// `PUT /_peerlb/weight` on a node; the raw answer.
+fn put_weight(addr: std::net::SocketAddr, w: u32) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = w.to_string();
+    write!(
+        s,
+        "PUT /_peerlb/weight HTTP/1.0\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn ghosts_and_state_requests_without_the_key_get_no_answer_and_no_dial() {
+    let c = Cluster::start("trust-ghost", 3, "", "");
+    let n1 = gossip_id(&c, "n1", "n1");
+    // A listener standing in for the attacker's chosen address: nobody
+    // may send it a single byte (no QUIC Initial, no gossip).
+    let trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    trap.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let ghost = Id {
+        node: "ghost".into(),
+        generation: 1,
+        gossip: trap.local_addr().unwrap(),
+    };
+    let trap_addr = trap.local_addr().unwrap().to_string();
+    let kvs = [
+        ("peer_addr", trap_addr.as_str(), 1),
+        ("http_addr", trap_addr.as_str(), 2),
+        ("weight", "1", 3),
+        ("status", "serving", 4),
+        ("load", "100", 5),
+        ("inflight", "0", 6),
+    ];
+    forge::send(n1.gossip, &forge::syn_ack(&ghost, 10, 6, &kvs));
+    // 6. An empty SynAck asks for the whole cluster state: no answer.
+    assert_eq!(
+        forge::ask(
+            n1.gossip,
+            &forge::empty_syn_ack(),
+            Duration::from_millis(800)
+        ),
+        None,
+        "an unauthenticated SynAck was answered"
+    );
+    wait_dropped(&c, "n1", "unauthenticated", 2);
+    let mut buf = [0u8; 2048];
+    assert!(
+        trap.recv_from(&mut buf).is_err(),
+        "a node sent bytes to the ghost's address"
+    );
+    assert!(all_serving(&c), "{:?}", views(&c));
+}
+
+#[test]
+fn sealed_datagrams_past_a_bound_and_datagrams_under_a_foreign_key_are_dropped() {
+    let c = Cluster::start("trust-sealed", 3, "", "");
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let (n1, n2) = (gossip_id(&c, "n1", "n1"), gossip_id(&c, "n1", "n2"));
+    let seal = |r: &Keyring, d: &[u8]| r.seal(d, [9; 12]);
+    // The cluster's own key opens it: the version overflow is then refused
+    // by the bounds, and so is a delta about the receiving node itself.
+    forge::send(
+        n1.gossip,
+        &seal(&ring, &forge::ack(&n2, &[("load", "1", u64::MAX)])),
+    );
+    forge::send(
+        n1.gossip,
+        &seal(&ring, &forge::ack(&n1, &[("status", "leaving", 99)])),
+    );
+    let long = "x".repeat(300);
+    forge::send(
+        n1.gossip,
+        &seal(&ring, &forge::ack(&n2, &[("status", &long, 7)])),
+    );
+    wait_dropped(&c, "n1", "out_of_bounds", 3);
+    assert_eq!(dropped(&c, "n1", "unauthenticated"), 0);
+    // A key that is not (or no longer) in the ring: dropped unopened.
+    let foreign = Keyring::single(GossipKey::from_bytes([7; 32]));
+    forge::send(
+        n1.gossip,
+        &seal(
+            &foreign,
+            &forge::ack(&n2, &[("status", "leaving", 1 << 30)]),
+        ),
+    );
+    wait_dropped(&c, "n1", "unauthenticated", 1);
+    settle(&c);
+}
