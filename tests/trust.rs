@@ -5,6 +5,9 @@
 //! dropped too. The forger builds chitchat V0 datagrams by hand
 //! (`support::forge`).
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

@@ -11,6 +11,8 @@
 //!   waiting for gossip) and a new connection takes it back.
 //! - One bidirectional stream per request (see [`super::wire`]).
 
+mod admission;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -194,6 +196,7 @@ pub(crate) fn endpoint(
     let mut server = tls::quinn_server_config(tls_material)?;
     server.transport_config(transport(settings));
     server.time_source(Arc::new(crate::env::ClockAdapter(clock)));
+    admission::limit_server(&mut server);
     let mut client = tls::quinn_client_config(tls_material)?;
     client.transport_config(transport(settings));
     let mut config = quinn::EndpointConfig::default();
@@ -532,12 +535,28 @@ pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Bod
 /// Accepts peer connections on `endpoint` until it is closed, serving each
 /// stream with `handler`.
 pub(crate) async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>) {
+    let half_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while let Some(incoming) = endpoint.accept().await {
+        let n = half_open.load(std::sync::atomic::Ordering::Relaxed);
+        match admission::admit(n, incoming.remote_address_validated(), incoming.may_retry()) {
+            admission::Admit::Accept => {}
+            admission::Admit::Retry => {
+                let _ = incoming.retry();
+                continue;
+            }
+            admission::Admit::Ignore => {
+                incoming.ignore();
+                continue;
+            }
+        }
+        let pending = admission::HalfOpen::start(&half_open);
         let handler = handler.clone();
         let remote = incoming.remote_address();
         tokio::spawn(
             async move {
-                match incoming.await {
+                let r = incoming.await;
+                drop(pending);
+                match r {
                     Ok(conn) => serve_connection(conn, handler).await,
                     Err(e) => debug!(error = %e, "peer handshake failed"),
                 }
