@@ -262,3 +262,163 @@ impl Bounds {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// V0 bytes built by hand from the format in the module doc.
+    struct W(Vec<u8>);
+
+    impl W {
+        fn header(kind: u8) -> W {
+            let mut v = 0xB053u16.to_le_bytes().to_vec();
+            v.extend([0, kind]);
+            W(v)
+        }
+        fn str(&mut self, s: &str) -> &mut W {
+            self.0.extend((s.len() as u16).to_le_bytes());
+            self.0.extend(s.as_bytes());
+            self
+        }
+        fn u64(&mut self, v: u64) -> &mut W {
+            self.0.extend(v.to_le_bytes());
+            self
+        }
+        fn id(&mut self, node: &str, generation: u64) -> &mut W {
+            self.str(node).u64(generation);
+            self.0.extend([4, 127, 0, 0, 1, 0x10, 0x27]);
+            self
+        }
+    }
+
+    /// A delta of `nodes` (id, generation, kvs) as one plain block.
+    fn delta(nodes: &[(&str, u64, Vec<(String, String, u64)>)]) -> Vec<u8> {
+        let mut ops = W(Vec::new());
+        for (node, generation, kvs) in nodes {
+            ops.0.push(0);
+            ops.id(node, *generation).u64(0).u64(0);
+            for (k, v, version) in kvs {
+                ops.0.push(1);
+                ops.str(k).str(v).u64(*version);
+                ops.0.push(0);
+            }
+        }
+        let mut out = vec![2];
+        out.extend((ops.0.len() as u16).to_le_bytes());
+        out.extend(ops.0);
+        out.push(0);
+        out
+    }
+
+    fn ack(nodes: &[(&str, u64, Vec<(String, String, u64)>)]) -> Vec<u8> {
+        let mut w = W::header(2);
+        w.0.extend(delta(nodes));
+        w.0
+    }
+
+    fn kv(k: &str, v: &str, version: u64) -> (String, String, u64) {
+        (k.to_owned(), v.to_owned(), version)
+    }
+
+    fn bounds() -> Bounds {
+        Bounds::new("n1", 7, 4)
+    }
+
+    #[test]
+    fn honest_messages_pass() {
+        let b = bounds();
+        assert_eq!(b.check(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])), Ok(()));
+        let mut syn = W::header(0);
+        syn.u64(0).0.truncate(4);
+        syn.0.extend(1u16.to_le_bytes());
+        syn.id("n2", 1).u64(5).u64(0).u64(9).str("cluster");
+        assert_eq!(b.check(&syn.0), Ok(()));
+        assert_eq!(b.check(&W::header(3).0), Ok(()));
+        // An older generation of this node is another member.
+        assert_eq!(b.check(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])), Ok(()));
+    }
+
+    #[test]
+    fn counters_past_2_pow_40_are_refused() {
+        let b = bounds();
+        for v in [MAX_COUNTER + 1, 1 << 62, u64::MAX] {
+            let e = b.check(&ack(&[("n2", 1, vec![kv("load", "1", v)])])).unwrap_err();
+            assert!(matches!(e, BoundsError::TooLarge { what: "version", .. }), "{e}");
+            let mut syn_ack = W::header(1);
+            syn_ack.0.extend(1u16.to_le_bytes());
+            syn_ack.id("n2", 1).u64(v).u64(0).u64(1);
+            syn_ack.0.extend(delta(&[]));
+            let e = b.check(&syn_ack.0).unwrap_err();
+            assert!(matches!(e, BoundsError::TooLarge { what: "heartbeat", .. }), "{e}");
+        }
+        assert_eq!(b.check(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])), Ok(()));
+    }
+
+    #[test]
+    fn lengths_and_counts_are_bounded() {
+        let b = bounds();
+        let long = |n| "x".repeat(n);
+        let e = b.check(&ack(&[(&long(64), 1, vec![])])).unwrap_err();
+        assert!(matches!(e, BoundsError::TooLarge { what: "node id length", .. }));
+        let e = b.check(&ack(&[("n2", 1, vec![kv(&long(65), "v", 1)])])).unwrap_err();
+        assert!(matches!(e, BoundsError::TooLarge { what: "key length", .. }));
+        let e = b.check(&ack(&[("n2", 1, vec![kv("k", &long(257), 1)])])).unwrap_err();
+        assert!(matches!(e, BoundsError::TooLarge { what: "value length", .. }));
+        let many: Vec<_> = (0..=MAX_KEYS_PER_NODE).map(|i| kv(&format!("k{i}"), "v", 1)).collect();
+        let e = b.check(&ack(&[("n2", 1, many)])).unwrap_err();
+        assert!(matches!(e, BoundsError::TooLarge { what: "keys of a node", .. }));
+        let names: Vec<String> = (0..5).map(|i| format!("g{i}")).collect();
+        let ghosts: Vec<_> = names.iter().map(|n| (n.as_str(), 1, vec![])).collect();
+        let e = b.check(&ack(&ghosts)).unwrap_err();
+        assert!(matches!(e, BoundsError::TooLarge { what: "members", .. }));
+        assert_eq!(b.check(&ack(&ghosts[..4])), Ok(()));
+    }
+
+    #[test]
+    fn a_delta_about_this_node_is_refused() {
+        let e = bounds()
+            .check(&ack(&[("n1", 7, vec![kv("status", "leaving", 9)])]))
+            .unwrap_err();
+        assert_eq!(e, BoundsError::AboutSelf);
+    }
+
+    #[test]
+    fn malformed_bytes_are_refused_never_panic() {
+        let b = bounds();
+        let good = ack(&[("n2", 1, vec![kv("status", "serving", 3)])]);
+        for n in 0..good.len() {
+            assert!(b.check(&good[..n]).is_err(), "truncated at {n}");
+        }
+        let mut v1 = good.clone();
+        v1[2] = 1;
+        assert!(matches!(b.check(&v1), Err(BoundsError::Malformed(_))));
+        let mut junk = good.clone();
+        junk[4] = 9;
+        assert!(b.check(&junk).is_err());
+        // Arbitrary bytes: an error or Ok, never a panic.
+        let mut x: u64 = 1;
+        for _ in 0..2000 {
+            let mut d = good.clone();
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let i = (x >> 33) as usize % d.len();
+            d[i] = (x >> 17) as u8;
+            let _ = b.check(&d);
+        }
+    }
+
+    #[test]
+    fn compressed_blocks_are_read() {
+        let plain = delta(&[("n2", 1, vec![kv("load", "1", u64::MAX)])]);
+        // The ops of the plain block, recompressed as a zstd block.
+        let ops = &plain[3..plain.len() - 1];
+        let z = zstd::bulk::compress(ops, 1).unwrap();
+        let mut m = W::header(2).0;
+        m.push(1);
+        m.extend((z.len() as u16).to_le_bytes());
+        m.extend(z);
+        m.push(0);
+        let e = bounds().check(&m).unwrap_err();
+        assert!(matches!(e, BoundsError::TooLarge { what: "version", .. }), "{e}");
+    }
+}

@@ -235,3 +235,76 @@ fn is_transient(e: &io::Error) -> bool {
             | io::ErrorKind::ConnectionRefused
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use chitchat::{ChitchatMessage, ProtocolVersion};
+
+    use super::*;
+    use crate::adapters::gossip::keyring::{GossipKey, Keyring};
+
+    fn transport(key: u8) -> (SealedUdpTransport, Arc<GossipKeys>) {
+        let keys = Arc::new(GossipKeys::new(Keyring::single(GossipKey::from_bytes(
+            [key; 32],
+        ))));
+        let bounds = Arc::new(Bounds::new("self", 1, 8));
+        (SealedUdpTransport::new(keys.clone(), bounds), keys)
+    }
+
+    fn bad_cluster() -> ChitchatEnvelope {
+        ChitchatEnvelope {
+            version: ProtocolVersion::V0,
+            message: ChitchatMessage::BadCluster,
+        }
+    }
+
+    #[tokio::test]
+    async fn envelopes_cross_sealed_and_forgeries_are_dropped_and_counted() {
+        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let (ta, _) = transport(1);
+        let (tb, kb) = transport(1);
+        let (tc, _) = transport(2);
+        let mut a = ta.open(lo).await.unwrap();
+        let mut b = tb.open(lo).await.unwrap();
+        let mut c = tc.open(lo).await.unwrap();
+        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        // Unsealed chitchat bytes (a BadCluster), then a datagram sealed
+        // with another key, then the real one: only the last arrives,
+        // with its real sender.
+        let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        raw.send_to(&[0x53, 0xb0, 0, 3], b_addr).await.unwrap();
+        c.send(b_addr, bad_cluster()).await.unwrap();
+        let sent = a.send(b_addr, bad_cluster()).await.unwrap();
+        assert_eq!(sent.num_bytes_sent, 4 + crate::adapters::gossip::keyring::SEAL_OVERHEAD);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), b.recv())
+            .await
+            .expect("the sealed envelope arrives")
+            .unwrap();
+        assert_eq!(got.from_addr, a_addr);
+        assert_eq!(got.envelope, bad_cluster());
+        assert_eq!(kb.counters.unauthenticated.load(Ordering::Relaxed), 2);
+        // The answer goes back sealed too.
+        b.send(a_addr, bad_cluster()).await.unwrap();
+        let back = tokio::time::timeout(std::time::Duration::from_secs(5), a.recv())
+            .await
+            .expect("the answer arrives")
+            .unwrap();
+        assert_eq!(back.from_addr, b_addr);
+    }
+
+    #[tokio::test]
+    async fn a_local_process_writing_to_the_codec_is_not_heard() {
+        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let (tb, keys) = transport(1);
+        let outer = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        let mut b = SealedSocket::new(outer, keys, Arc::new(Bounds::new("self", 1, 8)))
+            .await
+            .unwrap();
+        drop(tb);
+        let codec = Socket::local_addr(&b.codec).unwrap();
+        let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        raw.send_to(&[0x53, 0xb0, 0, 3], codec).await.unwrap();
+        let r = tokio::time::timeout(std::time::Duration::from_millis(300), b.recv()).await;
+        assert!(r.is_err(), "a datagram from outside the shims reached chitchat");
+    }
+}
