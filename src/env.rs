@@ -183,7 +183,8 @@ impl Env {
             h.write_u32(std::process::id());
             h.finish()
         };
-        let gossip_keys = Arc::new(GossipKeys::new(keyring));
+        let gossip_keys =
+            Arc::new(GossipKeys::new(keyring).with_file(config.tls.gossip_keyring.clone()));
         let bounds = Arc::new(Bounds::new(&n.id, generation, MAX_MEMBERS));
         Ok(Env {
             http_listeners,

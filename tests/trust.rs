@@ -14,21 +14,22 @@ use std::time::Duration;
 
 use peerlb::keyring::{GossipKey, Keyring};
 use support::forge::{self, Id};
-use support::{Cluster, status};
+use support::{Cluster, serving, status};
 
-/// The gossip identity of `id` as `observer` sees it.
+/// The gossip identity of `id` as `observer` sees it (polled: a member
+/// may flap out of a view for a moment on a loaded machine).
 fn gossip_id(c: &Cluster, observer: &str, id: &str) -> Id {
-    let v = status(c.node(observer).http).unwrap();
-    let m = v["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["id"] == id)
-        .unwrap()
-        .clone();
+    let mut generation = None;
+    c.wait_until(Duration::from_secs(10), || {
+        generation = status(c.node(observer).http).and_then(|v| {
+            v["members"].as_array()?.iter().find(|m| m["id"] == id)?["generation"].as_u64()
+        });
+        generation.is_some()
+    })
+    .unwrap_or_else(|_| panic!("{observer} does not see {id}"));
     Id {
         node: id.to_owned(),
-        generation: m["generation"].as_u64().unwrap(),
+        generation: generation.unwrap(),
         gossip: c.node(id).gossip,
     }
 }
@@ -144,12 +145,16 @@ fn forged_state_heartbeat_and_overflow_without_the_key_are_dropped_counted_and_c
 
 /// `PUT /_peerlb/weight` on a node; the raw answer.
 fn put_weight(addr: std::net::SocketAddr, w: u32) -> String {
+    admin(addr, "PUT", "/_peerlb/weight", &w.to_string())
+}
+
+/// One admin request over HTTP/1.0; the raw answer (status line first).
+fn admin(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let body = w.to_string();
     write!(
         s,
-        "PUT /_peerlb/weight HTTP/1.0\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -234,5 +239,94 @@ fn sealed_datagrams_past_a_bound_and_datagrams_under_a_foreign_key_are_dropped()
         ),
     );
     wait_dropped(&c, "n1", "unauthenticated", 1);
+    settle(&c);
+}
+
+#[test]
+fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_meanwhile_rejoins() {
+    let mut c = Cluster::start("trust-rotate", 3, "", "");
+    let file = c.dir.join("certs").join("gossip.keys");
+    let old = Keyring::load(&file).unwrap();
+    let old_fp = old.keys()[0].fingerprint();
+    let (n1, n2) = (gossip_id(&c, "n1", "n1"), gossip_id(&c, "n1", "n2"));
+    c.kill9("n3");
+    c.wait_converged(2);
+    let new = GossipKey::from_bytes([42; 32]);
+    let live = ["n1", "n2"];
+    // Install everywhere, then use everywhere, then remove everywhere.
+    for (op, body) in [
+        ("install", new.to_base64()),
+        ("use", new.fingerprint()),
+        ("remove", old_fp.clone()),
+    ] {
+        for id in live {
+            let r = admin(
+                c.node(id).http,
+                "POST",
+                &format!("/_peerlb/keyring/{op}"),
+                &body,
+            );
+            assert!(r.starts_with("HTTP/1.0 200"), "{op} on {id}: {r}");
+        }
+    }
+    let r = admin(c.node("n1").http, "GET", "/_peerlb/keyring", "");
+    assert!(
+        r.contains(&new.fingerprint()) && !r.contains(&old_fp),
+        "{r}"
+    );
+    // Every change is in the file the nodes read at start.
+    assert_eq!(Keyring::load(&file).unwrap(), Keyring::single(new.clone()));
+    let r = admin(
+        c.node("n1").http,
+        "POST",
+        "/_peerlb/keyring/remove",
+        &new.fingerprint(),
+    );
+    assert!(r.starts_with("HTTP/1.0 409"), "{r}");
+    let r = admin(
+        c.node("n1").http,
+        "POST",
+        "/_peerlb/keyring/install",
+        "not a key",
+    );
+    assert!(r.starts_with("HTTP/1.0 400"), "{r}");
+    // n1 and n2 still gossip (a weight change crosses under the new key).
+    assert!(put_weight(c.node("n2").http, 4).contains("\"weight\":4"));
+    c.wait_until(Duration::from_secs(10), || {
+        let v = status(c.node("n1").http).unwrap();
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "n2" && m["weight"] == 4)
+    })
+    .expect("n2's weight did not reach n1 after the rotation");
+    // A datagram sealed with the removed key is dropped unopened; one
+    // sealed with the new key is opened (and refused by the bounds).
+    let unauth = dropped(&c, "n1", "unauthenticated");
+    let oob = dropped(&c, "n1", "out_of_bounds");
+    let removed = old.seal(&forge::ack(&n2, &[("status", "leaving", 1 << 30)]), [5; 12]);
+    forge::send(n1.gossip, &removed);
+    wait_dropped(&c, "n1", "unauthenticated", unauth + 1);
+    let current = Keyring::single(new.clone());
+    forge::send(
+        n1.gossip,
+        &current.seal(&forge::ack(&n2, &[("l", "1", u64::MAX)]), [6; 12]),
+    );
+    wait_dropped(&c, "n1", "out_of_bounds", oob + 1);
+    // n3 comes back with the old keyring: it cannot join and says why.
+    std::fs::write(&file, old.to_file_text()).unwrap();
+    c.spawn(2);
+    c.wait_until(Duration::from_secs(10), || {
+        c.log("n3").contains("no key of this node's ring opens it")
+    })
+    .unwrap_or_else(|_| panic!("n3 did not report its stale keyring:\n{}", c.log("n3")));
+    assert_eq!(serving(c.node("n1").http).map(|s| s.len()), Some(2));
+    assert_eq!(serving(c.node("n3").http).map(|s| s.len()), Some(1));
+    // With the cluster's current file it rejoins.
+    std::fs::write(&file, current.to_file_text()).unwrap();
+    c.kill9("n3");
+    c.spawn(2);
+    c.wait_converged(3);
     settle(&c);
 }

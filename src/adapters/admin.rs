@@ -6,6 +6,7 @@
 //! | --- | --- |
 //! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `counters`, `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
+//! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (see the gossip admin module): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}` |
 //! | `PUT /_peerlb/weight` | body: the node's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
 
 use std::sync::atomic::Ordering;
@@ -85,6 +86,9 @@ pub(crate) async fn answer(
                 )
             }
         },
+        (m, p) if super::gossip::admin::is_keyring(p) => {
+            super::gossip::admin::answer(ingress.gossip_keys(), m, p, req.into_body()).await
+        }
         (_, STATUS | RELOAD_RULES | WEIGHT) => (
             StatusCode::METHOD_NOT_ALLOWED,
             "{\"error\":\"method not allowed\"}".to_owned(),

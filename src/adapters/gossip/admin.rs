@@ -1,9 +1,30 @@
 //! The gossip part of the admin API: the keyring's fingerprints and the
-//! datagrams gossip dropped (in `GET /_peerlb/status`).
+//! datagrams gossip dropped (in `GET /_peerlb/status`), and key rotation
+//! without downtime, as Serf's `keys -install / -use / -remove`:
+//!
+//! | method and path | answer |
+//! | --- | --- |
+//! | `GET /_peerlb/keyring` | `{"keys": [fingerprint, ...]}`, the sending key first |
+//! | `POST /_peerlb/keyring/install` | body: a base64 key (32 bytes). Adds it for opening: 200 with the keys; 400 not a key; 409 the ring is full |
+//! | `POST /_peerlb/keyring/use` | body: a fingerprint. Makes that key the sending key: 200; 404 unknown |
+//! | `POST /_peerlb/keyring/remove` | body: a fingerprint. Removes the key: 200; 404 unknown; 409 the sending key |
+//!
+//! Every change is written to the node's keyring file (`tls.gossip_keyring`)
+//! before it is in force (500 when it cannot be), so a restart keeps it.
 
 use std::sync::atomic::Ordering;
 
-use super::keyring::GossipKeys;
+use http::{Method, StatusCode};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+
+use super::keyring::{GossipKey, GossipKeys, KeyringError};
+
+/// `GET /_peerlb/keyring`, and the prefix of the rotation paths.
+pub(crate) const KEYRING: &str = "/_peerlb/keyring";
+
+/// Longest body read (a base64 key is 44 bytes).
+const BODY_LIMIT: usize = 256;
 
 /// The `gossip` object of `GET /_peerlb/status`: `keys` (fingerprints, the
 /// sending key first) and `dropped` (`unauthenticated`, `out_of_bounds`,
@@ -18,4 +39,71 @@ pub(crate) fn status(keys: &GossipKeys) -> serde_json::Value {
             "oversize": c.oversize.load(Ordering::Relaxed),
         },
     })
+}
+
+/// True for the keyring paths ([`answer`] takes them).
+pub(crate) fn is_keyring(path: &str) -> bool {
+    path == KEYRING || path.starts_with("/_peerlb/keyring/")
+}
+
+/// Answers a keyring request: (status, JSON body).
+pub(crate) async fn answer(
+    keys: &GossipKeys,
+    method: &Method,
+    path: &str,
+    body: Incoming,
+) -> (StatusCode, String) {
+    let op = path.strip_prefix(KEYRING).unwrap_or_default();
+    let allowed = match op {
+        "" => Method::GET,
+        "/install" | "/use" | "/remove" => Method::POST,
+        _ => return err(StatusCode::NOT_FOUND, "unknown admin path"),
+    };
+    if *method != allowed {
+        return err(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    }
+    if op.is_empty() {
+        return ok(&keys.ring().fingerprints());
+    }
+    let text = match http_body_util::Limited::new(body, BODY_LIMIT)
+        .collect()
+        .await
+    {
+        Ok(b) => String::from_utf8_lossy(&b.to_bytes()).trim().to_owned(),
+        Err(e) => return err(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let r = match op {
+        "/install" => match GossipKey::parse(&text) {
+            Ok(k) => keys.update(|r| r.install(k)),
+            Err(e) => Err(e),
+        },
+        "/use" => keys.update(|r| r.use_key(&text)),
+        _ => keys.update(|r| r.remove(&text)),
+    };
+    match r {
+        Ok(ring) => {
+            tracing::info!(keys = ?ring.fingerprints(), "gossip keyring changed");
+            ok(&ring.fingerprints())
+        }
+        Err(e) => {
+            let status = match e {
+                KeyringError::BadKey { .. } => StatusCode::BAD_REQUEST,
+                KeyringError::Unknown(_) => StatusCode::NOT_FOUND,
+                KeyringError::TooMany(_) | KeyringError::RemoveSending(_) => StatusCode::CONFLICT,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            err(status, &e.to_string())
+        }
+    }
+}
+
+fn ok(keys: &[String]) -> (StatusCode, String) {
+    (
+        StatusCode::OK,
+        serde_json::json!({ "keys": keys }).to_string(),
+    )
+}
+
+fn err(status: StatusCode, e: &str) -> (StatusCode, String) {
+    (status, serde_json::json!({ "error": e }).to_string())
 }

@@ -292,8 +292,13 @@ mod tests {
         }
     }
 
-    /// A delta of `nodes` (id, generation, kvs) as one plain block.
-    fn delta(nodes: &[(&str, u64, Vec<(String, String, u64)>)]) -> Vec<u8> {
+    /// (key, value, version).
+    type Kv = (String, String, u64);
+    /// (node id, generation, key-values).
+    type NodeOps<'a> = (&'a str, u64, Vec<Kv>);
+
+    /// A delta of `nodes` as one plain block.
+    fn delta(nodes: &[NodeOps<'_>]) -> Vec<u8> {
         let mut ops = W(Vec::new());
         for (node, generation, kvs) in nodes {
             ops.0.push(0);
@@ -311,13 +316,13 @@ mod tests {
         out
     }
 
-    fn ack(nodes: &[(&str, u64, Vec<(String, String, u64)>)]) -> Vec<u8> {
+    fn ack(nodes: &[NodeOps<'_>]) -> Vec<u8> {
         let mut w = W::header(2);
         w.0.extend(delta(nodes));
         w.0
     }
 
-    fn kv(k: &str, v: &str, version: u64) -> (String, String, u64) {
+    fn kv(k: &str, v: &str, version: u64) -> Kv {
         (k.to_owned(), v.to_owned(), version)
     }
 
@@ -328,31 +333,59 @@ mod tests {
     #[test]
     fn honest_messages_pass() {
         let b = bounds();
-        assert_eq!(b.check(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])), Ok(()));
+        assert_eq!(
+            b.check(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])),
+            Ok(())
+        );
         let mut syn = W::header(0);
-        syn.u64(0).0.truncate(4);
         syn.0.extend(1u16.to_le_bytes());
         syn.id("n2", 1).u64(5).u64(0).u64(9).str("cluster");
         assert_eq!(b.check(&syn.0), Ok(()));
         assert_eq!(b.check(&W::header(3).0), Ok(()));
         // An older generation of this node is another member.
-        assert_eq!(b.check(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])), Ok(()));
+        assert_eq!(
+            b.check(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])),
+            Ok(())
+        );
     }
 
     #[test]
     fn counters_past_2_pow_40_are_refused() {
         let b = bounds();
         for v in [MAX_COUNTER + 1, 1 << 62, u64::MAX] {
-            let e = b.check(&ack(&[("n2", 1, vec![kv("load", "1", v)])])).unwrap_err();
-            assert!(matches!(e, BoundsError::TooLarge { what: "version", .. }), "{e}");
+            let e = b
+                .check(&ack(&[("n2", 1, vec![kv("load", "1", v)])]))
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    BoundsError::TooLarge {
+                        what: "version",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             let mut syn_ack = W::header(1);
             syn_ack.0.extend(1u16.to_le_bytes());
             syn_ack.id("n2", 1).u64(v).u64(0).u64(1);
             syn_ack.0.extend(delta(&[]));
             let e = b.check(&syn_ack.0).unwrap_err();
-            assert!(matches!(e, BoundsError::TooLarge { what: "heartbeat", .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    BoundsError::TooLarge {
+                        what: "heartbeat",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
         }
-        assert_eq!(b.check(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])), Ok(()));
+        assert_eq!(
+            b.check(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])),
+            Ok(())
+        );
     }
 
     #[test]
@@ -360,18 +393,54 @@ mod tests {
         let b = bounds();
         let long = |n| "x".repeat(n);
         let e = b.check(&ack(&[(&long(64), 1, vec![])])).unwrap_err();
-        assert!(matches!(e, BoundsError::TooLarge { what: "node id length", .. }));
-        let e = b.check(&ack(&[("n2", 1, vec![kv(&long(65), "v", 1)])])).unwrap_err();
-        assert!(matches!(e, BoundsError::TooLarge { what: "key length", .. }));
-        let e = b.check(&ack(&[("n2", 1, vec![kv("k", &long(257), 1)])])).unwrap_err();
-        assert!(matches!(e, BoundsError::TooLarge { what: "value length", .. }));
-        let many: Vec<_> = (0..=MAX_KEYS_PER_NODE).map(|i| kv(&format!("k{i}"), "v", 1)).collect();
+        assert!(matches!(
+            e,
+            BoundsError::TooLarge {
+                what: "node id length",
+                ..
+            }
+        ));
+        let e = b
+            .check(&ack(&[("n2", 1, vec![kv(&long(65), "v", 1)])]))
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            BoundsError::TooLarge {
+                what: "key length",
+                ..
+            }
+        ));
+        let e = b
+            .check(&ack(&[("n2", 1, vec![kv("k", &long(257), 1)])]))
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            BoundsError::TooLarge {
+                what: "value length",
+                ..
+            }
+        ));
+        let many: Vec<_> = (0..=MAX_KEYS_PER_NODE)
+            .map(|i| kv(&format!("k{i}"), "v", 1))
+            .collect();
         let e = b.check(&ack(&[("n2", 1, many)])).unwrap_err();
-        assert!(matches!(e, BoundsError::TooLarge { what: "keys of a node", .. }));
+        assert!(matches!(
+            e,
+            BoundsError::TooLarge {
+                what: "keys of a node",
+                ..
+            }
+        ));
         let names: Vec<String> = (0..5).map(|i| format!("g{i}")).collect();
         let ghosts: Vec<_> = names.iter().map(|n| (n.as_str(), 1, vec![])).collect();
         let e = b.check(&ack(&ghosts)).unwrap_err();
-        assert!(matches!(e, BoundsError::TooLarge { what: "members", .. }));
+        assert!(matches!(
+            e,
+            BoundsError::TooLarge {
+                what: "members",
+                ..
+            }
+        ));
         assert_eq!(b.check(&ack(&ghosts[..4])), Ok(()));
     }
 
@@ -419,6 +488,15 @@ mod tests {
         m.extend(z);
         m.push(0);
         let e = bounds().check(&m).unwrap_err();
-        assert!(matches!(e, BoundsError::TooLarge { what: "version", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                BoundsError::TooLarge {
+                    what: "version",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -404,6 +404,8 @@ pub struct GossipCounters {
 pub struct GossipKeys {
     ring: RwLock<Keyring>,
     nonces: NonceSource,
+    /// The file a change is written to (so a restart keeps it).
+    file: Option<std::path::PathBuf>,
     /// Dropped datagrams.
     pub counters: GossipCounters,
 }
@@ -422,8 +424,16 @@ impl GossipKeys {
         GossipKeys {
             ring: RwLock::new(ring),
             nonces: NonceSource::System(ring::rand::SystemRandom::new()),
+            file: None,
             counters: GossipCounters::default(),
         }
+    }
+
+    /// Writes every change of the ring to `path` (the file it was read
+    /// from), so a restarted node seals with the ring in force.
+    pub fn with_file(mut self, path: std::path::PathBuf) -> GossipKeys {
+        self.file = Some(path);
+        self
     }
 
     /// Keys sealing with nonces drawn from `seed` (deterministic; for the
@@ -432,6 +442,7 @@ impl GossipKeys {
         GossipKeys {
             ring: RwLock::new(ring),
             nonces: NonceSource::Seeded(Mutex::new(seed)),
+            file: None,
             counters: GossipCounters::default(),
         }
     }
@@ -441,10 +452,12 @@ impl GossipKeys {
         self.ring.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Changes the ring with `f` (all or nothing) and returns the new one.
+    /// Changes the ring with `f` (all or nothing), writes it to the file
+    /// when there is one, and returns the new ring.
     ///
     /// # Errors
-    /// What `f` returns; the ring is then unchanged.
+    /// What `f` returns, or [`KeyringError::Write`]; the ring is then
+    /// unchanged.
     pub fn update(
         &self,
         f: impl FnOnce(&mut Keyring) -> Result<(), KeyringError>,
@@ -452,6 +465,9 @@ impl GossipKeys {
         let mut g = self.ring.write().unwrap_or_else(|p| p.into_inner());
         let mut next = g.clone();
         f(&mut next)?;
+        if let Some(path) = &self.file {
+            write_file(path, &next, false)?;
+        }
         *g = next.clone();
         Ok(next)
     }

@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering;
 use anyhow::Context as _;
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::bounds::Bounds;
 use super::keyring::GossipKeys;
@@ -137,6 +137,12 @@ impl SealedSocket {
     /// next in shim, or drops it (counted).
     fn forward(&mut self, n: usize, from: SocketAddr) {
         let Some(plain) = self.keys.open(&self.buf[..n]) else {
+            let count = self.keys.counters.unauthenticated.load(Ordering::Relaxed);
+            if count % 1000 == 1 {
+                // Forged, or this node's ring is out of date (it was down
+                // during a key rotation): say which, once in a while.
+                warn!(%from, dropped = count, file = "tls.gossip_keyring", "gossip datagram dropped: no key of this node's ring opens it (forged, or this node's keyring lacks the cluster's current key)");
+            }
             debug!(%from, len = n, "gossip datagram dropped: no key of the ring opens it");
             return;
         };
@@ -275,7 +281,10 @@ mod tests {
         raw.send_to(&[0x53, 0xb0, 0, 3], b_addr).await.unwrap();
         c.send(b_addr, bad_cluster()).await.unwrap();
         let sent = a.send(b_addr, bad_cluster()).await.unwrap();
-        assert_eq!(sent.num_bytes_sent, 4 + crate::adapters::gossip::keyring::SEAL_OVERHEAD);
+        assert_eq!(
+            sent.num_bytes_sent,
+            4 + crate::adapters::gossip::keyring::SEAL_OVERHEAD
+        );
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), b.recv())
             .await
             .expect("the sealed envelope arrives")
@@ -305,6 +314,9 @@ mod tests {
         let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
         raw.send_to(&[0x53, 0xb0, 0, 3], codec).await.unwrap();
         let r = tokio::time::timeout(std::time::Duration::from_millis(300), b.recv()).await;
-        assert!(r.is_err(), "a datagram from outside the shims reached chitchat");
+        assert!(
+            r.is_err(),
+            "a datagram from outside the shims reached chitchat"
+        );
     }
 }
