@@ -330,3 +330,54 @@ fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_me
     c.wait_converged(3);
     settle(&c);
 }
+
+#[test]
+fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_binding() {
+    let dir = support::temp_dir("trust-keyring");
+    let http = support::free_port();
+    let cfg = support::write(
+        &dir,
+        "c.toml",
+        &format!(
+            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            support::free_port(),
+            support::free_port()
+        ),
+    );
+    let out = std::process::Command::new(support::bin())
+        .args(["certs", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let keys = dir.join("certs").join("gossip.keys");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("gossip.keys"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&keys).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    assert_eq!(Keyring::load(&keys).unwrap().keys().len(), 1);
+    for (what, text) in [
+        ("missing", None),
+        ("bad", Some("not base64\n")),
+        ("empty", Some("# nothing\n")),
+    ] {
+        match text {
+            None => std::fs::remove_file(&keys).unwrap(),
+            Some(t) => std::fs::write(&keys, t).unwrap(),
+        }
+        let out = std::process::Command::new(support::bin())
+            .args(["node", "--node", "n1", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{what}: {err}");
+        assert!(err.contains("tls.gossip_keyring"), "{what}: {err}");
+        // Nothing was bound: the HTTP port is still free.
+        assert!(std::net::TcpListener::bind(("127.0.0.1", http)).is_ok());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
