@@ -12,6 +12,7 @@
 //! - One bidirectional stream per request (see [`super::wire`]).
 
 mod admission;
+mod dial;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -243,11 +244,14 @@ impl PeerLinks {
     /// changed, and stops and forgets the rest.
     pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
         let mut slots = self.slots.lock().expect("peer slots lock");
-        let wanted: BTreeMap<&NodeId, SocketAddr> = peers
+        let all: BTreeMap<&NodeId, SocketAddr> = peers
             .iter()
             .filter(|(id, _)| *id != self.self_id)
             .map(|(id, a)| (id, *a))
             .collect();
+        let chosen = dial::select(all.keys().copied(), |id| slots.contains_key(id));
+        let wanted: BTreeMap<&NodeId, SocketAddr> =
+            chosen.into_iter().map(|id| (id, all[id])).collect();
         let gone: Vec<NodeId> = slots
             .keys()
             .filter(|id| !wanted.contains_key(id))
@@ -292,8 +296,9 @@ impl PeerLinks {
 
     async fn supervise(self: Arc<Self>, id: NodeId, addr: watch::Receiver<SocketAddr>) {
         let server_name = tls::node_server_name(&id);
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = dial::FIRST;
         let mut failures = 0u32;
+        let mut ever_connected = false;
         loop {
             let addr = *addr.borrow();
             let attempt = async {
@@ -305,8 +310,9 @@ impl PeerLinks {
             };
             let failed = match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
                 Ok(Ok(conn)) => {
-                    backoff = Duration::from_millis(50);
+                    backoff = dial::FIRST;
                     failures = 0;
+                    ever_connected = true;
                     info!(%addr, "peer connected");
                     self.set_conn(&id, Some(conn.clone()));
                     let why = conn.closed().await;
@@ -340,7 +346,7 @@ impl PeerLinks {
                 }
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            backoff = dial::next_backoff(backoff, ever_connected);
         }
     }
 
