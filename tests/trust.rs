@@ -10,6 +10,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use peerlb::keyring::{GossipKey, Keyring};
@@ -380,4 +381,96 @@ fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_bi
         assert!(std::net::TcpListener::bind(("127.0.0.1", http)).is_ok());
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Resident set size of a process, in KiB (Linux `/proc/<pid>/status`).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A client socket that sends and never hears back: an attacker that
+/// sends QUIC Initials and never continues a handshake (as with spoofed
+/// sources).
+#[derive(Debug)]
+struct Deaf(Arc<dyn quinn::AsyncUdpSocket>);
+
+impl quinn::AsyncUdpSocket for Deaf {
+    fn create_io_poller(self: Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.0.clone().create_io_poller()
+    }
+    fn try_send(&self, t: &quinn::udp::Transmit) -> std::io::Result<()> {
+        self.0.try_send(t)
+    }
+    fn poll_recv(
+        &self,
+        _: &mut std::task::Context,
+        _: &mut [std::io::IoSliceMut<'_>],
+        _: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+/// 4,000 QUIC Initials, each a new connection, never continued: the peer
+/// port answers past a few half-open handshakes with stateless Retry
+/// packets, so the node's memory grows by at most 32 MiB (the figure is
+/// printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_quic_handshakes_cost_the_peer_port_little_memory() {
+    use quinn::Runtime as _;
+    const INITIALS: usize = 4000;
+    let c = Cluster::start("trust-initials", 1, "", "");
+    let pid = c.children["n1"].id();
+    let certs = c.dir.join("certs");
+    let m = peerlb::tls::TlsMaterial::load(
+        &certs.join("ca.pem"),
+        &certs.join("n1.pem"),
+        &certs.join("n1.key"),
+    )
+    .unwrap();
+    let client = peerlb::tls::quinn_client_config(&m).unwrap();
+    let peer = c.node("n1").peer;
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let socket = quinn::TokioRuntime.wrap_udp_socket(socket).unwrap();
+    let ep = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        None,
+        Arc::new(Deaf(socket)),
+        Arc::new(quinn::TokioRuntime),
+    )
+    .unwrap();
+    let before = rss_kib(pid);
+    let mut peak = before;
+    let mut pending = Vec::with_capacity(INITIALS);
+    for i in 0..INITIALS {
+        pending.push(
+            ep.connect_with(client.clone(), peer, "n1.node.peerlb")
+                .unwrap(),
+        );
+        if i % 100 == 99 {
+            // Let the endpoint driver send what was queued.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            peak = peak.max(rss_kib(pid));
+        }
+    }
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(rss_kib(pid));
+    }
+    let grown = peak.saturating_sub(before);
+    println!(
+        "{INITIALS} Initials: RSS {before} KiB -> peak {peak} KiB (+{grown} KiB, {} bytes per Initial)",
+        grown * 1024 / INITIALS as u64
+    );
+    assert!(grown <= 32 * 1024, "RSS grew by {grown} KiB");
+    // The node still serves.
+    assert_eq!(serving(c.node("n1").http).map(|s| s.len()), Some(1));
+    drop(pending);
 }
