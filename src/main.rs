@@ -1,4 +1,6 @@
-//! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`, `app`.
+//! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`, `app`, `keyring`.
+
+mod keyring_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -53,6 +55,9 @@ enum Cmd {
         #[arg(long, default_value = "app")]
         name: String,
     },
+    /// Gossip key rotation on the nodes of this host (admin API): new,
+    /// list, install KEY, use FINGERPRINT, remove FINGERPRINT.
+    Keyring(keyring_cmd::KeyringArgs),
     /// Validate cluster.toml and exit: 0 when valid, 64 when not.
     CheckConfig {
         /// cluster.toml to check (default: the embedded one).
@@ -147,6 +152,7 @@ fn main() -> ExitCode {
         Cmd::CheckConfig { config, node } => check_config(config.as_deref(), node.as_deref()),
         Cmd::Route(a) => route(a),
         Cmd::App { listen, name } => app(listen, name),
+        Cmd::Keyring(a) => keyring_cmd::run(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),

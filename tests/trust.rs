@@ -254,21 +254,22 @@ fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_me
     c.wait_converged(2);
     let new = GossipKey::from_bytes([42; 32]);
     let live = ["n1", "n2"];
-    // Install everywhere, then use everywhere, then remove everywhere.
-    for (op, body) in [
+    // Install everywhere, then use everywhere, then remove everywhere:
+    // `peerlb keyring` on n1 and n2, the admin API underneath.
+    for (op, arg) in [
         ("install", new.to_base64()),
         ("use", new.fingerprint()),
         ("remove", old_fp.clone()),
     ] {
-        for id in live {
-            let r = admin(
-                c.node(id).http,
-                "POST",
-                &format!("/_peerlb/keyring/{op}"),
-                &body,
-            );
-            assert!(r.starts_with("HTTP/1.0 200"), "{op} on {id}: {r}");
-        }
+        let out = std::process::Command::new(support::bin())
+            .args(["keyring", "--config"])
+            .arg(&c.config)
+            .args(["--node", live[0], "--node", live[1], op, &arg])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "keyring {op}: {text}");
+        assert_eq!(text.lines().count(), 2, "{text}");
     }
     let r = admin(c.node("n1").http, "GET", "/_peerlb/keyring", "");
     assert!(
