@@ -17,15 +17,17 @@
 //!   hash with virtual nodes), `rules` (data-centric rules), `sticky`
 //!   (sticky route cookie / URL parameter), `balance` (policies),
 //!   `membership` (immutable [`MembershipView`]), `route` (the decision).
-//! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
-//!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
+//! - `adapters/` (I/O): `gossip` (chitchat over a transport sealed with
+//!   the cluster [`keyring`], bounds on what gossip may say), `peer` (quinn
+//!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path), `app` (built-in and upstream app),
 //!   `tls` (cluster CA, node certificates, mutual TLS).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
 //! - `main.rs`: the `peerlb` CLI (`node`, `up`, `certs`, `check-config`, `route`,
-//!   `app`: the built-in app alone, a benchmark backend).
+//!   `app`: the built-in app alone, a benchmark backend; `keyring`: gossip
+//!   key rotation).
 //! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
 //!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
