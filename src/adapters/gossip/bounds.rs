@@ -15,7 +15,7 @@
 //!
 //! A datagram is refused (and counted) when it does not parse, or:
 //! - a node id is longer than 63 bytes, a key than [`MAX_KEY_LEN`], a value
-//!   than [`MAX_VALUE_LEN`], the cluster id than [`MAX_KEY_LEN`];
+//!   than [`MAX_VALUE_LEN`];
 //! - a digest or delta names more than `max_members` nodes, or a node
 //!   carries more than [`MAX_KEYS_PER_NODE`] keys;
 //! - a heartbeat or version exceeds [`MAX_COUNTER`] (2^40): chitchat adds
@@ -32,7 +32,7 @@ use std::fmt;
 /// node dials every other, so a peerlb cluster is far smaller; this keeps a
 /// full digest (about 110 bytes a member) well inside one datagram.
 pub(crate) const MAX_MEMBERS: usize = 64;
-/// Longest key or cluster id, in bytes.
+/// Longest key, in bytes.
 pub(crate) const MAX_KEY_LEN: usize = 64;
 /// Longest value, in bytes.
 pub(crate) const MAX_VALUE_LEN: usize = 256;
@@ -165,7 +165,8 @@ impl Bounds {
         match r.u8()? {
             0 => {
                 self.digest(&mut r)?;
-                r.str("cluster id length", MAX_KEY_LEN)?;
+                // Compared, never stored: any length a datagram holds.
+                r.str("cluster id length", usize::from(u16::MAX))?;
             }
             1 => {
                 self.digest(&mut r)?;
