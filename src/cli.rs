@@ -14,6 +14,7 @@ use peerlb::{ClusterFile, Overrides, Source};
 pub(crate) mod app;
 pub(crate) mod certs;
 pub(crate) mod check_config;
+pub(crate) mod keyring;
 pub(crate) mod node;
 pub(crate) mod route;
 pub(crate) mod up;

@@ -16,10 +16,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use chitchat::transport::{Transport, UdpTransport};
+use chitchat::transport::Transport;
 use quinn::Runtime as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::adapters::gossip::bounds::{Bounds, MAX_MEMBERS};
+use crate::adapters::gossip::keyring::{GossipKeys, Keyring};
+use crate::adapters::gossip::sealed::SealedUdpTransport;
 use crate::adapters::tls::TlsMaterial;
 use crate::config::NodeConfig;
 
@@ -102,7 +105,11 @@ pub struct Env {
     pub quic_runtime: Arc<dyn quinn::Runtime>,
     /// The gossip transport; chitchat opens its socket on `gossip_addr`
     /// when the node runs ([`Env::bind`] has checked the address is free).
+    /// It seals every datagram with `gossip_keys`.
     pub gossip: Box<dyn Transport>,
+    /// The gossip keyring the transport seals and opens with (the admin
+    /// API rotates it) and the datagrams it dropped.
+    pub gossip_keys: Arc<GossipKeys>,
     /// The wall clock.
     pub clock: Arc<dyn Clock>,
     /// This run's generation id: increases on every restart (ms since the
@@ -132,12 +139,14 @@ pub struct BindError {
 
 impl Env {
     /// Binds every socket `config` names, reads the wall clock for the
-    /// generation and draws a seed from the OS. Call it inside the tokio
-    /// runtime the node will run on (the sockets register with it).
+    /// generation and draws a seed from the OS; gossip is sealed with
+    /// `keyring` (read from `tls.gossip_keyring` beforehand). Call it
+    /// inside the tokio runtime the node will run on (the sockets register
+    /// with it).
     ///
     /// # Errors
     /// [`BindError`] naming the socket that could not be bound.
-    pub fn bind(config: &NodeConfig) -> Result<Env, BindError> {
+    pub fn bind(config: &NodeConfig, keyring: Keyring) -> Result<Env, BindError> {
         let n = &config.node;
         let err = |what, addr| move |source| BindError { what, addr, source };
         let listener = |addr, reuse_port, what| -> Result<Box<dyn HttpListener>, BindError> {
@@ -174,11 +183,15 @@ impl Env {
             h.write_u32(std::process::id());
             h.finish()
         };
+        let gossip_keys =
+            Arc::new(GossipKeys::new(keyring).with_file(config.tls.gossip_keyring.clone()));
+        let bounds = Arc::new(Bounds::new(&n.id, generation, MAX_MEMBERS));
         Ok(Env {
             http_listeners,
             peer_socket,
             quic_runtime: Arc::new(quinn::TokioRuntime),
-            gossip: Box::new(UdpTransport),
+            gossip: Box::new(SealedUdpTransport::new(gossip_keys.clone(), bounds)),
+            gossip_keys,
             clock: Arc::new(clock),
             generation,
             seed,

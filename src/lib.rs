@@ -20,8 +20,9 @@
 //!   [`MembershipView`]), `route` (the decision), `failover` (replay plan
 //!   and the choice after a failed attempt), `testing` (doc-hidden test
 //!   support: the request builder the unit tests and the benches share).
-//! - `adapters/` (I/O): `gossip` (chitchat), `peer` (quinn endpoint,
-//!   client pool and server), `wire` (peer stream frames), `ingress` (hyper
+//! - `adapters/` (I/O): `gossip` (chitchat over a transport sealed with
+//!   the cluster [`keyring`], bounds on what gossip may say), `peer` (quinn
+//!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path), `owner` (serving with the local app),
 //!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
 //!   owner and `admin`), `errors` (every error as an HTTP answer), `app`
@@ -32,7 +33,8 @@
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
 //! - `main.rs` and `cli/` (binary crate): the `peerlb` CLI, one file per
 //!   command (`node`, `up`, `certs`, `check-config`, `route`, `app`: the
-//!   built-in app alone, a benchmark backend).
+//!   built-in app alone, a benchmark backend; `keyring`: gossip key
+//!   rotation).
 //! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
 //!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
@@ -48,6 +50,7 @@ pub mod node;
 pub mod sim;
 
 pub use adapters::app::serve_standalone as serve_app;
+pub use adapters::gossip::keyring;
 pub use adapters::tls;
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};
 pub use engine::balance::PolicyKind;

@@ -1,5 +1,5 @@
 //! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`,
-//! `app`. This file parses the command line and dispatches; each command
+//! `app`, `keyring`. This file parses the command line and dispatches; each command
 //! lives in its own file under `cli/`, the helpers they share in `cli.rs`.
 
 use std::process::ExitCode;
@@ -32,6 +32,9 @@ enum Cmd {
     App(cli::app::AppArgs),
     /// Validate cluster.toml and exit: 0 when valid, 64 when not.
     CheckConfig(cli::check_config::CheckConfigArgs),
+    /// Gossip key rotation on the nodes of this host (admin API): new,
+    /// list, install KEY, use FINGERPRINT, remove FINGERPRINT.
+    Keyring(cli::keyring::KeyringArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Cmd::CheckConfig(a) => cli::check_config::run(a),
         Cmd::Route(a) => cli::route::run(a),
         Cmd::App(a) => cli::app::run(a),
+        Cmd::Keyring(a) => cli::keyring::run(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),

@@ -106,6 +106,7 @@ impl Node {
                 status: NodeStatus::Serving,
             },
             &*env.gossip,
+            env.gossip_keys.clone(),
         )
         .await?;
 

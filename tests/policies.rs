@@ -264,9 +264,7 @@ async fn metric_sends_nothing_to_a_node_publishing_load_0() {
         "metric",
         3,
         &format!("policy = \"metric\"\napp = \"http://{}\"\n", app.addr),
-        &format!(
-            "{STEADY}[balance]\nmetric_capacity = 1\nmetric_history = 0.0\n"
-        ),
+        &format!("{STEADY}[balance]\nmetric_capacity = 1\nmetric_history = 0.0\n"),
     );
     let n1 = c.nodes[0].http;
     let (held, x) = hold_one(&c, &app, n1, "/hold/a").await;

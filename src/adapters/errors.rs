@@ -6,6 +6,7 @@
 //! ([`AdminError`], wrapping [`ReloadError`] and [`WeightError`]) become a
 //! JSON body `{"error": "<cause>"}`.
 
+use super::gossip::keyring::KeyringError;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use super::app::AppError;
@@ -132,6 +133,12 @@ pub(crate) enum AdminError {
     /// range, 409 all zero).
     #[error(transparent)]
     Weight(#[from] WeightError),
+    /// A keyring change was refused or failed (400 not a key or an
+    /// unreadable body, 404 no such key, 409 the ring is full or the key
+    /// is the sending key, 500 the keyring file cannot be written); the
+    /// keyring in force stays.
+    #[error(transparent)]
+    Keyring(#[from] KeyringError),
 }
 
 /// Every error a node answers a client with: the input of
@@ -177,6 +184,15 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             }
             AdminError::Weight(WeightError::OutOfRange(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
+            AdminError::Keyring(k) => match k {
+                KeyringError::BadKey { .. } => StatusCode::BAD_REQUEST,
+                KeyringError::Unknown(_) => StatusCode::NOT_FOUND,
+                KeyringError::TooMany(_) | KeyringError::RemoveSending(_) => StatusCode::CONFLICT,
+                KeyringError::Read { .. }
+                | KeyringError::Empty
+                | KeyringError::Random
+                | KeyringError::Write { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            },
         },
     };
     match err {
@@ -258,6 +274,19 @@ mod tests {
             (AdminError::Weight(WeightError::Body("x".into())), 400),
             (AdminError::Weight(WeightError::OutOfRange(10_001)), 422),
             (AdminError::Weight(WeightError::AllZero), 409),
+            (
+                AdminError::Keyring(KeyringError::BadKey {
+                    line: 0,
+                    reason: "x".into(),
+                }),
+                400,
+            ),
+            (AdminError::Keyring(KeyringError::Unknown("f".into())), 404),
+            (AdminError::Keyring(KeyringError::TooMany(9)), 409),
+            (
+                AdminError::Keyring(KeyringError::RemoveSending("f".into())),
+                409,
+            ),
         ] {
             assert_eq!(status(e), s);
         }

@@ -4,9 +4,16 @@
 //! Keys each node publishes: `peer_addr`, `http_addr`, `weight`, `status`
 //! (`serving` | `draining` | `leaving`), `load` (0..=100, 100 idle),
 //! `inflight`. chitchat's phi-accrual detector decides liveness; a member is
-//! only considered once it has published `peer_addr`. Gossip is plain UDP
-//! and only a hint: the peer layer admits a member to routing only after an
-//! mTLS handshake proves its identity.
+//! only considered once it has published `peer_addr`. Every datagram is
+//! sealed with the cluster keyring ([`keyring`], [`sealed`]) and checked
+//! against [`bounds`] before chitchat sees it. Gossip stays a hint: the
+//! peer layer admits a member to routing only after an mTLS handshake
+//! proves its identity.
+
+pub(crate) mod admin;
+pub(crate) mod bounds;
+pub mod keyring;
+pub(crate) mod sealed;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -57,11 +64,20 @@ pub struct GossipError {
     pub message: String,
 }
 
-/// Publishes this node's keys (status, load, weight) into gossip.
+/// Publishes this node's keys (status, load, weight) into gossip, and
+/// holds the keyring gossip is sealed with.
 #[derive(Clone)]
-pub(crate) struct Publisher(std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>);
+pub(crate) struct Publisher(
+    std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
+    std::sync::Arc<keyring::GossipKeys>,
+);
 
 impl Publisher {
+    /// The gossip keyring and drop counters.
+    pub(crate) fn keys(&self) -> &std::sync::Arc<keyring::GossipKeys> {
+        &self.1
+    }
+
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
     pub(crate) async fn set_status(&self, status: NodeStatus) {
         self.0
@@ -89,10 +105,12 @@ impl Publisher {
 /// A running gossip member.
 pub(crate) struct Gossip {
     handle: ChitchatHandle,
+    keys: std::sync::Arc<keyring::GossipKeys>,
     members: watch::Receiver<Vec<Member>>,
 }
 
-/// Starts gossip on `transport` (which opens the UDP socket).
+/// Starts gossip on `transport` (which opens the UDP socket and seals
+/// with `keys`).
 ///
 /// # Errors
 /// [`GossipError`] when chitchat cannot open its socket.
@@ -101,6 +119,7 @@ pub(crate) async fn start(
     s: &GossipSettings,
     me: &Published,
     transport: &dyn Transport,
+    keys: std::sync::Arc<keyring::GossipKeys>,
 ) -> Result<Gossip, GossipError> {
     let config = ChitchatConfig {
         chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),
@@ -144,7 +163,11 @@ pub(crate) async fn start(
             }
         }
     });
-    Ok(Gossip { handle, members })
+    Ok(Gossip {
+        handle,
+        keys,
+        members,
+    })
 }
 
 fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<Member> {
@@ -183,7 +206,7 @@ impl Gossip {
 
     /// A clonable handle that publishes this node's state.
     pub(crate) fn publisher(&self) -> Publisher {
-        Publisher(self.handle.chitchat())
+        Publisher(self.handle.chitchat(), self.keys.clone())
     }
 
     /// Stops gossiping.

@@ -251,6 +251,11 @@ impl NodeState {
         }
     }
 
+    /// The gossip keyring and its drop counters (admin API).
+    pub(crate) fn gossip_keys(&self) -> &Arc<crate::adapters::gossip::keyring::GossipKeys> {
+        self.publisher.keys()
+    }
+
     /// This node's id.
     pub(crate) fn node_id(&self) -> &NodeId {
         &self.node_id

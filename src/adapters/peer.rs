@@ -11,6 +11,9 @@
 //!   waiting for gossip) and a new connection takes it back.
 //! - One bidirectional stream per request (see [`super::wire`]).
 
+mod admission;
+mod dial;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -163,6 +166,7 @@ pub(crate) fn endpoint(
     let mut server = tls::quinn_server_config(tls_material)?;
     server.transport_config(transport(settings));
     server.time_source(Arc::new(crate::env::ClockAdapter(clock)));
+    admission::limit_server(&mut server);
     let mut client = tls::quinn_client_config(tls_material)?;
     client.transport_config(transport(settings));
     let mut config = quinn::EndpointConfig::default();
@@ -209,11 +213,14 @@ impl PeerLinks {
     /// changed, and stops and forgets the rest.
     pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
         let mut slots = self.slots.lock().expect("peer slots lock");
-        let wanted: BTreeMap<&NodeId, SocketAddr> = peers
+        let all: BTreeMap<&NodeId, SocketAddr> = peers
             .iter()
             .filter(|(id, _)| *id != self.self_id)
             .map(|(id, a)| (id, *a))
             .collect();
+        let chosen = dial::select(all.keys().copied(), |id| slots.contains_key(id));
+        let wanted: BTreeMap<&NodeId, SocketAddr> =
+            chosen.into_iter().map(|id| (id, all[id])).collect();
         let gone: Vec<NodeId> = slots
             .keys()
             .filter(|id| !wanted.contains_key(id))
@@ -258,8 +265,9 @@ impl PeerLinks {
 
     async fn supervise(self: Arc<Self>, id: NodeId, addr: watch::Receiver<SocketAddr>) {
         let server_name = tls::node_server_name(&id);
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = dial::FIRST;
         let mut failures = 0u32;
+        let mut ever_connected = false;
         loop {
             let addr = *addr.borrow();
             let attempt = async {
@@ -271,8 +279,9 @@ impl PeerLinks {
             };
             let failed = match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
                 Ok(Ok(conn)) => {
-                    backoff = Duration::from_millis(50);
+                    backoff = dial::FIRST;
                     failures = 0;
+                    ever_connected = true;
                     info!(%addr, "peer connected");
                     self.set_conn(&id, Some(conn.clone()));
                     let why = conn.closed().await;
@@ -306,7 +315,7 @@ impl PeerLinks {
                 }
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            backoff = dial::next_backoff(backoff, ever_connected);
         }
     }
 
@@ -501,12 +510,28 @@ pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Bod
 /// Accepts peer connections on `endpoint` until it is closed, serving each
 /// stream with `handler`.
 pub(crate) async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>) {
+    let half_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while let Some(incoming) = endpoint.accept().await {
+        let n = half_open.load(std::sync::atomic::Ordering::Relaxed);
+        match admission::admit(n, incoming.remote_address_validated(), incoming.may_retry()) {
+            admission::Admit::Accept => {}
+            admission::Admit::Retry => {
+                let _ = incoming.retry();
+                continue;
+            }
+            admission::Admit::Ignore => {
+                incoming.ignore();
+                continue;
+            }
+        }
+        let pending = admission::HalfOpen::start(&half_open);
         let handler = handler.clone();
         let remote = incoming.remote_address();
         tokio::spawn(
             async move {
-                match incoming.await {
+                let r = incoming.await;
+                drop(pending);
+                match r {
                     Ok(conn) => serve_connection(conn, handler).await,
                     Err(e) => debug!(error = %e, "peer handshake failed"),
                 }

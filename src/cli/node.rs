@@ -62,9 +62,13 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
             "tls: {e} (create the certificates with `peerlb certs`)"
         )));
     }
+    let keyring = match peerlb::keyring::Keyring::load(&config.tls.gossip_keyring) {
+        Ok(k) => k,
+        Err(e) => return Ok(config_error(format!("tls.gossip_keyring: {e}"))),
+    };
     let rt = runtime()?;
     rt.block_on(async move {
-        let env = Env::bind(&config)?;
+        let env = Env::bind(&config, keyring)?;
         let node = Node::build(config, env)?;
         node.run(shutdown_signal()).await?;
         anyhow::Ok(0)

@@ -129,6 +129,9 @@ pub struct TlsSection {
     pub cert: Option<String>,
     /// This node's private key; default `<dir>/<node id>.key`.
     pub key: Option<String>,
+    /// The gossip keyring (one base64 key a line, the first seals; made by
+    /// `peerlb certs`); default `<dir>/gossip.keys`.
+    pub gossip_keyring: Option<String>,
 }
 
 impl Default for TlsSection {
@@ -138,6 +141,7 @@ impl Default for TlsSection {
             ca: None,
             cert: None,
             key: None,
+            gossip_keyring: None,
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct TlsPaths {
     pub cert: PathBuf,
     /// This node's key.
     pub key: PathBuf,
+    /// The gossip keyring (`tls.gossip_keyring`).
+    pub gossip_keyring: PathBuf,
 }
 
 /// Everything one node needs, validated and typed.

@@ -283,6 +283,7 @@ impl ClusterFile {
             ca: path_or(&self.tls.ca, dir.join("ca.pem")),
             cert: path_or(&self.tls.cert, dir.join(format!("{node_id}.pem"))),
             key: path_or(&self.tls.key, dir.join(format!("{node_id}.key"))),
+            gossip_keyring: path_or(&self.tls.gossip_keyring, dir.join("gossip.keys")),
             dir,
         };
         let ms = Duration::from_millis;

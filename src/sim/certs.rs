@@ -40,6 +40,13 @@ fn key_seed(seed: u64, n: u64) -> [u8; 32] {
     out
 }
 
+/// The simulation's gossip keyring: one key derived from the seed (as the
+/// certificate keys are), so a seed gives the same sealed bytes.
+pub fn gossip_keyring(seed: u64) -> crate::adapters::gossip::keyring::Keyring {
+    use crate::adapters::gossip::keyring::{GossipKey, Keyring};
+    Keyring::single(GossipKey::from_bytes(key_seed(seed, u64::MAX)))
+}
+
 /// PEM texts of one node's TLS identity.
 #[derive(Clone)]
 pub struct NodePem {

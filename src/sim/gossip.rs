@@ -5,7 +5,10 @@
 //! a real turmoil datagram per message (so latency, loss, partitions and
 //! crashes apply to gossip exactly as to QUIC), carrying an 8-byte ticket;
 //! the envelope itself waits in a mailbox shared by the simulation and is
-//! taken by the receiver of the ticket.
+//! taken by the receiver of the ticket. The ticket is sealed with the
+//! node's gossip keyring (as production seals the envelope bytes), nonces
+//! from a seeded generator; the bounds production applies to envelope
+//! bytes are not applied here (there are no bytes to read).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,6 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
+
+use crate::adapters::gossip::keyring::GossipKeys;
 
 /// Envelopes in flight; beyond this many the oldest half is dropped (their
 /// tickets were lost on partitioned or crashed links).
@@ -28,12 +33,21 @@ struct Mailbox {
 #[derive(Clone, Default)]
 pub struct SimGossip {
     mailbox: Arc<Mutex<Mailbox>>,
+    keys: Option<Arc<GossipKeys>>,
 }
 
 impl SimGossip {
     /// A transport with an empty mailbox.
     pub fn new() -> SimGossip {
         SimGossip::default()
+    }
+
+    /// This transport for one node, sealing its tickets with `keys`.
+    pub fn sealed(&self, keys: Arc<GossipKeys>) -> SimGossip {
+        SimGossip {
+            mailbox: self.mailbox.clone(),
+            keys: Some(keys),
+        }
     }
 }
 
@@ -45,6 +59,7 @@ impl Transport for SimGossip {
             socket,
             local: listen_addr,
             mailbox: self.mailbox.clone(),
+            keys: self.keys.clone(),
         }))
     }
 }
@@ -53,6 +68,7 @@ struct SimGossipSocket {
     socket: turmoil::net::UdpSocket,
     local: SocketAddr,
     mailbox: Arc<Mutex<Mailbox>>,
+    keys: Option<Arc<GossipKeys>>,
 }
 
 #[async_trait::async_trait]
@@ -77,18 +93,28 @@ impl Socket for SimGossipSocket {
             }
             t
         };
-        let n = self.socket.send_to(&ticket.to_le_bytes(), to).await?;
+        let bytes = match &self.keys {
+            Some(k) => k
+                .seal(&ticket.to_le_bytes())
+                .ok_or_else(|| anyhow::anyhow!("no nonce"))?,
+            None => ticket.to_le_bytes().to_vec(),
+        };
+        let n = self.socket.send_to(&bytes, to).await?;
         Ok(SendOutcome { num_bytes_sent: n })
     }
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
         loop {
-            let mut buf = [0u8; 8];
+            let mut buf = [0u8; 64];
             let (n, from_addr) = self.socket.recv_from(&mut buf).await?;
-            if n != 8 {
+            let opened = match &self.keys {
+                Some(k) => k.open(&buf[..n]),
+                None => Some(buf[..n].to_vec()),
+            };
+            let Some(Ok(ticket)) = opened.map(|t| <[u8; 8]>::try_from(t.as_slice())) else {
                 continue;
-            }
-            let ticket = u64::from_le_bytes(buf);
+            };
+            let ticket = u64::from_le_bytes(ticket);
             let letter = self
                 .mailbox
                 .lock()

@@ -16,6 +16,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use peerlb::{NodeId, Ring};
 
+pub mod forge;
+
 /// Peer links that survive a loaded machine's stalls, for tests that are
 /// not about failure detection: with the default 1 s QUIC idle timeout, a
 /// process stalled for a second on a busy 2-core machine loses its links,

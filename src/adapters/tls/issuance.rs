@@ -109,6 +109,19 @@ pub fn generate(
         });
     }
 
+    // The gossip keyring lives beside the CA (created once, mode 0600).
+    let keyring = dir.join(crate::adapters::gossip::keyring::FILE_NAME);
+    match crate::adapters::gossip::keyring::create_file(&keyring) {
+        Ok(true) => out.created.push(keyring),
+        Ok(false) => {}
+        Err(e) => {
+            return Err(TlsError::Write {
+                path: keyring,
+                error: std::io::Error::other(e.to_string()),
+            });
+        }
+    }
+
     for id in node_ids {
         let cert_path = dir.join(format!("{id}.pem"));
         let key_path = dir.join(format!("{id}.key"));

@@ -120,7 +120,9 @@ fn validity_dates() {
 fn generate_twice_keeps_existing_files() {
     let dir = TempDir::new("twice");
     let first = generate(&dir.0, "c1", &["n1", "n2"]).unwrap();
-    assert_eq!(first.created.len(), 6);
+    // CA pair, gossip keyring, two node pairs.
+    assert_eq!(first.created.len(), 7);
+    assert!(first.created.contains(&dir.0.join("gossip.keys")));
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;

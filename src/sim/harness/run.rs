@@ -22,6 +22,7 @@ use super::{
     clients, sessions,
 };
 use crate::Node;
+use crate::adapters::gossip::keyring::GossipKeys;
 use crate::config::{ClusterFile, Overrides, Source};
 use crate::env::{Clock, Env};
 
@@ -150,11 +151,14 @@ impl<'s> Run<'s> {
                 let udp = SimUdp::bind(config.node.peer_addr).await?;
                 let node_seed =
                     seed ^ generation.rotate_left(17) ^ xxhash_rust::xxh3::xxh3_64(id.as_bytes());
+                let gossip_keys =
+                    Arc::new(GossipKeys::seeded(certs::gossip_keyring(seed), node_seed));
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
                     peer_socket: Arc::new(udp),
                     quic_runtime: Arc::new(quinn::TokioRuntime),
-                    gossip: Box::new(gossip),
+                    gossip: Box::new(gossip.sealed(gossip_keys.clone())),
+                    gossip_keys,
                     clock: clock.clone(),
                     generation,
                     seed: node_seed,

@@ -1,0 +1,94 @@
+//! How hard a node dials a member: members come only from configured seeds
+//! and authenticated gossip (the keyring), but even a key holder must not
+//! turn the cluster into a traffic source aimed at an address of its
+//! choosing. Two rules:
+//!
+//! - at most [`MAX_DIALED`] members are supervised at a time (members kept
+//!   first, new ones in id order), so made-up members cannot grow a node's
+//!   connection state without bound;
+//! - the delay between attempts doubles from [`FIRST`]; it stops at
+//!   [`CAP_KNOWN`] for a member that completed a handshake once (a peer
+//!   that restarts is back within about a second) and at
+//!   [`CAP_NEVER_CONNECTED`] for an address that never completed one, so
+//!   such an address gets one connection attempt (a QUIC Initial and its
+//!   retransmissions, a few KB) per minute, not one per second.
+
+use std::time::Duration;
+
+/// Most members a node dials.
+pub(crate) const MAX_DIALED: usize = crate::adapters::gossip::bounds::MAX_MEMBERS;
+
+/// Delay after the first failed attempt.
+pub(crate) const FIRST: Duration = Duration::from_millis(50);
+
+/// Longest delay for a member that completed a handshake before.
+pub(crate) const CAP_KNOWN: Duration = Duration::from_secs(1);
+
+/// Longest delay for an address that never completed a handshake.
+pub(crate) const CAP_NEVER_CONNECTED: Duration = Duration::from_secs(60);
+
+/// The delay after `prev`, doubled up to the cap that applies.
+pub(crate) fn next_backoff(prev: Duration, ever_connected: bool) -> Duration {
+    let cap = if ever_connected {
+        CAP_KNOWN
+    } else {
+        CAP_NEVER_CONNECTED
+    };
+    prev.saturating_mul(2).min(cap)
+}
+
+/// Which of `wanted` (id order) to supervise, given those already
+/// supervised: every wanted member already supervised, then new ones in
+/// order, up to [`MAX_DIALED`].
+pub(crate) fn select<'a, K: Ord + 'a>(
+    wanted: impl Iterator<Item = &'a K>,
+    supervised: impl Fn(&K) -> bool,
+) -> Vec<&'a K> {
+    let (mut kept, new): (Vec<&K>, Vec<&K>) = wanted.partition(|k| supervised(k));
+    let room = MAX_DIALED.saturating_sub(kept.len());
+    kept.extend(new.into_iter().take(room));
+    kept.truncate(MAX_DIALED);
+    kept.sort();
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_connected_addresses_back_off_to_a_minute_known_peers_to_a_second() {
+        let mut d = FIRST;
+        let mut attempts_in_first_hour = 0;
+        let mut t = Duration::ZERO;
+        while t < Duration::from_secs(3600) {
+            t += d;
+            attempts_in_first_hour += 1;
+            d = next_backoff(d, false);
+        }
+        assert_eq!(d, CAP_NEVER_CONNECTED);
+        // 11 doublings to the cap, then one a minute.
+        assert!(
+            attempts_in_first_hour <= 11 + 60,
+            "{attempts_in_first_hour}"
+        );
+        let mut d = FIRST;
+        for _ in 0..10 {
+            d = next_backoff(d, true);
+        }
+        assert_eq!(d, CAP_KNOWN);
+    }
+
+    #[test]
+    fn supervised_members_are_kept_and_new_ones_fill_up_to_the_cap() {
+        let wanted: Vec<u32> = (0..200).collect();
+        let chosen = select(wanted.iter(), |k| *k >= 190);
+        assert_eq!(chosen.len(), MAX_DIALED);
+        for k in 190..200 {
+            assert!(chosen.contains(&&k), "{k} was dropped");
+        }
+        assert!(chosen.contains(&&0));
+        let few: Vec<u32> = (0..3).collect();
+        assert_eq!(select(few.iter(), |_| false), vec![&0, &1, &2]);
+    }
+}

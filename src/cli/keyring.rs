@@ -1,0 +1,113 @@
+//! `peerlb keyring`: gossip key rotation from the command line, through the
+//! admin API of nodes on this host (the admin API answers loopback only, so
+//! on several machines run it on each with `--node`).
+
+use std::io::{Read as _, Write as _};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use peerlb::keyring::GossipKey;
+
+/// `peerlb keyring` arguments.
+#[derive(Args)]
+pub(crate) struct KeyringArgs {
+    /// cluster.toml naming the nodes (default: the embedded local cluster).
+    #[arg(long, env = "PEERLB_CONFIG")]
+    config: Option<PathBuf>,
+    /// Nodes to act on (default: every node of the config). Repeatable.
+    #[arg(long = "node")]
+    nodes: Vec<String>,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Print a fresh random key (base64), to install.
+    New,
+    /// Print each node's key fingerprints, the sending key first.
+    List,
+    /// Add a key (base64) for opening on each node.
+    Install {
+        /// The key, as `peerlb keyring new` prints it.
+        key: String,
+    },
+    /// Make the key with this fingerprint the sending key on each node.
+    Use {
+        /// The key's fingerprint (8 hex digits).
+        fingerprint: String,
+    },
+    /// Remove the key with this fingerprint on each node.
+    Remove {
+        /// The key's fingerprint (8 hex digits).
+        fingerprint: String,
+    },
+}
+
+/// Runs `peerlb keyring`; the exit status (0 when every node answered 200).
+pub(crate) fn run(a: KeyringArgs) -> anyhow::Result<u8> {
+    let (path, body) = match &a.action {
+        Action::New => {
+            println!("{}", GossipKey::generate()?.to_base64());
+            return Ok(0);
+        }
+        Action::List => ("/_peerlb/keyring", None),
+        Action::Install { key } => {
+            if let Err(e) = GossipKey::parse(key) {
+                eprintln!("peerlb keyring: {e}");
+                return Ok(peerlb::config::EXIT_CONFIG as u8);
+            }
+            ("/_peerlb/keyring/install", Some(key.as_str()))
+        }
+        Action::Use { fingerprint } => ("/_peerlb/keyring/use", Some(fingerprint.as_str())),
+        Action::Remove { fingerprint } => ("/_peerlb/keyring/remove", Some(fingerprint.as_str())),
+    };
+    let (_, c) = match super::load_cluster(a.config.as_deref()) {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let mut code = 0;
+    for n in &c.nodes {
+        if !a.nodes.is_empty() && !a.nodes.iter().any(|x| **x == *n.id) {
+            continue;
+        }
+        match request(n.http_addr, path, body) {
+            Ok((200, text)) => println!("{}: {}", n.id, text.trim()),
+            Ok((status, text)) => {
+                println!("{}: {status} {}", n.id, text.trim());
+                code = 1;
+            }
+            Err(e) => {
+                println!("{}: unreachable at {}: {e}", n.id, n.http_addr);
+                code = 1;
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// One admin request over HTTP/1.0 (GET without a body, POST with one):
+/// (status, body).
+fn request(addr: SocketAddr, path: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    match body {
+        None => write!(s, "GET {path} HTTP/1.0\r\nhost: peerlb\r\n\r\n")?,
+        Some(b) => write!(
+            s,
+            "POST {path} HTTP/1.0\r\nhost: peerlb\r\ncontent-length: {}\r\n\r\n{b}",
+            b.len()
+        )?,
+    }
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let text = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Ok((status, text))
+}

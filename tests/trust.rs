@@ -1,0 +1,481 @@
+//! The cluster's trust boundary over loopback: gossip datagrams that no
+//! key of the cluster's keyring seals are dropped and counted before
+//! chitchat sees them, so forged state, heartbeats, version overflows and
+//! ghost members have no effect; sealed datagrams that break a bound are
+//! dropped too. The forger builds chitchat V0 datagrams by hand
+//! (`support::forge`).
+
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use peerlb::keyring::{GossipKey, Keyring};
+use support::forge::{self, Id};
+use support::{Cluster, serving, status};
+
+/// The gossip identity of `id` as `observer` sees it (polled: a member
+/// may flap out of a view for a moment on a loaded machine).
+fn gossip_id(c: &Cluster, observer: &str, id: &str) -> Id {
+    let mut generation = None;
+    c.wait_until(Duration::from_secs(10), || {
+        generation = status(c.node(observer).http).and_then(|v| {
+            v["members"].as_array()?.iter().find(|m| m["id"] == id)?["generation"].as_u64()
+        });
+        generation.is_some()
+    })
+    .unwrap_or_else(|_| panic!("{observer} does not see {id}"));
+    Id {
+        node: id.to_owned(),
+        generation: generation.unwrap(),
+        gossip: c.node(id).gossip,
+    }
+}
+
+/// A gossip drop counter of the node at `id` (`unauthenticated`,
+/// `out_of_bounds`).
+fn dropped(c: &Cluster, id: &str, what: &str) -> u64 {
+    status(c.node(id).http)
+        .and_then(|v| v["gossip"]["dropped"][what].as_u64())
+        .unwrap_or(0)
+}
+
+/// Every node's view: (member id, status) pairs.
+fn views(c: &Cluster) -> Vec<Vec<(String, String)>> {
+    c.nodes
+        .iter()
+        .map(|n| {
+            let v = status(n.http).unwrap();
+            v["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["id"].as_str().unwrap().to_owned(),
+                        m["status"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn all_serving(c: &Cluster) -> bool {
+    views(c)
+        .iter()
+        .all(|v| v.len() == 3 && v.iter().all(|(_, s)| s == "serving"))
+}
+
+/// Waits until `id` has counted `n` datagrams as `what`.
+fn wait_dropped(c: &Cluster, id: &str, what: &str, n: u64) {
+    c.wait_until(Duration::from_secs(10), || dropped(c, id, what) >= n)
+        .unwrap_or_else(|_| {
+            panic!(
+                "{id} counted {} {what} datagrams, expected {n}",
+                dropped(c, id, what)
+            )
+        });
+}
+
+/// Asserts every view stays whole for ten gossip rounds. A forged value is
+/// applied the moment a node reads it (before its drop is counted, which
+/// the caller waited for) and spreads within a few rounds (100 ms each in
+/// test clusters), so the condition must hold on every poll of the window.
+/// A member may flap out of a view for a moment on a loaded machine (phi
+/// accrual at 100 ms rounds), so absence is judged at the end: every view
+/// must be whole again, which a forged heartbeat (a member dead for good)
+/// or forged status (leaving for good) would prevent.
+fn settle(c: &Cluster) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        for v in views(c) {
+            assert!(
+                v.iter()
+                    .all(|(id, s)| s == "serving" && ["n1", "n2", "n3"].contains(&&**id)),
+                "a view changed: {v:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.wait_until(Duration::from_secs(10), || all_serving(c))
+        .unwrap_or_else(|_| panic!("views did not come back whole: {:?}", views(c)));
+}
+
+#[test]
+fn forged_state_heartbeat_and_overflow_without_the_key_are_dropped_counted_and_change_no_view() {
+    let c = Cluster::start("trust-forged", 3, "", "");
+    let (n1, n2, n3) = (
+        gossip_id(&c, "n1", "n1"),
+        gossip_id(&c, "n1", "n2"),
+        gossip_id(&c, "n1", "n3"),
+    );
+    let before = dropped(&c, "n1", "unauthenticated");
+    // 1. Forged state: n2 leaving at version 2^40, sent to n1.
+    forge::send(
+        n1.gossip,
+        &forge::ack(&n2, &[("status", "leaving", 1 << 40)]),
+    );
+    // 2. Forged heartbeat: n3 at 2^62, sent to n1.
+    forge::send(n1.gossip, &forge::syn_ack(&n3, 1 << 62, 1, &[]));
+    // 3. Version overflow: a key of n1 at 2^64 - 1, sent to n2 (and n1).
+    forge::send(n2.gossip, &forge::ack(&n1, &[("load", "100", u64::MAX)]));
+    forge::send(
+        n1.gossip,
+        &forge::ack(&n1, &[("status", "leaving", u64::MAX)]),
+    );
+    wait_dropped(&c, "n1", "unauthenticated", before + 3);
+    wait_dropped(&c, "n2", "unauthenticated", 1);
+    settle(&c);
+    // The cluster's own sealed gossip is never refused by the bounds.
+    for n in ["n1", "n2", "n3"] {
+        assert_eq!(dropped(&c, n, "out_of_bounds"), 0, "{n}");
+    }
+    // The node whose version was forged still publishes (an overflow
+    // inside chitchat would have stopped it): a weight change reaches n2.
+    assert!(put_weight(c.node("n1").http, 3).contains("\"weight\":3"));
+    c.wait_until(Duration::from_secs(10), || {
+        let v = status(c.node("n2").http).unwrap();
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "n1" && m["weight"] == 3)
+    })
+    .expect("n1's new weight did not reach n2");
+}
+
+/// `PUT /_peerlb/weight` on a node; the raw answer.
+fn put_weight(addr: std::net::SocketAddr, w: u32) -> String {
+    admin(addr, "PUT", "/_peerlb/weight", &w.to_string())
+}
+
+/// One admin request over HTTP/1.0; the raw answer (status line first).
+fn admin(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn ghosts_and_state_requests_without_the_key_get_no_answer_and_no_dial() {
+    let c = Cluster::start("trust-ghost", 3, "", "");
+    let n1 = gossip_id(&c, "n1", "n1");
+    // A listener standing in for the attacker's chosen address: nobody
+    // may send it a single byte (no QUIC Initial, no gossip).
+    let trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    trap.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let ghost = Id {
+        node: "ghost".into(),
+        generation: 1,
+        gossip: trap.local_addr().unwrap(),
+    };
+    let trap_addr = trap.local_addr().unwrap().to_string();
+    let kvs = [
+        ("peer_addr", trap_addr.as_str(), 1),
+        ("http_addr", trap_addr.as_str(), 2),
+        ("weight", "1", 3),
+        ("status", "serving", 4),
+        ("load", "100", 5),
+        ("inflight", "0", 6),
+    ];
+    forge::send(n1.gossip, &forge::syn_ack(&ghost, 10, 6, &kvs));
+    // 6. An empty SynAck asks for the whole cluster state: no answer.
+    assert_eq!(
+        forge::ask(
+            n1.gossip,
+            &forge::empty_syn_ack(),
+            Duration::from_millis(800)
+        ),
+        None,
+        "an unauthenticated SynAck was answered"
+    );
+    wait_dropped(&c, "n1", "unauthenticated", 2);
+    let mut buf = [0u8; 2048];
+    assert!(
+        trap.recv_from(&mut buf).is_err(),
+        "a node sent bytes to the ghost's address"
+    );
+    assert!(all_serving(&c), "{:?}", views(&c));
+}
+
+#[test]
+fn sealed_datagrams_past_a_bound_and_datagrams_under_a_foreign_key_are_dropped() {
+    let c = Cluster::start("trust-sealed", 3, "", "");
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let (n1, n2) = (gossip_id(&c, "n1", "n1"), gossip_id(&c, "n1", "n2"));
+    let seal = |r: &Keyring, d: &[u8]| r.seal(d, [9; 12]);
+    // The cluster's own key opens it: the version overflow is then refused
+    // by the bounds, and so is a delta about the receiving node itself.
+    forge::send(
+        n1.gossip,
+        &seal(&ring, &forge::ack(&n2, &[("load", "1", u64::MAX)])),
+    );
+    forge::send(
+        n1.gossip,
+        &seal(&ring, &forge::ack(&n1, &[("status", "leaving", 99)])),
+    );
+    let long = "x".repeat(300);
+    forge::send(
+        n1.gossip,
+        &seal(&ring, &forge::ack(&n2, &[("status", &long, 7)])),
+    );
+    wait_dropped(&c, "n1", "out_of_bounds", 3);
+    assert_eq!(dropped(&c, "n1", "unauthenticated"), 0);
+    // A key that is not (or no longer) in the ring: dropped unopened.
+    let foreign = Keyring::single(GossipKey::from_bytes([7; 32]));
+    forge::send(
+        n1.gossip,
+        &seal(
+            &foreign,
+            &forge::ack(&n2, &[("status", "leaving", 1 << 30)]),
+        ),
+    );
+    wait_dropped(&c, "n1", "unauthenticated", 1);
+    settle(&c);
+}
+
+#[test]
+fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_meanwhile_rejoins() {
+    let mut c = Cluster::start("trust-rotate", 3, "", "");
+    let file = c.dir.join("certs").join("gossip.keys");
+    let old = Keyring::load(&file).unwrap();
+    let old_fp = old.keys()[0].fingerprint();
+    let (n1, n2) = (gossip_id(&c, "n1", "n1"), gossip_id(&c, "n1", "n2"));
+    c.kill9("n3");
+    c.wait_converged(2);
+    let new = GossipKey::from_bytes([42; 32]);
+    let live = ["n1", "n2"];
+    // Install everywhere, then use everywhere, then remove everywhere:
+    // `peerlb keyring` on n1 and n2, the admin API underneath.
+    for (op, arg) in [
+        ("install", new.to_base64()),
+        ("use", new.fingerprint()),
+        ("remove", old_fp.clone()),
+    ] {
+        let out = std::process::Command::new(support::bin())
+            .args(["keyring", "--config"])
+            .arg(&c.config)
+            .args(["--node", live[0], "--node", live[1], op, &arg])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "keyring {op}: {text}");
+        assert_eq!(text.lines().count(), 2, "{text}");
+    }
+    let r = admin(c.node("n1").http, "GET", "/_peerlb/keyring", "");
+    assert!(
+        r.contains(&new.fingerprint()) && !r.contains(&old_fp),
+        "{r}"
+    );
+    // Every change is in the file the nodes read at start.
+    assert_eq!(Keyring::load(&file).unwrap(), Keyring::single(new.clone()));
+    let r = admin(
+        c.node("n1").http,
+        "POST",
+        "/_peerlb/keyring/remove",
+        &new.fingerprint(),
+    );
+    assert!(r.starts_with("HTTP/1.0 409"), "{r}");
+    let r = admin(
+        c.node("n1").http,
+        "POST",
+        "/_peerlb/keyring/install",
+        "not a key",
+    );
+    assert!(r.starts_with("HTTP/1.0 400"), "{r}");
+    // n1 and n2 still gossip (a weight change crosses under the new key).
+    assert!(put_weight(c.node("n2").http, 4).contains("\"weight\":4"));
+    c.wait_until(Duration::from_secs(10), || {
+        let v = status(c.node("n1").http).unwrap();
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "n2" && m["weight"] == 4)
+    })
+    .expect("n2's weight did not reach n1 after the rotation");
+    // A datagram sealed with the removed key is dropped unopened; one
+    // sealed with the new key is opened (and refused by the bounds).
+    let unauth = dropped(&c, "n1", "unauthenticated");
+    let oob = dropped(&c, "n1", "out_of_bounds");
+    let removed = old.seal(&forge::ack(&n2, &[("status", "leaving", 1 << 30)]), [5; 12]);
+    forge::send(n1.gossip, &removed);
+    wait_dropped(&c, "n1", "unauthenticated", unauth + 1);
+    let current = Keyring::single(new.clone());
+    forge::send(
+        n1.gossip,
+        &current.seal(&forge::ack(&n2, &[("l", "1", u64::MAX)]), [6; 12]),
+    );
+    wait_dropped(&c, "n1", "out_of_bounds", oob + 1);
+    // n3 comes back with the old keyring: it cannot join and says why.
+    std::fs::write(&file, old.to_file_text()).unwrap();
+    c.spawn(2);
+    c.wait_until(Duration::from_secs(10), || {
+        c.log("n3").contains("no key of this node's ring opens it")
+    })
+    .unwrap_or_else(|_| panic!("n3 did not report its stale keyring:\n{}", c.log("n3")));
+    assert_eq!(serving(c.node("n1").http).map(|s| s.len()), Some(2));
+    assert_eq!(serving(c.node("n3").http).map(|s| s.len()), Some(1));
+    // With the cluster's current file it rejoins.
+    std::fs::write(&file, current.to_file_text()).unwrap();
+    c.kill9("n3");
+    c.spawn(2);
+    c.wait_converged(3);
+    settle(&c);
+}
+
+#[test]
+fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_binding() {
+    let dir = support::temp_dir("trust-keyring");
+    let http = support::free_port();
+    let cfg = support::write(
+        &dir,
+        "c.toml",
+        &format!(
+            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            support::free_port(),
+            support::free_port()
+        ),
+    );
+    let out = std::process::Command::new(support::bin())
+        .args(["certs", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let keys = dir.join("certs").join("gossip.keys");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("gossip.keys"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&keys).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    assert_eq!(Keyring::load(&keys).unwrap().keys().len(), 1);
+    for (what, text) in [
+        ("missing", None),
+        ("bad", Some("not base64\n")),
+        ("empty", Some("# nothing\n")),
+    ] {
+        match text {
+            None => std::fs::remove_file(&keys).unwrap(),
+            Some(t) => std::fs::write(&keys, t).unwrap(),
+        }
+        let out = std::process::Command::new(support::bin())
+            .args(["node", "--node", "n1", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{what}: {err}");
+        assert!(err.contains("tls.gossip_keyring"), "{what}: {err}");
+        // Nothing was bound: the HTTP port is still free.
+        assert!(std::net::TcpListener::bind(("127.0.0.1", http)).is_ok());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Resident set size of a process, in KiB (Linux `/proc/<pid>/status`).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A client socket that sends and never hears back: an attacker that
+/// sends QUIC Initials and never continues a handshake (as with spoofed
+/// sources).
+#[derive(Debug)]
+struct Deaf(Arc<dyn quinn::AsyncUdpSocket>);
+
+impl quinn::AsyncUdpSocket for Deaf {
+    fn create_io_poller(self: Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.0.clone().create_io_poller()
+    }
+    fn try_send(&self, t: &quinn::udp::Transmit) -> std::io::Result<()> {
+        self.0.try_send(t)
+    }
+    fn poll_recv(
+        &self,
+        _: &mut std::task::Context,
+        _: &mut [std::io::IoSliceMut<'_>],
+        _: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+/// 4,000 QUIC Initials, each a new connection, never continued: the peer
+/// port answers past a few half-open handshakes with stateless Retry
+/// packets, so the node's memory grows by at most 32 MiB (the figure is
+/// printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_quic_handshakes_cost_the_peer_port_little_memory() {
+    use quinn::Runtime as _;
+    const INITIALS: usize = 4000;
+    let c = Cluster::start("trust-initials", 1, "", "");
+    let pid = c.children["n1"].id();
+    let certs = c.dir.join("certs");
+    let m = peerlb::tls::TlsMaterial::load(
+        &certs.join("ca.pem"),
+        &certs.join("n1.pem"),
+        &certs.join("n1.key"),
+    )
+    .unwrap();
+    let client = peerlb::tls::quinn_client_config(&m).unwrap();
+    let peer = c.node("n1").peer;
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let socket = quinn::TokioRuntime.wrap_udp_socket(socket).unwrap();
+    let ep = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        None,
+        Arc::new(Deaf(socket)),
+        Arc::new(quinn::TokioRuntime),
+    )
+    .unwrap();
+    let before = rss_kib(pid);
+    let mut peak = before;
+    let mut pending = Vec::with_capacity(INITIALS);
+    for i in 0..INITIALS {
+        pending.push(
+            ep.connect_with(client.clone(), peer, "n1.node.peerlb")
+                .unwrap(),
+        );
+        if i % 100 == 99 {
+            // Let the endpoint driver send what was queued.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            peak = peak.max(rss_kib(pid));
+        }
+    }
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(rss_kib(pid));
+    }
+    let grown = peak.saturating_sub(before);
+    println!(
+        "{INITIALS} Initials: RSS {before} KiB -> peak {peak} KiB (+{grown} KiB, {} bytes per Initial)",
+        grown * 1024 / INITIALS as u64
+    );
+    assert!(grown <= 32 * 1024, "RSS grew by {grown} KiB");
+    // The node still serves.
+    assert_eq!(serving(c.node("n1").http).map(|s| s.len()), Some(1));
+    drop(pending);
+}
