@@ -91,7 +91,7 @@ impl Node {
             env.seed,
             env.clock,
         )?;
-        let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
+        let links = PeerLinks::new(me.id.clone(), endpoint, client, settings);
         let gossip = gossip::start(
             &GossipSettings {
                 cluster: config.cluster.clone(),
@@ -159,7 +159,7 @@ impl Node {
             env.seed,
             gossip.publisher(),
         ));
-        let peer_task = tokio::spawn(peer::serve(endpoint, ingress.clone()));
+        let peer_task = tokio::spawn(peer::serve(links.clone(), ingress.clone()));
 
         // Accept clients only once every live peer is connected (or after
         // startup_wait): until then this node would own every key alone.

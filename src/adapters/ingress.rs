@@ -520,6 +520,11 @@ impl Ingress {
         }
     }
 
+    /// Open QUIC connections to peers (`peer_connections` in the status).
+    pub(crate) fn peer_connections(&self) -> usize {
+        self.links.connection_count()
+    }
+
     /// Requests in flight on this node (client and proxied).
     pub(crate) fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
