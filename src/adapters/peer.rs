@@ -348,11 +348,17 @@ pub(crate) fn serve<H: ProxiedHandler>(
     links: Arc<PeerLinks>,
     handler: Arc<H>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // Weak: the handler holds the links, which hold this function (a
+    // cycle would keep the endpoint and its socket alive for ever).
+    let handler = Arc::downgrade(&handler);
     links.set_server(Arc::new(
         move |peer: NodeId, conn: quinn::Connection, link: Arc<Link>| {
+            let Some(handler) = handler.upgrade() else {
+                return;
+            };
             let remote = conn.remote_address();
             tokio::spawn(
-                serve_connection(conn, peer, link, handler.clone())
+                serve_connection(conn, peer, link, handler)
                     .instrument(info_span!("peer_conn", %remote)),
             );
         },

@@ -163,6 +163,9 @@ fn print_peer_datagrams(o: &Outcome, scenario: &Scenario) {
             |(r, a, b)| format!("{r:.1} per node per second over {a}..{b} s"),
         )
     };
+    if std::env::var_os("PEERLB_SIM_DATAGRAMS").is_some() {
+        println!("peer datagrams per second: {per_s:?}");
+    }
     println!(
         "peer datagrams: {total} sent; running {}; quiet tail {}",
         show(rate(3, end)),
