@@ -148,10 +148,10 @@ fn main() -> ExitCode {
 fn print_peer_datagrams(o: &Outcome, scenario: &Scenario) {
     let per_s = &o.figures.peer_datagrams;
     let nodes = o.nodes.len().max(1) as f64;
+    // Seconds past the last one counted sent nothing.
     let rate = |from: usize, to: usize| {
-        let to = to.min(per_s.len());
         (to > from).then(|| {
-            let sent: u64 = per_s[from..to].iter().sum();
+            let sent: u64 = per_s.iter().take(to).skip(from).sum();
             (sent as f64 / nodes / (to - from) as f64, from, to)
         })
     };
@@ -169,7 +169,7 @@ fn print_peer_datagrams(o: &Outcome, scenario: &Scenario) {
     println!(
         "peer datagrams: {total} sent; running {}; quiet tail {}",
         show(rate(3, end)),
-        show(rate(end + 5, per_s.len().saturating_sub(1)))
+        show(rate(end + 5, o.simulated.as_secs() as usize))
     );
 }
 
