@@ -363,7 +363,7 @@ impl PeerLinks {
             if routable.wait_for(|s| !s.contains(&id)).await.is_err() {
                 return;
             }
-            match self.dial(&id).await {
+            match self.dial(&id, false).await {
                 Ok(_) => {
                     backoff = Duration::from_millis(50);
                     failures = 0;
@@ -392,17 +392,27 @@ impl PeerLinks {
     }
 
     /// Dials `id` unless a usable connection appeared meanwhile; returns
-    /// the connection to use. A failed dial ejects the peer.
-    async fn dial(self: &Arc<Self>, id: &NodeId) -> Result<Arc<Link>, String> {
-        let (lock, addr) = {
+    /// the connection to use. A failed dial ejects the peer. `on_demand`
+    /// (a request's dial) gives up at once when the peer was ejected while
+    /// it waited for another dial: requests queued behind a failed dial
+    /// do not each wait for a dial of their own.
+    async fn dial(self: &Arc<Self>, id: &NodeId, on_demand: bool) -> Result<Arc<Link>, String> {
+        let lock = {
             let slots = self.slots.lock().expect("peer slots lock");
-            let s = slots.get(id).ok_or("peer forgotten")?;
-            (s.dial.clone(), s.addr)
+            slots.get(id).ok_or("peer forgotten")?.dial.clone()
         };
         let _one = lock.lock().await;
         if let Some(l) = self.pick(id) {
             return Ok(l);
         }
+        let addr = {
+            let slots = self.slots.lock().expect("peer slots lock");
+            let s = slots.get(id).ok_or("peer forgotten")?;
+            if on_demand && !s.up {
+                return Err("ejected while waiting for a dial".to_owned());
+            }
+            s.addr
+        };
         let server_name = tls::node_server_name(id);
         let attempt = async {
             let connecting = self
@@ -626,10 +636,12 @@ impl PeerLinks {
                 if !up {
                     return Err(OpenError::NotConnected(peer.clone()));
                 }
-                self.dial(peer).await.map_err(|reason| OpenError::Stream {
-                    peer: peer.clone(),
-                    reason,
-                })?
+                self.dial(peer, true)
+                    .await
+                    .map_err(|reason| OpenError::Stream {
+                        peer: peer.clone(),
+                        reason,
+                    })?
             }
         };
         let busy = link.enter();
