@@ -5,7 +5,8 @@
 # Builds peerlb-sim (simulations/peerlb-sim, `sim` profile: opt-level 3,
 # --cfg tokio_unstable, target-sim/) and runs variants of
 # simulations/steady-10.toml, one process each, one after another. Prints
-# one line per run and the cost split: wall time per simulated second of an
+# one line per run (with the peer-layer datagrams each node sent per
+# second, from 3 s on) and the cost split: wall time per simulated second of an
 # idle cluster (gossip, QUIC keep-alives, turmoil's ticks) and wall time per
 # simulated request (the real hyper, quinn, rustls and engine work of one
 # request through the cluster). Not part of CI; report ratios from one run.
@@ -45,7 +46,7 @@ scenario() { # name rate tick
   } > "$dir/$1.toml"
 }
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $nodes nodes, $duration s simulated per run"
-printf '%-6s %-8s %10s %10s %10s %12s\n' tick rate requests wall_s "sim/wall" "wall/sim_s"
+printf '%-6s %-8s %10s %10s %10s %12s %14s\n' tick rate requests wall_s "sim/wall" "wall/sim_s" "peer_dgram/s"
 results=()
 for tick in 1 10; do
   for rate in 0 100 1000; do
@@ -60,7 +61,9 @@ for tick in 1 10; do
     sent=$(grep -m1 '^requests: ' <<<"$out" | sed -E 's/requests: sent ([0-9]+).*/\1/')
     ratio=$(python3 -c "print(f'{$simulated/$wall:.1f}x')")
     per=$(python3 -c "print(f'{1000*$wall/$simulated:.1f} ms')")
-    printf '%-6s %-8s %10s %10s %10s %12s\n' "${tick}ms" "$rate/s" "$sent" "$wall" "$ratio" "$per"
+    # Peer-layer datagrams per node per second from 3 s to the end.
+    dgrams=$(grep -m1 '^peer datagrams: ' <<<"$out" | sed -E 's/.*running ([0-9.]+) per node.*/\1/; t; s/.*/-/')
+    printf '%-6s %-8s %10s %10s %10s %12s %14s\n' "${tick}ms" "$rate/s" "$sent" "$wall" "$ratio" "$per" "$dgrams"
     results+=("$tick $rate $sent $wall $simulated")
   done
 done

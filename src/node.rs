@@ -90,7 +90,7 @@ impl Node {
             env.seed,
             env.clock,
         )?;
-        let links = PeerLinks::new(me.id.clone(), endpoint.clone(), client, settings);
+        let links = PeerLinks::new(me.id.clone(), endpoint, client, settings);
         let gossip = gossip::start(
             &GossipIdentity {
                 cluster: config.cluster.clone(),
@@ -144,6 +144,7 @@ impl Node {
             .map_err(NodeError::Router)?,
             config.ingress.rules_source.clone(),
             gossip.publisher(),
+            links.clone(),
         ));
         let owner = Arc::new(Owner::new(
             state.clone(),
@@ -156,7 +157,7 @@ impl Node {
             config.ingress.clone(),
             env.seed,
         ));
-        let peer_task = tokio::spawn(peer::serve(endpoint, owner));
+        let peer_task = tokio::spawn(peer::serve(links.clone(), owner));
 
         // Accept clients only once every live peer is connected (or after
         // startup_wait): until then this node would own every key alone.

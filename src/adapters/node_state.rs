@@ -4,6 +4,7 @@
 //! router with its rules. The ingress, the owner side and the admin API
 //! read and change the node through it; it imports none of them.
 
+use super::peer::PeerLinks;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -215,6 +216,8 @@ pub(crate) struct NodeState {
     accepting: AtomicBool,
     /// Publishes this node's state (`weight`) into gossip.
     publisher: Publisher,
+    /// The peer links (their connection count, for the status).
+    links: Arc<PeerLinks>,
     /// The weight this node publishes (config, or the last `PUT
     /// /_peerlb/weight`).
     weight: AtomicU32,
@@ -233,9 +236,11 @@ impl NodeState {
         router: Router,
         rules_source: Option<RulesSource>,
         publisher: Publisher,
+        links: Arc<PeerLinks>,
     ) -> NodeState {
         let weight = view.borrow().get(&node_id).map_or(0, |m| m.weight);
         NodeState {
+            links,
             publisher,
             weight: AtomicU32::new(weight),
             node_id,
@@ -249,6 +254,11 @@ impl NodeState {
             accepting: AtomicBool::new(true),
             counters: Counters::default(),
         }
+    }
+
+    /// Open QUIC connections to peers (`peer_connections` in the status).
+    pub(crate) fn peer_connections(&self) -> usize {
+        self.links.connection_count()
     }
 
     /// The gossip keyring and its drop counters (admin API).

@@ -1,36 +1,36 @@
 //! The peer layer: one quinn endpoint per node, serving proxied requests
 //! from peers and forwarding this node's requests to their owners.
 //!
-//! - One QUIC connection per ordered peer pair (ALPN `peerlb/1`, mutual TLS
-//!   with the cluster CA), kept alive with keep-alives well under the idle
-//!   timeout, so a dead peer is noticed within about the idle timeout.
-//! - A supervisor task per known peer connects, watches the connection and
-//!   reconnects with backoff. The set of peers with a live, authenticated
-//!   connection is published on a watch channel: a peer is routable only
-//!   while it is in that set, so a lost connection ejects it at once (no
-//!   waiting for gossip) and a new connection takes it back.
+//! - One QUIC connection in use per unordered peer pair, carrying requests
+//!   both ways (ALPN `peerlb/1`, mutual TLS with the cluster CA); liveness
+//!   pings only while a connection is busy, so a quiet cluster sends
+//!   nothing on the peer layer (see [`links`]).
+//! - The set of peers that proved their identity and were not ejected
+//!   since is published on a watch channel: a peer is routable only while
+//!   it is in that set, so a connection lost while busy ejects it at once
+//!   (no waiting for gossip) and a new connection takes it back.
 //! - One bidirectional stream per request (see [`super::wire`]).
 
-mod admission;
-mod dial;
-
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body::Body as _;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tracing::{Instrument, debug, debug_span, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use super::body::{self, Body, QuicBody};
 use super::tls::{self, TlsMaterial};
 use super::wire::{self, RequestHead, ResponseHead};
 use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
+
+mod admission;
+mod dial;
+mod links;
+
+use links::Link;
+pub(crate) use links::{PeerBody, PeerLinks, PeerStream};
 
 /// Errors setting up the endpoint.
 #[derive(Debug, thiserror::Error)]
@@ -102,30 +102,15 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
 }
 
-struct Slot {
-    /// The address gossip advertises now; the supervisor dials it on the
-    /// next (re)connect.
-    addr: watch::Sender<SocketAddr>,
-    conn: Option<quinn::Connection>,
-    task: JoinHandle<()>,
-}
-
-/// The client side: connections to every known peer.
-pub(crate) struct PeerLinks {
-    self_id: NodeId,
-    endpoint: quinn::Endpoint,
-    client: quinn::ClientConfig,
-    settings: PeerSettings,
-    slots: Mutex<BTreeMap<NodeId, Slot>>,
-    connected: watch::Sender<BTreeSet<NodeId>>,
-}
-
 fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    t.keep_alive_interval(Some(s.keep_alive));
+    // No QUIC keep-alive: the link keeper pings only while busy.
+    t.keep_alive_interval(None);
     t.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(s.idle_timeout).expect("idle timeout fits a QUIC varint"),
+        quinn::IdleTimeout::try_from(links::quic_idle_timeout(s))
+            .expect("idle timeout fits a QUIC varint"),
     ));
+    t.datagram_receive_buffer_size(Some(links::DATAGRAM_BUFFER));
     t.max_concurrent_bidi_streams(4096u32.into());
     t.max_concurrent_uni_streams(0u32.into());
     // Path MTU discovery above Ethernet size: a bulk body then takes
@@ -185,194 +170,6 @@ pub(crate) fn endpoint(
     Ok((ep, client))
 }
 
-impl PeerLinks {
-    /// Creates the link table (no connections yet: see [`Self::sync`]).
-    pub(crate) fn new(
-        self_id: NodeId,
-        endpoint: quinn::Endpoint,
-        client: quinn::ClientConfig,
-        settings: PeerSettings,
-    ) -> Arc<PeerLinks> {
-        Arc::new(PeerLinks {
-            self_id,
-            endpoint,
-            client,
-            settings,
-            slots: Mutex::new(BTreeMap::new()),
-            connected: watch::channel(BTreeSet::new()).0,
-        })
-    }
-
-    /// Peers with a live authenticated connection; changes on every connect/loss.
-    pub(crate) fn connected(&self) -> watch::Receiver<BTreeSet<NodeId>> {
-        self.connected.subscribe()
-    }
-
-    /// Makes the supervised peer set equal to `peers` (id, peer address):
-    /// starts supervisors for new peers, restarts those whose address
-    /// changed, and stops and forgets the rest.
-    pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
-        let mut slots = self.slots.lock().expect("peer slots lock");
-        let all: BTreeMap<&NodeId, SocketAddr> = peers
-            .iter()
-            .filter(|(id, _)| *id != self.self_id)
-            .map(|(id, a)| (id, *a))
-            .collect();
-        let chosen = dial::select(all.keys().copied(), |id| slots.contains_key(id));
-        let wanted: BTreeMap<&NodeId, SocketAddr> =
-            chosen.into_iter().map(|id| (id, all[id])).collect();
-        let gone: Vec<NodeId> = slots
-            .keys()
-            .filter(|id| !wanted.contains_key(id))
-            .cloned()
-            .collect();
-        for id in gone {
-            if let Some(s) = slots.remove(&id) {
-                s.task.abort();
-                if let Some(c) = s.conn {
-                    c.close(0u32.into(), b"forgotten");
-                }
-                self.connected.send_if_modified(|set| set.remove(&id));
-                debug!(peer = %id, "peer forgotten");
-            }
-        }
-        for (id, addr) in wanted {
-            if let Some(slot) = slots.get(id) {
-                // A new address (a restart elsewhere, or a forged gossip
-                // claim) does not drop a working authenticated connection:
-                // it is dialled when the current connection ends.
-                slot.addr
-                    .send_if_modified(|a| std::mem::replace(a, addr) != addr);
-                continue;
-            }
-            let (addr_tx, addr_rx) = watch::channel(addr);
-            let me = Arc::clone(self);
-            let peer = id.clone();
-            let task = tokio::spawn(
-                async move { me.supervise(peer, addr_rx).await }
-                    .instrument(info_span!("peer", peer = %id)),
-            );
-            slots.insert(
-                id.clone(),
-                Slot {
-                    addr: addr_tx,
-                    conn: None,
-                    task,
-                },
-            );
-        }
-    }
-
-    async fn supervise(self: Arc<Self>, id: NodeId, addr: watch::Receiver<SocketAddr>) {
-        let server_name = tls::node_server_name(&id);
-        let mut backoff = dial::FIRST;
-        let mut failures = 0u32;
-        let mut ever_connected = false;
-        loop {
-            let addr = *addr.borrow();
-            let attempt = async {
-                let connecting = self
-                    .endpoint
-                    .connect_with(self.client.clone(), addr, &server_name)
-                    .map_err(|e| e.to_string())?;
-                connecting.await.map_err(|e| e.to_string())
-            };
-            let failed = match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
-                Ok(Ok(conn)) => {
-                    backoff = dial::FIRST;
-                    failures = 0;
-                    ever_connected = true;
-                    info!(%addr, "peer connected");
-                    self.set_conn(&id, Some(conn.clone()));
-                    let why = conn.closed().await;
-                    self.set_conn(&id, None);
-                    match why {
-                        quinn::ConnectionError::ApplicationClosed(_)
-                        | quinn::ConnectionError::LocallyClosed => {
-                            info!(%addr, reason = %why, "peer closed the connection")
-                        }
-                        _ => {
-                            warn!(%addr, reason = %why, "peer connection lost: ejected until it reconnects")
-                        }
-                    }
-                    None
-                }
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some("timed out".to_owned()),
-            };
-            if let Some(e) = failed {
-                failures += 1;
-                // A handshake refused for identity (wrong CA or name) is an
-                // alarm; a peer that is simply down is expected noise.
-                let identity =
-                    e.contains("certificate") || e.contains("UnknownIssuer") || e.contains("name");
-                if identity {
-                    warn!(%addr, error = %e, "peer handshake refused: not routing to it");
-                } else if failures == 3 {
-                    warn!(%addr, error = %e, "peer unreachable: retrying");
-                } else {
-                    debug!(%addr, error = %e, "peer connect failed");
-                }
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = dial::next_backoff(backoff, ever_connected);
-        }
-    }
-
-    fn set_conn(&self, id: &NodeId, conn: Option<quinn::Connection>) {
-        let up = conn.is_some();
-        if let Some(slot) = self.slots.lock().expect("peer slots lock").get_mut(id) {
-            slot.conn = conn;
-        }
-        self.connected.send_if_modified(|set| {
-            if up {
-                set.insert(id.clone())
-            } else {
-                set.remove(id)
-            }
-        });
-    }
-
-    /// Opens a request stream to `peer`. Nothing has reached the peer when
-    /// this fails.
-    ///
-    /// # Errors
-    /// [`OpenError`] when there is no connection or no stream could be opened.
-    pub(crate) async fn open(
-        &self,
-        peer: &NodeId,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream), OpenError> {
-        let conn = self
-            .slots
-            .lock()
-            .expect("peer slots lock")
-            .get(peer)
-            .and_then(|s| s.conn.clone())
-            .ok_or_else(|| OpenError::NotConnected(peer.clone()))?;
-        match tokio::time::timeout(self.settings.connect_timeout, conn.open_bi()).await {
-            Ok(Ok(pair)) => Ok(pair),
-            Ok(Err(e)) => Err(OpenError::Stream {
-                peer: peer.clone(),
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(OpenError::Stream {
-                peer: peer.clone(),
-                reason: "timed out waiting for stream credit".into(),
-            }),
-        }
-    }
-
-    /// Closes every connection and the endpoint, and waits for the close
-    /// frames to be sent.
-    pub(crate) async fn close(&self) {
-        for (_, s) in std::mem::take(&mut *self.slots.lock().expect("peer slots lock")) {
-            s.task.abort();
-        }
-        self.endpoint.close(0u32.into(), b"node stopping");
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
-    }
-}
-
 /// Sends one request on an opened stream and waits for the response head.
 /// `head` is the encoded request head frame ([`wire::encode`] of a
 /// [`RequestHead`] or [`wire::RequestHeadRef`]), made once per request and
@@ -386,11 +183,16 @@ impl PeerLinks {
 /// is [`ExchangeError::Refused`].
 pub(crate) async fn exchange(
     peer: &NodeId,
-    (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
+    stream: PeerStream,
     head: Bytes,
     body: Body,
     timeout: Duration,
-) -> Result<(ResponseHead, QuicBody), ExchangeError> {
+) -> Result<(ResponseHead, PeerBody), ExchangeError> {
+    let PeerStream {
+        mut send,
+        mut recv,
+        busy,
+    } = stream;
     let failed = |reason: String| ExchangeError::Failed {
         peer: peer.clone(),
         reason,
@@ -457,7 +259,7 @@ pub(crate) async fn exchange(
         .iter()
         .find(|(k, _)| k == "content-length")
         .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok());
-    Ok((resp, QuicBody::new(recv, len)))
+    Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
 }
 
 /// Polls `recv` once (never waits); true when nothing was there yet. The
@@ -507,54 +309,71 @@ pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Bod
     resp
 }
 
-/// Accepts peer connections on `endpoint` until it is closed, serving each
-/// stream with `handler`.
-pub(crate) async fn serve<H: ProxiedHandler>(endpoint: quinn::Endpoint, handler: Arc<H>) {
-    let half_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    while let Some(incoming) = endpoint.accept().await {
-        let n = half_open.load(std::sync::atomic::Ordering::Relaxed);
-        match admission::admit(n, incoming.remote_address_validated(), incoming.may_retry()) {
-            admission::Admit::Accept => {}
-            admission::Admit::Retry => {
-                let _ = incoming.retry();
-                continue;
-            }
-            admission::Admit::Ignore => {
-                incoming.ignore();
-                continue;
-            }
-        }
-        let pending = admission::HalfOpen::start(&half_open);
-        let handler = handler.clone();
-        let remote = incoming.remote_address();
-        tokio::spawn(
-            async move {
-                let r = incoming.await;
-                drop(pending);
-                match r {
-                    Ok(conn) => serve_connection(conn, handler).await,
-                    Err(e) => debug!(error = %e, "peer handshake failed"),
+/// Serves peers: every connection in `links` (accepted, or dialled by
+/// this node) has the streams the peer opens on it served by `handler`.
+/// Sets that up at once; the future accepts connections until the
+/// endpoint is closed, each recorded under the node id its client
+/// certificate proves.
+pub(crate) fn serve<H: ProxiedHandler>(
+    links: Arc<PeerLinks>,
+    handler: Arc<H>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // Weak: the handler holds the links, which hold this function (a
+    // cycle would keep the endpoint and its socket alive for ever).
+    let handler = Arc::downgrade(&handler);
+    links.set_server(Arc::new(
+        move |peer: NodeId, conn: quinn::Connection, link: Arc<Link>| {
+            let Some(handler) = handler.upgrade() else {
+                return;
+            };
+            let remote = conn.remote_address();
+            tokio::spawn(
+                serve_connection(conn, peer, link, handler)
+                    .instrument(info_span!("peer_conn", %remote)),
+            );
+        },
+    ));
+    async move {
+        let half_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        while let Some(incoming) = links.endpoint().accept().await {
+            // Admission before authentication: a cap on half-open
+            // handshakes, address validation (Retry) when they pile up.
+            let n = half_open.load(std::sync::atomic::Ordering::Relaxed);
+            match admission::admit(n, incoming.remote_address_validated(), incoming.may_retry()) {
+                admission::Admit::Accept => {}
+                admission::Admit::Retry => {
+                    let _ = incoming.retry();
+                    continue;
+                }
+                admission::Admit::Ignore => {
+                    incoming.ignore();
+                    continue;
                 }
             }
-            .instrument(info_span!("peer_conn", %remote)),
-        );
+            let pending = admission::HalfOpen::start(&half_open);
+            let links = links.clone();
+            let remote = incoming.remote_address();
+            tokio::spawn(
+                async move {
+                    let r = incoming.await;
+                    drop(pending);
+                    match r {
+                        Ok(conn) => links.accepted(conn),
+                        Err(e) => debug!(error = %e, "peer handshake failed"),
+                    }
+                }
+                .instrument(info_span!("peer_conn", %remote)),
+            );
+        }
     }
 }
 
-async fn serve_connection<H: ProxiedHandler>(conn: quinn::Connection, handler: Arc<H>) {
-    let certs: Arc<Vec<rustls_pki_types::CertificateDer<'static>>> =
-        match conn.peer_identity().and_then(|id| {
-            id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
-                .ok()
-        }) {
-            Some(c) => Arc::new(*c),
-            None => {
-                conn.close(1u32.into(), b"client certificate required");
-                return;
-            }
-        };
-    // The entry node id this connection proved it is (checked on first use).
-    let verified: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+async fn serve_connection<H: ProxiedHandler>(
+    conn: quinn::Connection,
+    peer: NodeId,
+    link: Arc<Link>,
+    handler: Arc<H>,
+) {
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
@@ -563,12 +382,13 @@ async fn serve_connection<H: ProxiedHandler>(conn: quinn::Connection, handler: A
                 return;
             }
         };
+        let busy = link.enter();
         let handler = handler.clone();
-        let certs = certs.clone();
-        let verified = verified.clone();
         let conn = conn.clone();
+        let peer = peer.clone();
         tokio::spawn(async move {
-            serve_stream(conn, send, recv, handler, &certs, &verified).await;
+            serve_stream(conn, send, recv, handler, &peer).await;
+            drop(busy);
         });
     }
 }
@@ -578,8 +398,7 @@ async fn serve_stream<H: ProxiedHandler>(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     handler: Arc<H>,
-    certs: &[rustls_pki_types::CertificateDer<'static>],
-    verified: &Mutex<Option<String>>,
+    peer: &NodeId,
 ) {
     let head: RequestHead = match read_head(&mut recv).await {
         Ok(h) => h,
@@ -605,14 +424,12 @@ async fn serve_stream<H: ProxiedHandler>(
         let _ = send.reset(wire::RESET_REFUSED.into());
         return;
     }
-    let known = verified.lock().expect("verified lock").as_deref() == Some(head.entry.as_str());
-    if !known {
-        if let Err(e) = tls::verify_peer_is(certs, &head.entry) {
-            warn!(claimed = %head.entry, error = %e, "peer certificate does not match the entry it claims: refusing the connection");
-            conn.close(2u32.into(), b"certificate does not match entry node id");
-            return;
-        }
-        *verified.lock().expect("verified lock") = Some(head.entry.clone());
+    // The connection's certificate proved `peer` at accept time; a head
+    // claiming another entry is refused with the whole connection.
+    if head.entry.as_str() != &**peer {
+        warn!(claimed = %head.entry, proved = %peer, "peer certificate does not match the entry it claims: refusing the connection");
+        conn.close(2u32.into(), b"certificate does not match entry node id");
+        return;
     }
     let mut builder = Request::builder()
         .method(head.method.as_str())

@@ -142,6 +142,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints the peer-layer datagrams each node sent per second: while the
+/// scenario runs (from 3 s, after the start-up handshakes, to its end) and
+/// in the quiet tail after it (from 5 s after its end).
+fn print_peer_datagrams(o: &Outcome, scenario: &Scenario) {
+    let per_s = &o.figures.peer_datagrams;
+    let nodes = o.nodes.len().max(1) as f64;
+    // Seconds past the last one counted sent nothing.
+    let rate = |from: usize, to: usize| {
+        (to > from).then(|| {
+            let sent: u64 = per_s.iter().take(to).skip(from).sum();
+            (sent as f64 / nodes / (to - from) as f64, from, to)
+        })
+    };
+    let end = scenario.duration_s.ceil() as usize;
+    let total: u64 = per_s.iter().sum();
+    let show = |r: Option<(f64, usize, usize)>| {
+        r.map_or_else(
+            || "-".to_owned(),
+            |(r, a, b)| format!("{r:.1} per node per second over {a}..{b} s"),
+        )
+    };
+    if std::env::var_os("PEERLB_SIM_DATAGRAMS").is_some() {
+        println!("peer datagrams per second: {per_s:?}");
+    }
+    println!(
+        "peer datagrams: {total} sent; running {}; quiet tail {}",
+        show(rate(3, end)),
+        show(rate(end + 5, o.simulated.as_secs() as usize))
+    );
+}
+
 fn real_main() -> anyhow::Result<bool> {
     let args = Args::parse();
     let scenario = Scenario::load(&args.scenario)?;
@@ -162,6 +193,7 @@ fn real_main() -> anyhow::Result<bool> {
             .with_context(|| format!("seed {seed}"))?;
         if single {
             print_summary(&o);
+            print_peer_datagrams(&o, &scenario);
         } else {
             println!(
                 "seed {seed}: hash {} sent {} failed {} violations {} ({} simulated in {})",

@@ -239,9 +239,11 @@ impl Default for GossipSection {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PeerSection {
-    /// QUIC keep-alive interval, in ms (default 200); must be under `idle_timeout_ms`.
+    /// Liveness ping interval on a busy peer connection, in ms (default
+    /// 200); must be under `idle_timeout_ms`.
     pub keep_alive_ms: u64,
-    /// QUIC idle timeout: a peer silent this long is ejected, in ms (default 1000).
+    /// A busy peer connection silent this long is closed and the peer
+    /// ejected, in ms (default 1000); QUIC's idle timeout is 3x this.
     pub idle_timeout_ms: u64,
 }
 

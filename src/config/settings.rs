@@ -132,10 +132,12 @@ pub struct IngressSettings {
 /// Peer link (QUIC) settings.
 #[derive(Debug, Clone)]
 pub struct PeerSettings {
-    /// QUIC keep-alive interval (`peer.keep_alive_ms`).
+    /// Liveness ping interval while a connection is busy
+    /// (`peer.keep_alive_ms`).
     pub keep_alive: Duration,
-    /// QUIC idle timeout: a silent peer's connection closes after this
-    /// (`peer.idle_timeout_ms`).
+    /// A busy connection that hears nothing this long is closed and its
+    /// peer ejected; a connection is busy while streams are open on it and
+    /// for this long after the last one (`peer.idle_timeout_ms`).
     pub idle_timeout: Duration,
     /// Longest wait for a handshake or a stream to open
     /// (`limits.connect_timeout_ms`).

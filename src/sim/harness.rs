@@ -132,6 +132,9 @@ pub struct Figures {
     /// Per `weight` fault: the reweighted node's share of the requests
     /// served once the rings agreed, against its share on the ring.
     pub shares: Vec<Share>,
+    /// Peer-layer (QUIC) datagrams sent by all nodes, per virtual second
+    /// (`[s]` counts `[s, s + 1)` s; counted by the simulated network).
+    pub peer_datagrams: Vec<u64>,
 }
 
 /// After a `weight` fault: the reweighted node's share of the requests
@@ -225,7 +228,11 @@ pub fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> anyhow::Result<
     let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(TraceLayer(trace.clone()));
-    tracing::subscriber::with_default(subscriber, || Run::new(scenario, seed, trace)?.go())
+    super::net::take_peer_datagrams();
+    let mut outcome =
+        tracing::subscriber::with_default(subscriber, || Run::new(scenario, seed, trace)?.go())?;
+    outcome.figures.peer_datagrams = super::net::take_peer_datagrams();
+    Ok(outcome)
 }
 
 struct NodeSlot {

@@ -1,6 +1,7 @@
 //! turmoil's simulated sockets behind the node's I/O seam ([`crate::Env`]):
 //! a client listener, quinn's `AsyncUdpSocket`, and a virtual wall clock.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -30,6 +31,20 @@ impl HttpListener for SimListener {
 }
 
 type Readable = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
+
+thread_local! {
+    /// Peer-layer (QUIC) datagrams sent by every node of the simulation
+    /// running on this thread, per virtual second (index: whole seconds of
+    /// [`super::trace::now`]).
+    static PEER_DATAGRAMS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes (and resets) the count of peer-layer datagrams sent by every node
+/// on this thread's simulation, per virtual second: `v[s]` is the count in
+/// `[s, s + 1)` s.
+pub fn take_peer_datagrams() -> Vec<u64> {
+    PEER_DATAGRAMS.with_borrow_mut(std::mem::take)
+}
 
 /// A turmoil UDP socket as quinn's `AsyncUdpSocket`: one datagram per
 /// transmit (no GSO/GRO), no ECN, always writable (turmoil's UDP has no
@@ -81,6 +96,13 @@ impl quinn::AsyncUdpSocket for SimUdp {
     }
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+        let second = super::trace::now().as_secs() as usize;
+        PEER_DATAGRAMS.with_borrow_mut(|v| {
+            if v.len() <= second {
+                v.resize(second + 1, 0);
+            }
+            v[second] += 1;
+        });
         self.socket
             .try_send_to(transmit.contents, transmit.destination)
             .map(|_| ())

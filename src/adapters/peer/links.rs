@@ -1,0 +1,736 @@
+//! Connection management of the peer layer: one QUIC connection in use per
+//! unordered node pair, liveness that costs nothing while a pair is quiet.
+//!
+//! - **One connection per pair, both ways.** A connection carries requests
+//!   in both directions: the side that accepted it opens streams on it as
+//!   the side that dialled it does. A node dials a peer only when it has no
+//!   usable connection to it. When two connections to the same peer are
+//!   usable (both nodes dialled at once), both nodes pick the one dialled
+//!   by the smaller node id ([`dialler_wins`]) and open no new stream on
+//!   the other, which still serves the streams already on it and then
+//!   closes by itself once quiet. Nothing is closed under a stream, so no
+//!   request is lost or sent twice while the pair settles.
+//! - **Liveness only while busy.** While a connection has streams open, or
+//!   had one less than `idle_timeout` ago, a keeper task wakes every
+//!   `keep_alive`, sends a 1-byte QUIC DATAGRAM when nothing arrived since
+//!   its last wake, and closes the connection when nothing arrived for
+//!   `idle_timeout` (measured from the wake before the last packet seen, so
+//!   the peer is ejected within `idle_timeout` of its last packet). A quiet
+//!   connection sends nothing; QUIC's idle timeout (3 x `idle_timeout`)
+//!   closes it silently, and the first request after the quiet spell dials
+//!   again (one round trip). A connection is used for a new stream only
+//!   within half that QUIC timeout of its last ping, so both ends still
+//!   hold it.
+//! - **Routable set.** A peer is routable once a handshake proved its
+//!   identity (dialled or accepted), until it is ejected: its connection
+//!   was lost while busy, the peer closed it, or a dial failed. A
+//!   supervisor task per peer dials at first sight (the larger id first
+//!   waits a moment for the smaller's dial) and re-dials an ejected peer
+//!   with backoff. A dead quiet peer is removed by gossip's failure
+//!   detector; a request sent to it before that finds no usable
+//!   connection, its dial fails (not reached: the next candidate is tried)
+//!   or, on a connection quiet for less than half the QUIC idle timeout,
+//!   the keeper closes it within `idle_timeout` (maybe reached: replay
+//!   rules).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::super::body::{BodyError, QuicBody};
+use super::super::tls;
+use super::dial;
+use super::{OpenError, PeerSettings};
+use crate::engine::node_id::NodeId;
+
+/// Application close code: the keeper heard nothing from a busy peer for
+/// `idle_timeout`.
+const CLOSE_SILENT: u32 = 3;
+
+/// The keeper's ping: one DATAGRAM frame (ack-eliciting, so the peer's ACK
+/// proves it alive). The receiver never reads it; quinn drops it once its
+/// small datagram buffer ([`DATAGRAM_BUFFER`]) is full.
+const PING: Bytes = Bytes::from_static(b"p");
+
+/// Bytes of received DATAGRAM frames a connection buffers (they are pings,
+/// never read).
+pub(super) const DATAGRAM_BUFFER: usize = 1024;
+
+/// True when the connection dialled by `dialler` is the one a pair keeps
+/// when both nodes dialled each other: the smaller node id's dial wins.
+/// Both nodes of the pair compute the same answer.
+pub(crate) fn dialler_wins(dialler: &NodeId, other: &NodeId) -> bool {
+    dialler < other
+}
+
+/// QUIC idle timeout of a peer connection: `idle_timeout` x 3. A busy
+/// connection's keeper closes it sooner; a quiet one ends after this.
+pub(super) fn quic_idle_timeout(s: &PeerSettings) -> Duration {
+    s.idle_timeout * 3
+}
+
+/// One QUIC connection to a peer.
+pub(super) struct Link {
+    conn: quinn::Connection,
+    /// Dialled by this node (else accepted from the peer).
+    dialled: bool,
+    established: Instant,
+    state: Mutex<LinkState>,
+    /// Told when the first stream opens on a quiet connection.
+    wake: Notify,
+}
+
+struct LinkState {
+    /// Streams open on it (opened or accepted by this node).
+    streams: u32,
+    /// When the last stream ended (or the connection was established).
+    last_busy: Instant,
+    /// This node opens no new stream on it (another connection won).
+    retired: bool,
+    /// The keeper closed it: the peer went silent while busy.
+    silent: bool,
+}
+
+impl Link {
+    /// Busy: streams open, or the last one ended less than `linger` ago.
+    fn busy(&self, now: Instant, linger: Duration) -> bool {
+        let s = self.state.lock().expect("link state lock");
+        s.streams > 0 || now < s.last_busy + linger
+    }
+
+    /// Usable for a new stream: open, not retired, and busy or quiet for
+    /// less than `usable` after its last ping.
+    fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
+        let s = self.state.lock().expect("link state lock");
+        self.conn.close_reason().is_none()
+            && !s.retired
+            && (s.streams > 0 || now < s.last_busy + linger + usable)
+    }
+
+    /// Marks a stream open on this connection until the [`Busy`] drops.
+    pub(super) fn enter(self: &Arc<Self>) -> Busy {
+        let first = {
+            let mut s = self.state.lock().expect("link state lock");
+            s.streams += 1;
+            s.streams == 1
+        };
+        if first {
+            self.wake.notify_one();
+        }
+        Busy(self.clone())
+    }
+}
+
+/// Holds a connection busy (its keeper pings) while a stream is open on it.
+pub(crate) struct Busy(Arc<Link>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().expect("link state lock");
+        s.streams = s.streams.saturating_sub(1);
+        s.last_busy = Instant::now();
+    }
+}
+
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Busy")
+            .field("connection", &self.0.conn.stable_id())
+            .finish()
+    }
+}
+
+/// A request stream opened by [`PeerLinks::open`]: the send and receive
+/// halves, and the hold that keeps its connection's liveness checks on.
+#[derive(Debug)]
+pub(crate) struct PeerStream {
+    /// Request direction.
+    pub(crate) send: quinn::SendStream,
+    /// Response direction.
+    pub(crate) recv: quinn::RecvStream,
+    /// Dropped with the response body.
+    pub(crate) busy: Busy,
+}
+
+/// A response body from a peer: a [`QuicBody`] that holds its connection
+/// busy until the body is dropped.
+pub(crate) struct PeerBody {
+    inner: QuicBody,
+    _busy: Busy,
+}
+
+impl PeerBody {
+    pub(super) fn new(inner: QuicBody, busy: Busy) -> PeerBody {
+        PeerBody { inner, _busy: busy }
+    }
+}
+
+impl http_body::Body for PeerBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+struct Slot {
+    /// The address gossip advertises now; dialled on the next dial.
+    addr: SocketAddr,
+    /// Open connections to this peer (usually one).
+    links: Vec<Arc<Link>>,
+    /// Proved its identity since it was last ejected.
+    up: bool,
+    /// One dial at a time per peer.
+    dial: Arc<tokio::sync::Mutex<()>>,
+    /// The supervisor (none for a peer that connected before gossip
+    /// named it).
+    task: Option<JoinHandle<()>>,
+}
+
+impl Slot {
+    fn new(addr: SocketAddr) -> Slot {
+        Slot {
+            addr,
+            links: Vec::new(),
+            up: false,
+            dial: Arc::new(tokio::sync::Mutex::new(())),
+            task: None,
+        }
+    }
+}
+
+/// Connections to every known peer, and the set of routable peers.
+pub(crate) struct PeerLinks {
+    self_id: NodeId,
+    endpoint: quinn::Endpoint,
+    client: quinn::ClientConfig,
+    settings: PeerSettings,
+    slots: Mutex<BTreeMap<NodeId, Slot>>,
+    routable: watch::Sender<BTreeSet<NodeId>>,
+    /// Serves the streams a peer opens on a connection (dialled or
+    /// accepted); until it is set, connections wait in `unserved`.
+    server: Mutex<Server>,
+}
+
+/// Starts serving the streams a peer opens on one connection.
+pub(super) type ServeConn = Arc<dyn Fn(NodeId, quinn::Connection, Arc<Link>) + Send + Sync>;
+
+#[derive(Default)]
+struct Server {
+    serve: Option<ServeConn>,
+    unserved: Vec<(NodeId, quinn::Connection, Arc<Link>)>,
+}
+
+impl PeerLinks {
+    /// Creates the link table (no connections yet: see [`Self::sync`]).
+    pub(crate) fn new(
+        self_id: NodeId,
+        endpoint: quinn::Endpoint,
+        client: quinn::ClientConfig,
+        settings: PeerSettings,
+    ) -> Arc<PeerLinks> {
+        Arc::new(PeerLinks {
+            self_id,
+            endpoint,
+            client,
+            settings,
+            slots: Mutex::new(BTreeMap::new()),
+            routable: watch::channel(BTreeSet::new()).0,
+            server: Mutex::new(Server::default()),
+        })
+    }
+
+    /// Peers that proved their identity and were not ejected since;
+    /// changes on every ejection and restore.
+    pub(crate) fn connected(&self) -> watch::Receiver<BTreeSet<NodeId>> {
+        self.routable.subscribe()
+    }
+
+    /// Open QUIC connections to peers (dialled and accepted, including
+    /// ones that lost a simultaneous dial and are ending).
+    pub(crate) fn connection_count(&self) -> usize {
+        self.slots
+            .lock()
+            .expect("peer slots lock")
+            .values()
+            .map(|s| s.links.len())
+            .sum()
+    }
+
+    /// Sets what serves the streams peers open (on every connection,
+    /// dialled or accepted, including those made before this call).
+    pub(super) fn set_server(&self, serve: ServeConn) {
+        let waiting = {
+            let mut s = self.server.lock().expect("server lock");
+            s.serve = Some(serve.clone());
+            std::mem::take(&mut s.unserved)
+        };
+        for (id, conn, link) in waiting {
+            serve(id, conn, link);
+        }
+    }
+
+    /// The endpoint connections are dialled from and accepted on.
+    pub(super) fn endpoint(&self) -> &quinn::Endpoint {
+        &self.endpoint
+    }
+
+    fn linger(&self) -> Duration {
+        self.settings.idle_timeout
+    }
+
+    fn usable_window(&self) -> Duration {
+        quic_idle_timeout(&self.settings) / 2
+    }
+
+    /// Makes the supervised peer set equal to `peers` (id, peer address):
+    /// starts supervisors for new peers and forgets the rest (their
+    /// connections are retired, not closed). A new address is dialled on the next dial; a
+    /// working authenticated connection is kept.
+    pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
+        let mut slots = self.slots.lock().expect("peer slots lock");
+        let all: BTreeMap<&NodeId, SocketAddr> = peers
+            .iter()
+            .filter(|(id, _)| *id != self.self_id)
+            .map(|(id, a)| (id, *a))
+            .collect();
+        // At most `dial::MAX_DIALED` members are supervised (those already
+        // supervised first), so a flood of members cannot make this node
+        // dial without bound.
+        let supervised = |id: &NodeId| slots.get(id).is_some_and(|s| s.task.is_some());
+        let chosen = dial::select(all.keys().copied(), supervised);
+        let wanted: BTreeMap<&NodeId, SocketAddr> =
+            chosen.into_iter().map(|id| (id, all[id])).collect();
+        let gone: Vec<NodeId> = slots
+            .iter()
+            .filter(|(id, s)| s.task.is_some() && !wanted.contains_key(id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(s) = slots.remove(&id) {
+                if let Some(t) = s.task {
+                    t.abort();
+                }
+                // Its connections are not closed: the peer may still be
+                // live in its own view and use them (this node serves its
+                // streams until they end by themselves, once quiet).
+                for l in s.links {
+                    l.state.lock().expect("link state lock").retired = true;
+                }
+                self.routable.send_if_modified(|set| set.remove(&id));
+                debug!(peer = %id, "peer forgotten");
+            }
+        }
+        for (id, addr) in wanted {
+            let slot = slots.entry(id.clone()).or_insert_with(|| Slot::new(addr));
+            slot.addr = addr;
+            if slot.task.is_none() {
+                let me = Arc::clone(self);
+                let peer = id.clone();
+                slot.task = Some(tokio::spawn(
+                    async move { me.supervise(peer).await }
+                        .instrument(info_span!("peer", peer = %id)),
+                ));
+            }
+        }
+    }
+
+    /// Dials `id` at first sight and whenever it is ejected, with backoff.
+    async fn supervise(self: Arc<Self>, id: NodeId) {
+        let mut routable = self.routable.subscribe();
+        if self.self_id > id {
+            // The smaller id dials first: one handshake per pair at start.
+            let _ = tokio::time::timeout(
+                self.settings.connect_timeout / 2,
+                routable.wait_for(|s| s.contains(&id)),
+            )
+            .await;
+        }
+        let mut backoff = dial::FIRST;
+        let mut failures = 0u32;
+        let mut ever_connected = false;
+        loop {
+            if routable.wait_for(|s| !s.contains(&id)).await.is_err() {
+                return;
+            }
+            match self.dial(&id, false).await {
+                Ok(_) => {
+                    backoff = dial::FIRST;
+                    failures = 0;
+                    ever_connected = true;
+                    continue;
+                }
+                Err(e) => {
+                    failures += 1;
+                    // A handshake refused for identity (wrong CA or name)
+                    // is an alarm; a peer that is simply down is expected
+                    // noise.
+                    let identity = e.contains("certificate")
+                        || e.contains("UnknownIssuer")
+                        || e.contains("name");
+                    if identity {
+                        warn!(error = %e, "peer handshake refused: not routing to it");
+                    } else if failures == 3 {
+                        warn!(error = %e, "peer unreachable: retrying");
+                    } else {
+                        debug!(error = %e, "peer connect failed");
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = dial::next_backoff(backoff, ever_connected);
+        }
+    }
+
+    /// Dials `id` unless a usable connection appeared meanwhile; returns
+    /// the connection to use. A failed dial ejects the peer. `on_demand`
+    /// (a request's dial) gives up at once when the peer was ejected while
+    /// it waited for another dial: requests queued behind a failed dial
+    /// do not each wait for a dial of their own.
+    async fn dial(self: &Arc<Self>, id: &NodeId, on_demand: bool) -> Result<Arc<Link>, String> {
+        let lock = {
+            let slots = self.slots.lock().expect("peer slots lock");
+            slots.get(id).ok_or("peer forgotten")?.dial.clone()
+        };
+        let _one = lock.lock().await;
+        if let Some(l) = self.pick(id) {
+            return Ok(l);
+        }
+        let addr = {
+            let slots = self.slots.lock().expect("peer slots lock");
+            let s = slots.get(id).ok_or("peer forgotten")?;
+            if on_demand && !s.up {
+                return Err("ejected while waiting for a dial".to_owned());
+            }
+            s.addr
+        };
+        let server_name = tls::node_server_name(id);
+        let attempt = async {
+            let connecting = self
+                .endpoint
+                .connect_with(self.client.clone(), addr, &server_name)
+                .map_err(|e| e.to_string())?;
+            connecting.await.map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
+            Ok(Ok(conn)) => {
+                info!(%addr, "peer connected");
+                Ok(self.register(id, conn, true))
+            }
+            Ok(Err(e)) => {
+                self.eject(id);
+                Err(e)
+            }
+            Err(_) => {
+                self.eject(id);
+                Err("timed out".to_owned())
+            }
+        }
+    }
+
+    fn eject(&self, id: &NodeId) {
+        if let Some(s) = self.slots.lock().expect("peer slots lock").get_mut(id) {
+            s.up = false;
+        }
+        self.routable.send_if_modified(|set| set.remove(id));
+    }
+
+    /// Records an authenticated connection with `id` (dialled by this node
+    /// or accepted), marks the peer routable and starts its keeper. An
+    /// accepted connection retires this node's quiet connections to the
+    /// peer that are older than a dial: the peer dials only when it holds
+    /// no usable connection (it restarted, or found ours quiet too long).
+    fn register(
+        self: &Arc<Self>,
+        id: &NodeId,
+        conn: quinn::Connection,
+        dialled: bool,
+    ) -> Arc<Link> {
+        let now = Instant::now();
+        let link = Arc::new(Link {
+            conn,
+            dialled,
+            established: now,
+            state: Mutex::new(LinkState {
+                streams: 0,
+                last_busy: now,
+                retired: false,
+                silent: false,
+            }),
+            wake: Notify::new(),
+        });
+        {
+            let mut slots = self.slots.lock().expect("peer slots lock");
+            let slot = slots
+                .entry(id.clone())
+                .or_insert_with(|| Slot::new(link.conn.remote_address()));
+            if !dialled {
+                for old in &slot.links {
+                    let mut s = old.state.lock().expect("link state lock");
+                    if s.streams == 0
+                        && now.duration_since(old.established) >= self.settings.connect_timeout
+                    {
+                        s.retired = true;
+                    }
+                }
+            }
+            slot.links.push(link.clone());
+            slot.up = true;
+        }
+        self.routable.send_if_modified(|set| set.insert(id.clone()));
+        let serve = {
+            let mut s = self.server.lock().expect("server lock");
+            if s.serve.is_none() {
+                s.unserved
+                    .push((id.clone(), link.conn.clone(), link.clone()));
+            }
+            s.serve.clone()
+        };
+        if let Some(serve) = serve {
+            serve(id.clone(), link.conn.clone(), link.clone());
+        }
+        let me = Arc::clone(self);
+        let (peer, l) = (id.clone(), link.clone());
+        tokio::spawn(
+            async move { me.keep(peer, l).await }
+                .instrument(info_span!("peer_link", peer = %id, dialled)),
+        );
+        link
+    }
+
+    /// The connection for a new stream to `id`: among the usable ones,
+    /// the one the pair keeps ([`dialler_wins`]), else the newest; the
+    /// others are retired.
+    fn pick(&self, id: &NodeId) -> Option<Arc<Link>> {
+        let now = Instant::now();
+        let slots = self.slots.lock().expect("peer slots lock");
+        let slot = slots.get(id)?;
+        let mut usable: Vec<&Arc<Link>> = slot
+            .links
+            .iter()
+            .filter(|l| l.usable(now, self.linger(), self.usable_window()))
+            .collect();
+        let wins = |l: &Link| {
+            if l.dialled {
+                dialler_wins(&self.self_id, id)
+            } else {
+                dialler_wins(id, &self.self_id)
+            }
+        };
+        usable.sort_by_key(|l| (wins(l), l.established));
+        let chosen = usable.pop()?.clone();
+        for other in usable {
+            other.state.lock().expect("link state lock").retired = true;
+        }
+        Some(chosen)
+    }
+
+    /// Watches one connection: liveness pings while busy, and what its
+    /// end means (a loss while busy, or a close by the peer, ejects it).
+    async fn keep(self: Arc<Self>, id: NodeId, link: Arc<Link>) {
+        let tick = self.settings.keep_alive;
+        let silent_after = self.settings.idle_timeout;
+        let linger = self.linger();
+        let closed = link.conn.closed();
+        tokio::pin!(closed);
+        let mut seen = link.conn.stats().udp_rx.datagrams;
+        let mut last_wake = Instant::now();
+        // The wake before the last packet seen: a bound on when it came.
+        let mut heard = last_wake;
+        loop {
+            let busy = link.busy(Instant::now(), linger);
+            tokio::select! {
+                why = &mut closed => {
+                    self.ended(&id, &link, why);
+                    return;
+                }
+                _ = link.wake.notified(), if !busy => {
+                    last_wake = Instant::now();
+                    heard = last_wake;
+                    seen = link.conn.stats().udp_rx.datagrams;
+                }
+                _ = tokio::time::sleep(tick), if busy => {
+                    let now = Instant::now();
+                    let rx = link.conn.stats().udp_rx.datagrams;
+                    if rx != seen {
+                        seen = rx;
+                        heard = last_wake;
+                    } else if now.duration_since(heard) >= silent_after {
+                        link.state.lock().expect("link state lock").silent = true;
+                        link.conn.close(CLOSE_SILENT.into(), b"peer silent");
+                    } else {
+                        let _ = link.conn.send_datagram(PING);
+                    }
+                    last_wake = now;
+                }
+            }
+        }
+    }
+
+    /// A connection ended: forgets it, and ejects the peer when it was the
+    /// connection in use and ended by a loss while busy, a silence, or the
+    /// peer's close.
+    fn ended(&self, id: &NodeId, link: &Arc<Link>, why: quinn::ConnectionError) {
+        let busy = link.busy(Instant::now(), self.linger());
+        let (retired, silent) = {
+            let s = link.state.lock().expect("link state lock");
+            (s.retired, s.silent)
+        };
+        let eject = !retired
+            && match &why {
+                quinn::ConnectionError::LocallyClosed => silent,
+                quinn::ConnectionError::TimedOut => busy,
+                _ => true,
+            };
+        let mut slots = self.slots.lock().expect("peer slots lock");
+        if let Some(slot) = slots.get_mut(id) {
+            slot.links.retain(|l| !Arc::ptr_eq(l, link));
+            if slot.task.is_none() && slot.links.is_empty() {
+                slots.remove(id);
+            } else if eject {
+                slot.up = false;
+            }
+        }
+        drop(slots);
+        if eject {
+            if silent {
+                warn!(
+                    reason = "silent",
+                    "peer connection lost: ejected until it reconnects"
+                );
+            } else {
+                warn!(reason = %why, "peer connection lost: ejected until it reconnects");
+            }
+            self.routable.send_if_modified(|set| set.remove(id));
+        } else {
+            debug!(reason = %why, "peer connection ended");
+        }
+    }
+
+    /// Opens a request stream to `peer`, dialling it if no connection is
+    /// usable (the first request after a quiet spell: one round trip).
+    /// Nothing has reached the peer when this fails.
+    ///
+    /// # Errors
+    /// [`OpenError`] when the peer is not routable, cannot be dialled, or
+    /// no stream could be opened.
+    pub(crate) async fn open(self: &Arc<Self>, peer: &NodeId) -> Result<PeerStream, OpenError> {
+        let link = match self.pick(peer) {
+            Some(l) => l,
+            None => {
+                let up = self
+                    .slots
+                    .lock()
+                    .expect("peer slots lock")
+                    .get(peer)
+                    .is_some_and(|s| s.up);
+                if !up {
+                    return Err(OpenError::NotConnected(peer.clone()));
+                }
+                self.dial(peer, true)
+                    .await
+                    .map_err(|reason| OpenError::Stream {
+                        peer: peer.clone(),
+                        reason,
+                    })?
+            }
+        };
+        let busy = link.enter();
+        match tokio::time::timeout(self.settings.connect_timeout, link.conn.open_bi()).await {
+            Ok(Ok((send, recv))) => Ok(PeerStream { send, recv, busy }),
+            Ok(Err(e)) => Err(OpenError::Stream {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(OpenError::Stream {
+                peer: peer.clone(),
+                reason: "timed out waiting for stream credit".into(),
+            }),
+        }
+    }
+
+    /// Records an accepted connection: its client certificate names the
+    /// dialler, whose connection is then used both ways (its streams are
+    /// served by the [`Self::set_server`] function). Closes it when the
+    /// certificate proves no single node id.
+    pub(super) fn accepted(self: &Arc<Self>, conn: quinn::Connection) {
+        if let Some(id) = dialler_id(&conn) {
+            self.register(&id, conn, false);
+        }
+    }
+
+    /// Closes every connection and the endpoint, and waits for the close
+    /// frames to be sent.
+    pub(crate) async fn close(&self) {
+        for (_, s) in std::mem::take(&mut *self.slots.lock().expect("peer slots lock")) {
+            if let Some(t) = s.task {
+                t.abort();
+            }
+        }
+        self.endpoint.close(0u32.into(), b"node stopping");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}
+
+/// The node id an accepted connection's client certificate proves, or
+/// `None` (the connection is then closed): the certificate must name
+/// exactly one node id and verify for it.
+fn dialler_id(conn: &quinn::Connection) -> Option<NodeId> {
+    let certs = conn.peer_identity().and_then(|id| {
+        id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    let Some(certs) = certs else {
+        conn.close(1u32.into(), b"client certificate required");
+        return None;
+    };
+    let id = tls::peer_node_id(&certs);
+    match id.map(|id| tls::verify_peer_is(&certs, &id).map(|()| id)) {
+        Some(Ok(id)) => Some(NodeId::from(id.as_str())),
+        Some(Err(e)) => {
+            warn!(error = %e, "peer certificate does not verify for the node it names: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match a node id");
+            None
+        }
+        None => {
+            warn!("peer certificate names no single node id: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match a node id");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_nodes_of_a_pair_keep_the_same_connection() {
+        let (a, b) = (NodeId::from("n1"), NodeId::from("n2"));
+        // At n1: its own dial (dialler n1) against n2's (accepted).
+        let n1_keeps_own = dialler_wins(&a, &b);
+        // At n2: its own dial (dialler n2) against n1's (accepted).
+        let n2_keeps_own = dialler_wins(&b, &a);
+        assert!(n1_keeps_own);
+        assert!(!n2_keeps_own, "n2 must keep n1's dial too");
+    }
+}

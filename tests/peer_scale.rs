@@ -1,0 +1,132 @@
+//! The peer layer at cluster scale, over loopback with real processes: one
+//! QUIC connection per node pair used both ways, no peer traffic while a
+//! pair is quiet, and a dead quiet peer handled by gossip and failover.
+
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use support::*;
+
+/// `peer_connections` of one node's status (None if unreachable).
+fn peer_connections(addr: std::net::SocketAddr) -> Option<u64> {
+    status(addr)?["peer_connections"].as_u64()
+}
+
+/// One request on a fresh connection; `Err` when it failed to connect.
+async fn send(addr: std::net::SocketAddr, method: &str, target: &str) -> Result<Resp, String> {
+    let mut c = Conn::open(addr).await.map_err(|e| e.to_string())?;
+    c.request(method, target, &[], Bytes::new()).await
+}
+
+/// Waits until every node in `addrs` holds no peer connection: the pairs
+/// are quiet (QUIC's idle timeout closed the start-up connections).
+fn wait_quiet(c: &Cluster, addrs: &[std::net::SocketAddr]) {
+    c.wait_until(Duration::from_secs(20), || {
+        addrs.iter().all(|a| peer_connections(*a) == Some(0))
+    })
+    .unwrap_or_else(|_| {
+        let now: Vec<_> = addrs.iter().map(|a| peer_connections(*a)).collect();
+        panic!("peer connections never went quiet: {now:?}")
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_dialling_each_other_at_once_end_with_one_connection_and_serve_every_request() {
+    let c = Cluster::start("dial-both", 2, "", USER_RULES);
+    let (a, b) = (c.nodes[0].http, c.nodes[1].http);
+    // After the start, the pair goes quiet and holds no connection.
+    wait_quiet(&c, &[a, b]);
+    let r = ring(&["n1", "n2"], 100);
+    let to_n2 = user_where(&r, |o| o == "n2");
+    let to_n1 = user_where(&r, |o| o == "n1");
+    // Both entries forward to each other at the same moment: both dial.
+    let burst = |entry, user: String| async move {
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let user = user.clone();
+                tokio::spawn(
+                    async move { send(entry, "POST", &format!("/x?user={user}&i={i}")).await },
+                )
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    };
+    let (from_a, from_b) = tokio::join!(burst(a, to_n2.clone()), burst(b, to_n1.clone()));
+    for (entry, owner, results) in [("n1", "n2", from_a), ("n2", "n1", from_b)] {
+        for r in results {
+            let r = r.unwrap_or_else(|e| panic!("POST via {entry}: {e}"));
+            assert_eq!(r.status, 200, "POST via {entry}");
+            assert_eq!(r.served_by(), owner, "POST via {entry}");
+        }
+    }
+    // With a trickle of requests both ways, the pair settles on one
+    // connection: the one both nodes keep, the other ends once quiet.
+    let start = Instant::now();
+    let mut settled = false;
+    while start.elapsed() < Duration::from_secs(20) {
+        for (entry, user) in [(a, &to_n2), (b, &to_n1)] {
+            let r = send(entry, "GET", &format!("/x?user={user}"))
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+        }
+        if peer_connections(a) == Some(1) && peer_connections(b) == Some(1) {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        settled,
+        "the pair did not settle on one connection: n1 {:?}, n2 {:?}\n{}\n{}",
+        peer_connections(a),
+        peer_connections(b),
+        c.log("n1"),
+        c.log("n2")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_peer_killed_leaves_every_ring_by_gossip_and_a_post_to_it_meanwhile_is_served_elsewhere()
+ {
+    let mut c = Cluster::start("idle-kill", 3, "", USER_RULES);
+    let addrs: Vec<_> = c.nodes.iter().map(|n| n.http).collect();
+    wait_quiet(&c, &addrs);
+    let r = ring(&["n1", "n2", "n3"], 100);
+    let user = user_where(&r, |o| o == "n3");
+    let killed = Instant::now();
+    c.kill9("n3");
+    // A POST for a key n3 owns, sent before gossip noticed: n1 has no
+    // connection to n3, its dial fails (nothing reached n3), and the
+    // request goes to the next candidate.
+    let resp = send(addrs[0], "POST", &format!("/x?user={user}"))
+        .await
+        .expect("POST via n1");
+    assert_eq!(resp.status, 200, "POST to a dead idle owner: {resp:?}");
+    assert_ne!(resp.served_by(), "n3");
+    // Gossip's failure detector takes n3 out of every ring; n2 never
+    // talked to it.
+    c.wait_until(Duration::from_secs(15), || {
+        addrs[..2]
+            .iter()
+            .all(|a| serving(*a).is_some_and(|s| !s.iter().any(|id| id == "n3")))
+    })
+    .expect("n3 still in a ring");
+    let took = killed.elapsed();
+    // docs/operations.md: a dead idle peer leaves every ring within about
+    // 10 gossip intervals (these tests gossip every 100 ms) plus a round;
+    // loopback tests run beside builds, so allow twice that.
+    assert!(
+        took <= Duration::from_secs(4),
+        "n3 left every ring {took:?} after its kill"
+    );
+}
