@@ -196,7 +196,10 @@ fn read_rules_file(p: &Path) -> Result<String, ConfigError> {
     };
     let mut bytes = Vec::new();
     std::fs::File::open(p)
-        .and_then(|f| f.take(MAX_RULES_FILE_BYTES as u64 + 1).read_to_end(&mut bytes))
+        .and_then(|f| {
+            f.take(MAX_RULES_FILE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+        })
         .map_err(read_error)?;
     if bytes.len() > MAX_RULES_FILE_BYTES {
         return Err(ConfigError::Invalid {

@@ -62,8 +62,8 @@ mod expr;
 mod tree;
 mod xml;
 
-use bounds::RegexBudget;
 pub(crate) use bounds::MAX_RULES_FILE_BYTES;
+use bounds::RegexBudget;
 
 pub(crate) use expr::ExprSpec;
 
@@ -193,7 +193,7 @@ pub enum RuleErrorKind {
     #[error("invalid regex: {0}")]
     InvalidRegex(#[source] regex::Error),
     /// A regex whose compiled automaton exceeds this many bytes (the
-    /// per-regex limit, 1 MiB): a large repetition of a Unicode class such
+    /// per-regex limit, 2 MiB): a large repetition of a Unicode class such
     /// as `\w{200}`. Narrow the repetition or use an ASCII class
     /// (`(?-u:\w)`, `[A-Za-z0-9_]`).
     #[error(
@@ -202,7 +202,9 @@ pub enum RuleErrorKind {
     RegexTooBig(usize),
     /// The rule set's regexes together compile to more than this many bytes
     /// (32 MiB). Use fewer or smaller regexes.
-    #[error("the rules' regexes together compile to more than {0} bytes: use fewer or smaller regexes")]
+    #[error(
+        "the rules' regexes together compile to more than {0} bytes: use fewer or smaller regexes"
+    )]
     RegexBudget(usize),
     /// Expressions (or XML elements) nested deeper than this many levels.
     #[error("nested deeper than {0} levels")]

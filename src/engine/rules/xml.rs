@@ -549,4 +549,6 @@ fn var(el: &XmlElement, s: &str) -> Result<Var, RuleError> {
 }
 
 #[cfg(test)]
+mod bounds_tests;
+#[cfg(test)]
 mod tests;
