@@ -35,8 +35,8 @@ pub use model::{
     PeerSection, RingSection, TlsSection,
 };
 pub use settings::{
-    AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings, NodeAddrs,
-    NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
+    AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings,
+    NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1

@@ -80,31 +80,64 @@ mod tests {
     #[test]
     fn a_known_body_keeps_its_length_across_the_hop() {
         let none = HeaderMap::new();
-        assert_eq!(length_to_carry("GET", StatusCode::OK, &none, false, Some(5)), Some(5));
+        assert_eq!(
+            length_to_carry("GET", StatusCode::OK, &none, false, Some(5)),
+            Some(5)
+        );
         // An empty body: hyper writes content-length: 0 on the local path.
-        assert_eq!(length_to_carry("GET", StatusCode::OK, &none, true, Some(0)), Some(0));
+        assert_eq!(
+            length_to_carry("GET", StatusCode::OK, &none, true, Some(0)),
+            Some(0)
+        );
         // The built-in app's HEAD answer: a body of the GET's size.
-        assert_eq!(length_to_carry("HEAD", StatusCode::OK, &none, false, Some(40)), Some(40));
+        assert_eq!(
+            length_to_carry("HEAD", StatusCode::OK, &none, false, Some(40)),
+            Some(40)
+        );
         // Unknown size: chunked, as on the local path.
-        assert_eq!(length_to_carry("GET", StatusCode::OK, &none, false, None), None);
+        assert_eq!(
+            length_to_carry("GET", StatusCode::OK, &none, false, None),
+            None
+        );
     }
 
     #[test]
     fn no_length_is_invented_for_bodiless_answers() {
         let none = HeaderMap::new();
         // An upstream app's HEAD answer without a length: its body is ended.
-        assert_eq!(length_to_carry("HEAD", StatusCode::OK, &none, true, Some(0)), None);
-        assert_eq!(length_to_carry("GET", StatusCode::NO_CONTENT, &none, true, Some(0)), None);
-        assert_eq!(length_to_carry("GET", StatusCode::NOT_MODIFIED, &none, true, Some(0)), None);
-        assert_eq!(length_to_carry("CONNECT", StatusCode::OK, &none, true, Some(0)), None);
+        assert_eq!(
+            length_to_carry("HEAD", StatusCode::OK, &none, true, Some(0)),
+            None
+        );
+        assert_eq!(
+            length_to_carry("GET", StatusCode::NO_CONTENT, &none, true, Some(0)),
+            None
+        );
+        assert_eq!(
+            length_to_carry("GET", StatusCode::NOT_MODIFIED, &none, true, Some(0)),
+            None
+        );
+        assert_eq!(
+            length_to_carry("CONNECT", StatusCode::OK, &none, true, Some(0)),
+            None
+        );
     }
 
     #[test]
     fn the_apps_own_framing_is_kept() {
         let chunked = with("transfer-encoding", "chunked");
-        assert_eq!(length_to_carry("HEAD", StatusCode::OK, &chunked, true, Some(0)), None);
-        assert_eq!(length_to_carry("GET", StatusCode::OK, &chunked, false, None), None);
+        assert_eq!(
+            length_to_carry("HEAD", StatusCode::OK, &chunked, true, Some(0)),
+            None
+        );
+        assert_eq!(
+            length_to_carry("GET", StatusCode::OK, &chunked, false, None),
+            None
+        );
         let len = with("content-length", "7");
-        assert_eq!(length_to_carry("GET", StatusCode::OK, &len, false, Some(7)), None);
+        assert_eq!(
+            length_to_carry("GET", StatusCode::OK, &len, false, Some(7)),
+            None
+        );
     }
 }

@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::settings::MAX_UNIX_PATH;
 use super::{
     AppAddr, AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
     MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings,
     RulesSource, Source, TlsPaths, UpstreamApp,
 };
-use super::settings::MAX_UNIX_PATH;
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
