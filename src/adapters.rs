@@ -6,6 +6,7 @@ pub(crate) mod admin;
 pub(crate) mod app;
 pub(crate) mod body;
 pub(crate) mod errors;
+pub(crate) mod framing;
 pub(crate) mod gossip;
 pub(crate) mod ingress;
 pub(crate) mod node_state;

@@ -22,7 +22,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::engine::rules::Rules;
+use crate::engine::rules::{MAX_RULES_FILE_BYTES, Rules};
 
 mod model;
 mod settings;
@@ -35,8 +35,8 @@ pub use model::{
     PeerSection, RingSection, TlsSection,
 };
 pub use settings::{
-    AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings, NodeAddrs,
-    NodeConfig, PeerSettings, RoutingSettings, TlsPaths,
+    AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings,
+    NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1
@@ -167,10 +167,7 @@ impl RulesSource {
                 Rules::compile(&s.parse()?.rules).map_err(|e| rule_error(&s, e))
             }
             RulesSource::Xml(p) => {
-                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
-                    path: p.display().to_string(),
-                    source,
-                })?;
+                let text = read_rules_file(p)?;
                 Rules::from_xml(&text).map_err(|e| ConfigError::Invalid {
                     origin: p.display().to_string(),
                     field: e.path.clone(),
@@ -187,6 +184,34 @@ impl RulesSource {
             RulesSource::Toml(p) | RulesSource::Xml(p) => Some(p),
         }
     }
+}
+
+/// Reads a rules file of at most [`MAX_RULES_FILE_BYTES`]; a larger one is
+/// refused after reading one byte past the limit.
+fn read_rules_file(p: &Path) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let read_error = |source| ConfigError::Read {
+        path: p.display().to_string(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(p)
+        .and_then(|f| {
+            f.take(MAX_RULES_FILE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+        })
+        .map_err(read_error)?;
+    if bytes.len() > MAX_RULES_FILE_BYTES {
+        return Err(ConfigError::Invalid {
+            origin: p.display().to_string(),
+            field: "size".into(),
+            message: format!(
+                "larger than {MAX_RULES_FILE_BYTES} bytes, the most a rules file may be"
+            ),
+        });
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 fn rule_error(src: &Source, e: crate::engine::rules::RuleError) -> ConfigError {

@@ -49,7 +49,7 @@ pub mod node;
 #[cfg(feature = "sim")]
 pub mod sim;
 
-pub use adapters::app::serve_standalone as serve_app;
+pub use adapters::app::{AppListener, serve_standalone as serve_app};
 pub use adapters::gossip::keyring;
 pub use adapters::tls;
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};

@@ -256,7 +256,7 @@ async fn watch_rules(state: Arc<NodeState>, file: std::path::PathBuf) {
             continue;
         }
         last = now;
-        if let Err(e) = state.reload_rules() {
+        if let Err(e) = state.reload_rules().await {
             warn!(file = %file.display(), error = %e, "rules file changed but is invalid: the old rules stay in force");
         }
     }

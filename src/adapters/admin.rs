@@ -56,6 +56,7 @@ pub(crate) async fn answer(
         (&http::Method::GET, STATUS) => Ok(status_json(state)),
         (&http::Method::POST, RELOAD_RULES) => state
             .reload_rules()
+            .await
             .map(|n| serde_json::json!({ "rules": n }).to_string())
             .map_err(AdminError::Reload),
         (&http::Method::PUT, WEIGHT) => put_weight(state, req.into_body())

@@ -85,8 +85,9 @@ pub(crate) enum App {
     },
     /// A local upstream application.
     Upstream {
-        /// `http://host:port` of the app.
-        base: http::Uri,
+        /// Where the app listens (`http://host:port` or `unix:/path`), as
+        /// errors name it.
+        base: String,
         /// Its connection pool.
         pool: Upstream,
     },
@@ -100,9 +101,9 @@ impl App {
                 sessions: AtomicU64::new(0),
                 slowdown: Arc::new(AtomicU32::new(1)),
             },
-            AppKind::Upstream(base) => App::Upstream {
-                base: base.clone(),
-                pool: Upstream::new(base),
+            AppKind::Upstream(up) => App::Upstream {
+                base: up.addr.to_string(),
+                pool: Upstream::new(&up.addr, up.idle_timeout),
             },
         }
     }
@@ -155,56 +156,77 @@ impl App {
     }
 }
 
+/// Where `peerlb app` listens: a TCP listener or a Unix domain socket.
+pub enum AppListener {
+    /// TCP (`--listen 127.0.0.1:9001`).
+    Tcp(tokio::net::TcpListener),
+    /// A Unix domain socket (`--listen unix:/path.sock`).
+    Unix(tokio::net::UnixListener),
+}
+
 /// Serves the built-in demo app alone over plain HTTP/1.1 on `listener`
-/// (keep-alive, `TCP_NODELAY`), with no cluster, gossip or peer link:
-/// `peerlb app`, the backend of the side-by-side benchmark (bench/).
-/// Every request is answered as if node `name` were both entry and owner.
-/// Runs until the listener fails for good; a failed accept is logged and
-/// retried.
-pub async fn serve_standalone(listener: tokio::net::TcpListener, name: String) {
+/// (keep-alive, `TCP_NODELAY` over TCP), with no cluster, gossip or peer
+/// link: `peerlb app`, the backend of the side-by-side benchmark (bench/)
+/// and the tests' app on a Unix socket. Every request is answered as if
+/// node `name` were both entry and owner; a client on a Unix socket is
+/// reported as `0.0.0.0:0` (it has no IP address). Runs until the listener
+/// fails for good; a failed accept is logged and retried.
+pub async fn serve_standalone(listener: AppListener, name: String) {
+    use tracing::warn;
+
+    let app = Arc::new(App::new(&AppKind::Builtin));
+    let name: Arc<str> = name.into();
+    loop {
+        let accepted = match &listener {
+            AppListener::Tcp(l) => l.accept().await.map(|(stream, client)| {
+                let _ = stream.set_nodelay(true);
+                spawn_standalone(stream, client, app.clone(), name.clone());
+            }),
+            AppListener::Unix(l) => l.accept().await.map(|(stream, _)| {
+                let client = SocketAddr::from(([0, 0, 0, 0], 0));
+                spawn_standalone(stream, client, app.clone(), name.clone());
+            }),
+        };
+        if let Err(e) = accepted {
+            warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Serves one connection of [`serve_standalone`].
+fn spawn_standalone<S>(stream: S, client: SocketAddr, app: Arc<App>, name: Arc<str>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
-    use tracing::{debug, warn};
 
-    let app = std::sync::Arc::new(App::new(&AppKind::Builtin));
-    let name: std::sync::Arc<str> = name.into();
-    loop {
-        let (stream, client) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
         let (app, name) = (app.clone(), name.clone());
-        let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-            let (app, name) = (app.clone(), name.clone());
-            async move {
-                let ctx = ServeCtx {
-                    node: &name,
-                    entry: &name,
-                    key: None,
-                    client,
-                };
-                let resp = app
-                    .serve(req.map(body::from_incoming), ctx)
-                    .await
-                    .unwrap_or_else(|e| text_owned(StatusCode::BAD_GATEWAY, e.to_string()));
-                Ok::<_, std::convert::Infallible>(resp)
-            }
-        });
-        tokio::spawn(async move {
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), svc)
+        async move {
+            let ctx = ServeCtx {
+                node: &name,
+                entry: &name,
+                key: None,
+                client,
+            };
+            let resp = app
+                .serve(req.map(body::from_incoming), ctx)
                 .await
-            {
-                debug!(error = %e, %client, "app connection ended with an error");
-            }
-        });
-    }
+                .unwrap_or_else(|e| text_owned(StatusCode::BAD_GATEWAY, e.to_string()));
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = hyper::server::conn::http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), svc)
+            .await
+        {
+            tracing::debug!(error = %e, %client, "app connection ended with an error");
+        }
+    });
 }
 
 fn text_owned(status: StatusCode, msg: String) -> Response<Body> {
@@ -366,7 +388,7 @@ fn strip_hop_by_hop(h: &mut http::HeaderMap) {
 }
 
 async fn upstream(
-    base: &http::Uri,
+    base: &str,
     pool: &Upstream,
     req: Request<Body>,
     ctx: ServeCtx<'_>,
@@ -390,7 +412,7 @@ async fn upstream(
         .send(Request::from_parts(parts, body))
         .await
         .map_err(|source| AppError {
-            uri: base.to_string(),
+            uri: base.to_owned(),
             source,
         })?;
     let (mut parts, body) = resp.into_parts();
@@ -502,9 +524,10 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let app = App::new(&AppKind::Upstream(
-            format!("http://{addr}").parse().unwrap(),
-        ));
+        let app = App::new(&AppKind::Upstream(crate::config::UpstreamApp {
+            addr: crate::config::AppAddr::Http(format!("http://{addr}").parse().unwrap()),
+            idle_timeout: Duration::from_secs(2),
+        }));
         let e = app.serve(get("/"), ctx()).await.unwrap_err();
         assert!(e.to_string().contains(&addr.to_string()), "{e}");
     }

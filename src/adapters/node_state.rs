@@ -202,8 +202,10 @@ pub(crate) struct NodeState {
     /// Requests this entry has outstanding per node, when the policy needs
     /// load figures (least-load, by-traffic, bounded load).
     tracker: Option<Arc<Tracker>>,
-    /// Where the rules come from, for reloads (`None`: the embedded config).
-    rules_source: Option<RulesSource>,
+    /// Where the rules come from, for reloads (`None`: the embedded config);
+    /// held while a reload compiles, so reloads run one at a time and the
+    /// last one reads the newest file.
+    rules_source: Option<tokio::sync::Mutex<RulesSource>>,
     /// Cumulative time the local app took to return response heads, in µs
     /// (the measured value of the mod_oc4j metric, `balance/metric.rs`).
     busy_us: AtomicU64,
@@ -247,7 +249,7 @@ impl NodeState {
             view,
             tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::for_router(&router))),
             router: Arc::new(Mutex::new(router)),
-            rules_source,
+            rules_source: rules_source.map(tokio::sync::Mutex::new),
             busy_us: AtomicU64::new(0),
             inflight: Arc::new(AtomicU32::new(0)),
             serving: Arc::new(AtomicU32::new(0)),
@@ -371,13 +373,28 @@ impl NodeState {
     /// requests. On error the rules in force stay. Returns the number of
     /// rules.
     ///
+    /// Reading and compiling run on tokio's blocking pool, off the node's
+    /// runtime thread: a large rules file (up to 1 MiB, with regexes up to
+    /// 32 MiB compiled) takes its time there while the node keeps serving.
+    ///
     /// # Errors
     /// [`ReloadError`].
-    pub(crate) fn reload_rules(&self) -> Result<usize, ReloadError> {
+    pub(crate) async fn reload_rules(&self) -> Result<usize, ReloadError> {
         let Some(src) = &self.rules_source else {
             return Err(ReloadError::Embedded);
         };
-        let rules = src.load().map_err(ReloadError::Invalid)?;
+        let src = src.lock().await;
+        let load = src.clone();
+        let rules = match tokio::task::spawn_blocking(move || load.load()).await {
+            Ok(loaded) => loaded.map_err(ReloadError::Invalid)?,
+            // Loading returns its errors: a panic in it is a bug, re-raised
+            // here. A blocking task is only cancelled while the runtime
+            // shuts down, when no task is polled to see it.
+            Err(e) => std::panic::resume_unwind(
+                e.try_into_panic()
+                    .unwrap_or_else(|_| Box::new("rules reload cancelled by runtime shutdown")),
+            ),
+        };
         let n = rules.len();
         self.router.lock().expect("router lock").set_rules(rules);
         info!(target: REQUEST_PATH, rules = n, "data-centric rules reloaded");

@@ -466,14 +466,19 @@ async fn serve_stream<H: ProxiedHandler>(
         debug_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     let resp = handler.serve(&head, req).instrument(span).await;
     let (mut parts, body) = resp.into_parts();
-    if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
-        // A body of known size keeps its length across the hop, so the
-        // entry answers the client with Content-Length, not chunked.
-        if let Some(n) = body.size_hint().exact() {
-            parts
-                .headers
-                .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
-        }
+    // A body of known size keeps its length across the hop where hyper
+    // would have written it for the client on this node (`framing`), so
+    // the entry answers with Content-Length, not chunked, and invents none.
+    if let Some(n) = super::framing::length_to_carry(
+        &head.method,
+        parts.status,
+        &parts.headers,
+        body.is_end_stream(),
+        body.size_hint().exact(),
+    ) {
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
     }
     let rh = wire::ResponseHeadRef {
         status: parts.status.as_u16(),

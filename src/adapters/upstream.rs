@@ -1,6 +1,6 @@
 //! The connection pool to a node's upstream app: HTTP/1.1 keep-alive
-//! connections, one request at a time each, kept for reuse once a response
-//! body has been read to its end.
+//! connections over TCP or a Unix domain socket, one request at a time
+//! each, kept for reuse once a response body has been read to its end.
 //!
 //! A leaner path than `hyper_util`'s legacy client (no per-request pool
 //! key, connector service, checkout channel or URI rebuilding): idle
@@ -8,19 +8,39 @@
 //! and a connection goes back on it when the response body it carried
 //! ends. docs/performance.md gives the effect.
 //!
-//! A request that a reused connection could not even start (the app
-//! closed it while idle) is retried once per idle connection, then on a
-//! new one: hyper hands such a request back untouched
-//! ([`hyper::client::conn::http1::SendRequest::try_send_request`]), so
-//! nothing is sent twice.
+//! Stale connections (the app closed a keep-alive connection while it sat
+//! idle here, or right after its last response without saying so):
+//!
+//! - an idle connection older than the pool's idle time
+//!   (`limits.upstream_idle_timeout_ms`, default 2 s: below the 5 s that
+//!   uvicorn, Node.js and Apache keep an idle connection) is closed, not
+//!   reused;
+//! - a request that a reused connection could not even start is retried
+//!   once per idle connection, then on a new one: hyper hands such a
+//!   request back untouched
+//!   ([`hyper::client::conn::http1::SendRequest::try_send_request`]), so
+//!   nothing is sent twice;
+//! - a request sent on a reused connection that the app closed or reset
+//!   before any response head is sent again once, on a new connection,
+//!   when the engine's replay rules allow sending it again after it may
+//!   have been processed ([`ReplayPlan::after`] with [`Failure::Lost`]: no
+//!   body or a small buffered one, and an idempotent method). Anything
+//!   else gets the error (a 502).
+//!
+//! The app's response framing is checked before it goes further: a
+//! `Content-Length` beside a `Transfer-Encoding` is removed (RFC 9112
+//! section 6.3: the transfer coding decides the length), and a
+//! `101 Switching Protocols` is an error, as peerlb never asks the app for
+//! an upgrade.
 
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, Uri, Version, header};
+use http::{HeaderValue, Request, Response, StatusCode, Version, header};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -28,15 +48,12 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use super::body::{Body, BodyError};
+use super::body::{self, Body, BodyError};
+use crate::config::AppAddr;
+use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 
-/// Longest wait for a TCP connection to the app.
+/// Longest wait for a connection to the app.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// An idle connection older than this is closed rather than reused (the
-/// app may have dropped it; most servers keep idle connections 60 s or
-/// more).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Most idle connections kept; more are closed when their response ends.
 const MAX_IDLE: usize = 256;
@@ -44,35 +61,61 @@ const MAX_IDLE: usize = 256;
 /// Why the app could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum UpstreamError {
-    /// The TCP connection failed.
+    /// The connection failed (for a Unix socket: no such file, not a
+    /// socket, or nothing listening on it).
     #[error("connecting: {0}")]
     Connect(std::io::Error),
-    /// No TCP connection within [`CONNECT_TIMEOUT`].
+    /// No connection within [`CONNECT_TIMEOUT`].
     #[error("connecting: no answer within {} s", CONNECT_TIMEOUT.as_secs())]
     ConnectTimeout,
     /// The HTTP/1.1 connection could not be set up, or failed before a
     /// response head.
     #[error("{0}")]
     Http(#[from] hyper::Error),
+    /// The request's body failed while it was read to be kept for a
+    /// resend (the client's or the peer stream's fault, not the app's).
+    #[error("request body: {0}")]
+    RequestBody(#[source] BodyError),
+    /// The request's body, kept for a resend, is longer than its
+    /// `Content-Length` said (hyper refuses to send such a body too).
+    #[error("request body longer than its content-length")]
+    RequestBodyTooLong,
+    /// The app answered `101 Switching Protocols` to a request that asked
+    /// for no upgrade (peerlb removes `Upgrade` from every request): a
+    /// broken app; the connection is closed.
+    #[error("answered 101 Switching Protocols to a request that asked for no upgrade")]
+    SwitchingProtocols,
 }
 
-/// A pool of HTTP/1.1 connections to one app (`http://host:port`).
+/// Where the app listens, ready to connect to.
+enum Target {
+    /// A TCP host (an IP literal or a name) and port.
+    Tcp { host: String, port: u16 },
+    /// A Unix domain socket.
+    Unix(PathBuf),
+}
+
+/// A pool of HTTP/1.1 connections to one app.
 pub(crate) struct Upstream {
-    host: String,
-    port: u16,
+    target: Target,
     authority: HeaderValue,
     idle: Arc<Idle>,
 }
 
-/// The idle connections, most recently returned last.
-#[derive(Default)]
-struct Idle(Mutex<Vec<(SendRequest<Body>, Instant)>>);
+/// The idle connections, most recently returned last, and how long one
+/// may stay idle.
+struct Idle {
+    conns: Mutex<Vec<(SendRequest<Body>, Instant)>>,
+    timeout: Duration,
+}
 
 impl Idle {
+    /// The most recently returned live connection that has been idle less
+    /// than the timeout; older ones are closed (dropped).
     fn take(&self) -> Option<SendRequest<Body>> {
-        let mut idle = self.0.lock().expect("upstream pool lock");
+        let mut idle = self.conns.lock().expect("upstream pool lock");
         while let Some((sender, since)) = idle.pop() {
-            if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
+            if !sender.is_closed() && since.elapsed() < self.timeout {
                 return Some(sender);
             }
         }
@@ -80,36 +123,85 @@ impl Idle {
     }
 
     fn put(&self, sender: SendRequest<Body>) {
-        if sender.is_closed() {
+        if sender.is_closed() || self.timeout.is_zero() {
             return;
         }
-        let mut idle = self.0.lock().expect("upstream pool lock");
+        let mut idle = self.conns.lock().expect("upstream pool lock");
+        // The oldest are first: close those past the idle time, so a quiet
+        // pool does not hold connections the app has given up on.
+        let stale = idle
+            .iter()
+            .take_while(|(s, since)| s.is_closed() || since.elapsed() >= self.timeout)
+            .count();
+        idle.drain(..stale);
         if idle.len() < MAX_IDLE {
             idle.push((sender, Instant::now()));
         }
     }
 }
 
+/// True when `e`, from a request on a reused connection, says the app
+/// closed or reset the connection before any response head: the request
+/// may not have been read at all (the app closed the idle connection as it
+/// was sent), and was certainly not answered.
+fn never_answered(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        cause = c.source();
+    }
+    false
+}
+
 impl Upstream {
-    /// A pool for the app at `base` (`http://host:port`, as config
-    /// validation leaves it: scheme `http`, a host, a port or 80). Does no
-    /// I/O: connections open on first use.
-    pub(crate) fn new(base: &Uri) -> Upstream {
-        let host = base.host().unwrap_or("127.0.0.1");
-        let port = base.port_u16().unwrap_or(80);
-        let authority = base
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .unwrap_or_else(|| HeaderValue::from_static("localhost"));
+    /// A pool for the app at `addr` (`http://host:port` as config
+    /// validation leaves it: scheme `http`, a host, a port or 80; or a
+    /// Unix socket path) whose idle connections are closed after
+    /// `idle_timeout` (zero: never reused). Does no I/O: connections open
+    /// on first use.
+    pub(crate) fn new(addr: &AppAddr, idle_timeout: Duration) -> Upstream {
+        let (target, authority) = match addr {
+            AppAddr::Http(base) => {
+                let host = base.host().unwrap_or("127.0.0.1");
+                let authority = base
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                    .unwrap_or_else(|| HeaderValue::from_static("localhost"));
+                let target = Target::Tcp {
+                    // `[::1]` in a URI is `::1` to connect to.
+                    host: host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                    port: base.port_u16().unwrap_or(80),
+                };
+                (target, authority)
+            }
+            // A socket has no authority: `localhost`, as nginx and curl
+            // send to one.
+            AppAddr::Unix(path) => (
+                Target::Unix(path.clone()),
+                HeaderValue::from_static("localhost"),
+            ),
+        };
         Upstream {
-            // `[::1]` in a URI is `::1` to connect to.
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned(),
-            port,
+            target,
             authority,
-            idle: Arc::default(),
+            idle: Arc::new(Idle {
+                conns: Mutex::default(),
+                timeout: idle_timeout,
+            }),
         }
     }
 
@@ -117,24 +209,52 @@ impl Upstream {
     /// returns its response, whose body streams from the app; the
     /// connection is reused once that body has been read to its end. Adds
     /// a `Host` header (the app's authority) when the request has none,
-    /// and always speaks HTTP/1.1 to the app.
+    /// and always speaks HTTP/1.1 to the app. A request the app never
+    /// answered on a reused connection is sent again as the module doc
+    /// says. A response with both `Content-Length` and `Transfer-Encoding`
+    /// loses its `Content-Length`.
     ///
     /// # Errors
-    /// [`UpstreamError`] when no connection could be made, or the app
-    /// failed or closed the connection before a response head.
-    pub(crate) async fn send(
-        &self,
-        mut req: Request<Body>,
-    ) -> Result<Response<Body>, UpstreamError> {
-        *req.version_mut() = Version::HTTP_11;
-        if !req.headers().contains_key(header::HOST) {
-            req.headers_mut()
-                .insert(header::HOST, self.authority.clone());
+    /// [`UpstreamError`] when no connection could be made, the app failed
+    /// or closed the connection before a response head, answered 101, or
+    /// the request body kept for a resend failed.
+    pub(crate) async fn send(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        parts.version = Version::HTTP_11;
+        if !parts.headers.contains_key(header::HOST) {
+            parts.headers.insert(header::HOST, self.authority.clone());
         }
+        // The engine's replay rules: may the request be sent again after
+        // the app may have read it, and how is its body kept?
+        let plan = ReplayPlan::new(
+            &parts.method,
+            body.is_end_stream(),
+            parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok()),
+        );
+        let resendable = plan.after(Failure::Lost) == AfterFailure::NextCandidate;
+        // The head and body kept for a resend, and the first attempt. A
+        // copy of the head is made only for a request that may be resent.
+        let (kept, mut req) = match plan.body() {
+            BodyPlan::Empty if resendable => {
+                let kept = (parts, Bytes::new());
+                let first = rebuild(&kept);
+                (Some(kept), first)
+            }
+            BodyPlan::Buffer if resendable => {
+                let kept = (parts, buffer(body).await?);
+                let first = rebuild(&kept);
+                (Some(kept), first)
+            }
+            _ => (None, Request::from_parts(parts, body)),
+        };
+        let mut resent = false;
         loop {
-            let (mut sender, reused) = match self.idle.take() {
-                Some(s) => (s, true),
-                None => (self.connect().await?, false),
+            let (mut sender, reused) = match (resent, self.idle.take()) {
+                (false, Some(s)) => (s, true),
+                _ => (self.connect().await?, false),
             };
             if let Err(e) = sender.ready().await {
                 if reused {
@@ -143,45 +263,108 @@ impl Upstream {
                 return Err(e.into());
             }
             match sender.try_send_request(req).await {
-                Ok(resp) => {
-                    let (parts, body) = resp.into_parts();
-                    let body = Pooled {
-                        body,
-                        ended: false,
-                        sender: Some(sender),
-                        idle: Arc::clone(&self.idle),
-                    };
-                    return Ok(Response::from_parts(
-                        parts,
-                        body.map_err(BodyError::Upstream).boxed_unsync(),
-                    ));
-                }
-                Err(mut e) => match e.take_message() {
+                Ok(resp) => return self.response(resp, sender),
+                Err(mut e) => match (e.take_message(), &kept) {
                     // Never started on a connection the app had closed:
                     // try the next one.
-                    Some(r) if reused => req = r,
+                    (Some(r), _) if reused => req = r,
+                    (None, Some(k)) if reused && never_answered(e.error()) => {
+                        tracing::debug!(error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
+                        resent = true;
+                        req = rebuild(k);
+                    }
                     _ => return Err(e.into_error().into()),
                 },
             }
         }
     }
 
+    /// The app's response, its framing checked, with a body that puts
+    /// `sender`'s connection back in the pool once read to its end.
+    fn response(
+        &self,
+        resp: Response<Incoming>,
+        sender: SendRequest<Body>,
+    ) -> Result<Response<Body>, UpstreamError> {
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // The connection now speaks something else: dropped with
+            // `sender`, never pooled.
+            return Err(UpstreamError::SwitchingProtocols);
+        }
+        let (mut parts, body) = resp.into_parts();
+        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        let body = Pooled {
+            body,
+            ended: false,
+            sender: Some(sender),
+            idle: Arc::clone(&self.idle),
+        };
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(BodyError::Upstream).boxed_unsync(),
+        ))
+    }
+
     async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
-        let stream = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            tokio::net::TcpStream::connect((self.host.as_str(), self.port)),
-        )
-        .await
-        .map_err(|_| UpstreamError::ConnectTimeout)?
-        .map_err(UpstreamError::Connect)?;
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream app connection ended with an error");
+        let connecting = async {
+            match &self.target {
+                Target::Tcp { host, port } => {
+                    let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                        .await
+                        .map_err(UpstreamError::Connect)?;
+                    let _ = stream.set_nodelay(true);
+                    handshake(stream).await
+                }
+                Target::Unix(path) => {
+                    let stream = tokio::net::UnixStream::connect(path)
+                        .await
+                        .map_err(UpstreamError::Connect)?;
+                    handshake(stream).await
+                }
             }
-        });
-        Ok(sender)
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout)?
+    }
+}
+
+/// Sets up HTTP/1.1 on a new connection and spawns its driver.
+async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, UpstreamError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream app connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// A request from a kept head and body.
+fn rebuild((parts, body): &(http::request::Parts, Bytes)) -> Request<Body> {
+    let body = if body.is_empty() {
+        body::empty()
+    } else {
+        body::full(body.clone())
+    };
+    Request::from_parts(parts.clone(), body)
+}
+
+/// Reads a request body the replay plan keeps (at most [`REPLAY_LIMIT`]
+/// bytes: its `Content-Length` said so).
+async fn buffer(body: Body) -> Result<Bytes, UpstreamError> {
+    let limited = http_body_util::Limited::new(body, REPLAY_LIMIT as usize);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => Err(match e.downcast::<BodyError>() {
+            Ok(b) => UpstreamError::RequestBody(*b),
+            Err(_) => UpstreamError::RequestBodyTooLong,
+        }),
     }
 }
 

@@ -22,7 +22,8 @@ pub struct ClusterFile {
     /// this file; exclusive with `[[rules]]`. Reloaded when it changes.
     #[serde(default)]
     pub rules_file: Option<String>,
-    /// The app: `"builtin"` or the `http://host:port` URL of an upstream app.
+    /// The app: `"builtin"`, the `http://host:port` URL of an upstream app,
+    /// or `"unix:/absolute/path.sock"` for one on a Unix domain socket.
     #[serde(default = "default_app")]
     pub app: String,
     /// The client-facing address the sprayer exposes; `peerlb up` binds every
@@ -176,6 +177,12 @@ pub struct LimitsSection {
     /// nothing), in ms (default 60000; nginx's `send_timeout`); the
     /// connection is closed after.
     pub send_timeout_ms: u64,
+    /// An idle keep-alive connection to the upstream app is closed after
+    /// this long rather than reused, in ms (default 2000; 0: never reused;
+    /// at most 3600000). Keep it below the app's own keep-alive timeout
+    /// (5 s in uvicorn, Node.js and Apache), so peerlb closes an idle
+    /// connection before the app does.
+    pub upstream_idle_timeout_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -190,6 +197,7 @@ impl Default for LimitsSection {
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 30_000,
             send_timeout_ms: 60_000,
+            upstream_idle_timeout_ms: 2_000,
         }
     }
 }

@@ -18,8 +18,43 @@ use crate::engine::rules::Rules;
 pub enum AppKind {
     /// The built-in demo app.
     Builtin,
-    /// Proxy to a local upstream application at this `http://` URL.
-    Upstream(http::Uri),
+    /// Proxy to a local upstream application.
+    Upstream(UpstreamApp),
+}
+
+/// An upstream app and how the node keeps its connections to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamApp {
+    /// Where it listens (`app`, `--app`).
+    pub addr: AppAddr,
+    /// An idle keep-alive connection to it is closed after this long
+    /// rather than reused; zero: never reused
+    /// (`limits.upstream_idle_timeout_ms`).
+    pub idle_timeout: Duration,
+}
+
+/// Where an upstream app listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppAddr {
+    /// `http://host:port` (port 80 when not given), HTTP/1.1 over TCP.
+    Http(http::Uri),
+    /// `unix:/absolute/path.sock`: HTTP/1.1 over a Unix domain socket (a
+    /// path of at most 107 bytes).
+    Unix(PathBuf),
+}
+
+/// Longest Unix socket path an app may have, in bytes: a socket address
+/// holds 108 bytes (`sun_path` on Linux) with the terminating NUL.
+pub(crate) const MAX_UNIX_PATH: usize = 107;
+
+impl std::fmt::Display for AppAddr {
+    /// As written in `app`: `http://127.0.0.1:9000/`, `unix:/run/app.sock`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppAddr::Http(uri) => write!(f, "{uri}"),
+            AppAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
 }
 
 /// One node's validated view of a node entry.

@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::settings::MAX_UNIX_PATH;
 use super::{
-    AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
+    AppAddr, AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
     MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings,
-    RulesSource, Source, TlsPaths,
+    RulesSource, Source, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
@@ -32,7 +33,7 @@ impl ClusterFile {
             return Err(inv("name", "must not be empty".into()));
         }
         parse_policy(&self.policy).map_err(|m| inv("policy", m))?;
-        parse_app(&self.app).map_err(|m| inv("app", m))?;
+        parse_app(&self.app, Duration::ZERO).map_err(|m| inv("app", m))?;
         if let Some(s) = &self.sprayer_addr {
             parse_addr(s).map_err(|m| inv("sprayer_addr", m))?;
         }
@@ -68,6 +69,15 @@ impl ClusterFile {
             if v == 0 {
                 return Err(inv(name, "must be greater than 0".into()));
             }
+        }
+        if l.upstream_idle_timeout_ms > MAX_UPSTREAM_IDLE_MS {
+            return Err(inv(
+                "limits.upstream_idle_timeout_ms",
+                format!(
+                    "{} is out of range 0..={MAX_UPSTREAM_IDLE_MS}",
+                    l.upstream_idle_timeout_ms
+                ),
+            ));
         }
         if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
             return Err(inv(
@@ -257,8 +267,11 @@ impl ClusterFile {
                 format!("{} is out of range 0..={MAX_WEIGHT}", me.weight),
             ));
         }
-        let app = parse_app(ov.app.as_deref().unwrap_or(&self.app))
-            .map_err(|m| inv(if ov.app.is_some() { "--app" } else { "app" }, m))?;
+        let app = parse_app(
+            ov.app.as_deref().unwrap_or(&self.app),
+            Duration::from_millis(self.limits.upstream_idle_timeout_ms),
+        )
+        .map_err(|m| inv(if ov.app.is_some() { "--app" } else { "app" }, m))?;
         let shared_listen = addr_flag("--shared-listen", &ov.shared_listen)?;
         if shared_listen == Some(me.http_addr) {
             return Err(inv(
@@ -364,19 +377,57 @@ fn parse_policy(s: &str) -> Result<Policy, String> {
     s.parse::<Policy>().map_err(|e| format!("{s:?}: {e}"))
 }
 
-fn parse_app(s: &str) -> Result<AppKind, String> {
+/// Longest `limits.upstream_idle_timeout_ms` (one hour).
+const MAX_UPSTREAM_IDLE_MS: u64 = 3_600_000;
+
+/// `app` (or `--app`): `builtin`, `http://host:port`, or
+/// `unix:/absolute/path.sock`; an upstream app keeps idle connections
+/// `idle_timeout`.
+fn parse_app(s: &str, idle_timeout: Duration) -> Result<AppKind, String> {
     if s == "builtin" {
         return Ok(AppKind::Builtin);
     }
-    let uri: http::Uri = s
-        .parse()
-        .map_err(|_| format!("{s:?} is neither \"builtin\" nor an http:// URL"))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+    let addr = match s.strip_prefix("unix:") {
+        Some(path) => AppAddr::Unix(parse_unix_path(path).map_err(|m| format!("{s:?}: {m}"))?),
+        None => {
+            let uri: http::Uri = s.parse().map_err(|_| {
+                format!("{s:?} is neither \"builtin\", an http:// URL nor unix:/path")
+            })?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                return Err(format!(
+                    "{s:?} is neither \"builtin\", an http://host:port URL nor unix:/path (https upstreams are not supported)"
+                ));
+            }
+            AppAddr::Http(uri)
+        }
+    };
+    Ok(AppKind::Upstream(UpstreamApp { addr, idle_timeout }))
+}
+
+/// The path of a `unix:` app: absolute (the node may run from any
+/// directory), without NUL, at most [`MAX_UNIX_PATH`] bytes. Whether a
+/// socket is there is seen when the node connects (the app may start
+/// later): a request then gets 502 naming the path.
+fn parse_unix_path(path: &str) -> Result<PathBuf, String> {
+    if path.is_empty() {
+        return Err("the socket path is empty (want unix:/absolute/path.sock)".into());
+    }
+    if !path.starts_with('/') {
+        return Err("the socket path must be absolute (want unix:/absolute/path.sock)".into());
+    }
+    if path.contains('\0') {
+        return Err("the socket path contains a NUL byte".into());
+    }
+    if path.len() > MAX_UNIX_PATH {
         return Err(format!(
-            "{s:?} is neither \"builtin\" nor an http://host:port URL (https upstreams are not supported)"
+            "the socket path is {} bytes, longer than the {MAX_UNIX_PATH} a Unix socket address holds",
+            path.len()
         ));
     }
-    Ok(AppKind::Upstream(uri))
+    if path.ends_with('/') {
+        return Err("the socket path names a directory".into());
+    }
+    Ok(PathBuf::from(path))
 }
 
 /// The address rules one node must keep, alone and against `others`

@@ -57,9 +57,13 @@ use serde::{Deserialize, Serialize};
 
 use super::sticky::{cookies, percent_decode};
 
+mod bounds;
 mod expr;
 mod tree;
 mod xml;
+
+pub(crate) use bounds::MAX_RULES_FILE_BYTES;
+use bounds::RegexBudget;
 
 pub(crate) use expr::ExprSpec;
 
@@ -188,6 +192,26 @@ pub enum RuleErrorKind {
     /// case-insensitive matching).
     #[error("invalid regex: {0}")]
     InvalidRegex(#[source] regex::Error),
+    /// A regex whose compiled automaton exceeds this many bytes (the
+    /// per-regex limit, 2 MiB): a large repetition of a Unicode class such
+    /// as `\w{200}`. Narrow the repetition or use an ASCII class
+    /// (`(?-u:\w)`, `[A-Za-z0-9_]`).
+    #[error(
+        "regex too big: it compiles to more than {0} bytes (narrow its repetitions, or use an ASCII class such as (?-u:\\w) or [A-Za-z0-9_])"
+    )]
+    RegexTooBig(usize),
+    /// The rule set's regexes together compile to more than this many bytes
+    /// (32 MiB). Use fewer or smaller regexes.
+    #[error(
+        "the rules' regexes together compile to more than {0} bytes: use fewer or smaller regexes"
+    )]
+    RegexBudget(usize),
+    /// Expressions (or XML elements) nested deeper than this many levels.
+    #[error("nested deeper than {0} levels")]
+    TooDeep(usize),
+    /// A rules file larger than this many bytes; it is not read.
+    #[error("the file is larger than {0} bytes")]
+    TooLarge(usize),
     /// An extractor regex without a capture group; the key is group 1.
     #[error("regex has no capture group (the key is the first capture group)")]
     NoCaptureGroup,
@@ -319,10 +343,11 @@ impl Rules {
     /// of `any` / `all` / `if` / a test, an empty list, a misplaced `else`,
     /// `absent`, `prefix` or `return`, or an invalid return variable.
     pub fn compile(specs: &[RuleSpec]) -> Result<Rules, RuleError> {
+        let mut budget = RegexBudget::default();
         let rules = specs
             .iter()
             .enumerate()
-            .map(|(i, spec)| compile_rule(i, spec))
+            .map(|(i, spec)| compile_rule(i, spec, &mut budget))
             .collect::<Result<_, _>>()?;
         Ok(Rules { rules, sip: None })
     }
@@ -397,14 +422,16 @@ impl Rules {
     }
 }
 
-fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
+fn compile_rule(i: usize, spec: &RuleSpec, budget: &mut RegexBudget) -> Result<Rule, RuleError> {
     let err = |field: String, kind| RuleError {
         path: format!("rules[{i}]{field}"),
         rule: spec.name.clone(),
         kind,
     };
-    let re = |field: &str, pat: &str| {
-        Regex::new(pat).map_err(|e| err(field.to_owned(), RuleErrorKind::InvalidRegex(e)))
+    let re = |budget: &mut RegexBudget, field: &str, pat: &str| {
+        budget
+            .compile(pat)
+            .map_err(|kind| err(field.to_owned(), kind))
     };
     let header = |field: &str, name: &str| {
         if name.is_empty() {
@@ -448,7 +475,7 @@ fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
         path_regex: c
             .path_regex
             .as_deref()
-            .map(|p| re(".when.path_regex", p))
+            .map(|p| re(budget, ".when.path_regex", p))
             .transpose()?,
         header_present: c
             .header_present
@@ -479,7 +506,7 @@ fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
                 RuleErrorKind::Structure("give either `extract` or `key`, not both".into()),
             ));
         }
-        let expr = expr::compile(key, &format!("rules[{i}].key"), &spec.name)?;
+        let expr = expr::compile(key, &format!("rules[{i}].key"), &spec.name, budget, 1)?;
         return Ok(Rule {
             name: spec.name.clone(),
             body: Body::Tree { when, expr },
@@ -491,8 +518,8 @@ fn compile_rule(i: usize, spec: &RuleSpec) -> Result<Rule, RuleError> {
     let mut extract = Vec::with_capacity(spec.extract.len());
     for (j, x) in spec.extract.iter().enumerate() {
         let at = |f: &str| format!(".extract[{j}]{f}");
-        let capture_re = |f: &str, p: &str| {
-            let r = re(&at(f), p)?;
+        let mut capture_re = |f: &str, p: &str| {
+            let r = re(budget, &at(f), p)?;
             if r.captures_len() < 2 {
                 return Err(err(at(f), RuleErrorKind::NoCaptureGroup));
             }

@@ -271,9 +271,25 @@ impl Forwarder {
                 .fetch_add(1, Ordering::Relaxed);
             let guard = self.state.track(cand, request_bytes);
             match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
-                Ok((rh, qb)) => {
+                Ok((rh, mut qb)) => {
                     let served = NodeId::from(rh.served_by.as_str());
-                    let resp = peer::response_from_head(rh, qb.boxed_unsync());
+                    let status = http::StatusCode::from_u16(rh.status)
+                        .unwrap_or(http::StatusCode::BAD_GATEWAY);
+                    // A bodiless answer gets an ended body, as the app's
+                    // does on the local path (`framing`); the owner sent
+                    // none and its FIN usually came with the head: taken
+                    // if it is here, so the stream ends read to its end.
+                    let body = if crate::adapters::framing::bodiless(parts.method.as_str(), status)
+                    {
+                        let _ = std::future::poll_fn(|cx| {
+                            std::task::Poll::Ready(std::pin::Pin::new(&mut qb).poll_frame(cx))
+                        })
+                        .await;
+                        body::empty()
+                    } else {
+                        qb.boxed_unsync()
+                    };
+                    let resp = peer::response_from_head(rh, body);
                     return Ok((resp, served, guard));
                 }
                 Err(e) => {

@@ -19,9 +19,9 @@
 //! `rules::tree`.
 
 use http::header::HeaderName;
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use super::bounds::{MAX_RULE_DEPTH, RegexBudget};
 use super::tree::{Expr, Subject, Test, Var};
 use super::{RuleError, RuleErrorKind};
 
@@ -84,20 +84,26 @@ pub struct ExprSpec {
     pub return_: Option<String>,
 }
 
-/// Compiles `spec`; `path` names it in errors (`rules[0].key.any[2]`) and
-/// `rule` is the rule's name.
+/// Compiles `spec`, at nesting `depth` (1 for a rule's `key`); `path` names
+/// it in errors (`rules[0].key.any[2]`) and `rule` is the rule's name; its
+/// regexes count against `budget`.
 pub(super) fn compile(
     spec: &ExprSpec,
     path: &str,
     rule: &Option<String>,
+    budget: &mut RegexBudget,
+    depth: usize,
 ) -> Result<Expr, RuleError> {
     let err = |field: &str, kind| RuleError {
         path: format!("{path}{field}"),
         rule: rule.clone(),
         kind,
     };
+    if depth > MAX_RULE_DEPTH {
+        return Err(err("", RuleErrorKind::TooDeep(MAX_RULE_DEPTH)));
+    }
     let structure = |field: &str, msg: &str| err(field, RuleErrorKind::Structure(msg.to_owned()));
-    let list = |name: &str, items: &[ExprSpec]| -> Result<Vec<Expr>, RuleError> {
+    let mut list = |name: &str, items: &[ExprSpec]| -> Result<Vec<Expr>, RuleError> {
         if items.is_empty() {
             return Err(structure(
                 &format!(".{name}"),
@@ -107,7 +113,7 @@ pub(super) fn compile(
         items
             .iter()
             .enumerate()
-            .map(|(i, e)| compile(e, &format!("{path}.{name}[{i}]"), rule))
+            .map(|(i, e)| compile(e, &format!("{path}.{name}[{i}]"), rule, budget, depth + 1))
             .collect()
     };
     let is_test = spec.header.is_some()
@@ -196,7 +202,7 @@ pub(super) fn compile(
     let test = match (&spec.match_, spec.absent) {
         (Some(_), Some(true)) => return Err(structure(".absent", "not with `match`")),
         (Some(pat), _) => {
-            let re = Regex::new(pat).map_err(|e| err(".match", RuleErrorKind::InvalidRegex(e)))?;
+            let re = budget.compile(pat).map_err(|kind| err(".match", kind))?;
             if re.captures_len() < 2 {
                 return Err(err(".match", RuleErrorKind::NoCaptureGroup));
             }

@@ -1,6 +1,7 @@
 //! Rule tests: the TOML model, every extractor and condition, errors.
 use super::*;
 use crate::engine::testing::TestRequest;
+use bounds::MAX_RULE_DEPTH;
 
 /// `method uri` with `headers`, from the default test client
 /// (192.0.2.7:40123).
@@ -528,4 +529,76 @@ fn nested_key_round_trips() {
     );
     assert!(!json.contains("extract"), "{json}");
     assert_eq!(serde_json::from_str::<Vec<RuleSpec>>(&json).unwrap(), s);
+}
+
+/// `n` nested `any` around one header test, as a rule's `key`.
+fn nested_any(n: usize) -> ExprSpec {
+    let mut e = ExprSpec {
+        header: Some("x-user".into()),
+        ..ExprSpec::default()
+    };
+    for _ in 0..n {
+        e = ExprSpec {
+            any: Some(vec![e]),
+            ..ExprSpec::default()
+        };
+    }
+    e
+}
+
+#[test]
+fn nested_keys_deeper_than_the_bound_are_an_error() {
+    let spec = |n| RuleSpec {
+        name: Some("deep".into()),
+        when: Condition::default(),
+        extract: vec![],
+        key: Some(nested_any(n)),
+    };
+    // The key and its test are two levels.
+    let ok = Rules::compile(&[spec(MAX_RULE_DEPTH - 1)]).unwrap();
+    assert_eq!(
+        key(&ok, &request("GET", "/", &[("x-user", "ann")])),
+        Some((0, "ann".into()))
+    );
+    let e = Rules::compile(&[spec(MAX_RULE_DEPTH)]).unwrap_err();
+    assert!(
+        matches!(e.kind, RuleErrorKind::TooDeep(MAX_RULE_DEPTH)),
+        "{e}"
+    );
+    assert!(
+        e.path.starts_with("rules[0].key.any[0].any[0]"),
+        "{}",
+        e.path
+    );
+}
+
+#[test]
+fn a_deeply_nested_toml_key_is_a_parse_error_not_a_crash() {
+    // The TOML parser bounds nesting before the rules see it.
+    let n = 5_000;
+    let src = format!(
+        "[[rules]]\nkey = {}{{ header = \"x\" }}{}\n",
+        "{ any = [".repeat(n),
+        "] }".repeat(n)
+    );
+    #[derive(Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct File {
+        rules: Vec<RuleSpec>,
+    }
+    let e = toml::from_str::<File>(&src).unwrap_err().to_string();
+    assert!(e.contains("recursion limit"), "{e}");
+}
+
+#[test]
+fn flat_rule_regexes_share_the_rule_set_budget() {
+    let src = r#"
+        [[rules]]
+        extract = [{ path_regex = '(\w{100})' }]
+    "#;
+    assert!(
+        compile_err(src).starts_with("rules[0].extract[0].path_regex: regex too big"),
+        "{}",
+        compile_err(src)
+    );
 }

@@ -28,8 +28,8 @@
 
 use quick_xml::events::Event;
 use quick_xml::{Reader, XmlVersion};
-use regex::Regex;
 
+use super::bounds::{MAX_RULE_DEPTH, MAX_RULES_FILE_BYTES, MAX_XML_ATTRIBUTES, RegexBudget};
 use super::tree::{Expr, Subject, Test, Var};
 use super::{Body, Rule, RuleError, RuleErrorKind, Rules};
 use http::header::HeaderName;
@@ -50,59 +50,116 @@ pub(crate) struct XmlElement {
     pub(crate) line: u32,
 }
 
-fn line_at(text: &str, pos: usize) -> u32 {
-    let pos = pos.min(text.len());
-    1 + text.as_bytes()[..pos]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count() as u32
+/// 1-based line numbers of byte offsets in a text, counted as the reader
+/// moves forward: offsets asked for in increasing order cost one pass over
+/// the text in all, so a file is parsed in time linear in its size. An
+/// offset before the last one asked for recounts from the start (only an
+/// error's position can be one, once).
+struct Lines<'t> {
+    text: &'t [u8],
+    /// The offset counted up to.
+    pos: usize,
+    /// The line `pos` is on.
+    line: u32,
+    /// Bytes scanned so far (to check the counting stays linear).
+    #[cfg(test)]
+    scanned: usize,
 }
 
-fn xml_error(text: &str, pos: u64, msg: impl std::fmt::Display) -> RuleError {
+impl<'t> Lines<'t> {
+    fn new(text: &'t str) -> Self {
+        Lines {
+            text: text.as_bytes(),
+            pos: 0,
+            line: 1,
+            #[cfg(test)]
+            scanned: 0,
+        }
+    }
+
+    /// The line of byte offset `pos` (clamped to the text).
+    fn at(&mut self, pos: usize) -> u32 {
+        let pos = pos.min(self.text.len());
+        if pos < self.pos {
+            self.pos = 0;
+            self.line = 1;
+        }
+        let newlines = self.text[self.pos..pos]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        #[cfg(test)]
+        {
+            self.scanned += pos - self.pos;
+        }
+        self.line = self
+            .line
+            .saturating_add(u32::try_from(newlines).unwrap_or(u32::MAX));
+        self.pos = pos;
+        self.line
+    }
+}
+
+fn xml_error(lines: &mut Lines<'_>, pos: u64, msg: impl std::fmt::Display) -> RuleError {
+    let pos = usize::try_from(pos).unwrap_or(usize::MAX);
     RuleError {
-        path: format!("line {}", line_at(text, pos as usize)),
+        path: format!("line {}", lines.at(pos)),
         rule: None,
         kind: RuleErrorKind::Xml(msg.to_string()),
     }
 }
 
-/// Parses `text` into its root element.
+/// Parses `text` into its root element, in time linear in its length.
+///
+/// # Errors
+/// Malformed XML; an element nested more than [`MAX_RULE_DEPTH`] below the
+/// root; an element with more than [`MAX_XML_ATTRIBUTES`] attributes.
 fn read_tree(text: &str) -> Result<XmlElement, RuleError> {
     let mut reader = Reader::from_str(text);
+    let mut lines = Lines::new(text);
     let mut stack: Vec<XmlElement> = Vec::new();
     let mut root: Option<XmlElement> = None;
     loop {
         let before = reader.buffer_position() as usize;
-        let event = reader
-            .read_event()
-            .map_err(|e| xml_error(text, reader.error_position(), e))?;
-        let start_line = || {
-            let at = text[before.min(text.len())..]
-                .find('<')
-                .map_or(before, |i| before + i);
-            line_at(text, at)
+        let event = match reader.read_event() {
+            Ok(ev) => ev,
+            Err(e) => return Err(xml_error(&mut lines, reader.error_position(), e)),
         };
         match event {
             Event::Start(e) | Event::Empty(e) if root.is_some() => {
                 return Err(xml_error(
-                    text,
+                    &mut lines,
                     before as u64,
                     format!("element <{}> after the root element", e.name().as_ref()),
                 ));
             }
             Event::Start(ref e) | Event::Empty(ref e) => {
+                let at = text[before.min(text.len())..]
+                    .find('<')
+                    .map_or(before, |i| before + i);
                 let mut el = XmlElement {
                     name: e.name().as_ref().to_owned(),
                     attrs: Vec::new(),
                     children: Vec::new(),
                     text: String::new(),
-                    line: start_line(),
+                    line: lines.at(at),
                 };
-                for a in e.attributes() {
-                    let a = a.map_err(|err| xml_error(text, before as u64, err))?;
+                if stack.len() > MAX_RULE_DEPTH {
+                    return Err(err(&el, RuleErrorKind::TooDeep(MAX_RULE_DEPTH)));
+                }
+                for (n, a) in e.attributes().enumerate() {
+                    if n == MAX_XML_ATTRIBUTES {
+                        return Err(err(
+                            &el,
+                            RuleErrorKind::Structure(format!(
+                                "more than {MAX_XML_ATTRIBUTES} attributes"
+                            )),
+                        ));
+                    }
+                    let a = a.map_err(|e| xml_error(&mut lines, before as u64, e))?;
                     let v = a
                         .normalized_value(XmlVersion::Implicit1_0)
-                        .map_err(|err| xml_error(text, before as u64, err))?;
+                        .map_err(|e| xml_error(&mut lines, before as u64, e))?;
                     el.attrs.push((a.key.as_ref().to_owned(), v.into_owned()));
                 }
                 if matches!(event, Event::Start(_)) {
@@ -122,7 +179,7 @@ fn read_tree(text: &str) -> Result<XmlElement, RuleError> {
                     None if s.trim().is_empty() => {}
                     None => {
                         return Err(xml_error(
-                            text,
+                            &mut lines,
                             before as u64,
                             "text outside the root element",
                         ));
@@ -133,7 +190,7 @@ fn read_tree(text: &str) -> Result<XmlElement, RuleError> {
                 Some(el) => el.text.push_str(&t.xml10_content()),
                 None => {
                     return Err(xml_error(
-                        text,
+                        &mut lines,
                         before as u64,
                         "CDATA outside the root element",
                     ));
@@ -142,18 +199,23 @@ fn read_tree(text: &str) -> Result<XmlElement, RuleError> {
             Event::GeneralRef(r) => {
                 let resolved = match r.resolve_char_ref() {
                     Ok(Some(c)) => c.to_string(),
-                    Ok(None) => quick_xml::escape::resolve_predefined_entity(&r)
-                        .ok_or_else(|| {
-                            xml_error(text, before as u64, format!("unknown entity &{};", &*r))
-                        })?
-                        .to_owned(),
-                    Err(e) => return Err(xml_error(text, before as u64, e)),
+                    Ok(None) => match quick_xml::escape::resolve_predefined_entity(&r) {
+                        Some(s) => s.to_owned(),
+                        None => {
+                            return Err(xml_error(
+                                &mut lines,
+                                before as u64,
+                                format!("unknown entity &{};", &*r),
+                            ));
+                        }
+                    },
+                    Err(e) => return Err(xml_error(&mut lines, before as u64, e)),
                 };
                 match stack.last_mut() {
                     Some(el) => el.text.push_str(&resolved),
                     None => {
                         return Err(xml_error(
-                            text,
+                            &mut lines,
                             before as u64,
                             "text outside the root element",
                         ));
@@ -171,7 +233,7 @@ fn read_tree(text: &str) -> Result<XmlElement, RuleError> {
             kind: RuleErrorKind::Xml("element is not closed".into()),
         });
     }
-    root.ok_or_else(|| xml_error(text, 0, "no root element"))
+    root.ok_or_else(|| xml_error(&mut lines, 0, "no root element"))
 }
 
 fn close(el: XmlElement, stack: &mut [XmlElement], root: &mut Option<XmlElement>) {
@@ -218,6 +280,13 @@ fn no_text(el: &XmlElement) -> Result<(), RuleError> {
 
 /// Parses a DCR XML document into rules (see the module doc).
 pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
+    if text.len() > MAX_RULES_FILE_BYTES {
+        return Err(RuleError {
+            path: "file".into(),
+            rule: None,
+            kind: RuleErrorKind::TooLarge(MAX_RULES_FILE_BYTES),
+        });
+    }
     let root = read_tree(text)?;
     if root.name != "user-centric-rules" {
         return Err(err(
@@ -259,6 +328,7 @@ pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
         *slot = Some(child);
     }
     let mut rules = Vec::new();
+    let mut budget = RegexBudget::default();
     if let Some(http) = http {
         attrs(http, [])?;
         no_text(http)?;
@@ -267,7 +337,7 @@ pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
                 name: Some(format!("<{}> at line {}", child.name, child.line)),
                 body: Body::Tree {
                     when: Default::default(),
-                    expr: expr(child)?,
+                    expr: expr(child, &mut budget)?,
                 },
             });
         }
@@ -280,7 +350,7 @@ pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
 
 const EXPRESSIONS: &str = "or, and, if, header, cookie or request-uri";
 
-fn expr(el: &XmlElement) -> Result<Expr, RuleError> {
+fn expr(el: &XmlElement, budget: &mut RegexBudget) -> Result<Expr, RuleError> {
     no_text(el)?;
     match el.name.as_str() {
         "or" | "and" => {
@@ -291,7 +361,11 @@ fn expr(el: &XmlElement) -> Result<Expr, RuleError> {
                     RuleErrorKind::Structure("needs at least one child element".into()),
                 ));
             }
-            let children = el.children.iter().map(expr).collect::<Result<_, _>>()?;
+            let children = el
+                .children
+                .iter()
+                .map(|c| expr(c, budget))
+                .collect::<Result<_, _>>()?;
             Ok(if el.name == "or" {
                 Expr::Or(children)
             } else {
@@ -321,7 +395,7 @@ fn expr(el: &XmlElement) -> Result<Expr, RuleError> {
                             ),
                         ))
                     } else {
-                        expr(c)
+                        expr(c, budget)
                     }
                 })
                 .collect::<Result<_, _>>()?;
@@ -368,7 +442,7 @@ fn expr(el: &XmlElement) -> Result<Expr, RuleError> {
             } else {
                 Subject::Cookie(name.to_owned())
             };
-            test_element(el, subject, ret, false)
+            test_element(el, subject, ret, false, budget)
         }
         "request-uri" => {
             let [param, ret] = attrs(el, ["parameter", "return"])?;
@@ -377,7 +451,7 @@ fn expr(el: &XmlElement) -> Result<Expr, RuleError> {
                 Some(p) => Subject::Param(p.to_owned()),
                 None => Subject::Target,
             };
-            test_element(el, subject, ret, true)
+            test_element(el, subject, ret, true, budget)
         }
         other => Err(err(
             el,
@@ -395,6 +469,7 @@ fn test_element(
     subject: Subject,
     ret: Option<&str>,
     allow_match: bool,
+    budget: &mut RegexBudget,
 ) -> Result<Expr, RuleError> {
     let expected = if allow_match {
         "exactly one of <exist/>, <notexist/>, <match>"
@@ -440,8 +515,7 @@ fn test_element(
                     },
                 ));
             }
-            let re =
-                Regex::new(t.text.trim()).map_err(|e| err(t, RuleErrorKind::InvalidRegex(e)))?;
+            let re = budget.compile(t.text.trim()).map_err(|kind| err(t, kind))?;
             if re.captures_len() < 2 {
                 return Err(err(t, RuleErrorKind::NoCaptureGroup));
             }
@@ -474,5 +548,7 @@ fn var(el: &XmlElement, s: &str) -> Result<Var, RuleError> {
     Var::parse(s).ok_or_else(|| err(el, RuleErrorKind::InvalidReturn(s.to_owned())))
 }
 
+#[cfg(test)]
+mod bounds_tests;
 #[cfg(test)]
 mod tests;
