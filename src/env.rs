@@ -185,7 +185,12 @@ impl Env {
         };
         let gossip_keys =
             Arc::new(GossipKeys::new(keyring).with_file(config.tls.gossip_keyring.clone()));
-        let bounds = Arc::new(Bounds::new(&n.id, generation, MAX_MEMBERS));
+        let bounds = Arc::new(Bounds::new(
+            &n.id,
+            generation,
+            MAX_MEMBERS,
+            config.gossip.interval,
+        ));
         Ok(Env {
             http_listeners,
             peer_socket,

@@ -22,11 +22,33 @@
 //!   one to versions and heartbeats, so 2^64 - 1 would overflow and panic,
 //!   and 2^62 would freeze a member's real heartbeats for good; an honest
 //!   node reaches 2^40 after 35,000 years at one update a millisecond;
+//! - a heartbeat or version of a member this node already knows (same node
+//!   id and generation) runs further ahead of the largest one it accepted
+//!   for it than an honest member can advance (see [`Lead`]): one datagram
+//!   sealed by a key holder cannot push a live member's heartbeat or
+//!   version far ahead (the others would then ignore the member's real
+//!   heartbeats and declare it dead, or ignore its real updates);
 //! - a delta carries state about this very node (its id and generation):
 //!   only this node writes its own state, so such a delta is forged or
 //!   replayed and would otherwise replace this node's values.
+//!
+//! Dropping a delta about itself protects this node's own view only. Other
+//! routes a key holder has to this node's state: a digest naming this node
+//! changes nothing here (chitchat ignores its own id's heartbeat, and a
+//! larger `max_version` only makes it send the digest's sender nothing
+//! about itself); but a forged delta about this node sent to *another*
+//! node is taken there (within the bounds above), and this node's real
+//! updates with a version at or below the forged one are then ignored
+//! there. Such foreign state is never adopted by this node (a peer's
+//! delta that carries it is dropped here whole), and it is bounded to one
+//! [`Lead`] per accepted datagram.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Most members (dead ones included) a digest or delta may name: every
 /// node dials every other, so a peerlb cluster is far smaller; this keeps a
@@ -40,6 +62,23 @@ pub(crate) const MAX_VALUE_LEN: usize = 256;
 pub(crate) const MAX_KEYS_PER_NODE: usize = 32;
 /// Largest heartbeat, version or garbage-collection version accepted.
 pub(crate) const MAX_COUNTER: u64 = 1 << 40;
+/// Heartbeats an honest member may add per gossip round as seen by this
+/// node: one per round of its own plus one per message it processes (at
+/// most a Syn and an Ack from each of [`MAX_MEMBERS`] members and a few
+/// SynAcks), rounded up to a power of two.
+pub(crate) const HEARTBEATS_PER_ROUND: u64 = 256;
+/// Versions an honest member may add per gossip round: each change of one
+/// of its keys adds one (`load` and `inflight` every load tick, `weight`
+/// and `status` on demand).
+pub(crate) const VERSIONS_PER_ROUND: u64 = 1024;
+/// Rounds of lead always allowed on top of the time since the member was
+/// last heard (gossip datagrams arrive out of order and late).
+const SLACK_ROUNDS: u64 = 4;
+/// Members whose last accepted heartbeat and version are remembered; the
+/// least recently heard is forgotten first (it is then judged as a new
+/// member: absolute bounds only).
+const KNOWN_CAP: usize = 4 * MAX_MEMBERS;
+
 /// Longest node id (as certificate names allow).
 const MAX_NODE_ID_LEN: usize = 63;
 /// Largest decompressed delta block (chitchat's own limit).
@@ -64,13 +103,62 @@ pub(crate) enum BoundsError {
     /// A delta writes this node's own state.
     #[error("a delta about this node itself")]
     AboutSelf,
+    /// A known member's heartbeat or version runs too far ahead.
+    #[error("{what} of {node} jumps {got} ahead of the known one, more than {max}")]
+    Jump {
+        /// `heartbeat` or `version`.
+        what: &'static str,
+        /// The member's node id.
+        node: String,
+        /// The lead found.
+        got: u64,
+        /// The lead allowed ([`Lead`]).
+        max: u64,
+    },
 }
+
+/// How far a known member's heartbeat and versions may run ahead of the
+/// largest ones this node accepted for it:
+/// `per_round x (SLACK_ROUNDS + rounds since it was last heard)`, with
+/// `per_round` [`HEARTBEATS_PER_ROUND`] or [`VERSIONS_PER_ROUND`]. The
+/// allowance grows with silence, so a member (or this node) cut off for a
+/// while is taken back; a member unheard for longer than the memory of
+/// [`KNOWN_CAP`] members is judged as new. A key holder can still move a
+/// member ahead by one allowance per accepted datagram; what it gains is
+/// bounded per datagram, and a member's own datagrams keep counting as
+/// heartbeats to the failure detector (each is larger than the last one
+/// it sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lead {
+    /// Largest heartbeat accepted.
+    heartbeat: u64,
+    /// Largest version accepted (digest `max_version` or a delta's versions).
+    version: u64,
+    /// When it was last heard.
+    at: Instant,
+}
+
+impl Lead {
+    /// The allowance after `elapsed` of silence, given `per_round`.
+    fn allowed(per_round: u64, elapsed: Duration, interval: Duration) -> u64 {
+        let rounds = (elapsed.as_nanos() / interval.as_nanos().max(1)) as u64;
+        per_round.saturating_mul(SLACK_ROUNDS.saturating_add(rounds))
+    }
+}
+
+/// One member's figures read from a datagram: (node id, generation),
+/// largest heartbeat and version.
+type Seen = BTreeMap<(String, u64), (u64, u64)>;
 
 /// The bounds one node applies (see the module doc).
 pub(crate) struct Bounds {
     self_id: String,
     self_generation: u64,
     max_members: usize,
+    interval: Duration,
+    /// Largest heartbeat and version accepted per known member, updated
+    /// from every datagram handed to chitchat.
+    known: Mutex<BTreeMap<(String, u64), Lead>>,
 }
 
 impl fmt::Debug for Bounds {
@@ -141,20 +229,82 @@ fn counter(what: &'static str, v: u64) -> Result<(), BoundsError> {
 
 impl Bounds {
     /// Bounds for the node `self_id` of generation `self_generation` in a
-    /// cluster of at most `max_members` members (dead ones included).
-    pub(crate) fn new(self_id: &str, self_generation: u64, max_members: usize) -> Bounds {
+    /// cluster of at most `max_members` members (dead ones included),
+    /// gossiping every `interval`.
+    pub(crate) fn new(
+        self_id: &str,
+        self_generation: u64,
+        max_members: usize,
+        interval: Duration,
+    ) -> Bounds {
         Bounds {
             self_id: self_id.to_owned(),
             self_generation,
             max_members,
+            interval,
+            known: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// Checks an opened datagram.
+    /// Checks an opened datagram received now; when it passes, its
+    /// heartbeats and versions become the known ones.
     ///
     /// # Errors
     /// [`BoundsError`] naming the first broken bound.
     pub(crate) fn check(&self, datagram: &[u8]) -> Result<(), BoundsError> {
+        self.check_at(datagram, Instant::now())
+    }
+
+    /// [`Bounds::check`] at `now`.
+    fn check_at(&self, datagram: &[u8], now: Instant) -> Result<(), BoundsError> {
+        let mut seen = Seen::new();
+        self.parse(datagram, &mut seen)?;
+        let mut known = self.known.lock().expect("gossip bounds lock");
+        for (id, &(heartbeat, version)) in &seen {
+            let Some(k) = known.get(id) else {
+                continue;
+            };
+            let elapsed = now.saturating_duration_since(k.at);
+            for (what, got, had, per_round) in [
+                ("heartbeat", heartbeat, k.heartbeat, HEARTBEATS_PER_ROUND),
+                ("version", version, k.version, VERSIONS_PER_ROUND),
+            ] {
+                let max = Lead::allowed(per_round, elapsed, self.interval);
+                let lead = got.saturating_sub(had);
+                if lead > max {
+                    return Err(BoundsError::Jump {
+                        what,
+                        node: id.0.clone(),
+                        got: lead,
+                        max,
+                    });
+                }
+            }
+        }
+        for (id, (heartbeat, version)) in seen {
+            let k = known.entry(id).or_insert(Lead {
+                heartbeat,
+                version,
+                at: now,
+            });
+            k.heartbeat = k.heartbeat.max(heartbeat);
+            k.version = k.version.max(version);
+            k.at = now;
+        }
+        while known.len() > KNOWN_CAP {
+            let oldest = known
+                .iter()
+                .min_by_key(|(_, k)| k.at)
+                .map(|(id, _)| id.clone())
+                .expect("not empty");
+            known.remove(&oldest);
+        }
+        Ok(())
+    }
+
+    /// Parses a datagram, checking every bound that needs no memory, and
+    /// collects each other member's largest heartbeat and version in `seen`.
+    fn parse(&self, datagram: &[u8], seen: &mut Seen) -> Result<(), BoundsError> {
         let mut r = Reader(datagram);
         if r.u16()? != 0xB053 {
             return Err(BoundsError::Malformed("magic"));
@@ -164,15 +314,15 @@ impl Bounds {
         }
         match r.u8()? {
             0 => {
-                self.digest(&mut r)?;
+                self.digest(&mut r, seen)?;
                 // Compared, never stored: any length a datagram holds.
                 r.str("cluster id length", usize::from(u16::MAX))?;
             }
             1 => {
-                self.digest(&mut r)?;
-                self.delta(&mut r)?;
+                self.digest(&mut r, seen)?;
+                self.delta(&mut r, seen)?;
             }
-            2 => self.delta(&mut r)?,
+            2 => self.delta(&mut r, seen)?,
             3 => {}
             _ => return Err(BoundsError::Malformed("message type")),
         }
@@ -186,19 +336,31 @@ impl Bounds {
         Ok(())
     }
 
-    fn digest(&self, r: &mut Reader<'_>) -> Result<(), BoundsError> {
+    /// Records `heartbeat` and `version` of a member other than this node.
+    fn see(&self, seen: &mut Seen, (node, generation): (&str, u64), heartbeat: u64, version: u64) {
+        if (node, generation) != (self.self_id.as_str(), self.self_generation) {
+            let e = seen.entry((node.to_owned(), generation)).or_insert((0, 0));
+            e.0 = e.0.max(heartbeat);
+            e.1 = e.1.max(version);
+        }
+    }
+
+    fn digest(&self, r: &mut Reader<'_>, seen: &mut Seen) -> Result<(), BoundsError> {
         let n = usize::from(r.u16()?);
         self.members(n)?;
         for _ in 0..n {
-            r.id()?;
-            counter("heartbeat", r.u64()?)?;
+            let id = r.id()?;
+            let heartbeat = r.u64()?;
+            counter("heartbeat", heartbeat)?;
             counter("last_gc_version", r.u64()?)?;
-            counter("max_version", r.u64()?)?;
+            let max_version = r.u64()?;
+            counter("max_version", max_version)?;
+            self.see(seen, id, heartbeat, max_version);
         }
         Ok(())
     }
 
-    fn delta(&self, r: &mut Reader<'_>) -> Result<(), BoundsError> {
+    fn delta(&self, r: &mut Reader<'_>, seen: &mut Seen) -> Result<(), BoundsError> {
         let mut ops = Vec::new();
         loop {
             match r.u8()? {
@@ -227,6 +389,7 @@ impl Bounds {
         }
         let mut r = Reader(&ops);
         let (mut nodes, mut keys) = (0usize, 0usize);
+        let mut node = None;
         while !r.0.is_empty() {
             match r.u8()? {
                 0 => {
@@ -234,6 +397,7 @@ impl Bounds {
                     if id == self.self_id && generation == self.self_generation {
                         return Err(BoundsError::AboutSelf);
                     }
+                    node = Some((id, generation));
                     nodes += 1;
                     self.members(nodes)?;
                     keys = 0;
@@ -243,7 +407,11 @@ impl Bounds {
                 1 if nodes > 0 => {
                     r.str("key length", MAX_KEY_LEN)?;
                     r.str("value length", MAX_VALUE_LEN)?;
-                    counter("version", r.u64()?)?;
+                    let version = r.u64()?;
+                    counter("version", version)?;
+                    if let Some(id) = node {
+                        self.see(seen, id, 0, version);
+                    }
                     if r.u8()? > 2 {
                         return Err(BoundsError::Malformed("deletion status"));
                     }
@@ -256,7 +424,13 @@ impl Bounds {
                         ));
                     }
                 }
-                2 if nodes > 0 => counter("max_version", r.u64()?)?,
+                2 if nodes > 0 => {
+                    let version = r.u64()?;
+                    counter("max_version", version)?;
+                    if let Some(id) = node {
+                        self.see(seen, id, 0, version);
+                    }
+                }
                 _ => return Err(BoundsError::Malformed("delta operation")),
             }
         }
@@ -328,8 +502,10 @@ mod tests {
     }
 
     fn bounds() -> Bounds {
-        Bounds::new("n1", 7, 4)
+        Bounds::new("n1", 7, 4, INTERVAL)
     }
+
+    const INTERVAL: Duration = Duration::from_millis(100);
 
     #[test]
     fn honest_messages_pass() {
@@ -499,5 +675,100 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    /// A SynAck whose digest gives `node` of generation 1 `heartbeat` and
+    /// `max_version`.
+    fn syn_ack(node: &str, heartbeat: u64, max_version: u64) -> Vec<u8> {
+        let mut w = W::header(1);
+        w.0.extend(1u16.to_le_bytes());
+        w.id(node, 1).u64(heartbeat).u64(0).u64(max_version);
+        w.0.extend(delta(&[]));
+        w.0
+    }
+
+    #[test]
+    fn a_known_members_heartbeat_or_version_jumping_ahead_is_refused() {
+        let b = bounds();
+        let t0 = Instant::now();
+        // First sight: absolute bounds only.
+        assert_eq!(b.check_at(&syn_ack("n2", 1000, 50), t0), Ok(()));
+        let step = HEARTBEATS_PER_ROUND * SLACK_ROUNDS;
+        // Within the allowance at once; a jump of 2^30 is refused.
+        assert_eq!(b.check_at(&syn_ack("n2", 1000 + step, 50), t0), Ok(()));
+        let e = b
+            .check_at(&syn_ack("n2", 1000 + step + (1 << 30), 50), t0)
+            .unwrap_err();
+        assert!(
+            matches!(&e, BoundsError::Jump { what: "heartbeat", node, .. } if node == "n2"),
+            "{e}"
+        );
+        // A refused datagram moves nothing: one step more still passes.
+        assert_eq!(b.check_at(&syn_ack("n2", 1000 + 2 * step, 50), t0), Ok(()));
+        let e = b
+            .check_at(&syn_ack("n2", 1000 + 2 * step, 50 + (1 << 30)), t0)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BoundsError::Jump {
+                    what: "version",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // A delta's versions count as the member's versions.
+        let e = b
+            .check_at(&ack(&[("n2", 1, vec![kv("load", "1", 1 << 30)])]), t0)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BoundsError::Jump {
+                    what: "version",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Another generation is another member.
+        assert_eq!(
+            b.check_at(&ack(&[("n2", 2, vec![kv("load", "1", 1 << 30)])]), t0),
+            Ok(())
+        );
+        // Silence widens the allowance: a member cut off for 1,000 rounds
+        // is taken back with what it did meanwhile.
+        let later = t0 + INTERVAL * 1000;
+        let h = 1000 + 2 * step + 1000 * HEARTBEATS_PER_ROUND;
+        assert_eq!(
+            b.check_at(&syn_ack("n2", h, 50 + 1000 * VERSIONS_PER_ROUND), later),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn this_nodes_own_figures_in_a_digest_are_not_judged() {
+        let b = bounds();
+        let t0 = Instant::now();
+        let mut w = W::header(1);
+        w.0.extend(1u16.to_le_bytes());
+        w.id("n1", 7).u64(1 << 30).u64(0).u64(1 << 30);
+        w.0.extend(delta(&[]));
+        assert_eq!(b.check_at(&w.0, t0), Ok(()));
+        assert!(b.known.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_memory_of_members_is_bounded() {
+        let b = Bounds::new("n1", 7, MAX_MEMBERS, INTERVAL);
+        let t0 = Instant::now();
+        for i in 0..(KNOWN_CAP + 10) {
+            let at = t0 + Duration::from_millis(i as u64);
+            assert_eq!(b.check_at(&syn_ack(&format!("g{i}"), 5, 5), at), Ok(()));
+        }
+        let known = b.known.lock().unwrap();
+        assert_eq!(known.len(), KNOWN_CAP);
+        assert!(!known.contains_key(&("g0".to_owned(), 1)));
     }
 }

@@ -253,7 +253,12 @@ mod tests {
         let keys = Arc::new(GossipKeys::new(Keyring::single(GossipKey::from_bytes(
             [key; 32],
         ))));
-        let bounds = Arc::new(Bounds::new("self", 1, 8));
+        let bounds = Arc::new(Bounds::new(
+            "self",
+            1,
+            8,
+            std::time::Duration::from_millis(100),
+        ));
         (SealedUdpTransport::new(keys.clone(), bounds), keys)
     }
 
@@ -306,9 +311,18 @@ mod tests {
         let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
         let (tb, keys) = transport(1);
         let outer = tokio::net::UdpSocket::bind(lo).await.unwrap();
-        let mut b = SealedSocket::new(outer, keys, Arc::new(Bounds::new("self", 1, 8)))
-            .await
-            .unwrap();
+        let mut b = SealedSocket::new(
+            outer,
+            keys,
+            Arc::new(Bounds::new(
+                "self",
+                1,
+                8,
+                std::time::Duration::from_millis(100),
+            )),
+        )
+        .await
+        .unwrap();
         drop(tb);
         let codec = Socket::local_addr(&b.codec).unwrap();
         let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
