@@ -46,6 +46,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -143,6 +144,42 @@ impl Lead {
     fn allowed(per_round: u64, elapsed: Duration, interval: Duration) -> u64 {
         let rounds = (elapsed.as_nanos() / interval.as_nanos().max(1)) as u64;
         per_round.saturating_mul(SLACK_ROUNDS.saturating_add(rounds))
+    }
+}
+
+/// The largest heartbeat and version other nodes' digests gave for this
+/// node (its own id and generation): an honest peer only repeats what this
+/// node published, so a figure above this node's own is forged state
+/// about it held by that peer, which this node republishes over.
+#[derive(Debug, Default)]
+pub(crate) struct SelfEcho {
+    heartbeat: AtomicU64,
+    version: AtomicU64,
+    /// Told when a figure grows.
+    grown: tokio::sync::Notify,
+}
+
+impl SelfEcho {
+    /// Records figures a digest gave for this node.
+    pub(crate) fn see(&self, heartbeat: u64, version: u64) {
+        let h = self.heartbeat.fetch_max(heartbeat, Ordering::Relaxed);
+        let v = self.version.fetch_max(version, Ordering::Relaxed);
+        if heartbeat > h || version > v {
+            self.grown.notify_one();
+        }
+    }
+
+    /// The largest (heartbeat, version) seen so far.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.heartbeat.load(Ordering::Relaxed),
+            self.version.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Waits until a figure grows.
+    pub(crate) async fn grown(&self) {
+        self.grown.notified().await;
     }
 }
 
@@ -247,18 +284,21 @@ impl Bounds {
     }
 
     /// Checks an opened datagram received now; when it passes, its
-    /// heartbeats and versions become the known ones.
+    /// heartbeats and versions become the known ones, and the largest
+    /// heartbeat and version its digest gives for this node itself (if it
+    /// names it) are returned, for [`SelfEcho::see`].
     ///
     /// # Errors
     /// [`BoundsError`] naming the first broken bound.
-    pub(crate) fn check(&self, datagram: &[u8]) -> Result<(), BoundsError> {
+    pub(crate) fn check(&self, datagram: &[u8]) -> Result<Option<(u64, u64)>, BoundsError> {
         self.check_at(datagram, Instant::now())
     }
 
     /// [`Bounds::check`] at `now`.
-    fn check_at(&self, datagram: &[u8], now: Instant) -> Result<(), BoundsError> {
+    fn check_at(&self, datagram: &[u8], now: Instant) -> Result<Option<(u64, u64)>, BoundsError> {
         let mut seen = Seen::new();
         self.parse(datagram, &mut seen)?;
+        let me = seen.remove(&(self.self_id.clone(), self.self_generation));
         let mut known = self.known.lock().expect("gossip bounds lock");
         for (id, &(heartbeat, version)) in &seen {
             let Some(k) = known.get(id) else {
@@ -299,7 +339,7 @@ impl Bounds {
                 .expect("not empty");
             known.remove(&oldest);
         }
-        Ok(())
+        Ok(me)
     }
 
     /// Parses a datagram, checking every bound that needs no memory, and
@@ -336,13 +376,12 @@ impl Bounds {
         Ok(())
     }
 
-    /// Records `heartbeat` and `version` of a member other than this node.
+    /// Records `heartbeat` and `version` of a member (this node's own
+    /// figures are taken out before the jump rule applies).
     fn see(&self, seen: &mut Seen, (node, generation): (&str, u64), heartbeat: u64, version: u64) {
-        if (node, generation) != (self.self_id.as_str(), self.self_generation) {
-            let e = seen.entry((node.to_owned(), generation)).or_insert((0, 0));
-            e.0 = e.0.max(heartbeat);
-            e.1 = e.1.max(version);
-        }
+        let e = seen.entry((node.to_owned(), generation)).or_insert((0, 0));
+        e.0 = e.0.max(heartbeat);
+        e.1 = e.1.max(version);
     }
 
     fn digest(&self, r: &mut Reader<'_>, seen: &mut Seen) -> Result<(), BoundsError> {
@@ -512,17 +551,17 @@ mod tests {
         let b = bounds();
         assert_eq!(
             b.check(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])),
-            Ok(())
+            Ok(None)
         );
         let mut syn = W::header(0);
         syn.0.extend(1u16.to_le_bytes());
         syn.id("n2", 1).u64(5).u64(0).u64(9).str("cluster");
-        assert_eq!(b.check(&syn.0), Ok(()));
-        assert_eq!(b.check(&W::header(3).0), Ok(()));
+        assert_eq!(b.check(&syn.0), Ok(None));
+        assert_eq!(b.check(&W::header(3).0), Ok(None));
         // An older generation of this node is another member.
         assert_eq!(
             b.check(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])),
-            Ok(())
+            Ok(None)
         );
     }
 
@@ -561,7 +600,7 @@ mod tests {
         }
         assert_eq!(
             b.check(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])),
-            Ok(())
+            Ok(None)
         );
     }
 
@@ -618,7 +657,7 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(b.check(&ack(&ghosts[..4])), Ok(()));
+        assert_eq!(b.check(&ack(&ghosts[..4])), Ok(None));
     }
 
     #[test]
@@ -692,10 +731,10 @@ mod tests {
         let b = bounds();
         let t0 = Instant::now();
         // First sight: absolute bounds only.
-        assert_eq!(b.check_at(&syn_ack("n2", 1000, 50), t0), Ok(()));
+        assert_eq!(b.check_at(&syn_ack("n2", 1000, 50), t0), Ok(None));
         let step = HEARTBEATS_PER_ROUND * SLACK_ROUNDS;
         // Within the allowance at once; a jump of 2^30 is refused.
-        assert_eq!(b.check_at(&syn_ack("n2", 1000 + step, 50), t0), Ok(()));
+        assert_eq!(b.check_at(&syn_ack("n2", 1000 + step, 50), t0), Ok(None));
         let e = b
             .check_at(&syn_ack("n2", 1000 + step + (1 << 30), 50), t0)
             .unwrap_err();
@@ -704,7 +743,10 @@ mod tests {
             "{e}"
         );
         // A refused datagram moves nothing: one step more still passes.
-        assert_eq!(b.check_at(&syn_ack("n2", 1000 + 2 * step, 50), t0), Ok(()));
+        assert_eq!(
+            b.check_at(&syn_ack("n2", 1000 + 2 * step, 50), t0),
+            Ok(None)
+        );
         let e = b
             .check_at(&syn_ack("n2", 1000 + 2 * step, 50 + (1 << 30)), t0)
             .unwrap_err();
@@ -735,7 +777,7 @@ mod tests {
         // Another generation is another member.
         assert_eq!(
             b.check_at(&ack(&[("n2", 2, vec![kv("load", "1", 1 << 30)])]), t0),
-            Ok(())
+            Ok(None)
         );
         // Silence widens the allowance: a member cut off for 1,000 rounds
         // is taken back with what it did meanwhile.
@@ -743,19 +785,19 @@ mod tests {
         let h = 1000 + 2 * step + 1000 * HEARTBEATS_PER_ROUND;
         assert_eq!(
             b.check_at(&syn_ack("n2", h, 50 + 1000 * VERSIONS_PER_ROUND), later),
-            Ok(())
+            Ok(None)
         );
     }
 
     #[test]
-    fn this_nodes_own_figures_in_a_digest_are_not_judged() {
+    fn this_nodes_own_figures_in_a_digest_are_not_judged_but_handed_on() {
         let b = bounds();
         let t0 = Instant::now();
         let mut w = W::header(1);
         w.0.extend(1u16.to_le_bytes());
         w.id("n1", 7).u64(1 << 30).u64(0).u64(1 << 30);
         w.0.extend(delta(&[]));
-        assert_eq!(b.check_at(&w.0, t0), Ok(()));
+        assert_eq!(b.check_at(&w.0, t0), Ok(Some((1 << 30, 1 << 30))));
         assert!(b.known.lock().unwrap().is_empty());
     }
 
@@ -765,7 +807,7 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..(KNOWN_CAP + 10) {
             let at = t0 + Duration::from_millis(i as u64);
-            assert_eq!(b.check_at(&syn_ack(&format!("g{i}"), 5, 5), at), Ok(()));
+            assert_eq!(b.check_at(&syn_ack(&format!("g{i}"), 5, 5), at), Ok(None));
         }
         let known = b.known.lock().unwrap();
         assert_eq!(known.len(), KNOWN_CAP);

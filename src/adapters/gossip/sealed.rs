@@ -146,13 +146,17 @@ impl SealedSocket {
             debug!(%from, len = n, "gossip datagram dropped: no key of the ring opens it");
             return;
         };
-        if let Err(e) = self.bounds.check(&plain) {
-            self.keys
-                .counters
-                .out_of_bounds
-                .fetch_add(1, Ordering::Relaxed);
-            debug!(%from, error = %e, "gossip datagram dropped: out of bounds");
-            return;
+        match self.bounds.check(&plain) {
+            Ok(Some((heartbeat, version))) => self.keys.echo.see(heartbeat, version),
+            Ok(None) => {}
+            Err(e) => {
+                self.keys
+                    .counters
+                    .out_of_bounds
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(%from, error = %e, "gossip datagram dropped: out of bounds");
+                return;
+            }
         }
         let shim = &mut self.in_shims[self.next_shim];
         self.next_shim = (self.next_shim + 1) % IN_SHIMS;
