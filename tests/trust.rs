@@ -248,6 +248,44 @@ fn sealed_datagrams_past_a_bound_and_datagrams_under_a_foreign_key_are_dropped()
 }
 
 #[test]
+fn a_key_holders_heartbeat_jump_is_dropped_counted_and_the_member_stays_live() {
+    let c = Cluster::start("trust-jump", 3, "", "");
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let (n1, n2) = (gossip_id(&c, "n1", "n1"), gossip_id(&c, "n1", "n2"));
+    // n2's real id with a heartbeat 2^30 ahead (under the absolute bound
+    // 2^40): taken, it would freeze n2 in n1's view, then everywhere.
+    forge::send(
+        n1.gossip,
+        &ring.seal(&forge::syn_ack(&n2, 1 << 30, 1, &[]), [3; 12]),
+    );
+    wait_dropped(&c, "n1", "out_of_bounds", 1);
+    assert_eq!(dropped(&c, "n1", "unauthenticated"), 0);
+    settle(&c);
+}
+
+#[test]
+fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node() {
+    let c = Cluster::start("trust-republish", 3, "", "");
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let n1 = gossip_id(&c, "n1", "n1");
+    // A key holder marks n1 leaving at a version a little ahead of n1's
+    // own (within the bounds), sent to n2 and n3, which take it. n1 learns
+    // of it from their digests and republishes its state above that
+    // version: every view shows n1 serving again, for good.
+    let forged = forge::ack(&n1, &[("status", "leaving", 1000)]);
+    for (peer, nonce) in [("n2", 4), ("n3", 5)] {
+        forge::send(c.node(peer).gossip, &ring.seal(&forged, [nonce; 12]));
+    }
+    c.wait_until(Duration::from_secs(10), || {
+        c.log("n1").contains("republished this node's own state")
+    })
+    .unwrap_or_else(|_| panic!("n1 did not republish:\n{}", c.log("n1")));
+    c.wait_until(Duration::from_secs(10), || all_serving(&c))
+        .unwrap_or_else(|_| panic!("n1 stayed leaving: {:?}", views(&c)));
+    settle(&c);
+}
+
+#[test]
 fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_meanwhile_rejoins() {
     let mut c = Cluster::start("trust-rotate", 3, "", "");
     let file = c.dir.join("certs").join("gossip.keys");

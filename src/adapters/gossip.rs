@@ -213,7 +213,9 @@ async fn republish_over_echoes(
 fn republish(c: &mut chitchat::Chitchat, heartbeat: u64, version: u64) -> bool {
     let st = c.self_node_state();
     let mut changed = false;
-    if heartbeat >= u64::from(st.heartbeat()) {
+    // An honest peer echoes at most this node's own heartbeat (equal when
+    // it answers before this node's next increment).
+    if heartbeat > u64::from(st.heartbeat()) {
         let next = serde_json::Value::from(heartbeat.saturating_add(1));
         if let Ok(h) = serde_json::from_value::<chitchat::Heartbeat>(next) {
             changed |= st.try_set_heartbeat(h);
@@ -319,7 +321,8 @@ mod tests {
         let st = c.self_node_state();
         let (h0, v0) = (u64::from(st.heartbeat()), st.max_version());
         // Figures at or below its own change nothing (an honest echo).
-        assert!(!republish(&mut c, h0 - 1, v0));
+        assert!(!republish(&mut c, h0, v0));
+        assert!(!republish(&mut c, h0 - 1, v0 - 1));
         assert_eq!(c.self_node_state().max_version(), v0);
         assert!(republish(&mut c, h0 + 500, v0 + 1000));
         let st = c.self_node_state();
