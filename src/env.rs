@@ -195,7 +195,11 @@ impl Env {
             http_listeners,
             peer_socket,
             quic_runtime: Arc::new(quinn::TokioRuntime),
-            gossip: Box::new(SealedUdpTransport::new(gossip_keys.clone(), bounds)),
+            gossip: Box::new(SealedUdpTransport::new(
+                gossip_keys.clone(),
+                bounds,
+                config.gossip.seeds.clone(),
+            )),
             gossip_keys,
             clock: Arc::new(clock),
             generation,

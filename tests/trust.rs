@@ -132,7 +132,7 @@ fn forged_state_heartbeat_and_overflow_without_the_key_are_dropped_counted_and_c
     settle(&c);
     // The cluster's own sealed gossip is never refused by the bounds.
     for n in ["n1", "n2", "n3"] {
-        assert_eq!(dropped(&c, n, "out_of_bounds"), 0, "{n}");
+        assert_eq!(dropped(&c, n, "out_of_bounds"), 0, "{n}:\n{}", c.log(n));
     }
     // The node whose version was forged still publishes (an overflow
     // inside chitchat would have stopped it): a weight change reaches n2.
@@ -283,6 +283,98 @@ fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node(
     c.wait_until(Duration::from_secs(10), || all_serving(&c))
         .unwrap_or_else(|_| panic!("n1 stayed leaving: {:?}", views(&c)));
     settle(&c);
+}
+
+/// A key holder announces a ghost member whose peer and gossip addresses
+/// are traps, and keeps it alive with one sealed SynAck per gossip round
+/// for ten seconds. Every node dials the ghost's peer address at most
+/// three times (`dial::GIVE_UP_AFTER`), then gives up while the
+/// announcement goes on, so the QUIC bytes the cluster sends the trap are
+/// a constant (3 nodes x 3 attempts) that the announcement's bytes pass
+/// within about eight seconds; no gossip goes to the ghost's gossip
+/// address (it never sent an authenticated datagram). The figures are
+/// printed.
+#[test]
+fn a_ghost_announced_by_a_key_holder_gets_fewer_bytes_than_announced_it() {
+    let c = Cluster::start("trust-ghost-bytes", 3, "", "");
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let n1 = gossip_id(&c, "n1", "n1");
+    let quic_trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let gossip_trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for t in [&quic_trap, &gossip_trap] {
+        t.set_nonblocking(true).unwrap();
+    }
+    let ghost = Id {
+        node: "ghost".into(),
+        generation: 1,
+        gossip: gossip_trap.local_addr().unwrap(),
+    };
+    let peer_addr = quic_trap.local_addr().unwrap().to_string();
+    let kvs = [
+        ("peer_addr", peer_addr.as_str(), 1),
+        ("http_addr", peer_addr.as_str(), 2),
+        ("weight", "1", 3),
+        ("status", "serving", 4),
+        ("load", "100", 5),
+        ("inflight", "0", 6),
+    ];
+    let drain = |t: &std::net::UdpSocket| {
+        let mut buf = [0u8; 65_536];
+        let mut n = 0;
+        while let Ok((k, _)) = t.recv_from(&mut buf) {
+            n += k;
+        }
+        n
+    };
+    let (mut announced, mut quic, mut gossip) = (0usize, 0usize, 0usize);
+    let mut heartbeat = 10u64;
+    let gave_up = |c: &Cluster| {
+        ["n1", "n2", "n3"]
+            .iter()
+            .all(|n| c.log(n).contains("peer never completed a handshake"))
+    };
+    let start = std::time::Instant::now();
+    let mut done_at = None;
+    // Announce every gossip round for ten seconds and until every node
+    // gave up, then one second more (nothing more may reach the trap).
+    while start.elapsed() < Duration::from_secs(10)
+        || done_at.is_none_or(|d: std::time::Instant| d.elapsed() < Duration::from_secs(1))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not every node gave up on the ghost: {quic} QUIC bytes so far"
+        );
+        heartbeat += 1;
+        let mut nonce = [0u8; 12];
+        nonce[..8].copy_from_slice(&heartbeat.to_le_bytes());
+        let d = ring.seal(&forge::syn_ack(&ghost, heartbeat, 6, &kvs), nonce);
+        announced += d.len();
+        forge::send(n1.gossip, &d);
+        std::thread::sleep(Duration::from_millis(100));
+        quic += drain(&quic_trap);
+        gossip += drain(&gossip_trap);
+        if done_at.is_none() && gave_up(&c) {
+            done_at = Some(std::time::Instant::now());
+        }
+    }
+    let after_give_up = {
+        std::thread::sleep(Duration::from_millis(200));
+        drain(&quic_trap)
+    };
+    quic += after_give_up;
+    println!(
+        "ghost over {:.1} s: announced with {announced} bytes; QUIC trap got {quic} bytes ({:.2}x), gossip trap {gossip} bytes ({:.2}x)",
+        start.elapsed().as_secs_f64(),
+        quic as f64 / announced as f64,
+        gossip as f64 / announced as f64,
+    );
+    assert!(quic > 0, "no node dialled the ghost: the test saw nothing");
+    assert_eq!(after_give_up, 0, "a node dialled after giving up");
+    assert!(
+        quic <= announced,
+        "{quic} QUIC bytes sent to the ghost, {announced} bytes announced it"
+    );
+    assert_eq!(gossip, 0, "gossip was sent to the ghost's gossip address");
 }
 
 #[test]

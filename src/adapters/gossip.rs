@@ -80,17 +80,19 @@ impl Publisher {
 
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
     pub(crate) async fn set_status(&self, status: NodeStatus) {
-        self.0
-            .lock()
-            .await
-            .self_node_state()
-            .set("status", status.as_str());
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("status", status.as_str());
+        self.1.echo.set_own_version(st.max_version());
     }
 
     /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
     /// caller checks the range).
     pub(crate) async fn set_weight(&self, weight: u32) {
-        self.0.lock().await.self_node_state().set("weight", weight);
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("weight", weight);
+        self.1.echo.set_own_version(st.max_version());
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
@@ -99,6 +101,7 @@ impl Publisher {
         let st = c.self_node_state();
         st.set("load", load.min(100));
         st.set("inflight", inflight);
+        self.1.echo.set_own_version(st.max_version());
     }
 }
 
@@ -153,7 +156,12 @@ pub(crate) async fn start(
             addr: who.gossip_addr,
             message: format!("{e:#}"),
         })?;
-    let mut live = handle.chitchat().lock().await.live_nodes_watcher();
+    let mut live = {
+        let chitchat = handle.chitchat();
+        let mut c = chitchat.lock().await;
+        keys.echo.set_own_version(c.self_node_state().max_version());
+        c.live_nodes_watcher()
+    };
     let first = to_members(&live.borrow_and_update());
     let (tx, members) = watch::channel(first);
     tokio::spawn(async move {
@@ -190,7 +198,9 @@ async fn republish_over_echoes(
         };
         let (heartbeat, version) = keys.echo.get();
         let mut c = chitchat.lock().await;
-        if republish(&mut c, heartbeat, version) {
+        let republished = republish(&mut c, heartbeat, version);
+        keys.echo.set_own_version(c.self_node_state().max_version());
+        if republished {
             warn!(
                 heartbeat,
                 version,

@@ -28,9 +28,12 @@
 //!   sealed by a key holder cannot push a live member's heartbeat or
 //!   version far ahead (the others would then ignore the member's real
 //!   heartbeats and declare it dead, or ignore its real updates);
-//! - a delta carries state about this very node (its id and generation):
-//!   only this node writes its own state, so such a delta is forged or
-//!   replayed and would otherwise replace this node's values.
+//! - a delta carries state about this very node (its id and generation)
+//!   with a version above this node's own `max_version`: only this node
+//!   writes its own state, so such a delta is forged and chitchat would
+//!   otherwise replace this node's values with it. (A delta about itself
+//!   at or below its own `max_version` is an honest peer answering a stale
+//!   digest; chitchat rejects it, so the datagram passes.)
 //!
 //! Dropping a delta about itself protects this node's own view only. Other
 //! routes a key holder has to this node's state: a digest naming this node
@@ -101,7 +104,7 @@ pub(crate) enum BoundsError {
         /// The bound.
         max: u64,
     },
-    /// A delta writes this node's own state.
+    /// A delta writes this node's own state past its own versions.
     #[error("a delta about this node itself")]
     AboutSelf,
     /// A known member's heartbeat or version runs too far ahead.
@@ -155,6 +158,9 @@ impl Lead {
 pub(crate) struct SelfEcho {
     heartbeat: AtomicU64,
     version: AtomicU64,
+    /// This node's own `max_version` (set by the gossip layer after each
+    /// change; may lag, never lead).
+    own_version: AtomicU64,
     /// Told when a figure grows.
     grown: tokio::sync::Notify,
 }
@@ -167,6 +173,16 @@ impl SelfEcho {
         if heartbeat > h || version > v {
             self.grown.notify_one();
         }
+    }
+
+    /// Records this node's own `max_version`.
+    pub(crate) fn set_own_version(&self, version: u64) {
+        self.own_version.fetch_max(version, Ordering::Relaxed);
+    }
+
+    /// This node's own `max_version` as last recorded.
+    pub(crate) fn own_version(&self) -> u64 {
+        self.own_version.load(Ordering::Relaxed)
     }
 
     /// The largest (heartbeat, version) seen so far.
@@ -290,14 +306,28 @@ impl Bounds {
     ///
     /// # Errors
     /// [`BoundsError`] naming the first broken bound.
-    pub(crate) fn check(&self, datagram: &[u8]) -> Result<Option<(u64, u64)>, BoundsError> {
-        self.check_at(datagram, Instant::now())
+    /// `own_version` is this node's own `max_version` ([`SelfEcho`]).
+    pub(crate) fn check(
+        &self,
+        datagram: &[u8],
+        own_version: u64,
+    ) -> Result<Option<(u64, u64)>, BoundsError> {
+        self.check_at(datagram, own_version, Instant::now())
     }
 
     /// [`Bounds::check`] at `now`.
-    fn check_at(&self, datagram: &[u8], now: Instant) -> Result<Option<(u64, u64)>, BoundsError> {
+    fn check_at(
+        &self,
+        datagram: &[u8],
+        own_version: u64,
+        now: Instant,
+    ) -> Result<Option<(u64, u64)>, BoundsError> {
         let mut seen = Seen::new();
-        self.parse(datagram, &mut seen)?;
+        let mut about_self = 0;
+        self.parse(datagram, &mut seen, &mut about_self)?;
+        if about_self > own_version {
+            return Err(BoundsError::AboutSelf);
+        }
         let me = seen.remove(&(self.self_id.clone(), self.self_generation));
         let mut known = self.known.lock().expect("gossip bounds lock");
         for (id, &(heartbeat, version)) in &seen {
@@ -344,7 +374,13 @@ impl Bounds {
 
     /// Parses a datagram, checking every bound that needs no memory, and
     /// collects each other member's largest heartbeat and version in `seen`.
-    fn parse(&self, datagram: &[u8], seen: &mut Seen) -> Result<(), BoundsError> {
+    /// `about_self` gets the largest version a delta gives this node.
+    fn parse(
+        &self,
+        datagram: &[u8],
+        seen: &mut Seen,
+        about_self: &mut u64,
+    ) -> Result<(), BoundsError> {
         let mut r = Reader(datagram);
         if r.u16()? != 0xB053 {
             return Err(BoundsError::Malformed("magic"));
@@ -360,9 +396,9 @@ impl Bounds {
             }
             1 => {
                 self.digest(&mut r, seen)?;
-                self.delta(&mut r, seen)?;
+                self.delta(&mut r, seen, about_self)?;
             }
-            2 => self.delta(&mut r, seen)?,
+            2 => self.delta(&mut r, seen, about_self)?,
             3 => {}
             _ => return Err(BoundsError::Malformed("message type")),
         }
@@ -399,7 +435,12 @@ impl Bounds {
         Ok(())
     }
 
-    fn delta(&self, r: &mut Reader<'_>, seen: &mut Seen) -> Result<(), BoundsError> {
+    fn delta(
+        &self,
+        r: &mut Reader<'_>,
+        seen: &mut Seen,
+        about_self: &mut u64,
+    ) -> Result<(), BoundsError> {
         let mut ops = Vec::new();
         loop {
             match r.u8()? {
@@ -433,10 +474,8 @@ impl Bounds {
             match r.u8()? {
                 0 => {
                     let (id, generation) = r.id()?;
-                    if id == self.self_id && generation == self.self_generation {
-                        return Err(BoundsError::AboutSelf);
-                    }
-                    node = Some((id, generation));
+                    let is_self = id == self.self_id && generation == self.self_generation;
+                    node = (!is_self).then_some((id, generation));
                     nodes += 1;
                     self.members(nodes)?;
                     keys = 0;
@@ -448,8 +487,9 @@ impl Bounds {
                     r.str("value length", MAX_VALUE_LEN)?;
                     let version = r.u64()?;
                     counter("version", version)?;
-                    if let Some(id) = node {
-                        self.see(seen, id, 0, version);
+                    match node {
+                        Some(id) => self.see(seen, id, 0, version),
+                        None => *about_self = (*about_self).max(version),
                     }
                     if r.u8()? > 2 {
                         return Err(BoundsError::Malformed("deletion status"));
@@ -466,8 +506,9 @@ impl Bounds {
                 2 if nodes > 0 => {
                     let version = r.u64()?;
                     counter("max_version", version)?;
-                    if let Some(id) = node {
-                        self.see(seen, id, 0, version);
+                    match node {
+                        Some(id) => self.see(seen, id, 0, version),
+                        None => *about_self = (*about_self).max(version),
                     }
                 }
                 _ => return Err(BoundsError::Malformed("delta operation")),
@@ -544,23 +585,35 @@ mod tests {
         Bounds::new("n1", 7, 4, INTERVAL)
     }
 
+    /// This node's own max_version in these tests.
+    const OWN: u64 = 50;
+
+    impl Bounds {
+        fn check_own(&self, d: &[u8]) -> Result<Option<(u64, u64)>, BoundsError> {
+            self.check(d, OWN)
+        }
+        fn check_at_own(&self, d: &[u8], now: Instant) -> Result<Option<(u64, u64)>, BoundsError> {
+            self.check_at(d, OWN, now)
+        }
+    }
+
     const INTERVAL: Duration = Duration::from_millis(100);
 
     #[test]
     fn honest_messages_pass() {
         let b = bounds();
         assert_eq!(
-            b.check(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])),
+            b.check_own(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])),
             Ok(None)
         );
         let mut syn = W::header(0);
         syn.0.extend(1u16.to_le_bytes());
         syn.id("n2", 1).u64(5).u64(0).u64(9).str("cluster");
-        assert_eq!(b.check(&syn.0), Ok(None));
-        assert_eq!(b.check(&W::header(3).0), Ok(None));
+        assert_eq!(b.check_own(&syn.0), Ok(None));
+        assert_eq!(b.check_own(&W::header(3).0), Ok(None));
         // An older generation of this node is another member.
         assert_eq!(
-            b.check(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])),
+            b.check_own(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])),
             Ok(None)
         );
     }
@@ -570,7 +623,7 @@ mod tests {
         let b = bounds();
         for v in [MAX_COUNTER + 1, 1 << 62, u64::MAX] {
             let e = b
-                .check(&ack(&[("n2", 1, vec![kv("load", "1", v)])]))
+                .check_own(&ack(&[("n2", 1, vec![kv("load", "1", v)])]))
                 .unwrap_err();
             assert!(
                 matches!(
@@ -586,7 +639,7 @@ mod tests {
             syn_ack.0.extend(1u16.to_le_bytes());
             syn_ack.id("n2", 1).u64(v).u64(0).u64(1);
             syn_ack.0.extend(delta(&[]));
-            let e = b.check(&syn_ack.0).unwrap_err();
+            let e = b.check_own(&syn_ack.0).unwrap_err();
             assert!(
                 matches!(
                     e,
@@ -599,7 +652,7 @@ mod tests {
             );
         }
         assert_eq!(
-            b.check(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])),
+            b.check_own(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])),
             Ok(None)
         );
     }
@@ -608,7 +661,7 @@ mod tests {
     fn lengths_and_counts_are_bounded() {
         let b = bounds();
         let long = |n| "x".repeat(n);
-        let e = b.check(&ack(&[(&long(64), 1, vec![])])).unwrap_err();
+        let e = b.check_own(&ack(&[(&long(64), 1, vec![])])).unwrap_err();
         assert!(matches!(
             e,
             BoundsError::TooLarge {
@@ -617,7 +670,7 @@ mod tests {
             }
         ));
         let e = b
-            .check(&ack(&[("n2", 1, vec![kv(&long(65), "v", 1)])]))
+            .check_own(&ack(&[("n2", 1, vec![kv(&long(65), "v", 1)])]))
             .unwrap_err();
         assert!(matches!(
             e,
@@ -627,7 +680,7 @@ mod tests {
             }
         ));
         let e = b
-            .check(&ack(&[("n2", 1, vec![kv("k", &long(257), 1)])]))
+            .check_own(&ack(&[("n2", 1, vec![kv("k", &long(257), 1)])]))
             .unwrap_err();
         assert!(matches!(
             e,
@@ -639,7 +692,7 @@ mod tests {
         let many: Vec<_> = (0..=MAX_KEYS_PER_NODE)
             .map(|i| kv(&format!("k{i}"), "v", 1))
             .collect();
-        let e = b.check(&ack(&[("n2", 1, many)])).unwrap_err();
+        let e = b.check_own(&ack(&[("n2", 1, many)])).unwrap_err();
         assert!(matches!(
             e,
             BoundsError::TooLarge {
@@ -649,7 +702,7 @@ mod tests {
         ));
         let names: Vec<String> = (0..5).map(|i| format!("g{i}")).collect();
         let ghosts: Vec<_> = names.iter().map(|n| (n.as_str(), 1, vec![])).collect();
-        let e = b.check(&ack(&ghosts)).unwrap_err();
+        let e = b.check_own(&ack(&ghosts)).unwrap_err();
         assert!(matches!(
             e,
             BoundsError::TooLarge {
@@ -657,15 +710,20 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(b.check(&ack(&ghosts[..4])), Ok(None));
+        assert_eq!(b.check_own(&ack(&ghosts[..4])), Ok(None));
     }
 
     #[test]
-    fn a_delta_about_this_node_is_refused() {
+    fn a_delta_about_this_node_past_its_own_versions_is_refused_a_stale_one_passes() {
         let e = bounds()
-            .check(&ack(&[("n1", 7, vec![kv("status", "leaving", 9)])]))
+            .check_own(&ack(&[("n1", 7, vec![kv("status", "leaving", OWN + 1)])]))
             .unwrap_err();
         assert_eq!(e, BoundsError::AboutSelf);
+        // An honest peer answering a stale digest (chitchat rejects it).
+        assert_eq!(
+            bounds().check_own(&ack(&[("n1", 7, vec![kv("load", "3", OWN)])])),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -673,14 +731,14 @@ mod tests {
         let b = bounds();
         let good = ack(&[("n2", 1, vec![kv("status", "serving", 3)])]);
         for n in 0..good.len() {
-            assert!(b.check(&good[..n]).is_err(), "truncated at {n}");
+            assert!(b.check_own(&good[..n]).is_err(), "truncated at {n}");
         }
         let mut v1 = good.clone();
         v1[2] = 1;
-        assert!(matches!(b.check(&v1), Err(BoundsError::Malformed(_))));
+        assert!(matches!(b.check_own(&v1), Err(BoundsError::Malformed(_))));
         let mut junk = good.clone();
         junk[4] = 9;
-        assert!(b.check(&junk).is_err());
+        assert!(b.check_own(&junk).is_err());
         // Arbitrary bytes: an error or Ok, never a panic.
         let mut x: u64 = 1;
         for _ in 0..2000 {
@@ -688,7 +746,7 @@ mod tests {
             x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             let i = (x >> 33) as usize % d.len();
             d[i] = (x >> 17) as u8;
-            let _ = b.check(&d);
+            let _ = b.check_own(&d);
         }
     }
 
@@ -703,7 +761,7 @@ mod tests {
         m.extend((z.len() as u16).to_le_bytes());
         m.extend(z);
         m.push(0);
-        let e = bounds().check(&m).unwrap_err();
+        let e = bounds().check_own(&m).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -731,12 +789,15 @@ mod tests {
         let b = bounds();
         let t0 = Instant::now();
         // First sight: absolute bounds only.
-        assert_eq!(b.check_at(&syn_ack("n2", 1000, 50), t0), Ok(None));
+        assert_eq!(b.check_at_own(&syn_ack("n2", 1000, 50), t0), Ok(None));
         let step = HEARTBEATS_PER_ROUND * SLACK_ROUNDS;
         // Within the allowance at once; a jump of 2^30 is refused.
-        assert_eq!(b.check_at(&syn_ack("n2", 1000 + step, 50), t0), Ok(None));
+        assert_eq!(
+            b.check_at_own(&syn_ack("n2", 1000 + step, 50), t0),
+            Ok(None)
+        );
         let e = b
-            .check_at(&syn_ack("n2", 1000 + step + (1 << 30), 50), t0)
+            .check_at_own(&syn_ack("n2", 1000 + step + (1 << 30), 50), t0)
             .unwrap_err();
         assert!(
             matches!(&e, BoundsError::Jump { what: "heartbeat", node, .. } if node == "n2"),
@@ -744,11 +805,11 @@ mod tests {
         );
         // A refused datagram moves nothing: one step more still passes.
         assert_eq!(
-            b.check_at(&syn_ack("n2", 1000 + 2 * step, 50), t0),
+            b.check_at_own(&syn_ack("n2", 1000 + 2 * step, 50), t0),
             Ok(None)
         );
         let e = b
-            .check_at(&syn_ack("n2", 1000 + 2 * step, 50 + (1 << 30)), t0)
+            .check_at_own(&syn_ack("n2", 1000 + 2 * step, 50 + (1 << 30)), t0)
             .unwrap_err();
         assert!(
             matches!(
@@ -762,7 +823,7 @@ mod tests {
         );
         // A delta's versions count as the member's versions.
         let e = b
-            .check_at(&ack(&[("n2", 1, vec![kv("load", "1", 1 << 30)])]), t0)
+            .check_at_own(&ack(&[("n2", 1, vec![kv("load", "1", 1 << 30)])]), t0)
             .unwrap_err();
         assert!(
             matches!(
@@ -776,7 +837,7 @@ mod tests {
         );
         // Another generation is another member.
         assert_eq!(
-            b.check_at(&ack(&[("n2", 2, vec![kv("load", "1", 1 << 30)])]), t0),
+            b.check_at_own(&ack(&[("n2", 2, vec![kv("load", "1", 1 << 30)])]), t0),
             Ok(None)
         );
         // Silence widens the allowance: a member cut off for 1,000 rounds
@@ -784,7 +845,7 @@ mod tests {
         let later = t0 + INTERVAL * 1000;
         let h = 1000 + 2 * step + 1000 * HEARTBEATS_PER_ROUND;
         assert_eq!(
-            b.check_at(&syn_ack("n2", h, 50 + 1000 * VERSIONS_PER_ROUND), later),
+            b.check_at_own(&syn_ack("n2", h, 50 + 1000 * VERSIONS_PER_ROUND), later),
             Ok(None)
         );
     }
@@ -797,7 +858,7 @@ mod tests {
         w.0.extend(1u16.to_le_bytes());
         w.id("n1", 7).u64(1 << 30).u64(0).u64(1 << 30);
         w.0.extend(delta(&[]));
-        assert_eq!(b.check_at(&w.0, t0), Ok(Some((1 << 30, 1 << 30))));
+        assert_eq!(b.check_at_own(&w.0, t0), Ok(Some((1 << 30, 1 << 30))));
         assert!(b.known.lock().unwrap().is_empty());
     }
 
@@ -807,7 +868,10 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..(KNOWN_CAP + 10) {
             let at = t0 + Duration::from_millis(i as u64);
-            assert_eq!(b.check_at(&syn_ack(&format!("g{i}"), 5, 5), at), Ok(None));
+            assert_eq!(
+                b.check_at_own(&syn_ack(&format!("g{i}"), 5, 5), at),
+                Ok(None)
+            );
         }
         let known = b.known.lock().unwrap();
         assert_eq!(known.len(), KNOWN_CAP);
