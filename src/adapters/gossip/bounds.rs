@@ -43,8 +43,15 @@
 //! node is taken there (within the bounds above), and this node's real
 //! updates with a version at or below the forged one are then ignored
 //! there. Such foreign state is never adopted by this node (a peer's
-//! delta that carries it is dropped here whole), and it is bounded to one
-//! [`Lead`] per accepted datagram.
+//! delta that carries it, above this node's own versions, is dropped here
+//! whole), and it is bounded to one [`Lead`] per accepted datagram. So
+//! dropping is not the whole defence: the peers holding the forged state
+//! name this node in their digests with the forged heartbeat or version,
+//! [`Bounds::check`] hands those figures on ([`SelfEcho`]), and the gossip
+//! layer republishes this node's own values above them (its heartbeat
+//! past the forged one, every key at a new version past the forged
+//! `max_version`), so within a few rounds every view holds the node's
+//! real state again and its real heartbeats count again.
 
 use std::collections::BTreeMap;
 use std::fmt;
