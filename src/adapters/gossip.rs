@@ -196,7 +196,7 @@ async fn republish_over_echoes(
         let Some(chitchat) = chitchat.upgrade() else {
             return;
         };
-        let (heartbeat, version) = keys.echo.get();
+        let (heartbeat, version) = keys.echo.take();
         let mut c = chitchat.lock().await;
         let republished = republish(&mut c, heartbeat, version);
         keys.echo.set_own_version(c.self_node_state().max_version());
@@ -214,7 +214,12 @@ async fn republish_over_echoes(
 /// above its `max_version`, sets every key again at a new version past
 /// `version` (values unchanged), so that peers holding forged state about
 /// this node (up to those figures) take its real state and heartbeats
-/// again. True when something changed. chitchat offers no setter for a
+/// again. One call moves at most [`bounds::REPUBLISH_HEARTBEAT_STEP`] and
+/// [`bounds::REPUBLISH_VERSION_STEP`] ahead: peers take such a jump, and
+/// a key holder's digest naming this node with 2^40 sent to it directly
+/// cannot push its figures past the bounds (peers that really hold a
+/// figure further ahead keep echoing it, and each echo moves one step
+/// closer). True when something changed. chitchat offers no setter for a
 /// key's version or a heartbeat value: the versions move through
 /// `set_max_version` then a delete and set of each key (only the set, at
 /// the newest version, is ever sent), the heartbeat through
@@ -225,13 +230,16 @@ fn republish(c: &mut chitchat::Chitchat, heartbeat: u64, version: u64) -> bool {
     let mut changed = false;
     // An honest peer echoes at most this node's own heartbeat (equal when
     // it answers before this node's next increment).
-    if heartbeat > u64::from(st.heartbeat()) {
-        let next = serde_json::Value::from(heartbeat.saturating_add(1));
+    let own_heartbeat = u64::from(st.heartbeat());
+    if heartbeat > own_heartbeat {
+        let target = heartbeat.min(own_heartbeat + bounds::REPUBLISH_HEARTBEAT_STEP - 1);
+        let next = serde_json::Value::from(target + 1);
         if let Ok(h) = serde_json::from_value::<chitchat::Heartbeat>(next) {
             changed |= st.try_set_heartbeat(h);
         }
     }
     if version > st.max_version() {
+        let version = version.min(st.max_version() + bounds::REPUBLISH_VERSION_STEP);
         let kvs: Vec<(String, String)> = st
             .key_values()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -334,14 +342,29 @@ mod tests {
         assert!(!republish(&mut c, h0, v0));
         assert!(!republish(&mut c, h0 - 1, v0 - 1));
         assert_eq!(c.self_node_state().max_version(), v0);
-        assert!(republish(&mut c, h0 + 500, v0 + 1000));
+        assert!(republish(&mut c, h0 + 300, v0 + 1000));
         let st = c.self_node_state();
-        assert_eq!(u64::from(st.heartbeat()), h0 + 501);
+        assert_eq!(u64::from(st.heartbeat()), h0 + 301);
+        let v1 = st.max_version();
         for key in ["status", "load"] {
             let v = st.get_versioned(key).unwrap();
             assert!(v.version > v0 + 1000, "{key} at {}", v.version);
             assert!(!v.is_deleted(), "{key}");
         }
+        // A figure far ahead (a lie sent to this node directly) moves it
+        // one step only, so its peers still take its figures.
+        assert!(republish(&mut c, 1 << 40, 1 << 40));
+        let st = c.self_node_state();
+        assert_eq!(
+            u64::from(st.heartbeat()),
+            h0 + 301 + bounds::REPUBLISH_HEARTBEAT_STEP
+        );
+        let v2 = st.max_version();
+        assert!(
+            v2 > v1 + bounds::REPUBLISH_VERSION_STEP
+                && v2 < v1 + bounds::REPUBLISH_VERSION_STEP + 10,
+            "{v1} -> {v2}"
+        );
         assert_eq!(st.get("status"), Some("serving"));
         assert_eq!(st.get("load"), Some("7"));
         assert_eq!(st.num_key_values(), 2);

@@ -85,6 +85,12 @@ pub(crate) const VERSIONS_PER_ROUND: u64 = 1024;
 /// Rounds of lead always allowed on top of the time since the member was
 /// last heard (gossip datagrams arrive out of order and late).
 const SLACK_ROUNDS: u64 = 4;
+/// Most a node moves its own heartbeat ahead in one republish: one
+/// allowance of [`Lead`] with no silence, so its peers take the jump (a
+/// figure further ahead is approached one step per echo of it).
+pub(crate) const REPUBLISH_HEARTBEAT_STEP: u64 = HEARTBEATS_PER_ROUND * SLACK_ROUNDS / 2;
+/// Most a node moves its own `max_version` ahead in one republish.
+pub(crate) const REPUBLISH_VERSION_STEP: u64 = VERSIONS_PER_ROUND * SLACK_ROUNDS / 2;
 /// Members whose last accepted heartbeat and version are remembered; the
 /// least recently heard is forgotten first (it is then judged as a new
 /// member: absolute bounds only).
@@ -192,11 +198,12 @@ impl SelfEcho {
         self.own_version.load(Ordering::Relaxed)
     }
 
-    /// The largest (heartbeat, version) seen so far.
-    pub(crate) fn get(&self) -> (u64, u64) {
+    /// The largest (heartbeat, version) seen since the last call, reset:
+    /// a figure only peers that still hold it repeat counts again.
+    pub(crate) fn take(&self) -> (u64, u64) {
         (
-            self.heartbeat.load(Ordering::Relaxed),
-            self.version.load(Ordering::Relaxed),
+            self.heartbeat.swap(0, Ordering::Relaxed),
+            self.version.swap(0, Ordering::Relaxed),
         )
     }
 
