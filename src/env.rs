@@ -185,12 +185,21 @@ impl Env {
         };
         let gossip_keys =
             Arc::new(GossipKeys::new(keyring).with_file(config.tls.gossip_keyring.clone()));
-        let bounds = Arc::new(Bounds::new(&n.id, generation, MAX_MEMBERS));
+        let bounds = Arc::new(Bounds::new(
+            &n.id,
+            generation,
+            MAX_MEMBERS,
+            config.gossip.interval,
+        ));
         Ok(Env {
             http_listeners,
             peer_socket,
             quic_runtime: Arc::new(quinn::TokioRuntime),
-            gossip: Box::new(SealedUdpTransport::new(gossip_keys.clone(), bounds)),
+            gossip: Box::new(SealedUdpTransport::new(
+                gossip_keys.clone(),
+                bounds,
+                config.gossip.seeds.clone(),
+            )),
             gossip_keys,
             clock: Arc::new(clock),
             generation,

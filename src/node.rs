@@ -349,7 +349,7 @@ async fn maintain_view(
         let peers: Vec<_> = members
             .iter()
             .filter(|m| m.id != self_member.id)
-            .map(|m| (m.id.clone(), m.peer_addr))
+            .map(|m| (m.id.clone(), m.peer_addr, m.generation))
             .collect();
         links.sync(&peers);
         let up: BTreeSet<_> = connected.borrow_and_update().clone();

@@ -80,17 +80,19 @@ impl Publisher {
 
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
     pub(crate) async fn set_status(&self, status: NodeStatus) {
-        self.0
-            .lock()
-            .await
-            .self_node_state()
-            .set("status", status.as_str());
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("status", status.as_str());
+        self.1.echo.set_own_version(st.max_version());
     }
 
     /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
     /// caller checks the range).
     pub(crate) async fn set_weight(&self, weight: u32) {
-        self.0.lock().await.self_node_state().set("weight", weight);
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("weight", weight);
+        self.1.echo.set_own_version(st.max_version());
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
@@ -99,6 +101,7 @@ impl Publisher {
         let st = c.self_node_state();
         st.set("load", load.min(100));
         st.set("inflight", inflight);
+        self.1.echo.set_own_version(st.max_version());
     }
 }
 
@@ -107,6 +110,7 @@ pub(crate) struct Gossip {
     handle: ChitchatHandle,
     keys: std::sync::Arc<keyring::GossipKeys>,
     members: watch::Receiver<Vec<Member>>,
+    republisher: tokio::task::JoinHandle<()>,
 }
 
 /// Starts gossip on `transport` (which opens the UDP socket and seals
@@ -152,7 +156,12 @@ pub(crate) async fn start(
             addr: who.gossip_addr,
             message: format!("{e:#}"),
         })?;
-    let mut live = handle.chitchat().lock().await.live_nodes_watcher();
+    let mut live = {
+        let chitchat = handle.chitchat();
+        let mut c = chitchat.lock().await;
+        keys.echo.set_own_version(c.self_node_state().max_version());
+        c.live_nodes_watcher()
+    };
     let first = to_members(&live.borrow_and_update());
     let (tx, members) = watch::channel(first);
     tokio::spawn(async move {
@@ -163,11 +172,86 @@ pub(crate) async fn start(
             }
         }
     });
+    let republisher = tokio::spawn(republish_over_echoes(
+        std::sync::Arc::downgrade(&handle.chitchat()),
+        keys.clone(),
+    ));
     Ok(Gossip {
         handle,
         keys,
         members,
+        republisher,
     })
+}
+
+/// Whenever a peer's digest names this node with a heartbeat or version
+/// above its own ([`bounds::SelfEcho`]: forged state about it that the
+/// peer took), republishes over it (see [`republish`]). Ends with chitchat.
+async fn republish_over_echoes(
+    chitchat: std::sync::Weak<tokio::sync::Mutex<chitchat::Chitchat>>,
+    keys: std::sync::Arc<keyring::GossipKeys>,
+) {
+    loop {
+        keys.echo.grown().await;
+        let Some(chitchat) = chitchat.upgrade() else {
+            return;
+        };
+        let (heartbeat, version) = keys.echo.take();
+        let mut c = chitchat.lock().await;
+        let republished = republish(&mut c, heartbeat, version);
+        keys.echo.set_own_version(c.self_node_state().max_version());
+        if republished {
+            warn!(
+                heartbeat,
+                version,
+                "a peer holds forged gossip state about this node: republished this node's own state over it"
+            );
+        }
+    }
+}
+
+/// Moves this node's heartbeat past `heartbeat` and, when `version` is
+/// above its `max_version`, sets every key again at a new version past
+/// `version` (values unchanged), so that peers holding forged state about
+/// this node (up to those figures) take its real state and heartbeats
+/// again. One call moves at most [`bounds::REPUBLISH_HEARTBEAT_STEP`] and
+/// [`bounds::REPUBLISH_VERSION_STEP`] ahead: peers take such a jump, and
+/// a key holder's digest naming this node with 2^40 sent to it directly
+/// cannot push its figures past the bounds (peers that really hold a
+/// figure further ahead keep echoing it, and each echo moves one step
+/// closer). True when something changed. chitchat offers no setter for a
+/// key's version or a heartbeat value: the versions move through
+/// `set_max_version` then a delete and set of each key (only the set, at
+/// the newest version, is ever sent), the heartbeat through
+/// `try_set_heartbeat` with a [`chitchat::Heartbeat`] built by its serde
+/// form (a bare integer).
+fn republish(c: &mut chitchat::Chitchat, heartbeat: u64, version: u64) -> bool {
+    let st = c.self_node_state();
+    let mut changed = false;
+    // An honest peer echoes at most this node's own heartbeat (equal when
+    // it answers before this node's next increment).
+    let own_heartbeat = u64::from(st.heartbeat());
+    if heartbeat > own_heartbeat {
+        let target = heartbeat.min(own_heartbeat + bounds::REPUBLISH_HEARTBEAT_STEP - 1);
+        let next = serde_json::Value::from(target + 1);
+        if let Ok(h) = serde_json::from_value::<chitchat::Heartbeat>(next) {
+            changed |= st.try_set_heartbeat(h);
+        }
+    }
+    if version > st.max_version() {
+        let version = version.min(st.max_version() + bounds::REPUBLISH_VERSION_STEP);
+        let kvs: Vec<(String, String)> = st
+            .key_values()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        st.set_max_version(version);
+        for (k, v) in kvs {
+            st.delete(&k);
+            st.set(k, v);
+        }
+        changed = true;
+    }
+    changed
 }
 
 fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<Member> {
@@ -211,8 +295,78 @@ impl Gossip {
 
     /// Stops gossiping.
     pub(crate) async fn shutdown(self) {
+        self.republisher.abort();
         if let Err(e) = self.handle.shutdown().await {
             warn!(error = %e, "gossip shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn chitchat() -> chitchat::Chitchat {
+        let addr: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let config = ChitchatConfig {
+            chitchat_id: ChitchatId::new("n1".to_owned(), 1, addr),
+            cluster_id: "c".into(),
+            gossip_interval: Duration::from_millis(100),
+            listen_addr: addr,
+            seed_nodes: vec![],
+            failure_detector_config: FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(3600),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: chitchat::ProtocolVersion::V0,
+        };
+        let (_, seeds) = watch::channel(HashSet::new());
+        chitchat::Chitchat::with_chitchat_id_and_seeds(
+            config,
+            seeds,
+            vec![
+                ("status".into(), "serving".into()),
+                ("load".into(), "7".into()),
+            ],
+        )
+    }
+
+    #[test]
+    fn republishing_moves_own_heartbeat_and_every_key_past_the_forged_figures() {
+        let mut c = chitchat();
+        let st = c.self_node_state();
+        let (h0, v0) = (u64::from(st.heartbeat()), st.max_version());
+        // Figures at or below its own change nothing (an honest echo).
+        assert!(!republish(&mut c, h0, v0));
+        assert!(!republish(&mut c, h0 - 1, v0 - 1));
+        assert_eq!(c.self_node_state().max_version(), v0);
+        assert!(republish(&mut c, h0 + 300, v0 + 1000));
+        let st = c.self_node_state();
+        assert_eq!(u64::from(st.heartbeat()), h0 + 301);
+        let v1 = st.max_version();
+        for key in ["status", "load"] {
+            let v = st.get_versioned(key).unwrap();
+            assert!(v.version > v0 + 1000, "{key} at {}", v.version);
+            assert!(!v.is_deleted(), "{key}");
+        }
+        // A figure far ahead (a lie sent to this node directly) moves it
+        // one step only, so its peers still take its figures.
+        assert!(republish(&mut c, 1 << 40, 1 << 40));
+        let st = c.self_node_state();
+        assert_eq!(
+            u64::from(st.heartbeat()),
+            h0 + 301 + bounds::REPUBLISH_HEARTBEAT_STEP
+        );
+        let v2 = st.max_version();
+        assert!(
+            v2 > v1 + bounds::REPUBLISH_VERSION_STEP
+                && v2 < v1 + bounds::REPUBLISH_VERSION_STEP + 10,
+            "{v1} -> {v2}"
+        );
+        assert_eq!(st.get("status"), Some("serving"));
+        assert_eq!(st.get("load"), Some("7"));
+        assert_eq!(st.num_key_values(), 2);
     }
 }

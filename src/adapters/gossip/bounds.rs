@@ -22,11 +22,44 @@
 //!   one to versions and heartbeats, so 2^64 - 1 would overflow and panic,
 //!   and 2^62 would freeze a member's real heartbeats for good; an honest
 //!   node reaches 2^40 after 35,000 years at one update a millisecond;
-//! - a delta carries state about this very node (its id and generation):
-//!   only this node writes its own state, so such a delta is forged or
-//!   replayed and would otherwise replace this node's values.
+//! - a heartbeat or version of a member this node already knows (same node
+//!   id and generation) runs further ahead of the largest one it accepted
+//!   for it than an honest member can advance (see [`Lead`]): one datagram
+//!   sealed by a key holder cannot push a live member's heartbeat or
+//!   version far ahead (the others would then ignore the member's real
+//!   heartbeats and declare it dead, or ignore its real updates);
+//! - a delta carries state about this very node (its id and generation)
+//!   with a version above this node's own `max_version`: only this node
+//!   writes its own state, so such a delta is forged and chitchat would
+//!   otherwise replace this node's values with it. (A delta about itself
+//!   at or below its own `max_version` is an honest peer answering a stale
+//!   digest; chitchat rejects it, so the datagram passes.)
+//!
+//! Dropping a delta about itself protects this node's own view only. Other
+//! routes a key holder has to this node's state: a digest naming this node
+//! changes nothing here (chitchat ignores its own id's heartbeat, and a
+//! larger `max_version` only makes it send the digest's sender nothing
+//! about itself); but a forged delta about this node sent to *another*
+//! node is taken there (within the bounds above), and this node's real
+//! updates with a version at or below the forged one are then ignored
+//! there. Such foreign state is never adopted by this node (a peer's
+//! delta that carries it, above this node's own versions, is dropped here
+//! whole), and it is bounded to one [`Lead`] per accepted datagram. So
+//! dropping is not the whole defence: the peers holding the forged state
+//! name this node in their digests with the forged heartbeat or version,
+//! [`Bounds::check`] hands those figures on ([`SelfEcho`]), and the gossip
+//! layer republishes this node's own values above them (its heartbeat
+//! past the forged one, every key at a new version past the forged
+//! `max_version`), so within a few rounds every view holds the node's
+//! real state again and its real heartbeats count again.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Most members (dead ones included) a digest or delta may name: every
 /// node dials every other, so a peerlb cluster is far smaller; this keeps a
@@ -40,6 +73,29 @@ pub(crate) const MAX_VALUE_LEN: usize = 256;
 pub(crate) const MAX_KEYS_PER_NODE: usize = 32;
 /// Largest heartbeat, version or garbage-collection version accepted.
 pub(crate) const MAX_COUNTER: u64 = 1 << 40;
+/// Heartbeats an honest member may add per gossip round as seen by this
+/// node: one per round of its own plus one per message it processes (at
+/// most a Syn and an Ack from each of [`MAX_MEMBERS`] members and a few
+/// SynAcks), rounded up to a power of two.
+pub(crate) const HEARTBEATS_PER_ROUND: u64 = 256;
+/// Versions an honest member may add per gossip round: each change of one
+/// of its keys adds one (`load` and `inflight` every load tick, `weight`
+/// and `status` on demand).
+pub(crate) const VERSIONS_PER_ROUND: u64 = 1024;
+/// Rounds of lead always allowed on top of the time since the member was
+/// last heard (gossip datagrams arrive out of order and late).
+const SLACK_ROUNDS: u64 = 4;
+/// Most a node moves its own heartbeat ahead in one republish: one
+/// allowance of [`Lead`] with no silence, so its peers take the jump (a
+/// figure further ahead is approached one step per echo of it).
+pub(crate) const REPUBLISH_HEARTBEAT_STEP: u64 = HEARTBEATS_PER_ROUND * SLACK_ROUNDS / 2;
+/// Most a node moves its own `max_version` ahead in one republish.
+pub(crate) const REPUBLISH_VERSION_STEP: u64 = VERSIONS_PER_ROUND * SLACK_ROUNDS / 2;
+/// Members whose last accepted heartbeat and version are remembered; the
+/// least recently heard is forgotten first (it is then judged as a new
+/// member: absolute bounds only).
+const KNOWN_CAP: usize = 4 * MAX_MEMBERS;
+
 /// Longest node id (as certificate names allow).
 const MAX_NODE_ID_LEN: usize = 63;
 /// Largest decompressed delta block (chitchat's own limit).
@@ -61,16 +117,115 @@ pub(crate) enum BoundsError {
         /// The bound.
         max: u64,
     },
-    /// A delta writes this node's own state.
+    /// A delta writes this node's own state past its own versions.
     #[error("a delta about this node itself")]
     AboutSelf,
+    /// A known member's heartbeat or version runs too far ahead.
+    #[error("{what} of {node} jumps {got} ahead of the known one, more than {max}")]
+    Jump {
+        /// `heartbeat` or `version`.
+        what: &'static str,
+        /// The member's node id.
+        node: String,
+        /// The lead found.
+        got: u64,
+        /// The lead allowed ([`Lead`]).
+        max: u64,
+    },
 }
+
+/// How far a known member's heartbeat and versions may run ahead of the
+/// largest ones this node accepted for it:
+/// `per_round x (SLACK_ROUNDS + rounds since it was last heard)`, with
+/// `per_round` [`HEARTBEATS_PER_ROUND`] or [`VERSIONS_PER_ROUND`]. The
+/// allowance grows with silence, so a member (or this node) cut off for a
+/// while is taken back; a member unheard for longer than the memory of
+/// [`KNOWN_CAP`] members is judged as new. A key holder can still move a
+/// member ahead by one allowance per accepted datagram; what it gains is
+/// bounded per datagram, and a member's own datagrams keep counting as
+/// heartbeats to the failure detector (each is larger than the last one
+/// it sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lead {
+    /// Largest heartbeat accepted.
+    heartbeat: u64,
+    /// Largest version accepted (digest `max_version` or a delta's versions).
+    version: u64,
+    /// When it was last heard.
+    at: Instant,
+}
+
+impl Lead {
+    /// The allowance after `elapsed` of silence, given `per_round`.
+    fn allowed(per_round: u64, elapsed: Duration, interval: Duration) -> u64 {
+        let rounds = (elapsed.as_nanos() / interval.as_nanos().max(1)) as u64;
+        per_round.saturating_mul(SLACK_ROUNDS.saturating_add(rounds))
+    }
+}
+
+/// The largest heartbeat and version other nodes' digests gave for this
+/// node (its own id and generation): an honest peer only repeats what this
+/// node published, so a figure above this node's own is forged state
+/// about it held by that peer, which this node republishes over.
+#[derive(Debug, Default)]
+pub(crate) struct SelfEcho {
+    heartbeat: AtomicU64,
+    version: AtomicU64,
+    /// This node's own `max_version` (set by the gossip layer after each
+    /// change; may lag, never lead).
+    own_version: AtomicU64,
+    /// Told when a figure grows.
+    grown: tokio::sync::Notify,
+}
+
+impl SelfEcho {
+    /// Records figures a digest gave for this node.
+    pub(crate) fn see(&self, heartbeat: u64, version: u64) {
+        let h = self.heartbeat.fetch_max(heartbeat, Ordering::Relaxed);
+        let v = self.version.fetch_max(version, Ordering::Relaxed);
+        if heartbeat > h || version > v {
+            self.grown.notify_one();
+        }
+    }
+
+    /// Records this node's own `max_version`.
+    pub(crate) fn set_own_version(&self, version: u64) {
+        self.own_version.fetch_max(version, Ordering::Relaxed);
+    }
+
+    /// This node's own `max_version` as last recorded.
+    pub(crate) fn own_version(&self) -> u64 {
+        self.own_version.load(Ordering::Relaxed)
+    }
+
+    /// The largest (heartbeat, version) seen since the last call, reset:
+    /// a figure only peers that still hold it repeat counts again.
+    pub(crate) fn take(&self) -> (u64, u64) {
+        (
+            self.heartbeat.swap(0, Ordering::Relaxed),
+            self.version.swap(0, Ordering::Relaxed),
+        )
+    }
+
+    /// Waits until a figure grows.
+    pub(crate) async fn grown(&self) {
+        self.grown.notified().await;
+    }
+}
+
+/// One member's figures read from a datagram: (node id, generation),
+/// largest heartbeat and version.
+type Seen = BTreeMap<(String, u64), (u64, u64)>;
 
 /// The bounds one node applies (see the module doc).
 pub(crate) struct Bounds {
     self_id: String,
     self_generation: u64,
     max_members: usize,
+    interval: Duration,
+    /// Largest heartbeat and version accepted per known member, updated
+    /// from every datagram handed to chitchat.
+    known: Mutex<BTreeMap<(String, u64), Lead>>,
 }
 
 impl fmt::Debug for Bounds {
@@ -141,20 +296,105 @@ fn counter(what: &'static str, v: u64) -> Result<(), BoundsError> {
 
 impl Bounds {
     /// Bounds for the node `self_id` of generation `self_generation` in a
-    /// cluster of at most `max_members` members (dead ones included).
-    pub(crate) fn new(self_id: &str, self_generation: u64, max_members: usize) -> Bounds {
+    /// cluster of at most `max_members` members (dead ones included),
+    /// gossiping every `interval`.
+    pub(crate) fn new(
+        self_id: &str,
+        self_generation: u64,
+        max_members: usize,
+        interval: Duration,
+    ) -> Bounds {
         Bounds {
             self_id: self_id.to_owned(),
             self_generation,
             max_members,
+            interval,
+            known: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// Checks an opened datagram.
+    /// Checks an opened datagram received now; when it passes, its
+    /// heartbeats and versions become the known ones, and the largest
+    /// heartbeat and version its digest gives for this node itself (if it
+    /// names it) are returned, for [`SelfEcho::see`].
     ///
     /// # Errors
     /// [`BoundsError`] naming the first broken bound.
-    pub(crate) fn check(&self, datagram: &[u8]) -> Result<(), BoundsError> {
+    /// `own_version` is this node's own `max_version` ([`SelfEcho`]).
+    pub(crate) fn check(
+        &self,
+        datagram: &[u8],
+        own_version: u64,
+    ) -> Result<Option<(u64, u64)>, BoundsError> {
+        self.check_at(datagram, own_version, Instant::now())
+    }
+
+    /// [`Bounds::check`] at `now`.
+    fn check_at(
+        &self,
+        datagram: &[u8],
+        own_version: u64,
+        now: Instant,
+    ) -> Result<Option<(u64, u64)>, BoundsError> {
+        let mut seen = Seen::new();
+        let mut about_self = 0;
+        self.parse(datagram, &mut seen, &mut about_self)?;
+        if about_self > own_version {
+            return Err(BoundsError::AboutSelf);
+        }
+        let me = seen.remove(&(self.self_id.clone(), self.self_generation));
+        let mut known = self.known.lock().expect("gossip bounds lock");
+        for (id, &(heartbeat, version)) in &seen {
+            let Some(k) = known.get(id) else {
+                continue;
+            };
+            let elapsed = now.saturating_duration_since(k.at);
+            for (what, got, had, per_round) in [
+                ("heartbeat", heartbeat, k.heartbeat, HEARTBEATS_PER_ROUND),
+                ("version", version, k.version, VERSIONS_PER_ROUND),
+            ] {
+                let max = Lead::allowed(per_round, elapsed, self.interval);
+                let lead = got.saturating_sub(had);
+                if lead > max {
+                    return Err(BoundsError::Jump {
+                        what,
+                        node: id.0.clone(),
+                        got: lead,
+                        max,
+                    });
+                }
+            }
+        }
+        for (id, (heartbeat, version)) in seen {
+            let k = known.entry(id).or_insert(Lead {
+                heartbeat,
+                version,
+                at: now,
+            });
+            k.heartbeat = k.heartbeat.max(heartbeat);
+            k.version = k.version.max(version);
+            k.at = now;
+        }
+        while known.len() > KNOWN_CAP {
+            let oldest = known
+                .iter()
+                .min_by_key(|(_, k)| k.at)
+                .map(|(id, _)| id.clone())
+                .expect("not empty");
+            known.remove(&oldest);
+        }
+        Ok(me)
+    }
+
+    /// Parses a datagram, checking every bound that needs no memory, and
+    /// collects each other member's largest heartbeat and version in `seen`.
+    /// `about_self` gets the largest version a delta gives this node.
+    fn parse(
+        &self,
+        datagram: &[u8],
+        seen: &mut Seen,
+        about_self: &mut u64,
+    ) -> Result<(), BoundsError> {
         let mut r = Reader(datagram);
         if r.u16()? != 0xB053 {
             return Err(BoundsError::Malformed("magic"));
@@ -164,15 +404,15 @@ impl Bounds {
         }
         match r.u8()? {
             0 => {
-                self.digest(&mut r)?;
+                self.digest(&mut r, seen)?;
                 // Compared, never stored: any length a datagram holds.
                 r.str("cluster id length", usize::from(u16::MAX))?;
             }
             1 => {
-                self.digest(&mut r)?;
-                self.delta(&mut r)?;
+                self.digest(&mut r, seen)?;
+                self.delta(&mut r, seen, about_self)?;
             }
-            2 => self.delta(&mut r)?,
+            2 => self.delta(&mut r, seen, about_self)?,
             3 => {}
             _ => return Err(BoundsError::Malformed("message type")),
         }
@@ -186,19 +426,35 @@ impl Bounds {
         Ok(())
     }
 
-    fn digest(&self, r: &mut Reader<'_>) -> Result<(), BoundsError> {
+    /// Records `heartbeat` and `version` of a member (this node's own
+    /// figures are taken out before the jump rule applies).
+    fn see(&self, seen: &mut Seen, (node, generation): (&str, u64), heartbeat: u64, version: u64) {
+        let e = seen.entry((node.to_owned(), generation)).or_insert((0, 0));
+        e.0 = e.0.max(heartbeat);
+        e.1 = e.1.max(version);
+    }
+
+    fn digest(&self, r: &mut Reader<'_>, seen: &mut Seen) -> Result<(), BoundsError> {
         let n = usize::from(r.u16()?);
         self.members(n)?;
         for _ in 0..n {
-            r.id()?;
-            counter("heartbeat", r.u64()?)?;
+            let id = r.id()?;
+            let heartbeat = r.u64()?;
+            counter("heartbeat", heartbeat)?;
             counter("last_gc_version", r.u64()?)?;
-            counter("max_version", r.u64()?)?;
+            let max_version = r.u64()?;
+            counter("max_version", max_version)?;
+            self.see(seen, id, heartbeat, max_version);
         }
         Ok(())
     }
 
-    fn delta(&self, r: &mut Reader<'_>) -> Result<(), BoundsError> {
+    fn delta(
+        &self,
+        r: &mut Reader<'_>,
+        seen: &mut Seen,
+        about_self: &mut u64,
+    ) -> Result<(), BoundsError> {
         let mut ops = Vec::new();
         loop {
             match r.u8()? {
@@ -227,13 +483,13 @@ impl Bounds {
         }
         let mut r = Reader(&ops);
         let (mut nodes, mut keys) = (0usize, 0usize);
+        let mut node = None;
         while !r.0.is_empty() {
             match r.u8()? {
                 0 => {
                     let (id, generation) = r.id()?;
-                    if id == self.self_id && generation == self.self_generation {
-                        return Err(BoundsError::AboutSelf);
-                    }
+                    let is_self = id == self.self_id && generation == self.self_generation;
+                    node = (!is_self).then_some((id, generation));
                     nodes += 1;
                     self.members(nodes)?;
                     keys = 0;
@@ -243,7 +499,12 @@ impl Bounds {
                 1 if nodes > 0 => {
                     r.str("key length", MAX_KEY_LEN)?;
                     r.str("value length", MAX_VALUE_LEN)?;
-                    counter("version", r.u64()?)?;
+                    let version = r.u64()?;
+                    counter("version", version)?;
+                    match node {
+                        Some(id) => self.see(seen, id, 0, version),
+                        None => *about_self = (*about_self).max(version),
+                    }
                     if r.u8()? > 2 {
                         return Err(BoundsError::Malformed("deletion status"));
                     }
@@ -256,7 +517,14 @@ impl Bounds {
                         ));
                     }
                 }
-                2 if nodes > 0 => counter("max_version", r.u64()?)?,
+                2 if nodes > 0 => {
+                    let version = r.u64()?;
+                    counter("max_version", version)?;
+                    match node {
+                        Some(id) => self.see(seen, id, 0, version),
+                        None => *about_self = (*about_self).max(version),
+                    }
+                }
                 _ => return Err(BoundsError::Malformed("delta operation")),
             }
         }
@@ -265,239 +533,4 @@ impl Bounds {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// V0 bytes built by hand from the format in the module doc.
-    struct W(Vec<u8>);
-
-    impl W {
-        fn header(kind: u8) -> W {
-            let mut v = 0xB053u16.to_le_bytes().to_vec();
-            v.extend([0, kind]);
-            W(v)
-        }
-        fn str(&mut self, s: &str) -> &mut W {
-            self.0.extend((s.len() as u16).to_le_bytes());
-            self.0.extend(s.as_bytes());
-            self
-        }
-        fn u64(&mut self, v: u64) -> &mut W {
-            self.0.extend(v.to_le_bytes());
-            self
-        }
-        fn id(&mut self, node: &str, generation: u64) -> &mut W {
-            self.str(node).u64(generation);
-            self.0.extend([4, 127, 0, 0, 1, 0x10, 0x27]);
-            self
-        }
-    }
-
-    /// (key, value, version).
-    type Kv = (String, String, u64);
-    /// (node id, generation, key-values).
-    type NodeOps<'a> = (&'a str, u64, Vec<Kv>);
-
-    /// A delta of `nodes` as one plain block.
-    fn delta(nodes: &[NodeOps<'_>]) -> Vec<u8> {
-        let mut ops = W(Vec::new());
-        for (node, generation, kvs) in nodes {
-            ops.0.push(0);
-            ops.id(node, *generation).u64(0).u64(0);
-            for (k, v, version) in kvs {
-                ops.0.push(1);
-                ops.str(k).str(v).u64(*version);
-                ops.0.push(0);
-            }
-        }
-        let mut out = vec![2];
-        out.extend((ops.0.len() as u16).to_le_bytes());
-        out.extend(ops.0);
-        out.push(0);
-        out
-    }
-
-    fn ack(nodes: &[NodeOps<'_>]) -> Vec<u8> {
-        let mut w = W::header(2);
-        w.0.extend(delta(nodes));
-        w.0
-    }
-
-    fn kv(k: &str, v: &str, version: u64) -> Kv {
-        (k.to_owned(), v.to_owned(), version)
-    }
-
-    fn bounds() -> Bounds {
-        Bounds::new("n1", 7, 4)
-    }
-
-    #[test]
-    fn honest_messages_pass() {
-        let b = bounds();
-        assert_eq!(
-            b.check(&ack(&[("n2", 1, vec![kv("status", "serving", 3)])])),
-            Ok(())
-        );
-        let mut syn = W::header(0);
-        syn.0.extend(1u16.to_le_bytes());
-        syn.id("n2", 1).u64(5).u64(0).u64(9).str("cluster");
-        assert_eq!(b.check(&syn.0), Ok(()));
-        assert_eq!(b.check(&W::header(3).0), Ok(()));
-        // An older generation of this node is another member.
-        assert_eq!(
-            b.check(&ack(&[("n1", 6, vec![kv("load", "1", 2)])])),
-            Ok(())
-        );
-    }
-
-    #[test]
-    fn counters_past_2_pow_40_are_refused() {
-        let b = bounds();
-        for v in [MAX_COUNTER + 1, 1 << 62, u64::MAX] {
-            let e = b
-                .check(&ack(&[("n2", 1, vec![kv("load", "1", v)])]))
-                .unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    BoundsError::TooLarge {
-                        what: "version",
-                        ..
-                    }
-                ),
-                "{e}"
-            );
-            let mut syn_ack = W::header(1);
-            syn_ack.0.extend(1u16.to_le_bytes());
-            syn_ack.id("n2", 1).u64(v).u64(0).u64(1);
-            syn_ack.0.extend(delta(&[]));
-            let e = b.check(&syn_ack.0).unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    BoundsError::TooLarge {
-                        what: "heartbeat",
-                        ..
-                    }
-                ),
-                "{e}"
-            );
-        }
-        assert_eq!(
-            b.check(&ack(&[("n2", 1, vec![kv("l", "1", MAX_COUNTER)])])),
-            Ok(())
-        );
-    }
-
-    #[test]
-    fn lengths_and_counts_are_bounded() {
-        let b = bounds();
-        let long = |n| "x".repeat(n);
-        let e = b.check(&ack(&[(&long(64), 1, vec![])])).unwrap_err();
-        assert!(matches!(
-            e,
-            BoundsError::TooLarge {
-                what: "node id length",
-                ..
-            }
-        ));
-        let e = b
-            .check(&ack(&[("n2", 1, vec![kv(&long(65), "v", 1)])]))
-            .unwrap_err();
-        assert!(matches!(
-            e,
-            BoundsError::TooLarge {
-                what: "key length",
-                ..
-            }
-        ));
-        let e = b
-            .check(&ack(&[("n2", 1, vec![kv("k", &long(257), 1)])]))
-            .unwrap_err();
-        assert!(matches!(
-            e,
-            BoundsError::TooLarge {
-                what: "value length",
-                ..
-            }
-        ));
-        let many: Vec<_> = (0..=MAX_KEYS_PER_NODE)
-            .map(|i| kv(&format!("k{i}"), "v", 1))
-            .collect();
-        let e = b.check(&ack(&[("n2", 1, many)])).unwrap_err();
-        assert!(matches!(
-            e,
-            BoundsError::TooLarge {
-                what: "keys of a node",
-                ..
-            }
-        ));
-        let names: Vec<String> = (0..5).map(|i| format!("g{i}")).collect();
-        let ghosts: Vec<_> = names.iter().map(|n| (n.as_str(), 1, vec![])).collect();
-        let e = b.check(&ack(&ghosts)).unwrap_err();
-        assert!(matches!(
-            e,
-            BoundsError::TooLarge {
-                what: "members",
-                ..
-            }
-        ));
-        assert_eq!(b.check(&ack(&ghosts[..4])), Ok(()));
-    }
-
-    #[test]
-    fn a_delta_about_this_node_is_refused() {
-        let e = bounds()
-            .check(&ack(&[("n1", 7, vec![kv("status", "leaving", 9)])]))
-            .unwrap_err();
-        assert_eq!(e, BoundsError::AboutSelf);
-    }
-
-    #[test]
-    fn malformed_bytes_are_refused_never_panic() {
-        let b = bounds();
-        let good = ack(&[("n2", 1, vec![kv("status", "serving", 3)])]);
-        for n in 0..good.len() {
-            assert!(b.check(&good[..n]).is_err(), "truncated at {n}");
-        }
-        let mut v1 = good.clone();
-        v1[2] = 1;
-        assert!(matches!(b.check(&v1), Err(BoundsError::Malformed(_))));
-        let mut junk = good.clone();
-        junk[4] = 9;
-        assert!(b.check(&junk).is_err());
-        // Arbitrary bytes: an error or Ok, never a panic.
-        let mut x: u64 = 1;
-        for _ in 0..2000 {
-            let mut d = good.clone();
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            let i = (x >> 33) as usize % d.len();
-            d[i] = (x >> 17) as u8;
-            let _ = b.check(&d);
-        }
-    }
-
-    #[test]
-    fn compressed_blocks_are_read() {
-        let plain = delta(&[("n2", 1, vec![kv("load", "1", u64::MAX)])]);
-        // The ops of the plain block, recompressed as a zstd block.
-        let ops = &plain[3..plain.len() - 1];
-        let z = zstd::bulk::compress(ops, 1).unwrap();
-        let mut m = W::header(2).0;
-        m.push(1);
-        m.extend((z.len() as u16).to_le_bytes());
-        m.extend(z);
-        m.push(0);
-        let e = bounds().check(&m).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                BoundsError::TooLarge {
-                    what: "version",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-    }
-}
+mod tests;

@@ -408,6 +408,9 @@ pub struct GossipKeys {
     file: Option<std::path::PathBuf>,
     /// Dropped datagrams.
     pub counters: GossipCounters,
+    /// What peers' digests say of this node (filled by the sealed
+    /// transport, read by the gossip layer, which republishes over it).
+    pub(crate) echo: super::bounds::SelfEcho,
 }
 
 impl fmt::Debug for GossipKeys {
@@ -426,6 +429,7 @@ impl GossipKeys {
             nonces: NonceSource::System(ring::rand::SystemRandom::new()),
             file: None,
             counters: GossipCounters::default(),
+            echo: super::bounds::SelfEcho::default(),
         }
     }
 
@@ -444,6 +448,7 @@ impl GossipKeys {
             nonces: NonceSource::Seeded(Mutex::new(seed)),
             file: None,
             counters: GossipCounters::default(),
+            echo: super::bounds::SelfEcho::default(),
         }
     }
 

@@ -21,6 +21,15 @@
 //! Linux and the codec is polled first, so at most one forwarded datagram
 //! waits in the codec at a time. Anything reaching the codec from another
 //! loopback address (another local process) is dropped.
+//!
+//! A datagram is sent only to a seed (resolved when the socket opens) or
+//! to an address an authenticated datagram came from (the last
+//! [`MAX_HEARD`] of them): chitchat gossips to every member's claimed
+//! gossip address, and a member announced by a key holder with a third
+//! party's address would otherwise draw a Syn from every node every few
+//! rounds, as long as it stays in the state. A real member is heard from
+//! within a round or two of joining (it gossips to its seeds and to the
+//! members it learns of), and is then gossiped to.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -42,17 +51,31 @@ pub(crate) const MAX_DATAGRAM: usize = 65_507;
 /// Loopback sockets that forward opened datagrams to the codec.
 const IN_SHIMS: usize = 4;
 
+/// Addresses authenticated datagrams came from that are remembered (the
+/// oldest is forgotten first).
+pub(crate) const MAX_HEARD: usize = 4 * super::bounds::MAX_MEMBERS;
+
 /// The production gossip transport: UDP on the gossip address, sealed.
 pub(crate) struct SealedUdpTransport {
     keys: Arc<GossipKeys>,
     bounds: Arc<Bounds>,
+    seeds: Vec<String>,
 }
 
 impl SealedUdpTransport {
-    /// A transport sealing with `keys` and checking what it receives
-    /// against `bounds`.
-    pub(crate) fn new(keys: Arc<GossipKeys>, bounds: Arc<Bounds>) -> SealedUdpTransport {
-        SealedUdpTransport { keys, bounds }
+    /// A transport sealing with `keys`, checking what it receives against
+    /// `bounds` and sending only to `seeds` (`host:port`) and to addresses
+    /// it heard from (see the module doc).
+    pub(crate) fn new(
+        keys: Arc<GossipKeys>,
+        bounds: Arc<Bounds>,
+        seeds: Vec<String>,
+    ) -> SealedUdpTransport {
+        SealedUdpTransport {
+            keys,
+            bounds,
+            seeds,
+        }
     }
 }
 
@@ -62,9 +85,14 @@ impl Transport for SealedUdpTransport {
         let outer = tokio::net::UdpSocket::bind(listen_addr)
             .await
             .with_context(|| format!("failed to bind to {listen_addr}/UDP for gossip"))?;
-        Ok(Box::new(
-            SealedSocket::new(outer, self.keys.clone(), self.bounds.clone()).await?,
-        ))
+        let mut socket = SealedSocket::new(outer, self.keys.clone(), self.bounds.clone()).await?;
+        for seed in &self.seeds {
+            match tokio::net::lookup_host(seed).await {
+                Ok(addrs) => addrs.for_each(|a| socket.add_seed(a)),
+                Err(e) => warn!(%seed, error = %e, "gossip seed does not resolve"),
+            }
+        }
+        Ok(Box::new(socket))
     }
 }
 
@@ -88,6 +116,10 @@ pub(crate) struct SealedSocket {
     buf: Box<[u8]>,
     keys: Arc<GossipKeys>,
     bounds: Arc<Bounds>,
+    /// Seed addresses: always sent to.
+    seeds: std::collections::HashSet<SocketAddr>,
+    /// Addresses an authenticated datagram came from, oldest first.
+    heard: std::collections::VecDeque<SocketAddr>,
 }
 
 impl SealedSocket {
@@ -130,7 +162,29 @@ impl SealedSocket {
             buf: vec![0u8; MAX_DATAGRAM + 1].into_boxed_slice(),
             keys,
             bounds,
+            seeds: std::collections::HashSet::new(),
+            heard: std::collections::VecDeque::new(),
         })
+    }
+
+    /// Sends to `seed` even before hearing from it.
+    pub(crate) fn add_seed(&mut self, seed: SocketAddr) {
+        self.seeds.insert(seed);
+    }
+
+    /// Remembers that an authenticated datagram came from `from`.
+    fn heard_from(&mut self, from: SocketAddr) {
+        if let Some(i) = self.heard.iter().position(|a| *a == from) {
+            self.heard.remove(i);
+        } else if self.heard.len() >= MAX_HEARD {
+            self.heard.pop_front();
+        }
+        self.heard.push_back(from);
+    }
+
+    /// True when gossip may be sent to `to`.
+    fn may_send(&self, to: SocketAddr) -> bool {
+        self.seeds.contains(&to) || self.heard.contains(&to)
     }
 
     /// Opens one received datagram and hands it to the codec through the
@@ -146,13 +200,27 @@ impl SealedSocket {
             debug!(%from, len = n, "gossip datagram dropped: no key of the ring opens it");
             return;
         };
-        if let Err(e) = self.bounds.check(&plain) {
-            self.keys
-                .counters
-                .out_of_bounds
-                .fetch_add(1, Ordering::Relaxed);
-            debug!(%from, error = %e, "gossip datagram dropped: out of bounds");
-            return;
+        // Authenticated: whoever holds the key at that address hears back,
+        // even when its content is then refused.
+        self.heard_from(from);
+        match self.bounds.check(&plain, self.keys.echo.own_version()) {
+            Ok(Some((heartbeat, version))) => self.keys.echo.see(heartbeat, version),
+            Ok(None) => {}
+            Err(e) => {
+                let count = 1 + self
+                    .keys
+                    .counters
+                    .out_of_bounds
+                    .fetch_add(1, Ordering::Relaxed);
+                if count % 1000 == 1 {
+                    // Sealed, so sent by a holder of the gossip key: say
+                    // so once in a while.
+                    warn!(%from, error = %e, dropped = count, "gossip datagram dropped: out of bounds");
+                } else {
+                    debug!(%from, error = %e, "gossip datagram dropped: out of bounds");
+                }
+                return;
+            }
         }
         let shim = &mut self.in_shims[self.next_shim];
         self.next_shim = (self.next_shim + 1) % IN_SHIMS;
@@ -178,6 +246,10 @@ impl Socket for SealedSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
+        if !self.may_send(to) {
+            debug!(%to, "gossip not sent: no authenticated datagram came from this address yet");
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        }
         // A send cancelled half-way (only at shutdown) may leave bytes
         // behind: clear them so they are never sent to the wrong address.
         while self.out_shim.try_recv(&mut self.buf).is_ok() {}
@@ -253,8 +325,13 @@ mod tests {
         let keys = Arc::new(GossipKeys::new(Keyring::single(GossipKey::from_bytes(
             [key; 32],
         ))));
-        let bounds = Arc::new(Bounds::new("self", 1, 8));
-        (SealedUdpTransport::new(keys.clone(), bounds), keys)
+        let bounds = Arc::new(Bounds::new(
+            "self",
+            1,
+            8,
+            std::time::Duration::from_millis(100),
+        ));
+        (SealedUdpTransport::new(keys.clone(), bounds, vec![]), keys)
     }
 
     fn bad_cluster() -> ChitchatEnvelope {
@@ -270,10 +347,20 @@ mod tests {
         let (ta, _) = transport(1);
         let (tb, kb) = transport(1);
         let (tc, _) = transport(2);
-        let mut a = ta.open(lo).await.unwrap();
         let mut b = tb.open(lo).await.unwrap();
-        let mut c = tc.open(lo).await.unwrap();
-        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let b_addr = b.local_addr().unwrap();
+        let seeded = |t: SealedUdpTransport| SealedUdpTransport {
+            seeds: vec![b_addr.to_string()],
+            ..t
+        };
+        let mut a = seeded(ta).open(lo).await.unwrap();
+        let mut c = seeded(tc).open(lo).await.unwrap();
+        let a_addr = a.local_addr().unwrap();
+        // b never heard from an authenticated a yet: nothing is sent.
+        assert_eq!(
+            b.send(a_addr, bad_cluster()).await.unwrap().num_bytes_sent,
+            0
+        );
         // Unsealed chitchat bytes (a BadCluster), then a datagram sealed
         // with another key, then the real one: only the last arrives,
         // with its real sender.
@@ -306,9 +393,18 @@ mod tests {
         let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
         let (tb, keys) = transport(1);
         let outer = tokio::net::UdpSocket::bind(lo).await.unwrap();
-        let mut b = SealedSocket::new(outer, keys, Arc::new(Bounds::new("self", 1, 8)))
-            .await
-            .unwrap();
+        let mut b = SealedSocket::new(
+            outer,
+            keys,
+            Arc::new(Bounds::new(
+                "self",
+                1,
+                8,
+                std::time::Duration::from_millis(100),
+            )),
+        )
+        .await
+        .unwrap();
         drop(tb);
         let codec = Socket::local_addr(&b.codec).unwrap();
         let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();

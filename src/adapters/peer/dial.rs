@@ -11,7 +11,17 @@
 //!   that restarts is back within about a second) and at
 //!   [`CAP_NEVER_CONNECTED`] for an address that never completed one, so
 //!   such an address gets one connection attempt (a QUIC Initial and its
-//!   retransmissions, a few KB) per minute, not one per second.
+//!   retransmissions, a few KB) per minute, not one per second;
+//! - an address that never completed a handshake is given up after
+//!   [`GIVE_UP_AFTER`] attempts in a row: it is not dialled again until
+//!   gossip announces the member with another address or generation (or
+//!   it drops out of the live set and comes back), and the member can
+//!   still dial this node. A key holder announcing a ghost thus gets at
+//!   most `GIVE_UP_AFTER` connection attempts per node per announcement
+//!   (each at most one `connect_timeout` of QUIC Initials), however long
+//!   it keeps the ghost alive. A real node whose peer port stayed
+//!   unreachable that long (firewall) is dialled again after it restarts
+//!   (a new generation).
 
 use std::time::Duration;
 
@@ -26,6 +36,17 @@ pub(crate) const CAP_KNOWN: Duration = Duration::from_secs(1);
 
 /// Longest delay for an address that never completed a handshake.
 pub(crate) const CAP_NEVER_CONNECTED: Duration = Duration::from_secs(60);
+
+/// Attempts in a row after which an address that never completed a
+/// handshake is given up (about 0.35 s of backoff plus three connect
+/// timeouts: a node that is up answers its first Initial).
+pub(crate) const GIVE_UP_AFTER: u32 = 3;
+
+/// True when the supervisor stops after `failures` failed attempts in a
+/// row to a member that completed a handshake (`ever_connected`) or not.
+pub(crate) fn give_up(failures: u32, ever_connected: bool) -> bool {
+    !ever_connected && failures >= GIVE_UP_AFTER
+}
 
 /// The delay after `prev`, doubled up to the cap that applies.
 pub(crate) fn next_backoff(prev: Duration, ever_connected: bool) -> Duration {
@@ -77,6 +98,13 @@ mod tests {
             d = next_backoff(d, true);
         }
         assert_eq!(d, CAP_KNOWN);
+    }
+
+    #[test]
+    fn only_never_connected_addresses_are_given_up_after_three_attempts() {
+        assert!(!give_up(GIVE_UP_AFTER - 1, false));
+        assert!(give_up(GIVE_UP_AFTER, false));
+        assert!(!give_up(1000, true));
     }
 
     #[test]

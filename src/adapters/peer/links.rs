@@ -204,6 +204,11 @@ struct Slot {
     /// The supervisor (none for a peer that connected before gossip
     /// named it).
     task: Option<JoinHandle<()>>,
+    /// The generation gossip advertises now.
+    generation: u64,
+    /// The (address, generation) the supervisor gave up on: it never
+    /// completed a handshake there in [`dial::GIVE_UP_AFTER`] attempts.
+    gave_up: Option<(SocketAddr, u64)>,
 }
 
 impl Slot {
@@ -214,6 +219,8 @@ impl Slot {
             up: false,
             dial: Arc::new(tokio::sync::Mutex::new(())),
             task: None,
+            generation: 0,
+            gave_up: None,
         }
     }
 }
@@ -302,23 +309,28 @@ impl PeerLinks {
         quic_idle_timeout(&self.settings) / 2
     }
 
-    /// Makes the supervised peer set equal to `peers` (id, peer address):
+    /// Makes the supervised peer set equal to `peers` (id, peer address,
+    /// generation; the largest generation of an id counts):
     /// starts supervisors for new peers and forgets the rest (their
     /// connections are retired, not closed). A new address is dialled on the next dial; a
-    /// working authenticated connection is kept.
-    pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr)]) {
+    /// working authenticated connection is kept. A peer whose supervisor
+    /// gave up ([`dial::GIVE_UP_AFTER`]) is dialled again once gossip
+    /// announces it with another address or generation.
+    pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr, u64)]) {
         let mut slots = self.slots.lock().expect("peer slots lock");
-        let all: BTreeMap<&NodeId, SocketAddr> = peers
-            .iter()
-            .filter(|(id, _)| *id != self.self_id)
-            .map(|(id, a)| (id, *a))
-            .collect();
+        let mut all: BTreeMap<&NodeId, (SocketAddr, u64)> = BTreeMap::new();
+        for (id, a, generation) in peers.iter().filter(|(id, ..)| *id != self.self_id) {
+            let e = all.entry(id).or_insert((*a, *generation));
+            if *generation >= e.1 {
+                *e = (*a, *generation);
+            }
+        }
         // At most `dial::MAX_DIALED` members are supervised (those already
         // supervised first), so a flood of members cannot make this node
         // dial without bound.
         let supervised = |id: &NodeId| slots.get(id).is_some_and(|s| s.task.is_some());
         let chosen = dial::select(all.keys().copied(), supervised);
-        let wanted: BTreeMap<&NodeId, SocketAddr> =
+        let wanted: BTreeMap<&NodeId, (SocketAddr, u64)> =
             chosen.into_iter().map(|id| (id, all[id])).collect();
         let gone: Vec<NodeId> = slots
             .iter()
@@ -340,9 +352,15 @@ impl PeerLinks {
                 debug!(peer = %id, "peer forgotten");
             }
         }
-        for (id, addr) in wanted {
+        for (id, (addr, generation)) in wanted {
             let slot = slots.entry(id.clone()).or_insert_with(|| Slot::new(addr));
             slot.addr = addr;
+            slot.generation = generation;
+            if slot.gave_up.is_some_and(|g| g != (addr, generation)) {
+                // Announced anew: a finished supervisor, started again.
+                slot.gave_up = None;
+                slot.task = None;
+            }
             if slot.task.is_none() {
                 let me = Arc::clone(self);
                 let peer = id.clone();
@@ -393,6 +411,14 @@ impl PeerLinks {
                         warn!(error = %e, "peer unreachable: retrying");
                     } else {
                         debug!(error = %e, "peer connect failed");
+                    }
+                    if dial::give_up(failures, ever_connected) {
+                        let mut slots = self.slots.lock().expect("peer slots lock");
+                        if let Some(s) = slots.get_mut(&id) {
+                            warn!(addr = %s.addr, generation = s.generation, attempts = failures, "peer never completed a handshake: not dialling it again until gossip announces it with another address or generation");
+                            s.gave_up = Some((s.addr, s.generation));
+                        }
+                        return;
                     }
                 }
             }
