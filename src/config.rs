@@ -51,6 +51,11 @@ pub const EXIT_CONFIG: i32 = 64;
 /// share, 0 receives no keys.
 pub const MAX_WEIGHT: u32 = 10_000;
 
+/// Longest duration any `*_ms` setting accepts, in ms: 30 days. Every value
+/// `check-config` accepts must start: a timer deadline `now + d` must not
+/// overflow, and QUIC's idle timeout is a 62-bit varint of milliseconds.
+pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
+
 /// A configuration error: the field path and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

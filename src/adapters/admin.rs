@@ -34,14 +34,11 @@ pub(crate) const WEIGHT: &str = "/_peerlb/weight";
 /// Longest `PUT /_peerlb/weight` body read, in bytes.
 const WEIGHT_BODY_LIMIT: usize = 64;
 
-/// True when `path` belongs to the admin API (answered by [`answer`], never
-/// routed).
-pub(crate) fn is_admin(path: &str) -> bool {
-    path.starts_with(PREFIX)
-}
-
-/// Answers an admin request (a path for which [`is_admin`] holds); errors
-/// are answered by [`error_response`].
+/// Answers an admin request (a path that starts with [`PREFIX`]; the
+/// ingress answers 400 for a path that only resolves to one,
+/// `client_input::classify_path`); errors are answered by
+/// [`error_response`]. A browser's foreign `Host` or `Origin` gets 403
+/// (`client_input::check_admin_browser`).
 pub(crate) async fn answer(
     state: &NodeState,
     req: Request<Incoming>,
@@ -49,10 +46,13 @@ pub(crate) async fn answer(
 ) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let browser = super::client_input::check_admin_browser(req.headers());
     let answered: Result<String, AdminError> = match (&method, path.as_str()) {
         // The admin API answers the node's own host only: clients that
         // reach the node through the sprayer get 404 as for any unknown path.
         _ if !answers(client) => Err(AdminError::NotLoopback),
+        // Browsers: a foreign Host (DNS rebinding) or Origin (CSRF).
+        _ if browser.is_err() => browser.map(|()| String::new()),
         (&http::Method::GET, STATUS) => Ok(status_json(state)),
         (&http::Method::POST, RELOAD_RULES) => state
             .reload_rules()

@@ -25,6 +25,8 @@ use hyper::body::Incoming;
 
 use super::admin;
 use super::body::Body;
+use super::client_input::{self, PathClass};
+use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::owner::Owner;
 use super::peer::PeerLinks;
@@ -80,12 +82,25 @@ impl Ingress {
         req: Request<Incoming>,
         client: SocketAddr,
     ) -> Response<Body> {
-        let mut resp = match limits::check(&req, self.settings.max_request_target) {
+        let mut resp = match limits::check(&req, self.settings.max_request_target)
+            .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
+        {
             Err(e) => self.state.failed(e),
-            Ok(()) if admin::is_admin(req.uri().path()) => {
-                admin::answer(&self.state, req, client).await
-            }
-            Ok(()) => {
+            Ok(PathClass::Admin) => admin::answer(&self.state, req, client).await,
+            // Never routed: a normalising app would take it for the admin
+            // API's path.
+            Ok(PathClass::Disguised) => self.state.failed(RequestError::BadRequest(
+                "the path resolves to the admin API's /_peerlb/ but is not written so",
+            )),
+            Ok(PathClass::App) => {
+                let mut req = req;
+                // Absolute-form: the authority wins (RFC 9112 section 3.2.2),
+                // for the rules and for the app.
+                let (parts, headers) = (req.uri().clone(), req.headers_mut());
+                client_input::host_from_authority(&parts, headers);
+                if !self.settings.trust_client_forwarded {
+                    client_input::drop_client_forwarding(req.headers_mut());
+                }
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 match self.forwarder.route_and_serve(req, client).await {

@@ -202,6 +202,12 @@ pub struct HeadersSection {
     pub served_by: bool,
     /// Add `peerlb-entry: <node id>` to responses (default true).
     pub entry: bool,
+    /// Pass the forwarding headers a client sent (`X-Forwarded-For`,
+    /// `X-Real-IP`, `Forwarded`) on to the app (default true; the client's
+    /// `X-Forwarded-For` values then come before the address peerlb
+    /// adds). False drops them at the entry, for an edge no trusted proxy
+    /// stands in front of (Envoy's `xff_num_trusted_hops = 0`).
+    pub trust_client_forwarded: bool,
 }
 
 impl Default for HeadersSection {
@@ -209,6 +215,7 @@ impl Default for HeadersSection {
         Self {
             served_by: true,
             entry: true,
+            trust_client_forwarded: true,
         }
     }
 }

@@ -115,6 +115,9 @@ pub struct IngressSettings {
     pub header_served_by: bool,
     /// Add `peerlb-entry` (`headers.entry`).
     pub header_entry: bool,
+    /// Keep client-sent `X-Forwarded-For`, `X-Real-IP` and `Forwarded`
+    /// (`headers.trust_client_forwarded`); false drops them at the entry.
+    pub trust_client_forwarded: bool,
     /// Where the rules come from, for reloads; `None` when they cannot
     /// change (the embedded default's `[[rules]]`).
     pub rules_source: Option<RulesSource>,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::{
     AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
-    MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings,
-    RulesSource, Source, TlsPaths,
+    MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
+    RoutingSettings, RulesSource, Source, TlsPaths,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
@@ -67,6 +67,29 @@ impl ClusterFile {
         ] {
             if v == 0 {
                 return Err(inv(name, "must be greater than 0".into()));
+            }
+        }
+        // Every duration a node starts with is bounded: a timer deadline
+        // `now + d` must not overflow, and QUIC's idle timeout is a varint.
+        for (name, v) in [
+            ("limits.response_timeout_ms", l.response_timeout_ms),
+            ("limits.connect_timeout_ms", l.connect_timeout_ms),
+            ("limits.drain_grace_ms", l.drain_grace_ms),
+            ("limits.drain_timeout_ms", l.drain_timeout_ms),
+            ("limits.startup_wait_ms", l.startup_wait_ms),
+            ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+            ("limits.send_timeout_ms", l.send_timeout_ms),
+            ("gossip.interval_ms", self.gossip.interval_ms),
+            ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
+            ("peer.keep_alive_ms", self.peer.keep_alive_ms),
+            ("peer.idle_timeout_ms", self.peer.idle_timeout_ms),
+        ] {
+            if v > MAX_DURATION_MS {
+                return Err(inv(
+                    name,
+                    format!("{v} is out of range (at most {MAX_DURATION_MS} ms, 30 days)"),
+                ));
             }
         }
         if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
@@ -312,6 +335,7 @@ impl ClusterFile {
                 response_timeout: ms(self.limits.response_timeout_ms),
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,
+                trust_client_forwarded: self.headers.trust_client_forwarded,
                 rules_source: match rules_source {
                     RulesSource::Inline(_) => None,
                     s => Some(s),

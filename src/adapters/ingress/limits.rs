@@ -7,6 +7,7 @@ use http::{HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 
 use crate::adapters::body::Body;
+use crate::adapters::client_input;
 use crate::adapters::errors::RequestError;
 use crate::adapters::wire;
 use crate::engine::sticky::{self, Announcement};
@@ -23,7 +24,8 @@ pub(crate) const MAX_HEAD_BYTES: usize = wire::MAX_HEAD_LEN - 4096;
 /// The entry node's limits, before anything else looks at the request:
 /// request-target length over `max_request_target` bytes (414), head size
 /// over [`MAX_HEAD_BYTES`] (431), CONNECT (501), not exactly one Host on
-/// HTTP/1.1 (400).
+/// HTTP/1.1, a request-target form the method does not take or a Host that
+/// is not `host[:port]` (400, [`client_input::check_target_and_host`]).
 ///
 /// # Errors
 /// The [`RequestError`] of the first limit the request breaks.
@@ -59,7 +61,7 @@ pub(super) fn check(
             "an HTTP/1.1 request needs exactly one Host header",
         ));
     }
-    Ok(())
+    client_input::check_target_and_host(req.method(), req.uri(), req.headers())
 }
 
 /// Length of the request-target as received.
