@@ -32,7 +32,7 @@ mod validate;
 
 pub use model::{
     BalanceSection, ClusterFile, GossipSection, HeadersSection, LimitsSection, NodeSpec, Overrides,
-    PeerSection, RingSection, TlsSection,
+    PeerSection, RingSection, StickySection, TlsSection,
 };
 pub use settings::{
     AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings, NodeAddrs,

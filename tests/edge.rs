@@ -388,3 +388,46 @@ fn a_duration_check_config_accepts_starts_and_one_too_long_exits_64() {
     );
     assert_eq!(status(c.nodes[0].http).unwrap()["node"], "n1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_route_cookie_does_not_hide_a_valid_one_and_the_cookie_is_configurable() {
+    let c = Cluster::start(
+        "edge-cookie",
+        2,
+        &format!(
+            "policy = \"sticky-round-robin\"\n[sticky]\ncookie = \"lb\"\ncookie_path = \"/app\"\ncookie_same_site = \"None\"\ncookie_secure = true\n{STEADY}"
+        ),
+        "",
+    );
+    let entry = c.nodes[0].http;
+    // Served by the entry itself (n1) and forwarded (n2), many times each:
+    // round robin would alternate.
+    for node in ["n1", "n2"] {
+        for _ in 0..6 {
+            let r = get(entry, "/x", &[("cookie", &format!("lb=gone; lb={node}"))]).await;
+            assert_eq!(r.status, 200);
+            assert_eq!(r.served_by(), node);
+            // The route it carried names the server: nothing to announce.
+            assert!(r.set_cookies().is_empty(), "{:?}", r.set_cookies());
+        }
+        // The default name is not read when another is configured.
+        let r = get(
+            entry,
+            "/session",
+            &[("cookie", &format!("peerlb-route={node}"))],
+        )
+        .await;
+        let set = r.set_cookies();
+        let route = set
+            .iter()
+            .find(|s| s.starts_with("lb="))
+            .unwrap_or_else(|| panic!("{set:?}"));
+        assert_eq!(
+            route,
+            &format!(
+                "lb={}; Path=/app; HttpOnly; SameSite=None; Secure",
+                r.served_by()
+            )
+        );
+    }
+}

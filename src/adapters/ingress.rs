@@ -69,7 +69,14 @@ impl Ingress {
         };
         Ingress {
             id_header: HeaderValue::from_str(state.node_id()).ok(),
-            forwarder: Forwarder::new(state.clone(), owner, links, forward, seed),
+            forwarder: Forwarder::new(
+                state.clone(),
+                owner,
+                links,
+                forward,
+                settings.route_cookie.clone(),
+                seed,
+            ),
             state,
             settings,
         }

@@ -47,6 +47,9 @@ pub struct ClusterFile {
     /// Informational response headers.
     #[serde(default)]
     pub headers: HeadersSection,
+    /// The sticky route cookie.
+    #[serde(default)]
+    pub sticky: StickySection,
     /// Gossip (chitchat) parameters.
     #[serde(default)]
     pub gossip: GossipSection,
@@ -216,6 +219,34 @@ impl Default for HeadersSection {
             served_by: true,
             entry: true,
             trust_client_forwarded: true,
+        }
+    }
+}
+
+/// `[sticky]`: the sticky route cookie (policies with sticky routes).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StickySection {
+    /// Cookie name, an RFC 6265 token (default `peerlb-route`).
+    pub cookie: String,
+    /// The cookie's `Path` (default `/`).
+    pub cookie_path: String,
+    /// The cookie's `SameSite`: `Strict`, `Lax` (default) or `None` (sent
+    /// on cross-site POSTs, as SAML and OIDC `form_post` logins need;
+    /// requires `cookie_secure`).
+    pub cookie_same_site: String,
+    /// Mark the cookie `Secure` (default false): set it when clients reach
+    /// peerlb through HTTPS terminated in front of it.
+    pub cookie_secure: bool,
+}
+
+impl Default for StickySection {
+    fn default() -> Self {
+        Self {
+            cookie: "peerlb-route".to_owned(),
+            cookie_path: "/".to_owned(),
+            cookie_same_site: "Lax".to_owned(),
+            cookie_secure: false,
         }
     }
 }

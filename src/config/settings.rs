@@ -115,6 +115,8 @@ pub struct IngressSettings {
     pub header_served_by: bool,
     /// Add `peerlb-entry` (`headers.entry`).
     pub header_entry: bool,
+    /// The sticky route cookie (`[sticky]`).
+    pub route_cookie: crate::engine::RouteCookie,
     /// Keep client-sent `X-Forwarded-For`, `X-Real-IP` and `Forwarded`
     /// (`headers.trust_client_forwarded`); false drops them at the entry.
     pub trust_client_forwarded: bool,

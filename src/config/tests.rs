@@ -352,3 +352,39 @@ fn the_longest_accepted_durations_build_a_node_config() {
     let _ = tokio::time::Instant::now() + c.peer.idle_timeout;
     assert!(quinn::IdleTimeout::try_from(c.peer.idle_timeout * 3).is_ok());
 }
+
+#[test]
+fn the_sticky_cookie_is_configured_and_checked() {
+    let c = validate(
+        &format!("[sticky]\ncookie = \"lb\"\ncookie_path = \"/app\"\ncookie_same_site = \"none\"\ncookie_secure = true\n{ONE}"),
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(
+        c.ingress.route_cookie,
+        crate::engine::RouteCookie {
+            name: "lb".into(),
+            path: "/app".into(),
+            same_site: crate::engine::SameSite::None,
+            secure: true,
+        }
+    );
+    assert_eq!(
+        validate(ONE, "n1").unwrap().ingress.route_cookie,
+        crate::engine::RouteCookie::default()
+    );
+    for (text, field) in [
+        ("cookie = \"a b\"", "sticky.cookie"),
+        ("cookie = \"\"", "sticky.cookie"),
+        ("cookie = \"a;b\"", "sticky.cookie"),
+        ("cookie_path = \"app\"", "sticky.cookie_path"),
+        ("cookie_path = \"/a;Domain=x\"", "sticky.cookie_path"),
+        ("cookie_same_site = \"loose\"", "sticky.cookie_same_site"),
+        ("cookie_same_site = \"None\"", "sticky.cookie_same_site"),
+    ] {
+        let e = validate(&format!("[sticky]\n{text}\n{ONE}"), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!(": {field}: ")), "{text}: {e}");
+    }
+}

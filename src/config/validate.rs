@@ -10,11 +10,12 @@ use std::time::Duration;
 use super::{
     AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
     MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
-    RoutingSettings, RulesSource, Source, TlsPaths,
+    RoutingSettings, RulesSource, Source, StickySection, TlsPaths,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
+use crate::engine::{RouteCookie, SameSite};
 
 impl ClusterFile {
     /// Checks the whole file (every node, every rule), independent of which
@@ -42,6 +43,7 @@ impl ClusterFile {
                 format!("{} is out of range 1..=4096", self.ring.vnodes),
             ));
         }
+        route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?;
         if self.tls.dir.is_empty() {
             return Err(inv("tls.dir", "must not be empty".into()));
         }
@@ -336,6 +338,7 @@ impl ClusterFile {
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,
                 trust_client_forwarded: self.headers.trust_client_forwarded,
+                route_cookie: route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?,
                 rules_source: match rules_source {
                     RulesSource::Inline(_) => None,
                     s => Some(s),
@@ -377,6 +380,55 @@ impl ClusterFile {
             (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
         }
     }
+}
+
+/// The `[sticky]` cookie, checked: the name an RFC 6265 token, the path
+/// starting with `/` without `;` or control characters, `SameSite=None`
+/// only with `Secure` (browsers drop it otherwise). Error: (field, message).
+fn route_cookie(s: &StickySection) -> Result<RouteCookie, (&'static str, String)> {
+    let token = |c: char| c.is_ascii_graphic() && !"()<>@,;:\\\"/[]?={}".contains(c);
+    if s.cookie.is_empty() || !s.cookie.chars().all(token) {
+        return Err((
+            "sticky.cookie",
+            format!("{:?} is not a cookie name (an RFC 6265 token)", s.cookie),
+        ));
+    }
+    if !s.cookie_path.starts_with('/')
+        || s.cookie_path
+            .chars()
+            .any(|c| c == ';' || !(c.is_ascii_graphic() || c == ' '))
+    {
+        return Err((
+            "sticky.cookie_path",
+            format!(
+                "{:?} must start with / and hold no ; or control characters",
+                s.cookie_path
+            ),
+        ));
+    }
+    let same_site = match s.cookie_same_site.to_ascii_lowercase().as_str() {
+        "strict" => SameSite::Strict,
+        "lax" => SameSite::Lax,
+        "none" => SameSite::None,
+        _ => {
+            return Err((
+                "sticky.cookie_same_site",
+                format!("{:?} is not Strict, Lax or None", s.cookie_same_site),
+            ));
+        }
+    };
+    if same_site == SameSite::None && !s.cookie_secure {
+        return Err((
+            "sticky.cookie_same_site",
+            "None requires sticky.cookie_secure = true (browsers drop it otherwise)".into(),
+        ));
+    }
+    Ok(RouteCookie {
+        name: s.cookie.clone(),
+        path: s.cookie_path.clone(),
+        same_site,
+        secure: s.cookie_secure,
+    })
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {

@@ -114,12 +114,17 @@ pub(super) fn strip_route_param(uri: &mut http::Uri) -> bool {
 }
 
 /// Tells the client its (new) sticky route `node`, as the engine's
-/// `announcement` says: the `peerlb-route` cookie, the `peerlb-route`
+/// `announcement` says: the route cookie `cookie`, the `peerlb-route`
 /// response header, and, for a client that carries the route in the URL
 /// (cookies refused), the route parameter on `Location`.
-pub(super) fn set_route(resp: &mut Response<Body>, node: &str, announcement: Announcement) {
+pub(super) fn set_route(
+    resp: &mut Response<Body>,
+    cookie: &sticky::RouteCookie,
+    node: &str,
+    announcement: Announcement,
+) {
     let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&sticky::set_cookie_value(node)) {
+    if let Ok(v) = HeaderValue::from_str(&cookie.set_cookie_value(node)) {
         h.append(header::SET_COOKIE, v);
     }
     if let Ok(v) = HeaderValue::from_str(&sticky::encode_route_param(node)) {
@@ -179,7 +184,12 @@ mod tests {
             r
         };
         let mut r = resp();
-        set_route(&mut r, "n2", Announcement { in_location: false });
+        set_route(
+            &mut r,
+            &sticky::RouteCookie::default(),
+            "n2",
+            Announcement { in_location: false },
+        );
         assert_eq!(
             r.headers()[header::SET_COOKIE],
             "peerlb-route=n2; Path=/; HttpOnly; SameSite=Lax"
@@ -187,7 +197,12 @@ mod tests {
         assert_eq!(r.headers()[ROUTE], ";peerlb-route=n2");
         assert_eq!(r.headers()[header::LOCATION], "/cart?x=1");
         let mut r = resp();
-        set_route(&mut r, "n2", Announcement { in_location: true });
+        set_route(
+            &mut r,
+            &sticky::RouteCookie::default(),
+            "n2",
+            Announcement { in_location: true },
+        );
         assert_eq!(r.headers()[header::LOCATION], "/cart;peerlb-route=n2?x=1");
     }
 }
