@@ -431,3 +431,37 @@ async fn a_stale_route_cookie_does_not_hide_a_valid_one_and_the_cookie_is_config
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_head_is_answered_431_without_buffering_it_whole() {
+    use std::io::Write;
+    let (c, app, users) = echo_cluster("edge-head", "").await;
+    let entry = c.nodes[0].http;
+    for (user, _) in &users {
+        // Over peerlb's 61,440-byte head limit, within the read buffer:
+        // peerlb's own 431, with its marks.
+        let big = "v".repeat(63_000);
+        let r = raw(
+            entry,
+            &format!("GET /x?user={user} HTTP/1.1"),
+            &[&format!("Host: {entry}"), &format!("x-big: {big}")],
+        );
+        assert_eq!(r.status, 431, "{}", r.body);
+        assert!(r.has_header("peerlb-entry"), "{}", r.head);
+        assert!(r.has_header("peerlb-error-from"), "{}", r.head);
+        // An unfinished 100,000-byte header: answered 431 and closed once
+        // the 64 KiB read buffer is full, not held until hyper's default
+        // ~408 KB buffer fills or the head read timeout.
+        let mut s = std::net::TcpStream::connect(entry).unwrap();
+        let head = format!(
+            "GET /x?user={user} HTTP/1.1\r\nHost: {entry}\r\nx-big: {}",
+            "v".repeat(100_000)
+        );
+        // The server may close before it has read everything.
+        let _ = s.write_all(head.as_bytes());
+        let (text, closed) = read_until_closed(&mut s);
+        assert!(text.starts_with("HTTP/1.1 431"), "{text:?}");
+        assert!(closed);
+    }
+    assert_eq!(app.total(), 0);
+}

@@ -19,6 +19,12 @@ use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
 use crate::env::HttpListener;
 
+/// Largest read buffer of a client connection, in bytes: the peer frame
+/// limit ([`crate::adapters::wire::MAX_HEAD_LEN`], 64 KiB), above peerlb's
+/// head limit ([`super::limits::MAX_HEAD_BYTES`], 60 KiB) so the heads
+/// between the two get peerlb's own 431. hyper requires at least 8192.
+pub(super) const READ_BUFFER_BYTES: usize = crate::adapters::wire::MAX_HEAD_LEN;
+
 /// What the client server calls: the request path (`Ingress`).
 pub(crate) trait Handler: Send + Sync + 'static {
     /// Answers one client request from `client`; never fails (errors
@@ -75,6 +81,11 @@ pub(crate) async fn serve<H: Handler>(
             // idle keep-alive connections included (slowloris).
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(header_timeout)
+            // A connection's read buffer stops at the head limit's order
+            // (hyper's default grows to about 408 KB): a head up to
+            // READ_BUFFER_BYTES gets peerlb's own 431 (`limits::check`), a
+            // longer one hyper's bare 431.
+            .max_buf_size(READ_BUFFER_BYTES)
             .serve_connection(
                 TokioIo::new(SendTimeout::new(stream, ingress.send_timeout())),
                 svc,
