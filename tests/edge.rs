@@ -465,3 +465,43 @@ async fn an_oversized_head_is_answered_431_without_buffering_it_whole() {
     }
     assert_eq!(app.total(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed_and_said_in_log_and_status() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let c = Cluster::start("edge-cap", 1, "[limits]\nmax_connections = 5\n", "");
+    let entry = c.nodes[0].http;
+    let log = c.log("n1");
+    assert!(log.contains("open file limit"), "{log}");
+    // Four idle connections and the status request's own fit the cap.
+    let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(entry).unwrap()).collect();
+    poll(std::time::Duration::from_secs(20), || {
+        status(entry).is_some_and(|s| s["client_connections"] == 5)
+    })
+    .expect("four idle connections and the status request are open");
+    idle.push(TcpStream::connect(entry).unwrap());
+    // The sixth is closed at accept, with nothing written.
+    let mut extra = TcpStream::connect(entry).unwrap();
+    let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let (text, closed) = read_until_closed(&mut extra);
+    assert!(closed && text.is_empty(), "{text:?}");
+    // The connections under the cap still serve.
+    let mut first = idle.remove(0);
+    first
+        .write_all(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (text, _) = read_until_closed(&mut first);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    drop(first);
+    // Once a place is free the status says the cap was hit, and the log too.
+    poll(std::time::Duration::from_secs(20), || {
+        status(entry).is_some_and(|s| s["counters"]["connections_refused"].as_u64() >= Some(1))
+    })
+    .expect("connections_refused counted");
+    assert!(
+        c.log("n1").contains("connection cap reached"),
+        "{}",
+        c.log("n1")
+    );
+}

@@ -141,4 +141,19 @@ impl server::Handler for Ingress {
     fn send_timeout(&self) -> Duration {
         self.settings.send_timeout
     }
+
+    fn max_connections(&self) -> usize {
+        self.settings.max_connections
+    }
+
+    fn connections(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.state.counters.client_connections
+    }
+
+    fn connection_refused(&self) {
+        self.state
+            .counters
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }

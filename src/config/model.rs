@@ -155,6 +155,11 @@ impl Default for TlsSection {
 pub struct LimitsSection {
     /// Longest request-target accepted, in bytes; longer gets 414 (default 8192).
     pub max_request_target: usize,
+    /// Most client connections open at once per node (default 10000, at
+    /// most 1000000); a connection accepted beyond it is closed at once
+    /// (nginx's `worker_connections`, HAProxy's `maxconn`). Lowered at
+    /// start to the open file limit less 256 when that is smaller.
+    pub max_connections: usize,
     /// Time to wait for an owner's response head, in ms (default 30000); 504 after.
     pub response_timeout_ms: u64,
     /// Time to open a peer stream before trying the next candidate, in ms (default 1000).
@@ -185,6 +190,7 @@ impl Default for LimitsSection {
     fn default() -> Self {
         Self {
             max_request_target: 8192,
+            max_connections: 10_000,
             response_timeout_ms: 30_000,
             connect_timeout_ms: 1_000,
             drain_grace_ms: 1_500,

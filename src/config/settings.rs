@@ -109,6 +109,8 @@ pub struct MetricSettings {
 pub struct IngressSettings {
     /// Longest request-target in bytes (`limits.max_request_target`).
     pub max_request_target: usize,
+    /// Most client connections open at once (`limits.max_connections`).
+    pub max_connections: usize,
     /// Longest wait for an owner's response head (`limits.response_timeout_ms`).
     pub response_timeout: Duration,
     /// Add `peerlb-served-by` (`headers.served_by`).

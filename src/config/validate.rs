@@ -55,6 +55,12 @@ impl ClusterFile {
                 format!("{} is out of range 64..=65534", l.max_request_target),
             ));
         }
+        if !(1..=1_000_000).contains(&l.max_connections) {
+            return Err(inv(
+                "limits.max_connections",
+                format!("{} is out of range 1..=1000000", l.max_connections),
+            ));
+        }
         for (name, v) in [
             ("limits.response_timeout_ms", l.response_timeout_ms),
             ("limits.connect_timeout_ms", l.connect_timeout_ms),
@@ -334,6 +340,7 @@ impl ClusterFile {
             },
             ingress: IngressSettings {
                 max_request_target: self.limits.max_request_target,
+                max_connections: self.limits.max_connections,
                 response_timeout: ms(self.limits.response_timeout_ms),
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,
