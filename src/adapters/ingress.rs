@@ -1,7 +1,10 @@
 //! The client-facing HTTP/1.1 server and the request path at the entry node.
 //!
 //! Per request: (1) a head that breaks a limit (target length 414, head
-//! size 431, CONNECT 501, Host count 400) goes nowhere; (2) client-sent `peerlb-*` headers are stripped;
+//! size 431, CONNECT 501, Host count, Host value or target form 400) goes
+//! nowhere, a path that resolves to the admin API is answered there (or
+//! 400 when disguised, `client_input`), an absolute-form target's authority
+//! becomes `Host`; (2) client-sent `peerlb-*` headers are stripped;
 //! (3) the engine decides the owner and the failover candidates; (4) the
 //! entry serves it itself or forwards it over QUIC, trying the next
 //! candidate as the engine's replay plan allows; (5) the response streams
