@@ -5,6 +5,7 @@
 pub(crate) mod admin;
 pub(crate) mod app;
 pub(crate) mod body;
+pub(crate) mod client_input;
 pub(crate) mod errors;
 pub(crate) mod framing;
 pub(crate) mod gossip;

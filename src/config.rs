@@ -32,7 +32,7 @@ mod validate;
 
 pub use model::{
     BalanceSection, ClusterFile, GossipSection, HeadersSection, LimitsSection, NodeSpec, Overrides,
-    PeerSection, RingSection, TlsSection,
+    PeerSection, RingSection, StickySection, TlsSection,
 };
 pub use settings::{
     AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings,
@@ -50,6 +50,11 @@ pub const EXIT_CONFIG: i32 = 64;
 /// /_peerlb/weight` at run time): weights are `0..=MAX_WEIGHT`, 100 is one
 /// share, 0 receives no keys.
 pub const MAX_WEIGHT: u32 = 10_000;
+
+/// Longest duration any `*_ms` setting accepts, in ms: 30 days. Every value
+/// `check-config` accepts must start: a timer deadline `now + d` must not
+/// overflow, and QUIC's idle timeout is a 62-bit varint of milliseconds.
+pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
 
 /// A configuration error: the field path and what is wrong with it.
 #[derive(Debug, thiserror::Error)]

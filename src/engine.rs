@@ -41,4 +41,6 @@ pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
 pub(crate) mod sticky;
+
+pub(crate) use sticky::{RouteCookie, SameSite};
 pub mod testing;

@@ -141,6 +141,10 @@ impl Node {
                 config.routing.rules.clone(),
                 config.routing.router,
             )
+            .map(|mut r| {
+                r.set_route_cookie(&config.ingress.route_cookie.name);
+                r
+            })
             .map_err(NodeError::Router)?,
             config.ingress.rules_source.clone(),
             gossip.publisher(),

@@ -159,7 +159,7 @@ fn admin(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> St
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

@@ -4,7 +4,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `counters`, `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
 //! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (`gossip/admin.rs`): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}`; 400 not a key, 404 no such key, 409 ring full or the sending key, 500 the keyring file cannot be written |
 //! | `PUT /_peerlb/weight` | body: the node's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
@@ -34,14 +34,11 @@ pub(crate) const WEIGHT: &str = "/_peerlb/weight";
 /// Longest `PUT /_peerlb/weight` body read, in bytes.
 const WEIGHT_BODY_LIMIT: usize = 64;
 
-/// True when `path` belongs to the admin API (answered by [`answer`], never
-/// routed).
-pub(crate) fn is_admin(path: &str) -> bool {
-    path.starts_with(PREFIX)
-}
-
-/// Answers an admin request (a path for which [`is_admin`] holds); errors
-/// are answered by [`error_response`].
+/// Answers an admin request (a path that starts with [`PREFIX`]; the
+/// ingress answers 400 for a path that only resolves to one,
+/// `client_input::classify_path`); errors are answered by
+/// [`error_response`]. A browser's foreign `Host` or `Origin` gets 403
+/// (`client_input::check_admin_browser`).
 pub(crate) async fn answer(
     state: &NodeState,
     req: Request<Incoming>,
@@ -49,10 +46,13 @@ pub(crate) async fn answer(
 ) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let browser = super::client_input::check_admin_browser(req.headers());
     let answered: Result<String, AdminError> = match (&method, path.as_str()) {
         // The admin API answers the node's own host only: clients that
         // reach the node through the sprayer get 404 as for any unknown path.
         _ if !answers(client) => Err(AdminError::NotLoopback),
+        // Browsers: a foreign Host (DNS rebinding) or Origin (CSRF).
+        _ if browser.is_err() => browser.map(|()| String::new()),
         (&http::Method::GET, STATUS) => Ok(status_json(state)),
         (&http::Method::POST, RELOAD_RULES) => state
             .reload_rules()
@@ -159,7 +159,9 @@ fn status_json(state: &NodeState) -> String {
             "failovers": c.failovers.load(Ordering::Relaxed),
             "proxied_disagree": c.proxied_disagree.load(Ordering::Relaxed),
             "errors": c.errors.load(Ordering::Relaxed),
+            "connections_refused": c.connections_refused.load(Ordering::Relaxed),
         },
+        "client_connections": c.client_connections.load(Ordering::Relaxed),
         "gossip": super::gossip::admin::status(state.gossip_keys()),
     })
     .to_string()

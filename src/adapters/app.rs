@@ -404,10 +404,8 @@ async fn upstream(
             .into();
     }
     strip_hop_by_hop(&mut parts.headers);
-    // An IP address is always a valid header value.
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(ctx.client.ip().to_string())) {
-        parts.headers.append("x-forwarded-for", v);
-    }
+    // One combined line, the client's own address last.
+    super::client_input::append_forwarded_for(&mut parts.headers, ctx.client.ip());
     let resp = pool
         .send(Request::from_parts(parts, body))
         .await

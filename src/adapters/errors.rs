@@ -117,6 +117,14 @@ pub(crate) enum AdminError {
     /// path: the admin API is invisible through the sprayer).
     #[error("the admin API answers loopback clients only")]
     NotLoopback,
+    /// The `Host` is not an IP literal or `localhost` (403): a browser
+    /// page after DNS rebinding.
+    #[error("the admin API takes an IP-literal or localhost Host only, got {0:?}")]
+    ForeignHost(String),
+    /// The `Origin` is not the admin API's own (403): a cross-site request
+    /// from a browser page.
+    #[error("the admin API refuses cross-origin requests, Origin {0:?}")]
+    ForeignOrigin(String),
     /// No admin endpoint at this path (404).
     #[error("unknown admin path")]
     UnknownPath,
@@ -176,6 +184,7 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
         },
         HttpError::Admin(e) => match e {
             AdminError::NotLoopback | AdminError::UnknownPath => StatusCode::NOT_FOUND,
+            AdminError::ForeignHost(_) | AdminError::ForeignOrigin(_) => StatusCode::FORBIDDEN,
             AdminError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             AdminError::Reload(ReloadError::Embedded) => StatusCode::CONFLICT,
             AdminError::Reload(ReloadError::Invalid(_)) => StatusCode::UNPROCESSABLE_ENTITY,

@@ -1,7 +1,10 @@
 //! The client-facing HTTP/1.1 server and the request path at the entry node.
 //!
 //! Per request: (1) a head that breaks a limit (target length 414, head
-//! size 431, CONNECT 501, Host count 400) goes nowhere; (2) client-sent `peerlb-*` headers are stripped;
+//! size 431, CONNECT 501, Host count, Host value or target form 400) goes
+//! nowhere, a path that resolves to the admin API is answered there (or
+//! 400 when disguised, `client_input`), an absolute-form target's authority
+//! becomes `Host`; (2) client-sent `peerlb-*` headers are stripped;
 //! (3) the engine decides the owner and the failover candidates; (4) the
 //! entry serves it itself or forwards it over QUIC, trying the next
 //! candidate as the engine's replay plan allows; (5) the response streams
@@ -25,6 +28,8 @@ use hyper::body::Incoming;
 
 use super::admin;
 use super::body::Body;
+use super::client_input::{self, PathClass};
+use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::owner::Owner;
 use super::peer::PeerLinks;
@@ -67,7 +72,14 @@ impl Ingress {
         };
         Ingress {
             id_header: HeaderValue::from_str(state.node_id()).ok(),
-            forwarder: Forwarder::new(state.clone(), owner, links, forward, seed),
+            forwarder: Forwarder::new(
+                state.clone(),
+                owner,
+                links,
+                forward,
+                settings.route_cookie.clone(),
+                seed,
+            ),
             state,
             settings,
         }
@@ -80,12 +92,25 @@ impl Ingress {
         req: Request<Incoming>,
         client: SocketAddr,
     ) -> Response<Body> {
-        let mut resp = match limits::check(&req, self.settings.max_request_target) {
+        let mut resp = match limits::check(&req, self.settings.max_request_target)
+            .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
+        {
             Err(e) => self.state.failed(e),
-            Ok(()) if admin::is_admin(req.uri().path()) => {
-                admin::answer(&self.state, req, client).await
-            }
-            Ok(()) => {
+            Ok(PathClass::Admin) => admin::answer(&self.state, req, client).await,
+            // Never routed: a normalising app would take it for the admin
+            // API's path.
+            Ok(PathClass::Disguised) => self.state.failed(RequestError::BadRequest(
+                "the path resolves to the admin API's /_peerlb/ but is not written so",
+            )),
+            Ok(PathClass::App) => {
+                let mut req = req;
+                // Absolute-form: the authority wins (RFC 9112 section 3.2.2),
+                // for the rules and for the app.
+                let (parts, headers) = (req.uri().clone(), req.headers_mut());
+                client_input::host_from_authority(&parts, headers);
+                if !self.settings.trust_client_forwarded {
+                    client_input::drop_client_forwarding(req.headers_mut());
+                }
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 match self.forwarder.route_and_serve(req, client).await {
@@ -118,5 +143,20 @@ impl server::Handler for Ingress {
 
     fn send_timeout(&self) -> Duration {
         self.settings.send_timeout
+    }
+
+    fn max_connections(&self) -> usize {
+        self.settings.max_connections
+    }
+
+    fn connections(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.state.counters.client_connections
+    }
+
+    fn connection_refused(&self) {
+        self.state
+            .counters
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -42,6 +42,11 @@ pub(crate) struct Counters {
     pub proxied_disagree: AtomicU64,
     /// Requests answered with an error status by this node.
     pub errors: AtomicU64,
+    /// Client connections closed at accept because `limits.max_connections`
+    /// were open.
+    pub connections_refused: AtomicU64,
+    /// Client connections open now (a gauge, not monotonic).
+    pub client_connections: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.

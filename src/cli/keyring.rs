@@ -94,10 +94,10 @@ fn request(addr: SocketAddr, path: &str, body: Option<&str>) -> std::io::Result<
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     match body {
-        None => write!(s, "GET {path} HTTP/1.0\r\nhost: peerlb\r\n\r\n")?,
+        None => write!(s, "GET {path} HTTP/1.0\r\nhost: localhost\r\n\r\n")?,
         Some(b) => write!(
             s,
-            "POST {path} HTTP/1.0\r\nhost: peerlb\r\ncontent-length: {}\r\n\r\n{b}",
+            "POST {path} HTTP/1.0\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{b}",
             b.len()
         )?,
     }

@@ -52,10 +52,12 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         app: a.app,
         shared_listen: a.shared_listen,
     };
-    let config = match file.validate(&src, &a.node, &ov) {
+    let mut config = match file.validate(&src, &a.node, &ov) {
         Ok(c) => c,
         Err(e) => return Ok(config_error(e)),
     };
+    let files = raise_open_file_limit();
+    config.ingress.max_connections = connection_cap(config.ingress.max_connections, files);
     // TLS files are configuration too: check them before binding anything.
     if let Err(e) = tls::TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key) {
         return Ok(config_error(format!(
@@ -73,4 +75,91 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         node.run(shutdown_signal()).await?;
         anyhow::Ok(0)
     })
+}
+
+/// File descriptors kept out of the client connection cap: listeners, peer
+/// and gossip sockets, app connections, the keyring and rules files.
+const RESERVED_FDS: u64 = 256;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, as HAProxy and Go's
+/// runtime do (the common soft 1024 locks a node out after about 1,000 idle
+/// client connections), and logs it: the soft limit in force after, `None`
+/// when it cannot be read.
+fn raise_open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit to the pointer it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open file limit");
+        return None;
+    }
+    let (soft, hard) = (lim.rlim_cur, lim.rlim_max);
+    if soft >= hard {
+        tracing::info!(soft, hard, "open file limit");
+        return Some(soft);
+    }
+    let raised = libc::rlimit {
+        rlim_cur: hard,
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit reads one rlimit from the pointer it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        tracing::warn!(soft, hard, error = %std::io::Error::last_os_error(), "cannot raise the open file limit");
+        return Some(soft);
+    }
+    tracing::info!(
+        from = soft,
+        to = hard,
+        "open file limit raised to the hard limit"
+    );
+    Some(hard)
+}
+
+/// The client connection cap in force: `configured`
+/// (`limits.max_connections`), lowered to the open file limit `files` less
+/// [`RESERVED_FDS`] (at least 1) when that is smaller, with a warning.
+fn connection_cap(configured: usize, files: Option<u64>) -> usize {
+    let Some(files) = files else {
+        return configured;
+    };
+    let room = usize::try_from(files.saturating_sub(RESERVED_FDS).max(1)).unwrap_or(usize::MAX);
+    if room < configured {
+        tracing::warn!(
+            configured,
+            open_file_limit = files,
+            cap = room,
+            "limits.max_connections lowered to fit the open file limit"
+        );
+        return room;
+    }
+    tracing::info!(max_connections = configured, "client connection cap");
+    configured
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_fits_the_open_file_limit() {
+        assert_eq!(connection_cap(10_000, Some(1_048_576)), 10_000);
+        assert_eq!(connection_cap(10_000, Some(1024)), 768);
+        assert_eq!(connection_cap(10_000, Some(100)), 1);
+        assert_eq!(connection_cap(10_000, None), 10_000);
+    }
+
+    #[test]
+    fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
+        let after = raise_open_file_limit().expect("readable limit");
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit to the pointer it is given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(lim.rlim_cur, lim.rlim_max);
+        assert_eq!(after, lim.rlim_cur);
+    }
 }

@@ -48,6 +48,9 @@ pub struct ClusterFile {
     /// Informational response headers.
     #[serde(default)]
     pub headers: HeadersSection,
+    /// The sticky route cookie.
+    #[serde(default)]
+    pub sticky: StickySection,
     /// Gossip (chitchat) parameters.
     #[serde(default)]
     pub gossip: GossipSection,
@@ -153,6 +156,11 @@ impl Default for TlsSection {
 pub struct LimitsSection {
     /// Longest request-target accepted, in bytes; longer gets 414 (default 8192).
     pub max_request_target: usize,
+    /// Most client connections open at once per node (default 10000, at
+    /// most 1000000); a connection accepted beyond it is closed at once
+    /// (nginx's `worker_connections`, HAProxy's `maxconn`). Lowered at
+    /// start to the open file limit less 256 when that is smaller.
+    pub max_connections: usize,
     /// Time to wait for an owner's response head, in ms (default 30000); 504 after.
     pub response_timeout_ms: u64,
     /// Time to open a peer stream before trying the next candidate, in ms (default 1000).
@@ -189,6 +197,7 @@ impl Default for LimitsSection {
     fn default() -> Self {
         Self {
             max_request_target: 8192,
+            max_connections: 10_000,
             response_timeout_ms: 30_000,
             connect_timeout_ms: 1_000,
             drain_grace_ms: 1_500,
@@ -210,6 +219,12 @@ pub struct HeadersSection {
     pub served_by: bool,
     /// Add `peerlb-entry: <node id>` to responses (default true).
     pub entry: bool,
+    /// Pass the forwarding headers a client sent (`X-Forwarded-For`,
+    /// `X-Real-IP`, `Forwarded`) on to the app (default true; the client's
+    /// `X-Forwarded-For` values then come before the address peerlb
+    /// adds). False drops them at the entry, for an edge no trusted proxy
+    /// stands in front of (Envoy's `xff_num_trusted_hops = 0`).
+    pub trust_client_forwarded: bool,
 }
 
 impl Default for HeadersSection {
@@ -217,6 +232,35 @@ impl Default for HeadersSection {
         Self {
             served_by: true,
             entry: true,
+            trust_client_forwarded: true,
+        }
+    }
+}
+
+/// `[sticky]`: the sticky route cookie (policies with sticky routes).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StickySection {
+    /// Cookie name, an RFC 6265 token (default `peerlb-route`).
+    pub cookie: String,
+    /// The cookie's `Path` (default `/`).
+    pub cookie_path: String,
+    /// The cookie's `SameSite`: `Strict`, `Lax` (default) or `None` (sent
+    /// on cross-site POSTs, as SAML and OIDC `form_post` logins need;
+    /// requires `cookie_secure`).
+    pub cookie_same_site: String,
+    /// Mark the cookie `Secure` (default false): set it when clients reach
+    /// peerlb through HTTPS terminated in front of it.
+    pub cookie_secure: bool,
+}
+
+impl Default for StickySection {
+    fn default() -> Self {
+        Self {
+            cookie: "peerlb-route".to_owned(),
+            cookie_path: "/".to_owned(),
+            cookie_same_site: "Lax".to_owned(),
+            cookie_secure: false,
         }
     }
 }

@@ -144,12 +144,19 @@ pub struct MetricSettings {
 pub struct IngressSettings {
     /// Longest request-target in bytes (`limits.max_request_target`).
     pub max_request_target: usize,
+    /// Most client connections open at once (`limits.max_connections`).
+    pub max_connections: usize,
     /// Longest wait for an owner's response head (`limits.response_timeout_ms`).
     pub response_timeout: Duration,
     /// Add `peerlb-served-by` (`headers.served_by`).
     pub header_served_by: bool,
     /// Add `peerlb-entry` (`headers.entry`).
     pub header_entry: bool,
+    /// The sticky route cookie (`[sticky]`).
+    pub route_cookie: crate::engine::RouteCookie,
+    /// Keep client-sent `X-Forwarded-For`, `X-Real-IP` and `Forwarded`
+    /// (`headers.trust_client_forwarded`); false drops them at the entry.
+    pub trust_client_forwarded: bool,
     /// Where the rules come from, for reloads; `None` when they cannot
     /// change (the embedded default's `[[rules]]`).
     pub rules_source: Option<RulesSource>,

@@ -91,6 +91,18 @@ fn bad_policy_app_vnodes_and_timeouts_are_named() {
             format!("[limits]\nbody_read_timeout_ms = 0\n{ONE}"),
             "limits.body_read_timeout_ms",
         ),
+        (
+            format!("[peer]\nidle_timeout_ms = 4611686018427387904\n{ONE}"),
+            "peer.idle_timeout_ms",
+        ),
+        (
+            format!("[limits]\ndrain_grace_ms = 9223372036854775807\n{ONE}"),
+            "limits.drain_grace_ms",
+        ),
+        (
+            format!("[limits]\nstartup_wait_ms = 2592000001\n{ONE}"),
+            "limits.startup_wait_ms",
+        ),
         (String::new(), "nodes"),
     ] {
         let e = validate(&text, "n1").unwrap_err().to_string();
@@ -324,4 +336,55 @@ fn tls_paths_are_relative_to_the_config_file() {
     let c = validate(ONE, "n1").unwrap();
     assert_eq!(c.tls.ca, PathBuf::from("/etc/peerlb/certs/ca.pem"));
     assert_eq!(c.tls.key, PathBuf::from("/etc/peerlb/certs/n1.key"));
+}
+
+#[test]
+fn the_longest_accepted_durations_build_a_node_config() {
+    let max = MAX_DURATION_MS;
+    let text = format!(
+        "[limits]\nresponse_timeout_ms = {max}\nconnect_timeout_ms = {max}\ndrain_grace_ms = {max}\ndrain_timeout_ms = {max}\nstartup_wait_ms = {max}\nheader_read_timeout_ms = {max}\nbody_read_timeout_ms = {max}\nsend_timeout_ms = {max}\n[gossip]\ninterval_ms = {max}\ndead_node_grace_ms = {max}\n[peer]\nkeep_alive_ms = {}\nidle_timeout_ms = {max}\n{ONE}",
+        max - 1
+    );
+    let c = validate(&text, "n1").unwrap();
+    assert_eq!(c.peer.idle_timeout, std::time::Duration::from_millis(max));
+    // A deadline this far out neither overflows a tokio timer nor QUIC's
+    // idle-timeout varint.
+    let _ = tokio::time::Instant::now() + c.peer.idle_timeout;
+    assert!(quinn::IdleTimeout::try_from(c.peer.idle_timeout * 3).is_ok());
+}
+
+#[test]
+fn the_sticky_cookie_is_configured_and_checked() {
+    let c = validate(
+        &format!("[sticky]\ncookie = \"lb\"\ncookie_path = \"/app\"\ncookie_same_site = \"none\"\ncookie_secure = true\n{ONE}"),
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(
+        c.ingress.route_cookie,
+        crate::engine::RouteCookie {
+            name: "lb".into(),
+            path: "/app".into(),
+            same_site: crate::engine::SameSite::None,
+            secure: true,
+        }
+    );
+    assert_eq!(
+        validate(ONE, "n1").unwrap().ingress.route_cookie,
+        crate::engine::RouteCookie::default()
+    );
+    for (text, field) in [
+        ("cookie = \"a b\"", "sticky.cookie"),
+        ("cookie = \"\"", "sticky.cookie"),
+        ("cookie = \"a;b\"", "sticky.cookie"),
+        ("cookie_path = \"app\"", "sticky.cookie_path"),
+        ("cookie_path = \"/a;Domain=x\"", "sticky.cookie_path"),
+        ("cookie_same_site = \"loose\"", "sticky.cookie_same_site"),
+        ("cookie_same_site = \"None\"", "sticky.cookie_same_site"),
+    ] {
+        let e = validate(&format!("[sticky]\n{text}\n{ONE}"), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!(": {field}: ")), "{text}: {e}");
+    }
 }

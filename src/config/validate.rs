@@ -10,12 +10,13 @@ use std::time::Duration;
 use super::settings::MAX_UNIX_PATH;
 use super::{
     AppAddr, AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
-    MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings,
-    RulesSource, Source, TlsPaths, UpstreamApp,
+    MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
+    RoutingSettings, RulesSource, Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
+use crate::engine::{RouteCookie, SameSite};
 
 impl ClusterFile {
     /// Checks the whole file (every node, every rule), independent of which
@@ -43,6 +44,7 @@ impl ClusterFile {
                 format!("{} is out of range 1..=4096", self.ring.vnodes),
             ));
         }
+        route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?;
         if self.tls.dir.is_empty() {
             return Err(inv("tls.dir", "must not be empty".into()));
         }
@@ -52,6 +54,12 @@ impl ClusterFile {
             return Err(inv(
                 "limits.max_request_target",
                 format!("{} is out of range 64..=65534", l.max_request_target),
+            ));
+        }
+        if !(1..=1_000_000).contains(&l.max_connections) {
+            return Err(inv(
+                "limits.max_connections",
+                format!("{} is out of range 1..=1000000", l.max_connections),
             ));
         }
         for (name, v) in [
@@ -78,6 +86,29 @@ impl ClusterFile {
                     l.upstream_idle_timeout_ms
                 ),
             ));
+        }
+        // Every duration a node starts with is bounded: a timer deadline
+        // `now + d` must not overflow, and QUIC's idle timeout is a varint.
+        for (name, v) in [
+            ("limits.response_timeout_ms", l.response_timeout_ms),
+            ("limits.connect_timeout_ms", l.connect_timeout_ms),
+            ("limits.drain_grace_ms", l.drain_grace_ms),
+            ("limits.drain_timeout_ms", l.drain_timeout_ms),
+            ("limits.startup_wait_ms", l.startup_wait_ms),
+            ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+            ("limits.send_timeout_ms", l.send_timeout_ms),
+            ("gossip.interval_ms", self.gossip.interval_ms),
+            ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
+            ("peer.keep_alive_ms", self.peer.keep_alive_ms),
+            ("peer.idle_timeout_ms", self.peer.idle_timeout_ms),
+        ] {
+            if v > MAX_DURATION_MS {
+                return Err(inv(
+                    name,
+                    format!("{v} is out of range (at most {MAX_DURATION_MS} ms, 30 days)"),
+                ));
+            }
         }
         if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
             return Err(inv(
@@ -322,9 +353,12 @@ impl ClusterFile {
             },
             ingress: IngressSettings {
                 max_request_target: self.limits.max_request_target,
+                max_connections: self.limits.max_connections,
                 response_timeout: ms(self.limits.response_timeout_ms),
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,
+                trust_client_forwarded: self.headers.trust_client_forwarded,
+                route_cookie: route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?,
                 rules_source: match rules_source {
                     RulesSource::Inline(_) => None,
                     s => Some(s),
@@ -366,6 +400,55 @@ impl ClusterFile {
             (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
         }
     }
+}
+
+/// The `[sticky]` cookie, checked: the name an RFC 6265 token, the path
+/// starting with `/` without `;` or control characters, `SameSite=None`
+/// only with `Secure` (browsers drop it otherwise). Error: (field, message).
+fn route_cookie(s: &StickySection) -> Result<RouteCookie, (&'static str, String)> {
+    let token = |c: char| c.is_ascii_graphic() && !"()<>@,;:\\\"/[]?={}".contains(c);
+    if s.cookie.is_empty() || !s.cookie.chars().all(token) {
+        return Err((
+            "sticky.cookie",
+            format!("{:?} is not a cookie name (an RFC 6265 token)", s.cookie),
+        ));
+    }
+    if !s.cookie_path.starts_with('/')
+        || s.cookie_path
+            .chars()
+            .any(|c| c == ';' || !(c.is_ascii_graphic() || c == ' '))
+    {
+        return Err((
+            "sticky.cookie_path",
+            format!(
+                "{:?} must start with / and hold no ; or control characters",
+                s.cookie_path
+            ),
+        ));
+    }
+    let same_site = match s.cookie_same_site.to_ascii_lowercase().as_str() {
+        "strict" => SameSite::Strict,
+        "lax" => SameSite::Lax,
+        "none" => SameSite::None,
+        _ => {
+            return Err((
+                "sticky.cookie_same_site",
+                format!("{:?} is not Strict, Lax or None", s.cookie_same_site),
+            ));
+        }
+    };
+    if same_site == SameSite::None && !s.cookie_secure {
+        return Err((
+            "sticky.cookie_same_site",
+            "None requires sticky.cookie_secure = true (browsers drop it otherwise)".into(),
+        ));
+    }
+    Ok(RouteCookie {
+        name: s.cookie.clone(),
+        path: s.cookie_path.clone(),
+        same_site,
+        secure: s.cookie_secure,
+    })
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {

@@ -248,6 +248,8 @@ pub struct Router {
     byrequests: ByRequests,
     bytraffic: ByTraffic,
     least_load: LeastLoad,
+    /// Name of the sticky route cookie read from requests.
+    route_cookie: std::sync::Arc<str>,
 }
 
 /// The policy as it actually runs.
@@ -275,7 +277,14 @@ impl Router {
             byrequests: ByRequests::new(),
             bytraffic: ByTraffic::new(),
             least_load: LeastLoad::new(),
+            route_cookie: std::sync::Arc::from(super::sticky::ROUTE_COOKIE),
         }
+    }
+
+    /// Reads sticky routes from the cookie `name` (`sticky.cookie`; default
+    /// `peerlb-route`) from now on.
+    pub fn set_route_cookie(&mut self, name: &str) {
+        self.route_cookie = std::sync::Arc::from(name);
     }
 
     /// A router with explicit `options`.
@@ -412,7 +421,10 @@ impl Router {
         rng: &mut impl Rng,
         local: &impl Fn(&str) -> u32,
     ) -> EntryDecision {
-        let route = route_from_request(req.headers, req.uri);
+        let serving = view.serving_ids();
+        let route = route_from_request(req.headers, req.uri, &self.route_cookie, |r| {
+            serving.binary_search_by(|id| (**id).cmp(r)).is_ok()
+        });
         let sticky = self.is_sticky().then(|| Session {
             route: route.clone(),
         });

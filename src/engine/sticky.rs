@@ -25,26 +25,112 @@ pub(crate) const ROUTE_COOKIE: &str = "peerlb-route";
 /// Name of the sticky route path parameter (`;peerlb-route=<id>`).
 pub(crate) const ROUTE_PARAM: &str = "peerlb-route";
 
-/// The sticky route a request carries, decoded: the `peerlb-route` cookie if
-/// present and non-empty (the first one, over all `Cookie` headers), else the
-/// `;peerlb-route=` parameter of the last path segment. `None` if neither.
-pub(crate) fn route_from_request(headers: &HeaderMap, uri: &http::Uri) -> Option<String> {
-    if let Some(v) = cookies(headers)
-        .find(|(name, _)| *name == ROUTE_COOKIE)
-        .map(|c| c.1)
-        && !v.is_empty()
-    {
-        return Some(percent_decode(v, false).into_owned());
-    }
+/// The sticky route a request carries, decoded, from the route cookies
+/// named `cookie` (over all `Cookie` headers, in order) and then the
+/// `;peerlb-route=` parameters of the last path segment, empty values
+/// skipped: the first that names a member for which `serving` holds, else
+/// the first at all (a stale or forged route, which the router ignores and
+/// the response replaces). `None` if the request carries none.
+///
+/// A browser may send two cookies of one name (one per `Path` or domain,
+/// RFC 6265 section 5.4 orders them longest path first): a stale one must
+/// not hide a valid one.
+pub(crate) fn route_from_request(
+    headers: &HeaderMap,
+    uri: &http::Uri,
+    cookie: &str,
+    serving: impl Fn(&str) -> bool,
+) -> Option<String> {
     let path = uri.path();
     let last = &path[path.rfind('/').map_or(0, |i| i + 1)..];
-    last.split(';')
+    let params = last
+        .split(';')
         .skip(1)
         .filter_map(|p| p.split_once('='))
-        .find(|(name, _)| *name == ROUTE_PARAM)
-        .map(|(_, v)| v)
+        .filter(|(name, _)| *name == ROUTE_PARAM)
+        .map(|(_, v)| v);
+    let mut first: Option<String> = None;
+    for v in cookies(headers)
+        .filter(|(name, _)| *name == cookie)
+        .map(|c| c.1)
+        .chain(params)
         .filter(|v| !v.is_empty())
-        .map(|v| percent_decode(v, false).into_owned())
+    {
+        let route = percent_decode(v, false);
+        if serving(&route) {
+            return Some(route.into_owned());
+        }
+        if first.is_none() {
+            first = Some(route.into_owned());
+        }
+    }
+    first
+}
+
+/// `SameSite` of the route cookie (RFC 6265bis section 4.1.2.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SameSite {
+    /// Sent on same-site requests only.
+    Strict,
+    /// Also sent on top-level cross-site GET navigations (the default).
+    Lax,
+    /// Sent on every request, cross-site POSTs included (SAML and OIDC
+    /// `form_post` logins); browsers require `Secure` with it.
+    None,
+}
+
+impl SameSite {
+    /// The attribute's value: `Strict`, `Lax` or `None`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SameSite::Strict => "Strict",
+            SameSite::Lax => "Lax",
+            SameSite::None => "None",
+        }
+    }
+}
+
+/// The sticky route cookie's name and attributes (`[sticky]` in the
+/// config); the default is `peerlb-route`, `Path=/`, `SameSite=Lax`, not
+/// `Secure`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteCookie {
+    /// Cookie name: an RFC 6265 token (checked by config validation).
+    pub name: String,
+    /// `Path` attribute: starts with `/`, no `;` or control characters.
+    pub path: String,
+    /// `SameSite` attribute.
+    pub same_site: SameSite,
+    /// Add `Secure` (the client reaches peerlb through HTTPS in front).
+    pub secure: bool,
+}
+
+impl Default for RouteCookie {
+    fn default() -> Self {
+        RouteCookie {
+            name: ROUTE_COOKIE.to_owned(),
+            path: "/".to_owned(),
+            same_site: SameSite::Lax,
+            secure: false,
+        }
+    }
+}
+
+impl RouteCookie {
+    /// The `Set-Cookie` header value that makes the client stick to `node`:
+    /// `<name>=<pct-encoded id>; Path=<path>; HttpOnly; SameSite=<s>` and
+    /// `; Secure` when set. A valid header value when the name and path
+    /// passed config validation.
+    pub(crate) fn set_cookie_value(&self, node: &str) -> String {
+        format!(
+            "{}={}; Path={}; HttpOnly; SameSite={}{}",
+            self.name,
+            percent_encode(node),
+            self.path,
+            self.same_site.as_str(),
+            if self.secure { "; Secure" } else { "" }
+        )
+    }
 }
 
 /// The sticky-route part of a routing decision under a sticky policy
@@ -56,8 +142,8 @@ pub(crate) struct Session {
     pub(crate) route: Option<String>,
 }
 
-/// A route the response must announce to the client: the `peerlb-route`
-/// cookie ([`set_cookie_value`]), the `peerlb-route` response header
+/// A route the response must announce to the client: the route cookie
+/// ([`RouteCookie::set_cookie_value`]), the `peerlb-route` response header
 /// ([`encode_route_param`]), and with `in_location` the route parameter on
 /// `Location` ([`with_route_param`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,16 +174,6 @@ impl Session {
             in_location: route_in_url,
         })
     }
-}
-
-/// The `Set-Cookie` header value that makes the client stick to `node`:
-/// `peerlb-route=<pct-encoded id>; Path=/; HttpOnly; SameSite=Lax`.
-/// Always a valid header value (ASCII, no control characters).
-pub(crate) fn set_cookie_value(node: &str) -> String {
-    format!(
-        "{ROUTE_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax",
-        percent_encode(node)
-    )
 }
 
 /// The path parameter naming `node`, to append to the last path segment of
@@ -278,7 +354,7 @@ mod tests {
         assert_eq!(percent_encode("a b/ü"), "a%20b%2F%C3%BC");
         assert_eq!(percent_encode("-._~"), "-._~");
         assert_eq!(
-            set_cookie_value("s1:1"),
+            RouteCookie::default().set_cookie_value("s1:1"),
             "peerlb-route=s1%3A1; Path=/; HttpOnly; SameSite=Lax"
         );
         assert_eq!(encode_route_param("s1:1"), ";peerlb-route=s1%3A1");
@@ -303,13 +379,16 @@ mod tests {
     #[test]
     fn cookie_roundtrip_with_odd_ids() {
         for id in ODD_IDS {
-            let set = set_cookie_value(id);
+            let set = RouteCookie::default().set_cookie_value(id);
             assert!(HeaderValue::from_str(&set).is_ok(), "{set}");
             // The client echoes name=value (the part before the first ';').
             let echoed = set.split(';').next().unwrap();
             let h = headers(&["theme=dark", echoed]);
             let uri = Uri::from_static("/cart");
-            assert_eq!(route_from_request(&h, &uri).as_deref(), Some(id));
+            assert_eq!(
+                route_from_request(&h, &uri, ROUTE_COOKIE, |_| false).as_deref(),
+                Some(id)
+            );
         }
     }
 
@@ -319,7 +398,7 @@ mod tests {
             let path = format!("/shop/cart{}", encode_route_param(id));
             let uri: Uri = format!("{path}?x=1").parse().unwrap();
             assert_eq!(
-                route_from_request(&HeaderMap::new(), &uri).as_deref(),
+                route_from_request(&HeaderMap::new(), &uri, ROUTE_COOKIE, |_| false).as_deref(),
                 Some(id)
             );
             assert_eq!(strip_route_param(uri.path()), "/shop/cart");
@@ -330,25 +409,37 @@ mod tests {
     fn cookie_wins_over_param_and_first_cookie_wins() {
         let uri = Uri::from_static("/a;peerlb-route=p");
         assert_eq!(
-            route_from_request(&headers(&["peerlb-route=c"]), &uri).as_deref(),
+            route_from_request(&headers(&["peerlb-route=c"]), &uri, ROUTE_COOKIE, |_| false)
+                .as_deref(),
             Some("c")
         );
         let h = headers(&["x=1; peerlb-route=\"first\"", "peerlb-route=second"]);
-        assert_eq!(route_from_request(&h, &uri).as_deref(), Some("first"));
+        assert_eq!(
+            route_from_request(&h, &uri, ROUTE_COOKIE, |_| false).as_deref(),
+            Some("first")
+        );
         // An empty cookie does not hide the parameter.
         assert_eq!(
-            route_from_request(&headers(&["peerlb-route="]), &uri).as_deref(),
+            route_from_request(&headers(&["peerlb-route="]), &uri, ROUTE_COOKIE, |_| false)
+                .as_deref(),
             Some("p")
         );
         assert_eq!(
-            route_from_request(&HeaderMap::new(), &uri).as_deref(),
+            route_from_request(&HeaderMap::new(), &uri, ROUTE_COOKIE, |_| false).as_deref(),
             Some("p")
         );
     }
 
     #[test]
     fn param_only_on_last_segment() {
-        let none = |u: &'static str| route_from_request(&HeaderMap::new(), &Uri::from_static(u));
+        let none = |u: &'static str| {
+            route_from_request(
+                &HeaderMap::new(),
+                &Uri::from_static(u),
+                ROUTE_COOKIE,
+                |_| false,
+            )
+        };
         assert_eq!(none("/a;peerlb-route=n1/b"), None);
         assert_eq!(
             none("/a;jsessionid=x;peerlb-route=n2").as_deref(),
@@ -408,5 +499,64 @@ mod tests {
         let h = headers(&["a=1; b = 2 ;c", "d=\"q\"; e=x=y"]);
         let all: Vec<_> = cookies(&h).collect();
         assert_eq!(all, [("a", "1"), ("b", "2"), ("d", "q"), ("e", "x=y")]);
+    }
+}
+
+#[cfg(test)]
+mod route_cookie_tests {
+    use super::*;
+    use http::header::HeaderValue;
+
+    #[test]
+    fn the_first_route_cookie_naming_a_serving_node_counts() {
+        let mut h = HeaderMap::new();
+        h.append(
+            COOKIE,
+            HeaderValue::from_static("peerlb-route=gone; peerlb-route=n3"),
+        );
+        let uri = http::Uri::from_static("/x");
+        let serving = |id: &str| ["n1", "n2", "n3"].contains(&id);
+        assert_eq!(
+            route_from_request(&h, &uri, ROUTE_COOKIE, serving).as_deref(),
+            Some("n3")
+        );
+        // None serving: the first, so the response replaces it.
+        assert_eq!(
+            route_from_request(&h, &uri, ROUTE_COOKIE, |_| false).as_deref(),
+            Some("gone")
+        );
+        // A stale cookie does not hide a valid path parameter either.
+        let uri = http::Uri::from_static("/x;peerlb-route=n2");
+        let mut h = HeaderMap::new();
+        h.append(COOKIE, HeaderValue::from_static("peerlb-route=gone"));
+        assert_eq!(
+            route_from_request(&h, &uri, ROUTE_COOKIE, serving).as_deref(),
+            Some("n2")
+        );
+        // Another cookie name is read when configured.
+        let mut h = HeaderMap::new();
+        h.append(COOKIE, HeaderValue::from_static("peerlb-route=n1; lb=n2"));
+        assert_eq!(
+            route_from_request(&h, &http::Uri::from_static("/"), "lb", serving).as_deref(),
+            Some("n2")
+        );
+    }
+
+    #[test]
+    fn the_route_cookie_attributes_are_configurable() {
+        let c = RouteCookie {
+            name: "lb".into(),
+            path: "/app".into(),
+            same_site: SameSite::None,
+            secure: true,
+        };
+        assert_eq!(
+            c.set_cookie_value("n 2"),
+            "lb=n%202; Path=/app; HttpOnly; SameSite=None; Secure"
+        );
+        assert_eq!(
+            RouteCookie::default().set_cookie_value("n2"),
+            "peerlb-route=n2; Path=/; HttpOnly; SameSite=Lax"
+        );
     }
 }

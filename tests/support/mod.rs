@@ -423,7 +423,7 @@ pub fn status(addr: SocketAddr) -> Option<serde_json::Value> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: t\r\n\r\n")
+    s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n")
         .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;

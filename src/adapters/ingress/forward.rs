@@ -26,6 +26,7 @@ use crate::adapters::node_state::{NodeState, Outstanding, track_body};
 use crate::adapters::owner::Owner;
 use crate::adapters::peer::{self, ExchangeError, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
+use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::EntryDecision;
@@ -61,6 +62,8 @@ pub(super) struct Forwarder {
     settings: ForwardSettings,
     /// This node's id as a header value (`peerlb-served-by`), made once.
     id_header: Option<HeaderValue>,
+    /// The sticky route cookie's name and attributes (`[sticky]`).
+    route_cookie: RouteCookie,
 }
 
 impl Forwarder {
@@ -71,9 +74,11 @@ impl Forwarder {
         owner: Arc<Owner>,
         links: Arc<PeerLinks>,
         settings: ForwardSettings,
+        route_cookie: RouteCookie,
         seed: u64,
     ) -> Forwarder {
         Forwarder {
+            route_cookie,
             id_header: HeaderValue::from_str(state.node_id()).ok(),
             state,
             owner,
@@ -128,7 +133,7 @@ impl Forwarder {
             s.announce(&served_by, sets_cookie, route_in_url)
         });
         if let Some(a) = announcement {
-            set_route(&mut resp, &served_by, a);
+            set_route(&mut resp, &self.route_cookie, &served_by, a);
         }
         if self.settings.header_served_by {
             let v = if served_by == *self.state.node_id() {

@@ -7,6 +7,7 @@ use http::{HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 
 use crate::adapters::body::Body;
+use crate::adapters::client_input;
 use crate::adapters::errors::RequestError;
 use crate::adapters::wire;
 use crate::engine::sticky::{self, Announcement};
@@ -23,7 +24,8 @@ pub(crate) const MAX_HEAD_BYTES: usize = wire::MAX_HEAD_LEN - 4096;
 /// The entry node's limits, before anything else looks at the request:
 /// request-target length over `max_request_target` bytes (414), head size
 /// over [`MAX_HEAD_BYTES`] (431), CONNECT (501), not exactly one Host on
-/// HTTP/1.1 (400).
+/// HTTP/1.1, a request-target form the method does not take or a Host that
+/// is not `host[:port]` (400, [`client_input::check_target_and_host`]).
 ///
 /// # Errors
 /// The [`RequestError`] of the first limit the request breaks.
@@ -59,7 +61,7 @@ pub(super) fn check(
             "an HTTP/1.1 request needs exactly one Host header",
         ));
     }
-    Ok(())
+    client_input::check_target_and_host(req.method(), req.uri(), req.headers())
 }
 
 /// Length of the request-target as received.
@@ -112,12 +114,17 @@ pub(super) fn strip_route_param(uri: &mut http::Uri) -> bool {
 }
 
 /// Tells the client its (new) sticky route `node`, as the engine's
-/// `announcement` says: the `peerlb-route` cookie, the `peerlb-route`
+/// `announcement` says: the route cookie `cookie`, the `peerlb-route`
 /// response header, and, for a client that carries the route in the URL
 /// (cookies refused), the route parameter on `Location`.
-pub(super) fn set_route(resp: &mut Response<Body>, node: &str, announcement: Announcement) {
+pub(super) fn set_route(
+    resp: &mut Response<Body>,
+    cookie: &sticky::RouteCookie,
+    node: &str,
+    announcement: Announcement,
+) {
     let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&sticky::set_cookie_value(node)) {
+    if let Ok(v) = HeaderValue::from_str(&cookie.set_cookie_value(node)) {
         h.append(header::SET_COOKIE, v);
     }
     if let Ok(v) = HeaderValue::from_str(&sticky::encode_route_param(node)) {
@@ -177,7 +184,12 @@ mod tests {
             r
         };
         let mut r = resp();
-        set_route(&mut r, "n2", Announcement { in_location: false });
+        set_route(
+            &mut r,
+            &sticky::RouteCookie::default(),
+            "n2",
+            Announcement { in_location: false },
+        );
         assert_eq!(
             r.headers()[header::SET_COOKIE],
             "peerlb-route=n2; Path=/; HttpOnly; SameSite=Lax"
@@ -185,7 +197,12 @@ mod tests {
         assert_eq!(r.headers()[ROUTE], ";peerlb-route=n2");
         assert_eq!(r.headers()[header::LOCATION], "/cart?x=1");
         let mut r = resp();
-        set_route(&mut r, "n2", Announcement { in_location: true });
+        set_route(
+            &mut r,
+            &sticky::RouteCookie::default(),
+            "n2",
+            Announcement { in_location: true },
+        );
         assert_eq!(r.headers()[header::LOCATION], "/cart;peerlb-route=n2?x=1");
     }
 }

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -19,6 +20,12 @@ use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
 use crate::env::HttpListener;
 
+/// Largest read buffer of a client connection, in bytes: the peer frame
+/// limit ([`crate::adapters::wire::MAX_HEAD_LEN`], 64 KiB), above peerlb's
+/// head limit ([`super::limits::MAX_HEAD_BYTES`], 60 KiB) so the heads
+/// between the two get peerlb's own 431. hyper requires at least 8192.
+pub(super) const READ_BUFFER_BYTES: usize = crate::adapters::wire::MAX_HEAD_LEN;
+
 /// What the client server calls: the request path (`Ingress`).
 pub(crate) trait Handler: Send + Sync + 'static {
     /// Answers one client request from `client`; never fails (errors
@@ -32,6 +39,34 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn header_read_timeout(&self) -> Duration;
     /// Longest a write to a client may make no progress.
     fn send_timeout(&self) -> Duration;
+    /// Most client connections open at once (over every listener).
+    fn max_connections(&self) -> usize;
+    /// The gauge of open client connections (shared by every listener).
+    fn connections(&self) -> &AtomicU64;
+    /// Counts a connection closed at accept because of the cap.
+    fn connection_refused(&self);
+}
+
+/// Holds one place under the connection cap; gives it back when dropped.
+struct ConnSlot<H: Handler>(Arc<H>);
+
+impl<H: Handler> Drop for ConnSlot<H> {
+    fn drop(&mut self) {
+        self.0.connections().fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes a place under the cap (`max`), or `None` when `max` connections
+/// are open.
+fn take_slot<H: Handler>(ingress: &Arc<H>, max: usize) -> Option<ConnSlot<H>> {
+    let max = max as u64;
+    ingress
+        .connections()
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| ConnSlot(ingress.clone()))
 }
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
@@ -45,6 +80,8 @@ pub(crate) async fn serve<H: Handler>(
     let local = listener.local_addr().ok();
     let header_timeout = ingress.header_read_timeout();
     let mut last_warn: Option<tokio::time::Instant> = None;
+    let mut last_cap_warn: Option<tokio::time::Instant> = None;
+    let max_connections = ingress.max_connections();
     loop {
         let (stream, client) = tokio::select! {
             r = listener.accept() => match r {
@@ -62,6 +99,18 @@ pub(crate) async fn serve<H: Handler>(
             },
             _ = shutdown.changed() => break,
         };
+        // At the cap the new connection is closed at once: accepted, so it
+        // leaves the kernel's backlog and the client sees a close instead
+        // of a handshake that hangs.
+        let Some(slot) = take_slot(&ingress, max_connections) else {
+            drop(stream);
+            ingress.connection_refused();
+            if last_cap_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached: closing new client connections (limits.max_connections)");
+                last_cap_warn = Some(tokio::time::Instant::now());
+            }
+            continue;
+        };
         let ing = ingress.clone();
         let svc = service_fn(move |req| {
             let ing = ing.clone();
@@ -75,6 +124,11 @@ pub(crate) async fn serve<H: Handler>(
             // idle keep-alive connections included (slowloris).
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(header_timeout)
+            // A connection's read buffer stops at the head limit's order
+            // (hyper's default grows to about 408 KB): a head up to
+            // READ_BUFFER_BYTES gets peerlb's own 431 (`limits::check`), a
+            // longer one hyper's bare 431.
+            .max_buf_size(READ_BUFFER_BYTES)
             .serve_connection(
                 TokioIo::new(SendTimeout::new(stream, ingress.send_timeout())),
                 svc,
@@ -82,6 +136,7 @@ pub(crate) async fn serve<H: Handler>(
         let fut = graceful.watch(conn);
         tokio::spawn(
             async move {
+                let _slot = slot;
                 if let Err(e) = fut.await {
                     debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
                 }
