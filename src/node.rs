@@ -10,6 +10,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::adapters::admin_server::{self, AdminServer};
 use crate::adapters::app::App;
 use crate::adapters::gossip::{self, GossipIdentity, Published};
 use crate::adapters::ingress::{self, Ingress};
@@ -189,6 +190,23 @@ impl Node {
                 graceful.clone(),
             )));
         }
+        // The admin listener serves through the drain (status stays
+        // readable) and closes last.
+        let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+        let admin_task = env.admin_listener.map(|l| {
+            if let Ok(addr) = l.local_addr() {
+                info!(%addr, "admin API listening");
+            }
+            tokio::spawn(admin_server::serve(
+                l,
+                Arc::new(AdminServer::new(
+                    state.clone(),
+                    config.ingress.header_read_timeout,
+                    config.ingress.send_timeout,
+                )),
+                admin_stop_rx,
+            ))
+        });
         info!(node = %me.id, generation = env.generation, peer = %me.peer_addr, gossip = %me.gossip_addr, "node running");
 
         let rules_task = config
@@ -237,6 +255,10 @@ impl Node {
         links.close().await;
         peer_task.abort();
         gossip.shutdown().await;
+        let _ = admin_stop_tx.send(true);
+        if let Some(t) = admin_task {
+            let _ = t.await;
+        }
         info!("node stopped");
         Ok(())
     }

@@ -113,10 +113,12 @@ pub(crate) enum WeightError {
 /// Why the admin API refused a request.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdminError {
-    /// The client is not on the node's own host (404, as for any unknown
-    /// path: the admin API is invisible through the sprayer).
-    #[error("the admin API answers loopback clients only")]
-    NotLoopback,
+    /// An admin path asked on a client port, which answers none of the
+    /// admin API but what `admin::client_port_serves` lets through (404,
+    /// as for any unknown path: the admin API is invisible through the
+    /// sprayer).
+    #[error("the admin API answers on the node's admin_addr only")]
+    ClientPort,
     /// No admin endpoint at this path (404).
     #[error("unknown admin path")]
     UnknownPath,
@@ -175,7 +177,7 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         },
         HttpError::Admin(e) => match e {
-            AdminError::NotLoopback | AdminError::UnknownPath => StatusCode::NOT_FOUND,
+            AdminError::ClientPort | AdminError::UnknownPath => StatusCode::NOT_FOUND,
             AdminError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             AdminError::Reload(ReloadError::Embedded) => StatusCode::CONFLICT,
             AdminError::Reload(ReloadError::Invalid(_)) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -266,7 +268,7 @@ mod tests {
     #[test]
     fn each_admin_error_has_its_status() {
         for (e, s) in [
-            (AdminError::NotLoopback, 404),
+            (AdminError::ClientPort, 404),
             (AdminError::UnknownPath, 404),
             (AdminError::MethodNotAllowed { allow: "GET" }, 405),
             (AdminError::Reload(ReloadError::Embedded), 409),
@@ -315,10 +317,10 @@ mod tests {
             text(r).await,
             "no node could take the request: no candidate\n"
         );
-        let r = error_response(&AdminError::NotLoopback.into(), "n1");
+        let r = error_response(&AdminError::ClientPort.into(), "n1");
         assert_eq!(
             text(r).await,
-            "{\"error\":\"the admin API answers loopback clients only\"}\n"
+            "{\"error\":\"the admin API answers on the node's admin_addr only\"}\n"
         );
         let r = error_response(&AdminError::Reload(ReloadError::Embedded).into(), "n1");
         assert_eq!(

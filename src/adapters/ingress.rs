@@ -35,7 +35,7 @@ mod forward;
 mod limits;
 mod server;
 
-pub(crate) use server::serve;
+pub(crate) use server::{Handler, serve};
 
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";
@@ -83,7 +83,7 @@ impl Ingress {
         let mut resp = match limits::check(&req, self.settings.max_request_target) {
             Err(e) => self.state.failed(e),
             Ok(()) if admin::is_admin(req.uri().path()) => {
-                admin::answer(&self.state, req, client).await
+                admin::answer_client_port(&self.state, req).await
             }
             Ok(()) => {
                 let inflight = self.state.enter();
