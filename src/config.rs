@@ -35,8 +35,8 @@ pub use model::{
     PeerSection, RingSection, TlsSection,
 };
 pub use settings::{
-    ADMIN_PORT_OFFSET, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings, NodeAddrs,
-    NodeConfig, PeerSettings, RoutingSettings, TlsPaths, default_admin_addr,
+    ADMIN_PORT_OFFSET, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings,
+    NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, default_admin_addr,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1

@@ -440,7 +440,7 @@ async fn rules_reload_on_the_embedded_config_is_409() {
         .unwrap();
     let up = eventually(Duration::from_secs(20), || status(http).is_some()).await;
     let answer = if up.is_ok() {
-        let mut conn = Conn::open(http).await.unwrap();
+        let mut conn = Conn::open(admin_of(http)).await.unwrap();
         conn.request("POST", "/_peerlb/rules/reload", &[], bytes::Bytes::new())
             .await
             .ok()

@@ -54,7 +54,10 @@ pub(crate) fn client_port_serves(path: &str) -> bool {
 
 /// Answers an admin path asked on a client listener: [`answer`] for the
 /// paths [`client_port_serves`] lets through, 404 for the rest.
-pub(crate) async fn answer_client_port(state: &NodeState, req: Request<Incoming>) -> Response<Body> {
+pub(crate) async fn answer_client_port(
+    state: &NodeState,
+    req: Request<Incoming>,
+) -> Response<Body> {
     if client_port_serves(req.uri().path()) {
         answer(state, req).await
     } else {
@@ -181,7 +184,13 @@ mod tests {
 
     #[test]
     fn client_ports_answer_no_state_path() {
-        for p in [STATUS, RELOAD_RULES, WEIGHT, "/_peerlb/keyring", "/_peerlb/nope"] {
+        for p in [
+            STATUS,
+            RELOAD_RULES,
+            WEIGHT,
+            "/_peerlb/keyring",
+            "/_peerlb/nope",
+        ] {
             assert!(!client_port_serves(p), "{p}");
         }
     }

@@ -75,5 +75,11 @@ pub(crate) async fn serve(
     server: Arc<AdminServer>,
     shutdown: watch::Receiver<bool>,
 ) {
-    ingress::serve(listener, server, shutdown, Arc::new(GracefulShutdown::new())).await;
+    ingress::serve(
+        listener,
+        server,
+        shutdown,
+        Arc::new(GracefulShutdown::new()),
+    )
+    .await;
 }

@@ -398,7 +398,10 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 
 /// `given`, else the default admin address of a node whose client address
 /// is `http_addr` ([`super::default_admin_addr`]).
-fn admin_or_default(given: Option<SocketAddr>, http_addr: SocketAddr) -> Result<SocketAddr, String> {
+fn admin_or_default(
+    given: Option<SocketAddr>,
+    http_addr: SocketAddr,
+) -> Result<SocketAddr, String> {
     given
         .or_else(|| super::default_admin_addr(http_addr))
         .ok_or_else(|| {
