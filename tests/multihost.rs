@@ -12,6 +12,9 @@
 //! failure when `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces,
 //! veths and the bridge are removed by a guard even when a test fails.
 
+// Real processes in real namespaces: wall-clock time and blocking sleeps.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::io::{Read, Write};
