@@ -3,6 +3,7 @@
 //! logic.
 
 pub(crate) mod admin;
+pub(crate) mod admin_server;
 pub(crate) mod app;
 pub(crate) mod body;
 pub(crate) mod client_input;

@@ -15,20 +15,26 @@ pub(crate) mod app;
 pub(crate) mod certs;
 pub(crate) mod check_config;
 pub(crate) mod keyring;
+pub(crate) mod log_limit;
 pub(crate) mod node;
 pub(crate) mod route;
 pub(crate) mod up;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: info, quiet
-/// dependencies), coloured on a terminal.
+/// dependencies), coloured on a terminal; chitchat's repeated warnings
+/// rate limited (`log_limit`).
 pub(crate) fn init_tracing() {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,chitchat=warn,quinn=warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        .finish()
+        .with(log_limit::RateLimit::default())
         .init();
 }
 

@@ -35,8 +35,9 @@ pub use model::{
     PeerSection, RingSection, StickySection, TlsSection,
 };
 pub use settings::{
-    AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings, MetricSettings,
-    NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
+    ADMIN_PORT_OFFSET, AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings,
+    MetricSettings, NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
+    default_admin_addr,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1

@@ -2,7 +2,8 @@
 //! read once, then handed to [`crate::Node::build`].
 //!
 //! Production binds real sockets with [`Env::bind`]; a simulation hands in
-//! its own: client listeners ([`HttpListener`]), the QUIC socket and the
+//! its own: client listeners ([`HttpListener`]) and optionally the admin
+//! listener, the QUIC socket and the
 //! runtime quinn drives it with (quinn's `AsyncUdpSocket` and `Runtime`,
 //! for `Endpoint::new_with_abstract_socket`), the chitchat [`Transport`],
 //! a wall [`Clock`], the generation, the seed and, optionally, TLS material
@@ -98,6 +99,9 @@ pub struct Env {
     /// Client HTTP listeners (the node's `http_addr`, plus the shared
     /// SO_REUSEPORT address when configured).
     pub http_listeners: Vec<Box<dyn HttpListener>>,
+    /// The admin API listener (the node's `admin_addr`); `None` serves
+    /// no admin listener (a simulation reads the node's state directly).
+    pub admin_listener: Option<Box<dyn HttpListener>>,
     /// The UDP socket of the QUIC endpoint.
     pub peer_socket: Arc<dyn quinn::AsyncUdpSocket>,
     /// The runtime quinn uses for timers, tasks and `now` (tokio's in
@@ -158,6 +162,7 @@ impl Env {
         if let Some(shared) = config.shared_listen {
             http_listeners.push(listener(shared, true, "shared listen address")?);
         }
+        let admin_listener = Some(listener(n.admin_addr, false, "admin_addr")?);
         let peer_socket =
             std::net::UdpSocket::bind(n.peer_addr).map_err(err("peer_addr", n.peer_addr))?;
         peer_socket
@@ -193,6 +198,7 @@ impl Env {
         ));
         Ok(Env {
             http_listeners,
+            admin_listener,
             peer_socket,
             quic_runtime: Arc::new(quinn::TokioRuntime),
             gossip: Box::new(SealedUdpTransport::new(

@@ -10,6 +10,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::adapters::admin_server::{self, AdminServer};
 use crate::adapters::app::App;
 use crate::adapters::gossip::{self, GossipIdentity, Published};
 use crate::adapters::ingress::{self, Ingress};
@@ -193,6 +194,23 @@ impl Node {
                 graceful.clone(),
             )));
         }
+        // The admin listener serves through the drain (status stays
+        // readable) and closes last.
+        let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+        let admin_task = env.admin_listener.map(|l| {
+            if let Ok(addr) = l.local_addr() {
+                info!(%addr, "admin API listening");
+            }
+            tokio::spawn(admin_server::serve(
+                l,
+                Arc::new(AdminServer::new(
+                    state.clone(),
+                    config.ingress.header_read_timeout,
+                    config.ingress.send_timeout,
+                )),
+                admin_stop_rx,
+            ))
+        });
         info!(node = %me.id, generation = env.generation, peer = %me.peer_addr, gossip = %me.gossip_addr, "node running");
 
         let rules_task = config
@@ -241,6 +259,10 @@ impl Node {
         links.close().await;
         peer_task.abort();
         gossip.shutdown().await;
+        let _ = admin_stop_tx.send(true);
+        if let Some(t) = admin_task {
+            let _ = t.await;
+        }
         info!("node stopped");
         Ok(())
     }
@@ -378,6 +400,12 @@ async fn maintain_view(
         );
         let changed = view_tx.borrow().version() != view.version();
         if changed {
+            log_routing_changes(
+                view_tx.borrow().serving_ids(),
+                view.serving_ids(),
+                &gossip.borrow(),
+                &up,
+            );
             // `weights`: `id=weight` of each serving member, in id order.
             let weights: Vec<String> = view
                 .serving_ids()
@@ -396,6 +424,41 @@ async fn maintain_view(
             r = gossip.changed() => if r.is_err() { return },
             r = connected.changed() => if r.is_err() { return },
         }
+    }
+}
+
+/// Why a peer that was serving in this node's view is no longer: the first
+/// of gossip no longer listing it live (dead or gone: `gossip`), a status
+/// it published (`drain: leaving` / `drain: draining`), no authenticated
+/// QUIC connection to it (`quic`).
+fn left_reason(id: &NodeId, gossip: &[Member], up: &BTreeSet<NodeId>) -> &'static str {
+    match gossip
+        .iter()
+        .filter(|m| m.id == *id)
+        .max_by_key(|m| m.generation)
+    {
+        None => "gossip: no longer live",
+        Some(m) if m.status == NodeStatus::Leaving => "drain: leaving",
+        Some(m) if m.status == NodeStatus::Draining => "drain: draining",
+        Some(_) if !up.contains(id) => "quic: no connection",
+        Some(_) => "not serving",
+    }
+}
+
+/// One WARN line per peer that leaves this node's routing (with its
+/// [`left_reason`]) and one INFO line per peer that returns, so an
+/// operator sees a partition and its heal without reading view diffs.
+fn log_routing_changes(
+    before: &[NodeId],
+    after: &[NodeId],
+    gossip: &[Member],
+    up: &BTreeSet<NodeId>,
+) {
+    for id in before.iter().filter(|id| !after.contains(id)) {
+        warn!(peer = %id, reason = left_reason(id, gossip, up), "peer left routing");
+    }
+    for id in after.iter().filter(|id| !before.contains(id)) {
+        info!(peer = %id, "peer returned to routing");
     }
 }
 

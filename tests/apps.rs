@@ -448,7 +448,7 @@ async fn a_live_reload_of_a_bad_rules_file_keeps_the_old_rules() {
     let remote = user_where(&r, |o| o == "n2");
     let reload = || {
         raw_exchange(
-            entry,
+            admin_of(entry),
             b"POST /_peerlb/rules/reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         )
         .0

@@ -302,7 +302,7 @@ fn cluster_file(
 #[test]
 fn check_config_with_node_also_runs_the_per_node_check() {
     let dir = temp_dir("checknode");
-    let (cfg, _) = cluster_file(&dir, 2, "");
+    let (cfg, ports) = cluster_file(&dir, 2, "");
     let run = |extra: &[&str]| {
         Command::new(bin())
             .args(["check-config", "--config"])
@@ -316,6 +316,18 @@ fn check_config_with_node_also_runs_the_per_node_check() {
     assert_eq!(whole.status.code(), Some(0), "{whole:?}");
     let known = run(&["--node", "n2"]);
     assert_eq!(known.status.code(), Some(0), "{known:?}");
+    // It says what the per-node check adds: the node's own addresses.
+    let said = String::from_utf8_lossy(&known.stdout);
+    let http2 = ports[1].0;
+    assert!(
+        said.contains(&format!("node n2: http 127.0.0.1:{http2}"))
+            && said.contains(&format!("admin 127.0.0.1:{}", http2 + 1000)),
+        "{said}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&whole.stdout).contains("node n2:"),
+        "{whole:?}"
+    );
     let unknown = run(&["--node", "n9"]);
     assert_eq!(unknown.status.code(), Some(64), "{unknown:?}");
     let err = String::from_utf8_lossy(&unknown.stderr);
@@ -440,7 +452,7 @@ async fn rules_reload_on_the_embedded_config_is_409() {
         .unwrap();
     let up = eventually(Duration::from_secs(20), || status(http).is_some()).await;
     let answer = if up.is_ok() {
-        let mut conn = Conn::open(http).await.unwrap();
+        let mut conn = Conn::open(admin_of(http)).await.unwrap();
         conn.request("POST", "/_peerlb/rules/reload", &[], bytes::Bytes::new())
             .await
             .ok()
@@ -453,7 +465,8 @@ async fn rules_reload_on_the_embedded_config_is_409() {
     let r = answer.unwrap_or_else(|| panic!("the node never answered\n{log}"));
     assert_eq!(r.status, 409, "{:?}", r.body);
     assert!(r.json()["error"].is_string(), "{:?}", r.body);
-    assert_eq!(r.header("peerlb-entry"), Some("n1"));
+    // The admin address is not a client entry: no `peerlb-entry`.
+    assert_eq!(r.header("peerlb-entry"), None);
     let _ = std::fs::remove_dir_all(dir);
 }
 

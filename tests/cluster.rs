@@ -700,7 +700,7 @@ async fn with_cookies_refused_the_route_travels_as_a_url_path_parameter() {
 
 /// `PUT /_peerlb/weight` body, on a fresh loopback connection: (status, JSON).
 async fn put_weight(addr: std::net::SocketAddr, body: &str) -> (u16, serde_json::Value) {
-    let mut conn = Conn::open(addr).await.unwrap();
+    let mut conn = Conn::open(admin_of(addr)).await.unwrap();
     let r = conn
         .request("PUT", "/_peerlb/weight", &[], Bytes::from(body.to_owned()))
         .await
@@ -738,7 +738,7 @@ async fn a_weight_put_on_the_admin_api_reaches_every_ring_and_bad_weights_are_re
     assert_eq!(v["error"], "weight 10001 is out of range 0..=10000");
     let (status_code, _) = put_weight(n1, &"9".repeat(100)).await;
     assert_eq!(status_code, 400, "a body over 64 bytes");
-    let mut conn = Conn::open(n1).await.unwrap();
+    let mut conn = Conn::open(admin_of(n1)).await.unwrap();
     let r = conn.get("/_peerlb/weight", &[]).await.unwrap();
     assert_eq!((r.status, r.header("allow")), (405, Some("PUT")));
     assert_eq!(status(n1).unwrap()["weight"], 100);

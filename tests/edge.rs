@@ -282,9 +282,18 @@ async fn disguised_admin_paths_get_400_and_never_reach_the_app() {
     for node in &c.nodes {
         let entry = node.http;
         let host = format!("Host: {entry}");
-        let ok = raw(entry, "GET /_peerlb/status HTTP/1.1", &[&host]);
+        // The admin API proper is on the admin address; the client port
+        // answers its own spelling with 404 and disguised ones with 400.
+        let admin = admin_of(entry);
+        let ok = raw(
+            admin,
+            "GET /_peerlb/status HTTP/1.1",
+            &[&format!("Host: {admin}")],
+        );
         assert_eq!(ok.status, 200, "{}", ok.body);
         assert_eq!(ok.json()["node"], node.id.as_str());
+        let plain = raw(entry, "GET /_peerlb/status HTTP/1.1", &[&host]);
+        assert_eq!(plain.status, 404, "{}", plain.body);
         for path in [
             "//_peerlb/status",
             "/%5Fpeerlb/status",
@@ -304,7 +313,8 @@ async fn disguised_admin_paths_get_400_and_never_reach_the_app() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_refuses_foreign_hosts_and_origins() {
     let c = Cluster::start("edge-admin-browser", 1, "", "");
-    let entry = c.nodes[0].http;
+    // The admin API is on the node's admin address.
+    let entry = admin_of(c.nodes[0].http);
     let port = entry.port();
     for host in [
         format!("Host: {entry}"),
@@ -348,7 +358,7 @@ async fn the_admin_api_refuses_foreign_hosts_and_origins() {
         assert_eq!(r.status, 403, "{origin}: {}", r.body);
     }
     // The weight stayed as configured.
-    assert_eq!(status(entry).unwrap()["weight"], 100);
+    assert_eq!(status(c.nodes[0].http).unwrap()["weight"], 100);
 }
 
 #[test]
@@ -474,13 +484,13 @@ async fn connections_beyond_the_cap_are_closed_and_said_in_log_and_status() {
     let entry = c.nodes[0].http;
     let log = c.log("n1");
     assert!(log.contains("open file limit"), "{log}");
-    // Four idle connections and the status request's own fit the cap.
-    let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(entry).unwrap()).collect();
+    // Five idle connections fill the cap (the status requests go to the
+    // admin address, which has a cap of its own).
+    let mut idle: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(entry).unwrap()).collect();
     poll(std::time::Duration::from_secs(20), || {
         status(entry).is_some_and(|s| s["client_connections"] == 5)
     })
-    .expect("four idle connections and the status request are open");
-    idle.push(TcpStream::connect(entry).unwrap());
+    .expect("five idle connections are open");
     // The sixth is closed at accept, with nothing written.
     let mut extra = TcpStream::connect(entry).unwrap();
     let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");

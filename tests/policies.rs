@@ -96,7 +96,7 @@ async fn rules_reload_on_admin_call_affects_new_requests_and_bad_rules_are_refus
         "extract = [{ header = \"x-tenant\" }, { query = \"user\" }",
     );
     std::fs::write(&c.config, &text).unwrap();
-    let mut conn = Conn::open(entry).await.unwrap();
+    let mut conn = Conn::open(admin_of(entry)).await.unwrap();
     let r = conn
         .request("POST", "/_peerlb/rules/reload", &[], bytes::Bytes::new())
         .await

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use peerlb::keyring::{GossipKey, Keyring};
 use support::forge::{self, Id};
-use support::{Cluster, serving, status};
+use support::{Cluster, admin_of, serving, status};
 
 /// The gossip identity of `id` as `observer` sees it (polled: a member
 /// may flap out of a view for a moment on a loaded machine).
@@ -156,7 +156,7 @@ fn put_weight(addr: std::net::SocketAddr, w: u32) -> String {
 /// One admin request over HTTP/1.0; the raw answer (status line first).
 fn admin(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> String {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut s = std::net::TcpStream::connect(admin_of(addr)).unwrap();
     write!(
         s,
         "{method} {path} HTTP/1.0\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n{body}",

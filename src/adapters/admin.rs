@@ -1,6 +1,8 @@
-//! The admin API, answered by every node on its client listeners to clients
-//! on the same host (loopback) only, and never routed to another node.
-//! Other clients get 404 for `/_peerlb/...`.
+//! The admin API, answered by every node on its own admin listener
+//! (`admin_addr`, `admin_server.rs`) and never routed to another node. The
+//! client listeners answer only the paths [`client_port_serves`] lets
+//! through, 404 for the rest of `/_peerlb/...`. What protects the API is
+//! who can reach `admin_addr` (loopback by default): docs/operations.md.
 //!
 //! | method and path | answer |
 //! | --- | --- |
@@ -34,23 +36,42 @@ pub(crate) const WEIGHT: &str = "/_peerlb/weight";
 /// Longest `PUT /_peerlb/weight` body read, in bytes.
 const WEIGHT_BODY_LIMIT: usize = 64;
 
-/// Answers an admin request (a path that starts with [`PREFIX`]; the
-/// ingress answers 400 for a path that only resolves to one,
-/// `client_input::classify_path`); errors are answered by
-/// [`error_response`]. A browser's foreign `Host` or `Origin` gets 403
-/// (`client_input::check_admin_browser`).
-pub(crate) async fn answer(
+/// True when `path` belongs to the admin API (answered by [`answer`], never
+/// routed).
+pub(crate) fn is_admin(path: &str) -> bool {
+    path.starts_with(PREFIX)
+}
+
+/// The admin paths a client port answers too: what a sprayer or a client
+/// needs (a health check), never what reads or changes the node's state.
+/// The hook the health endpoint joins.
+const CLIENT_PORT_PATHS: &[&str] = &[];
+
+/// Whether a client listener answers the admin path `path` (else 404).
+pub(crate) fn client_port_serves(path: &str) -> bool {
+    CLIENT_PORT_PATHS.contains(&path)
+}
+
+/// Answers an admin path asked on a client listener: [`answer`] for the
+/// paths [`client_port_serves`] lets through, 404 for the rest.
+pub(crate) async fn answer_client_port(
     state: &NodeState,
     req: Request<Incoming>,
-    client: std::net::SocketAddr,
 ) -> Response<Body> {
+    if client_port_serves(req.uri().path()) {
+        answer(state, req).await
+    } else {
+        error_response(&AdminError::ClientPort.into(), state.node_id())
+    }
+}
+
+/// Answers an admin request (a path for which [`is_admin`] holds); errors
+/// are answered by [`error_response`].
+pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let browser = super::client_input::check_admin_browser(req.headers());
     let answered: Result<String, AdminError> = match (&method, path.as_str()) {
-        // The admin API answers the node's own host only: clients that
-        // reach the node through the sprayer get 404 as for any unknown path.
-        _ if !answers(client) => Err(AdminError::NotLoopback),
         // Browsers: a foreign Host (DNS rebinding) or Origin (CSRF).
         _ if browser.is_err() => browser.map(|()| String::new()),
         (&http::Method::GET, STATUS) => Ok(status_json(state)),
@@ -87,12 +108,6 @@ fn allowed_method(path: &str) -> Option<&'static str> {
         WEIGHT => Some("PUT"),
         _ => None,
     }
-}
-
-/// Whether the admin API answers `client`: loopback addresses only
-/// (127.0.0.0/8, `::1`, and IPv4-mapped loopback on a dual-stack socket).
-fn answers(client: std::net::SocketAddr) -> bool {
-    client.ip().to_canonical().is_loopback()
 }
 
 /// Reads the new weight from `body` (a decimal integer, surrounding ASCII
@@ -148,6 +163,8 @@ fn status_json(state: &NodeState) -> String {
         "pid": std::process::id(),
         "weight": state.weight(),
         "view_version": view.version(),
+        // jq 1.6 reads numbers as doubles: compare this text instead.
+        "view_version_text": view.version().to_string(),
         "members": members,
         "serving": serving,
         "inflight": state.inflight(),
@@ -172,19 +189,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_loopback_clients_are_answered() {
-        for (addr, ok) in [
-            ("127.0.0.1:5000", true),
-            ("127.3.2.1:5000", true),
-            ("[::1]:5000", true),
-            ("[::ffff:127.0.0.1]:5000", true),
-            ("10.0.0.7:5000", false),
-            ("192.168.1.2:5000", false),
-            ("[::ffff:10.0.0.7]:5000", false),
-            ("[2001:db8::1]:5000", false),
-            ("0.0.0.0:5000", false),
+    fn client_ports_answer_no_state_path() {
+        for p in [
+            STATUS,
+            RELOAD_RULES,
+            WEIGHT,
+            "/_peerlb/keyring",
+            "/_peerlb/nope",
         ] {
-            assert_eq!(answers(addr.parse().unwrap()), ok, "{addr}");
+            assert!(!client_port_serves(p), "{p}");
         }
     }
 

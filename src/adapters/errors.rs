@@ -113,10 +113,12 @@ pub(crate) enum WeightError {
 /// Why the admin API refused a request.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdminError {
-    /// The client is not on the node's own host (404, as for any unknown
-    /// path: the admin API is invisible through the sprayer).
-    #[error("the admin API answers loopback clients only")]
-    NotLoopback,
+    /// An admin path asked on a client port, which answers none of the
+    /// admin API but what `admin::client_port_serves` lets through (404,
+    /// as for any unknown path: the admin API is invisible through the
+    /// sprayer).
+    #[error("the admin API answers on the node's admin_addr only")]
+    ClientPort,
     /// The `Host` is not an IP literal or `localhost` (403): a browser
     /// page after DNS rebinding.
     #[error("the admin API takes an IP-literal or localhost Host only, got {0:?}")]
@@ -183,7 +185,7 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         },
         HttpError::Admin(e) => match e {
-            AdminError::NotLoopback | AdminError::UnknownPath => StatusCode::NOT_FOUND,
+            AdminError::ClientPort | AdminError::UnknownPath => StatusCode::NOT_FOUND,
             AdminError::ForeignHost(_) | AdminError::ForeignOrigin(_) => StatusCode::FORBIDDEN,
             AdminError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             AdminError::Reload(ReloadError::Embedded) => StatusCode::CONFLICT,
@@ -275,7 +277,7 @@ mod tests {
     #[test]
     fn each_admin_error_has_its_status() {
         for (e, s) in [
-            (AdminError::NotLoopback, 404),
+            (AdminError::ClientPort, 404),
             (AdminError::UnknownPath, 404),
             (AdminError::MethodNotAllowed { allow: "GET" }, 405),
             (AdminError::Reload(ReloadError::Embedded), 409),
@@ -324,10 +326,10 @@ mod tests {
             text(r).await,
             "no node could take the request: no candidate\n"
         );
-        let r = error_response(&AdminError::NotLoopback.into(), "n1");
+        let r = error_response(&AdminError::ClientPort.into(), "n1");
         assert_eq!(
             text(r).await,
-            "{\"error\":\"the admin API answers loopback clients only\"}\n"
+            "{\"error\":\"the admin API answers on the node's admin_addr only\"}\n"
         );
         let r = error_response(&AdminError::Reload(ReloadError::Embedded).into(), "n1");
         assert_eq!(

@@ -40,7 +40,7 @@ mod forward;
 mod limits;
 mod server;
 
-pub(crate) use server::serve;
+pub(crate) use server::{Handler, serve};
 
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";
@@ -96,7 +96,7 @@ impl Ingress {
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
         {
             Err(e) => self.state.failed(e),
-            Ok(PathClass::Admin) => admin::answer(&self.state, req, client).await,
+            Ok(PathClass::Admin) => admin::answer_client_port(&self.state, req).await,
             // Never routed: a normalising app would take it for the admin
             // API's path.
             Ok(PathClass::Disguised) => self.state.failed(RequestError::BadRequest(

@@ -29,11 +29,13 @@ pub(crate) fn run(a: CheckConfigArgs) -> anyhow::Result<u8> {
         Ok(n) => n,
         Err(e) => return Ok(config_error(e)),
     };
-    if let Some(id) = a.node.as_deref()
-        && let Err(e) = file.validate(&src, id, &Overrides::default())
-    {
-        return Ok(config_error(e));
-    }
+    let node = match a.node.as_deref() {
+        None => None,
+        Some(id) => match file.validate(&src, id, &Overrides::default()) {
+            Ok(c) => Some(c),
+            Err(e) => return Ok(config_error(e)),
+        },
+    };
     let rules = match &file.rules_file {
         Some(f) => format!("rules from {f}"),
         None => format!("{} rules", file.rules.len()),
@@ -45,5 +47,23 @@ pub(crate) fn run(a: CheckConfigArgs) -> anyhow::Result<u8> {
         nodes.len(),
         file.policy,
     );
+    // What the node's own view adds: its addresses, its seeds and the TLS
+    // files it will read (their existence is `peerlb node`'s check).
+    if let Some(c) = node {
+        let n = &c.node;
+        println!(
+            "node {}: http {}, peer {}, gossip {}, admin {}, weight {}; seeds {}; tls {}, {}, {} (files not read)",
+            n.id,
+            n.http_addr,
+            n.peer_addr,
+            n.gossip_addr,
+            n.admin_addr,
+            n.weight,
+            c.gossip.seeds.join(" "),
+            c.tls.ca.display(),
+            c.tls.cert.display(),
+            c.tls.key.display(),
+        );
+    }
     Ok(0)
 }

@@ -1,6 +1,6 @@
 //! `peerlb keyring`: gossip key rotation from the command line, through the
-//! admin API of nodes on this host (the admin API answers loopback only, so
-//! on several machines run it on each with `--node`).
+//! admin API of each node (its `admin_addr`, loopback by default, so on
+//! several machines run it on each with `--node`).
 
 use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
@@ -73,14 +73,14 @@ pub(crate) fn run(a: KeyringArgs) -> anyhow::Result<u8> {
         if !a.nodes.is_empty() && !a.nodes.iter().any(|x| **x == *n.id) {
             continue;
         }
-        match request(n.http_addr, path, body) {
+        match request(n.admin_addr, path, body) {
             Ok((200, text)) => println!("{}: {}", n.id, text.trim()),
             Ok((status, text)) => {
                 println!("{}: {status} {}", n.id, text.trim());
                 code = 1;
             }
             Err(e) => {
-                println!("{}: unreachable at {}: {e}", n.id, n.http_addr);
+                println!("{}: unreachable at {}: {e}", n.id, n.admin_addr);
                 code = 1;
             }
         }

@@ -25,6 +25,10 @@ pub(crate) struct NodeArgs {
     /// Override this node's gossip address.
     #[arg(long, env = "PEERLB_GOSSIP_ADDR")]
     gossip_addr: Option<String>,
+    /// Override this node's admin API address (default 127.0.0.1 with the
+    /// client port + 1000).
+    #[arg(long, env = "PEERLB_ADMIN_ADDR")]
+    admin_addr: Option<String>,
     /// Override this node's weight (100 = one share).
     #[arg(long, env = "PEERLB_WEIGHT")]
     weight: Option<u32>,
@@ -48,6 +52,7 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         http_addr: a.http_addr,
         peer_addr: a.peer_addr,
         gossip_addr: a.gossip_addr,
+        admin_addr: a.admin_addr,
         weight: a.weight,
         app: a.app,
         shared_listen: a.shared_listen,

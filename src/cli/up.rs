@@ -156,14 +156,14 @@ fn print_table(cluster: &str, started: &[Started]) {
     println!();
     println!("peerlb cluster {cluster:?}: {} nodes", started.len());
     println!(
-        "  {:<8} {:>7}  {:<21} {:<21} {:<21}",
-        "node", "pid", "http", "peer (quic)", "gossip"
+        "  {:<8} {:>7}  {:<21} {:<21} {:<21} {:<21}",
+        "node", "pid", "http", "peer (quic)", "gossip", "admin"
     );
     for s in started {
         let n = &s.spec;
         println!(
-            "  {:<8} {:>7}  {:<21} {:<21} {:<21}",
-            &*n.id, s.pid, n.http_addr, n.peer_addr, n.gossip_addr
+            "  {:<8} {:>7}  {:<21} {:<21} {:<21} {:<21}",
+            &*n.id, s.pid, n.http_addr, n.peer_addr, n.gossip_addr, n.admin_addr
         );
     }
 }
@@ -183,7 +183,7 @@ async fn wait_ready(started: &mut [Started]) -> Result<(), String> {
         for s in started.iter() {
             // The answer must come from our own child: another cluster
             // already on these addresses does not count.
-            all &= status::serving_count(s.spec.http_addr).await == Some((s.pid, expected));
+            all &= status::serving_count(s.spec.admin_addr).await == Some((s.pid, expected));
         }
         if all {
             return Ok(());
@@ -201,8 +201,8 @@ fn print_hints(front: &str, first: &NodeAddrs) {
     println!("  curl -si 'http://{front}/hello?user=bob'");
     println!("  curl -si -H 'x-user: carol' http://{front}/hello");
     println!(
-        "  curl -s http://{}/_peerlb/status            # one node's membership view",
-        first.http_addr
+        "  curl -s http://{}/_peerlb/status            # one node's membership view (its admin address)",
+        first.admin_addr
     );
     println!(
         "  kill -9 <pid of the node named in alice's peerlb-served-by>   # her requests fail over"

@@ -320,6 +320,11 @@ pub struct NodeSpec {
     pub peer_addr: String,
     /// The node's gossip address (`ip:port`, UDP).
     pub gossip_addr: String,
+    /// The node's admin API address (`ip:port`, TCP); default
+    /// `127.0.0.1:<http port + 1000>`. Only the admin API answers there;
+    /// what can reach this address is what protects the admin API.
+    #[serde(default)]
+    pub admin_addr: Option<String>,
     /// Relative weight; 100 is one share (default 100; 0 receives no keys).
     #[serde(default = "default_weight")]
     pub weight: u32,
@@ -339,6 +344,8 @@ pub struct Overrides {
     pub peer_addr: Option<String>,
     /// `--gossip-addr` / `PEERLB_GOSSIP_ADDR`.
     pub gossip_addr: Option<String>,
+    /// `--admin-addr` / `PEERLB_ADMIN_ADDR`.
+    pub admin_addr: Option<String>,
     /// `--weight` / `PEERLB_WEIGHT`.
     pub weight: Option<u32>,
     /// `--app` / `PEERLB_APP`.

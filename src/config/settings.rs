@@ -68,8 +68,27 @@ pub struct NodeAddrs {
     pub peer_addr: SocketAddr,
     /// Gossip address.
     pub gossip_addr: SocketAddr,
+    /// Admin API address (`admin_addr`, default [`default_admin_addr`]).
+    pub admin_addr: SocketAddr,
     /// Weight (100 = one share).
     pub weight: u32,
+}
+
+/// Offset of the default admin port from the client port.
+pub const ADMIN_PORT_OFFSET: u16 = 1000;
+
+/// The admin address of a node whose `[[nodes]]` entry gives none:
+/// `127.0.0.1:<http port + 1000>` (`[::1]` when the client address is
+/// IPv6), or `None` when that port would pass 65535 (the entry must then
+/// give `admin_addr`).
+pub fn default_admin_addr(http_addr: SocketAddr) -> Option<SocketAddr> {
+    let port = http_addr.port().checked_add(ADMIN_PORT_OFFSET)?;
+    let ip: std::net::IpAddr = if http_addr.is_ipv6() {
+        std::net::Ipv6Addr::LOCALHOST.into()
+    } else {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// Resolved TLS file paths.

@@ -388,3 +388,98 @@ fn the_sticky_cookie_is_configured_and_checked() {
         assert!(e.contains(&format!(": {field}: ")), "{text}: {e}");
     }
 }
+
+#[test]
+fn admin_addr_defaults_to_loopback_client_port_plus_1000() {
+    let c = validate(ONE, "n1").unwrap();
+    assert_eq!(c.node.admin_addr, "127.0.0.1:1001".parse().unwrap());
+    // Another machine's node keeps a loopback admin address too.
+    let text = "[[nodes]]\nid = \"n1\"\nhttp_addr = \"198.51.100.11:8080\"\npeer_addr = \"198.51.100.11:7080\"\ngossip_addr = \"198.51.100.11:7180\"\n\
+                [[nodes]]\nid = \"n2\"\nhttp_addr = \"198.51.100.12:8080\"\npeer_addr = \"198.51.100.12:7080\"\ngossip_addr = \"198.51.100.12:7180\"\n";
+    let c = validate(text, "n2").unwrap();
+    assert_eq!(c.node.admin_addr, "127.0.0.1:9080".parse().unwrap());
+    assert_eq!(c.nodes[0].admin_addr, "127.0.0.1:9080".parse().unwrap());
+    // A client port past 64535 has no default: the field is asked for.
+    let high = ONE.replace("127.0.0.1:1\"", "127.0.0.1:65000\"");
+    let e = validate(&high, "n1").unwrap_err().to_string();
+    assert!(
+        e.contains("nodes[0].admin_addr") && e.contains("give admin_addr"),
+        "{e}"
+    );
+    // Given: taken as is.
+    let given = format!("{ONE}admin_addr = \"10.0.0.1:9999\"\n");
+    let c = validate(&given, "n1").unwrap();
+    assert_eq!(c.node.admin_addr, "10.0.0.1:9999".parse().unwrap());
+}
+
+#[test]
+fn admin_addr_clashes_name_the_field() {
+    let two = |a1: &str, a2: &str| {
+        format!(
+            "{ONE}admin_addr = \"{a1}\"\n[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:5\"\ngossip_addr = \"127.0.0.1:6\"\nadmin_addr = \"{a2}\"\n"
+        )
+    };
+    for (text, says) in [
+        (
+            two("127.0.0.1:1", "127.0.0.1:9"),
+            "nodes[0].admin_addr: 127.0.0.1:1 is also this node's http_addr",
+        ),
+        (
+            two("127.0.0.1:9", "127.0.0.1:9"),
+            "nodes[1].admin_addr: 127.0.0.1:9 is also used by nodes[0]",
+        ),
+        (
+            two("127.0.0.1:4", "127.0.0.1:9"),
+            "nodes[1].http_addr: 127.0.0.1:4 is also nodes[0].admin_addr",
+        ),
+        (
+            two("127.0.0.1:9", "127.0.0.1:1"),
+            "nodes[1].admin_addr: 127.0.0.1:1 is also used by nodes[0]",
+        ),
+        (
+            two("127.0.0.1:0", "127.0.0.1:9"),
+            "nodes[0].admin_addr: 127.0.0.1:0: port 0",
+        ),
+        (
+            two("nowhere", "127.0.0.1:9"),
+            "nodes[0].admin_addr: \"nowhere\"",
+        ),
+        (
+            format!(
+                "sprayer_addr = \"127.0.0.1:9\"\n{}",
+                two("127.0.0.1:8", "127.0.0.1:9")
+            ),
+            "sprayer_addr: 127.0.0.1:9 is also nodes[1].admin_addr",
+        ),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(says), "{e}\nwanted {says}");
+    }
+    // The flag is named when the clash comes from it.
+    let s = src(&two("127.0.0.1:8", "127.0.0.1:9"));
+    let ov = Overrides {
+        admin_addr: Some("127.0.0.1:9".into()),
+        ..Overrides::default()
+    };
+    let e = s
+        .parse()
+        .unwrap()
+        .validate(&s, "n1", &ov)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--admin-addr"), "{e}");
+    let ov = Overrides {
+        shared_listen: Some("127.0.0.1:8".into()),
+        ..Overrides::default()
+    };
+    let e = s
+        .parse()
+        .unwrap()
+        .validate(&s, "n1", &ov)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--shared-listen") && e.contains("admin_addr"),
+        "{e}"
+    );
+}

@@ -143,11 +143,17 @@ impl ClusterFile {
         for (i, n) in self.nodes.iter().enumerate() {
             let f = |k: &str| format!("nodes[{i}].{k}");
             let id = NodeId::new(&n.id).map_err(|e| inv(&f("id"), e.to_string()))?;
+            let http_addr = parse_addr(&n.http_addr).map_err(|m| inv(&f("http_addr"), m))?;
+            let admin_addr = match &n.admin_addr {
+                Some(s) => parse_addr(s).map_err(|m| inv(&f("admin_addr"), m))?,
+                None => admin_or_default(None, http_addr).map_err(|m| inv(&f("admin_addr"), m))?,
+            };
             let a = NodeAddrs {
                 id,
-                http_addr: parse_addr(&n.http_addr).map_err(|m| inv(&f("http_addr"), m))?,
+                http_addr,
                 peer_addr: parse_addr(&n.peer_addr).map_err(|m| inv(&f("peer_addr"), m))?,
                 gossip_addr: parse_addr(&n.gossip_addr).map_err(|m| inv(&f("gossip_addr"), m))?,
+                admin_addr,
                 weight: n.weight,
             };
             if n.weight > MAX_WEIGHT {
@@ -181,6 +187,17 @@ impl ClusterFile {
             return Err(inv(
                 "sprayer_addr",
                 format!("{s} is also nodes[{i}].http_addr; the shared address must be its own"),
+            ));
+        }
+        if let Some(s) = self
+            .sprayer_addr
+            .as_deref()
+            .and_then(|s| parse_addr(s).ok())
+            && let Some(i) = out.iter().position(|n| n.admin_addr == s)
+        {
+            return Err(inv(
+                "sprayer_addr",
+                format!("{s} is also nodes[{i}].admin_addr; the shared address must be its own"),
             ));
         }
         let b = &self.balance;
@@ -243,12 +260,20 @@ impl ClusterFile {
         let http = addr_flag("--http-addr", &ov.http_addr)?;
         let peer = addr_flag("--peer-addr", &ov.peer_addr)?;
         let gossip = addr_flag("--gossip-addr", &ov.gossip_addr)?;
+        let admin = addr_flag("--admin-addr", &ov.admin_addr)?;
         let me = match pos {
             Some(i) => {
                 let n = &mut nodes[i];
+                // A node moved to another client port without an admin
+                // address of its own takes the default of its new port.
+                if http.is_some() && admin.is_none() && self.nodes[i].admin_addr.is_none() {
+                    n.admin_addr = admin_or_default(None, http.unwrap_or(n.http_addr))
+                        .map_err(|m| inv("--admin-addr", m))?;
+                }
                 n.http_addr = http.unwrap_or(n.http_addr);
                 n.peer_addr = peer.unwrap_or(n.peer_addr);
                 n.gossip_addr = gossip.unwrap_or(n.gossip_addr);
+                n.admin_addr = admin.unwrap_or(n.admin_addr);
                 n.weight = ov.weight.unwrap_or(n.weight);
                 n.clone()
             }
@@ -270,6 +295,8 @@ impl ClusterFile {
                     http_addr,
                     peer_addr,
                     gossip_addr,
+                    admin_addr: admin_or_default(admin, http_addr)
+                        .map_err(|m| inv("--admin-addr", m))?,
                     weight: ov.weight.unwrap_or(100),
                 };
                 nodes.push(n.clone());
@@ -277,7 +304,7 @@ impl ClusterFile {
             }
         };
         // The flags get the same address rules as the file.
-        if http.is_some() || peer.is_some() || gossip.is_some() {
+        if http.is_some() || peer.is_some() || gossip.is_some() || admin.is_some() {
             let others = nodes.iter().enumerate().filter(|(_, n)| n.id != me.id);
             if let Some((k, m)) = addr_problem(&me, others) {
                 // Name the flag when this node's value came from one.
@@ -287,6 +314,9 @@ impl ClusterFile {
                     "gossip_addr" if gossip.is_some() => "--gossip-addr",
                     // gossip_addr == peer_addr: the one that was overridden.
                     "gossip_addr" if peer.is_some() => "--peer-addr",
+                    "admin_addr" if admin.is_some() => "--admin-addr",
+                    // admin_addr == http_addr: the one that was overridden.
+                    "admin_addr" if http.is_some() => "--http-addr",
                     _ => "--node",
                 };
                 return Err(inv(flag, format!("{m} (this node's {k})")));
@@ -304,6 +334,12 @@ impl ClusterFile {
         )
         .map_err(|m| inv(if ov.app.is_some() { "--app" } else { "app" }, m))?;
         let shared_listen = addr_flag("--shared-listen", &ov.shared_listen)?;
+        if shared_listen == Some(me.admin_addr) {
+            return Err(inv(
+                "--shared-listen",
+                format!("{} is this node's admin_addr", me.admin_addr),
+            ));
+        }
         if shared_listen == Some(me.http_addr) {
             return Err(inv(
                 "--shared-listen",
@@ -456,6 +492,31 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not an ip:port socket address"))
 }
 
+/// `given`, else the default admin address of a node whose client address
+/// is `http_addr` ([`super::default_admin_addr`]).
+fn admin_or_default(
+    given: Option<SocketAddr>,
+    http_addr: SocketAddr,
+) -> Result<SocketAddr, String> {
+    given
+        .or_else(|| super::default_admin_addr(http_addr))
+        .ok_or_else(|| {
+            format!(
+                "the default (127.0.0.1:<http port + {}>) passes port 65535 for http_addr {http_addr}; give admin_addr",
+                super::ADMIN_PORT_OFFSET
+            )
+        })
+}
+
+/// Whether two nodes may run on one host, judged by their client
+/// addresses: the same IP, or either on loopback or the unspecified
+/// address. Nodes on distinct routable IPs are taken to be on distinct
+/// machines, so their loopback admin addresses do not clash.
+fn may_share_host(a: &NodeAddrs, b: &NodeAddrs) -> bool {
+    let local = |ip: std::net::IpAddr| ip.is_loopback() || ip.is_unspecified();
+    a.http_addr.ip() == b.http_addr.ip() || local(a.http_addr.ip()) || local(b.http_addr.ip())
+}
+
 fn parse_policy(s: &str) -> Result<Policy, String> {
     s.parse::<Policy>().map_err(|e| format!("{s:?}: {e}"))
 }
@@ -526,6 +587,7 @@ fn addr_problem<'a>(
         ("http_addr", a.http_addr),
         ("peer_addr", a.peer_addr),
         ("gossip_addr", a.gossip_addr),
+        ("admin_addr", a.admin_addr),
     ] {
         if addr.port() == 0 {
             return Some((k, format!("{addr}: port 0 cannot be advertised to peers")));
@@ -550,7 +612,37 @@ fn addr_problem<'a>(
             ),
         ));
     }
+    if a.admin_addr == a.http_addr {
+        return Some((
+            "admin_addr",
+            format!(
+                "{} is also this node's http_addr; the admin API needs its own address",
+                a.admin_addr
+            ),
+        ));
+    }
     for (j, other) in others {
+        // Admin addresses are TCP like http_addr; a loopback (or wildcard)
+        // one clashes only with a node that may share the host.
+        let admin_ip = a.admin_addr.ip();
+        let local = admin_ip.is_loopback() || admin_ip.is_unspecified();
+        if (!local || may_share_host(a, other))
+            && (a.admin_addr == other.admin_addr || a.admin_addr == other.http_addr)
+        {
+            return Some((
+                "admin_addr",
+                format!("{} is also used by nodes[{j}]", a.admin_addr),
+            ));
+        }
+        if a.http_addr == other.admin_addr
+            && (!(other.admin_addr.ip().is_loopback() || other.admin_addr.ip().is_unspecified())
+                || may_share_host(a, other))
+        {
+            return Some((
+                "http_addr",
+                format!("{} is also nodes[{j}].admin_addr", a.http_addr),
+            ));
+        }
         for (k, mine, theirs) in [
             ("http_addr", a.http_addr, other.http_addr),
             ("peer_addr", a.peer_addr, other.peer_addr),

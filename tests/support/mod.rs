@@ -75,6 +75,23 @@ pub struct NodeInfo {
     pub http: SocketAddr,
     pub peer: SocketAddr,
     pub gossip: SocketAddr,
+    /// The node's admin API address (`admin_addr`).
+    pub admin: SocketAddr,
+}
+
+/// Client address -> admin address of every node a [`Cluster`] of this
+/// test process configured.
+static ADMIN_OF: std::sync::Mutex<BTreeMap<SocketAddr, SocketAddr>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// The admin API address of the node whose client address is `http`: the
+/// one its [`Cluster`] configured, else the default of a `[[nodes]]` entry
+/// without `admin_addr` (127.0.0.1 with the client port + 1000).
+pub fn admin_of(http: SocketAddr) -> SocketAddr {
+    if let Some(a) = ADMIN_OF.lock().unwrap().get(&http) {
+        return *a;
+    }
+    peerlb::config::default_admin_addr(http).expect("a client port under 64536")
 }
 
 /// A cluster of real `peerlb node` processes.
@@ -111,15 +128,20 @@ impl Cluster {
                 http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+                admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
             })
             .collect();
+        ADMIN_OF
+            .lock()
+            .unwrap()
+            .extend(nodes.iter().map(|n| (n.http, n.admin)));
         let mut text = format!(
             "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {PHI}\n\n"
         );
         for node in &nodes {
             text += &format!(
-                "[[nodes]]\nid = \"{}\"\nhttp_addr = \"{}\"\npeer_addr = \"{}\"\ngossip_addr = \"{}\"\n\n",
-                node.id, node.http, node.peer, node.gossip
+                "[[nodes]]\nid = \"{}\"\nhttp_addr = \"{}\"\npeer_addr = \"{}\"\ngossip_addr = \"{}\"\nadmin_addr = \"{}\"\n\n",
+                node.id, node.http, node.peer, node.gossip, node.admin
             );
         }
         text += extra_tail;
@@ -418,9 +440,11 @@ pub fn serving(addr: SocketAddr) -> Option<Vec<String>> {
     )
 }
 
-/// `GET /_peerlb/status` of one node (blocking; None if unreachable).
+/// `GET /_peerlb/status` of the node whose client address is `addr`, on
+/// its admin address ([`admin_of`]) (blocking; None if unreachable).
 pub fn status(addr: SocketAddr) -> Option<serde_json::Value> {
     use std::io::{Read, Write};
+    let addr = admin_of(addr);
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     s.write_all(b"GET /_peerlb/status HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n")

@@ -155,6 +155,7 @@ impl<'s> Run<'s> {
                     Arc::new(GossipKeys::seeded(certs::gossip_keyring(seed), node_seed));
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
+                    admin_listener: None,
                     peer_socket: Arc::new(udp),
                     quic_runtime: Arc::new(quinn::TokioRuntime),
                     gossip: Box::new(gossip.sealed(gossip_keys.clone())),

@@ -1,0 +1,109 @@
+//! The admin listener: the node's `admin_addr`, bound by `Env::bind`,
+//! serves the admin API (`admin::answer`) and nothing else (404 for any
+//! path outside `/_peerlb/`). Like Envoy's admin address or HAProxy's
+//! stats socket, it is apart from the client ports: what can reach
+//! `admin_addr` (loopback by default) is what protects the API.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+
+use super::admin;
+use super::body::Body;
+use super::errors::{AdminError, error_response};
+use super::ingress::{self, Handler};
+use super::node_state::NodeState;
+use crate::env::HttpListener;
+
+/// Answers the admin API on the admin listener.
+pub(crate) struct AdminServer {
+    state: Arc<NodeState>,
+    header_read_timeout: Duration,
+    send_timeout: Duration,
+    /// Open admin connections (under [`ADMIN_MAX_CONNECTIONS`]).
+    connections: AtomicU64,
+}
+
+/// Most admin connections open at once: operators and scrapers, not
+/// clients; the cap keeps a runaway script from taking file descriptors
+/// the client ports need.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+impl AdminServer {
+    /// An admin server for `state`, with the client ports' head-read and
+    /// send timeouts (`limits.header_read_timeout_ms`, `send_timeout_ms`).
+    pub(crate) fn new(
+        state: Arc<NodeState>,
+        header_read_timeout: Duration,
+        send_timeout: Duration,
+    ) -> AdminServer {
+        AdminServer {
+            state,
+            header_read_timeout,
+            send_timeout,
+            connections: AtomicU64::new(0),
+        }
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
+        if admin::is_admin(req.uri().path()) {
+            admin::answer(&self.state, req).await
+        } else {
+            error_response(&AdminError::UnknownPath.into(), self.state.node_id())
+        }
+    }
+}
+
+impl Handler for AdminServer {
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        _client: SocketAddr,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+        self.answer(req)
+    }
+
+    fn header_read_timeout(&self) -> Duration {
+        self.header_read_timeout
+    }
+
+    fn send_timeout(&self) -> Duration {
+        self.send_timeout
+    }
+
+    fn max_connections(&self) -> usize {
+        ADMIN_MAX_CONNECTIONS
+    }
+
+    fn connections(&self) -> &AtomicU64 {
+        &self.connections
+    }
+
+    fn connection_refused(&self) {
+        tracing::debug!(
+            max = ADMIN_MAX_CONNECTIONS,
+            "admin connection closed at accept: too many open"
+        );
+    }
+}
+
+/// Serves the admin API on `listener` until `shutdown` turns true.
+pub(crate) async fn serve(
+    listener: Box<dyn HttpListener>,
+    server: Arc<AdminServer>,
+    shutdown: watch::Receiver<bool>,
+) {
+    ingress::serve(
+        listener,
+        server,
+        shutdown,
+        Arc::new(GracefulShutdown::new()),
+    )
+    .await;
+}

@@ -1,0 +1,512 @@
+//! The multi-host tier: three real `peerlb node` processes, each in a
+//! network namespace of its own (a "machine" with its own loopback) on one
+//! bridge, with the addresses 198.51.100.11-13/24 (TEST-NET-2) and no
+//! other. The cluster is set up by the steps of docs/operations.md, "Nodes
+//! on several machines": one `cluster.toml`, certificates made once and
+//! copied per machine, `peerlb node --config cluster.toml --node <id>`,
+//! status read on each machine's loopback admin address. Then partitions
+//! under light load, with their figures asserted against the bounds
+//! docs/operations.md gives ("Partitions between machines").
+//!
+//! Needs root and `ip` (iproute2): skipped with a message otherwise, a
+//! failure when `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces,
+//! veths and the bridge are removed by a guard even when a test fails.
+
+// Real processes in real namespaces: wall-clock time and blocking sleeps.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use support::{bin, temp_dir};
+
+/// Machines' addresses (the only ones this tier creates).
+const IPS: [&str; 3] = ["198.51.100.11", "198.51.100.12", "198.51.100.13"];
+
+/// Documented bounds (docs/operations.md, "Partitions between machines").
+/// A cut node leaves every survivor's routing within this.
+const LEAVE_WITHIN: Duration = Duration::from_secs(3);
+/// After the heal, every node's view lists every node again within this.
+const RECOVER_WITHIN: Duration = Duration::from_secs(5);
+/// Requests to the survivors that may fail during a cut, per 100 sent.
+const FAILED_PER_100: u64 = 1;
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    run(Command::new("ip").args(args))
+}
+
+/// Why this machine cannot make namespaces, if it cannot.
+fn cannot_make_namespaces() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("no `ip` (iproute2)".into());
+    }
+    None
+}
+
+/// True (and a message printed) when the tier is skipped here.
+fn skip() -> bool {
+    let Some(why) = cannot_make_namespaces() else {
+        return false;
+    };
+    if std::env::var("PEERLB_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
+        panic!("PEERLB_REQUIRE_NETNS=1 but network namespaces cannot be made: {why}");
+    }
+    eprintln!("SKIPPED the multi-host tier: network namespaces cannot be made ({why})");
+    true
+}
+
+/// Three namespaces on a bridge; removed on drop.
+struct Net {
+    tag: String,
+    bridge: String,
+}
+
+impl Net {
+    fn ns(&self, i: usize) -> String {
+        format!("plb{}m{}", self.tag, i + 1)
+    }
+    fn veth(&self, i: usize) -> String {
+        format!("plb{}v{}", self.tag, i + 1)
+    }
+
+    fn make(name: &str) -> Net {
+        // Interface names are at most 15 bytes: a short per-test tag.
+        let tag = format!("{}{}", std::process::id() % 10_000, name);
+        let net = Net {
+            bridge: format!("plb{tag}b"),
+            tag,
+        };
+        let setup = || -> Result<(), String> {
+            ip(&["link", "add", &net.bridge, "type", "bridge"])?;
+            ip(&["link", "set", &net.bridge, "up"])?;
+            for (i, addr) in IPS.iter().enumerate() {
+                let (ns, v, inner) = (net.ns(i), net.veth(i), format!("{}i", net.veth(i)));
+                ip(&["netns", "add", &ns])?;
+                ip(&["link", "add", &v, "type", "veth", "peer", "name", &inner])?;
+                ip(&["link", "set", &inner, "netns", &ns])?;
+                ip(&["link", "set", &v, "master", &net.bridge])?;
+                ip(&["link", "set", &v, "up"])?;
+                let n = |args: &[&str]| {
+                    let mut all = vec!["netns", "exec", &ns, "ip"];
+                    all.extend_from_slice(args);
+                    ip(&all)
+                };
+                n(&["link", "set", "lo", "up"])?;
+                n(&["addr", "add", &format!("{addr}/24"), "dev", &inner])?;
+                n(&["link", "set", &inner, "up"])?;
+            }
+            Ok(())
+        };
+        if let Err(e) = setup() {
+            drop(net);
+            panic!("setting up the namespaces: {e}");
+        }
+        net
+    }
+
+    /// Runs `ip args` inside machine `i`.
+    fn ip_in(&self, i: usize, args: &[&str]) -> Result<(), String> {
+        let ns = self.ns(i);
+        let mut all = vec!["netns", "exec", &ns, "ip"];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Runs `f` on a thread inside machine `i`'s network namespace.
+    fn within<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.ns(i));
+        std::thread::spawn(move || {
+            enter(&path);
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for i in 0..IPS.len() {
+            let _ = ip(&["netns", "del", &self.ns(i)]);
+            let _ = ip(&["link", "del", &self.veth(i)]);
+        }
+        let _ = ip(&["link", "del", &self.bridge]);
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path`.
+fn enter(path: &str) {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open namespace file descriptor; only this thread moves.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+}
+
+/// One blocking HTTP/1.0 GET: (status, served-by, body).
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nhost: {addr}\r\n\r\n").ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let served = head
+        .lines()
+        .find_map(|l| l.strip_prefix("peerlb-served-by: "))
+        .unwrap_or("")
+        .to_owned();
+    Some((status, served, body.to_owned()))
+}
+
+/// The serving ids of the machine's own node, read on its loopback admin
+/// address (docs step 5).
+fn serving_here() -> Option<Vec<String>> {
+    let (status, _, body) = get("127.0.0.1:9080".parse().unwrap(), "/_peerlb/status")?;
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    // view_version survives jq as text.
+    v["view_version_text"].as_str()?;
+    Some(
+        v["serving"]
+            .as_array()?
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
+/// Three machines running the docs' steps.
+struct Machines {
+    net: Net,
+    dir: PathBuf,
+    nodes: Vec<Child>,
+}
+
+impl Drop for Machines {
+    fn drop(&mut self) {
+        for c in &mut self.nodes {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Machines {
+    fn start(name: &str) -> Machines {
+        let net = Net::make(name);
+        let dir = temp_dir(&format!("multihost-{name}"));
+        // Step 1: one cluster.toml with the machines' addresses.
+        let mut text = format!("name = \"multihost-{name}\"\n\n");
+        for (i, a) in IPS.iter().enumerate() {
+            text += &format!(
+                "[[nodes]]\nid = \"n{}\"\nhttp_addr = \"{a}:8080\"\npeer_addr = \"{a}:7080\"\ngossip_addr = \"{a}:7180\"\n\n",
+                i + 1
+            );
+        }
+        let config = dir.join("cluster.toml");
+        std::fs::write(&config, &text).unwrap();
+        // Step 2: check it, with each node's view.
+        for i in 1..=3 {
+            let out = Command::new(bin())
+                .args(["check-config", "--config"])
+                .arg(&config)
+                .args(["--node", &format!("n{i}")])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "check-config: {out:?}");
+        }
+        // Step 3: certificates once, copied per machine.
+        let out = Command::new(bin())
+            .args(["certs", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "certs: {out:?}");
+        let mut m = Machines {
+            net,
+            dir: dir.clone(),
+            nodes: Vec::new(),
+        };
+        for i in 0..3 {
+            let id = format!("n{}", i + 1);
+            let home = dir.join(&id);
+            std::fs::create_dir_all(home.join("certs")).unwrap();
+            std::fs::copy(&config, home.join("cluster.toml")).unwrap();
+            for f in [
+                "ca.pem".to_owned(),
+                format!("{id}.pem"),
+                format!("{id}.key"),
+                "gossip.keys".into(),
+            ] {
+                std::fs::copy(dir.join("certs").join(&f), home.join("certs").join(&f)).unwrap();
+            }
+            // Step 4: start it on its machine.
+            let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
+            let child = Command::new("ip")
+                .args(["netns", "exec", &m.net.ns(i)])
+                .arg(bin())
+                .args(["node", "--config", "cluster.toml", "--node", &id])
+                .current_dir(&home)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            m.nodes.push(child);
+        }
+        // Step 5: each machine's own node lists every node.
+        for i in 0..3 {
+            let ok = poll(Duration::from_secs(30), || {
+                m.net
+                    .within(i, || serving_here().is_some_and(|s| s.len() == 3))
+            });
+            assert!(
+                ok.is_some(),
+                "n{} did not see 3 serving\n{}",
+                i + 1,
+                m.logs()
+            );
+        }
+        m
+    }
+
+    fn logs(&self) -> String {
+        (1..=3)
+            .map(|i| {
+                let l =
+                    std::fs::read_to_string(self.dir.join(format!("n{i}.log"))).unwrap_or_default();
+                format!(
+                    "--- n{i}:\n{}",
+                    l.lines()
+                        .rev()
+                        .take(40)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Polls `f` every 20 ms until it holds or `limit` passes: the time it
+/// took, or `None`.
+fn poll(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn entry(i: usize) -> SocketAddr {
+    format!("{}:8080", IPS[i]).parse().unwrap()
+}
+
+#[test]
+fn keys_have_one_owner_whichever_machine_they_enter() {
+    if skip() {
+        return;
+    }
+    let m = Machines::start("keys");
+    let owners = m.net.within(0, || {
+        let mut bad = Vec::new();
+        for k in 0..60 {
+            let path = format!("/hello?user=u{k}");
+            let by: Vec<String> = (0..3)
+                .map(|i| get(entry(i), &path).map(|r| r.1).unwrap_or_default())
+                .collect();
+            if by[0].is_empty() || by.iter().any(|b| *b != by[0]) {
+                bad.push((k, by));
+            }
+        }
+        bad
+    });
+    assert!(
+        owners.is_empty(),
+        "keys with several owners: {owners:?}\n{}",
+        m.logs()
+    );
+}
+
+/// Light load (about 50 req/s) from machine 1 to the entries of machines
+/// 1 and 2 while `cut` isolates machine 3; `heal` undoes it. Returns
+/// (requests, failed, time until n1 and n2 no longer route to n3, time
+/// until every view lists 3 again after the heal).
+fn partition(
+    m: &Machines,
+    cut: &dyn Fn() -> Result<(), String>,
+    heal: &dyn Fn() -> Result<(), String>,
+) -> (u64, u64, Duration, Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let load = {
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        let path = format!("/var/run/netns/{}", m.net.ns(0));
+        std::thread::spawn(move || {
+            enter(&path);
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let at = entry((k % 2) as usize);
+                let ok = get(at, &format!("/hello?user=u{}", k % 200)).is_some_and(|r| r.0 == 200);
+                sent.fetch_add(1, Ordering::Relaxed);
+                if !ok {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                k += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    cut().unwrap_or_else(|e| panic!("cut: {e}"));
+    let left = poll(Duration::from_secs(10), || {
+        (0..2).all(|i| {
+            m.net.within(i, || {
+                serving_here().is_some_and(|s| !s.iter().any(|x| x == "n3"))
+            })
+        })
+    });
+    let left = left.unwrap_or_else(|| panic!("n3 never left routing\n{}", m.logs()));
+    std::thread::sleep(Duration::from_secs(3));
+    heal().unwrap_or_else(|e| panic!("heal: {e}"));
+    let back = poll(Duration::from_secs(20), || {
+        (0..3).all(|i| {
+            m.net
+                .within(i, || serving_here().is_some_and(|s| s.len() == 3))
+        })
+    });
+    let back = back.unwrap_or_else(|| panic!("views did not recover\n{}", m.logs()));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    (
+        sent.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        left,
+        back,
+    )
+}
+
+fn assert_bounds(
+    what: &str,
+    m: &Machines,
+    (sent, failed, left, back): (u64, u64, Duration, Duration),
+) {
+    eprintln!(
+        "{what}: {sent} requests, {failed} failed; n3 out of routing after {left:?}; views back {back:?} after the heal"
+    );
+    assert!(sent > 50, "{what}: too little load ({sent})");
+    assert!(
+        failed * 100 <= sent * FAILED_PER_100,
+        "{what}: {failed} of {sent} failed\n{}",
+        m.logs()
+    );
+    assert!(
+        left <= LEAVE_WITHIN,
+        "{what}: left routing after {left:?}\n{}",
+        m.logs()
+    );
+    assert!(
+        back <= RECOVER_WITHIN,
+        "{what}: recovered after {back:?}\n{}",
+        m.logs()
+    );
+}
+
+#[test]
+fn a_two_way_partition_leaves_routing_and_heals_within_the_documented_bounds() {
+    if skip() {
+        return;
+    }
+    let m = Machines::start("two");
+    let v = format!("{}i", m.net.veth(2));
+    let figures = partition(
+        &m,
+        &|| m.net.ip_in(2, &["link", "set", &v, "down"]),
+        &|| m.net.ip_in(2, &["link", "set", &v, "up"]),
+    );
+    assert_bounds("two-way", &m, figures);
+    // The operator's log lines: the cut peer leaves routing with its
+    // reason, and returns.
+    let n1 = std::fs::read_to_string(m.dir.join("n1.log")).unwrap();
+    let left = n1
+        .lines()
+        .position(|l| {
+            l.contains("peer left routing") && l.contains("peer=n3") && l.contains("reason=")
+        })
+        .unwrap_or_else(|| panic!("no `peer left routing` line for n3\n{}", m.logs()));
+    assert!(
+        n1.lines()
+            .skip(left)
+            .any(|l| l.contains("peer returned to routing") && l.contains("peer=n3")),
+        "no `peer returned to routing` line for n3 after it left\n{}",
+        m.logs()
+    );
+    // The cut node's chitchat warns for every peer every round (about 15
+    // lines a second); rate limited, one line per call site per 10 s.
+    let n3 = std::fs::read_to_string(m.dir.join("n3.log")).unwrap();
+    let gossip_warnings = n3
+        .lines()
+        .filter(|l| l.contains("Failed to gossip"))
+        .count();
+    assert!(
+        (1..=4).contains(&gossip_warnings),
+        "{gossip_warnings} `Failed to gossip` lines on the cut node"
+    );
+}
+
+#[test]
+fn a_one_way_partition_leaves_routing_and_heals_within_the_documented_bounds() {
+    if skip() {
+        return;
+    }
+    let m = Machines::start("one");
+    // Machine 3 can no longer send to 1 and 2; it still hears them.
+    let net = &m.net;
+    let route = |verb: &'static str| {
+        move || -> Result<(), String> {
+            for a in &IPS[..2] {
+                net.ip_in(2, &["route", verb, "blackhole", &format!("{a}/32")])?;
+            }
+            Ok(())
+        }
+    };
+    let figures = partition(&m, &route("add"), &route("del"));
+    assert_bounds("one-way", &m, figures);
+}
