@@ -22,6 +22,7 @@ use std::time::Duration;
 use super::body::{self, Body, BodyError};
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::AppKind;
+use crate::env::{NoObserver, NodeEvent, Observer};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
@@ -82,6 +83,8 @@ pub(crate) enum App {
         /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
         /// simulation's slow-node fault raises it (see [`App::with_slowdown`]).
         slowdown: Arc<AtomicU32>,
+        /// Told of every request served (see [`App::with_observer`]).
+        observer: Arc<dyn Observer>,
     },
     /// A local upstream application.
     Upstream {
@@ -89,6 +92,8 @@ pub(crate) enum App {
         base: http::Uri,
         /// Its connection pool.
         pool: Upstream,
+        /// Told of every request served (see [`App::with_observer`]).
+        observer: Arc<dyn Observer>,
     },
 }
 
@@ -99,10 +104,12 @@ impl App {
             AppKind::Builtin => App::Builtin {
                 sessions: AtomicU64::new(0),
                 slowdown: Arc::new(AtomicU32::new(1)),
+                observer: Arc::new(NoObserver),
             },
             AppKind::Upstream(base) => App::Upstream {
                 base: base.clone(),
                 pool: Upstream::new(base),
+                observer: Arc::new(NoObserver),
             },
         }
     }
@@ -114,6 +121,16 @@ impl App {
     pub(crate) fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
         if let App::Builtin { slowdown, .. } = &mut self {
             *slowdown = factor;
+        }
+        self
+    }
+
+    /// Reports every request this app serves to `observer`
+    /// ([`NodeEvent::Served`]; [`App::new`] reports to no one).
+    #[must_use]
+    pub(crate) fn with_observer(mut self, to: Arc<dyn Observer>) -> App {
+        match &mut self {
+            App::Builtin { observer, .. } | App::Upstream { observer, .. } => *observer = to,
         }
         self
     }
@@ -132,8 +149,16 @@ impl App {
         // One event per request the app serves: the simulation counts them
         // to prove no request is served twice.
         tracing::debug!(uri = %req.uri(), "app serving");
+        let (App::Builtin { observer, .. } | App::Upstream { observer, .. }) = self;
+        observer.observe(&NodeEvent::Served {
+            entry: ctx.entry,
+            key: ctx.key,
+            path_and_query: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+        });
         match self {
-            App::Builtin { sessions, slowdown } => {
+            App::Builtin {
+                sessions, slowdown, ..
+            } => {
                 if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
                     match ms.parse::<u64>() {
                         Ok(ms) if ms <= MAX_DELAY_MS => {
@@ -150,7 +175,7 @@ impl App {
                 }
                 Ok(builtin(req, ctx, sessions))
             }
-            App::Upstream { base, pool } => upstream(base, pool, req, ctx).await,
+            App::Upstream { base, pool, .. } => upstream(base, pool, req, ctx).await,
         }
     }
 }
