@@ -91,13 +91,7 @@ impl Node {
             env.clock,
         )?;
         let observer = env.observer;
-        let links = PeerLinks::new(
-            me.id.clone(),
-            endpoint,
-            client,
-            settings,
-            observer.clone(),
-        );
+        let links = PeerLinks::new(me.id.clone(), endpoint, client, settings, observer.clone());
         let gossip = gossip::start(
             &GossipIdentity {
                 cluster: config.cluster.clone(),

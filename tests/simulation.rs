@@ -149,7 +149,12 @@ fn invariants_read_typed_events_not_log_lines() {
     };
     let silent = harness::run_isolated(&s, 1, &opts).unwrap();
     assert!(silent.violations.is_empty(), "{:#?}", silent.violations);
-    assert!(silent.lines < logged.lines / 2, "{} {}", silent.lines, logged.lines);
+    assert!(
+        silent.lines < logged.lines / 2,
+        "{} {}",
+        silent.lines,
+        logged.lines
+    );
     let dead = silent.faults[0].node.clone().unwrap();
     let kill = silent.faults[0].at;
     // Every survivor reported a view without the dead node after the kill,

@@ -107,10 +107,7 @@ impl crate::env::Observer for SimObserver {
             E::ViewChanged { serving, .. } => NodeEvent::View {
                 at,
                 host,
-                serving: serving
-                    .iter()
-                    .map(|(id, w)| (id.to_string(), *w))
-                    .collect(),
+                serving: serving.iter().map(|(id, w)| (id.to_string(), *w)).collect(),
             },
             E::Served { path_and_query, .. } => NodeEvent::AppServe {
                 at,
