@@ -453,6 +453,41 @@ mod tests {
         assert_eq!(v["path"], "/x");
     }
 
+    /// Records what it is told: (entry, key, path and query).
+    #[derive(Default)]
+    struct Served(std::sync::Mutex<Vec<(String, Option<String>, String)>>);
+
+    impl Observer for Served {
+        fn observe(&self, event: &NodeEvent<'_>) {
+            if let NodeEvent::Served {
+                entry,
+                key,
+                path_and_query,
+            } = *event
+            {
+                let mut g = self.0.lock().unwrap();
+                g.push((entry.into(), key.map(Into::into), path_and_query.into()));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn every_request_served_is_reported_to_the_observer() {
+        let seen = Arc::new(Served::default());
+        let app = App::new(&AppKind::Builtin).with_observer(seen.clone());
+        app.serve(get("/x?user=alice&r=c1-7"), ctx()).await.unwrap();
+        app.serve(get("/delay/abc"), ctx()).await.unwrap();
+        let got = seen.0.lock().unwrap().clone();
+        let alice = || (String::from("n1"), Some(String::from("alice")));
+        assert_eq!(
+            got,
+            vec![
+                (alice().0, alice().1, "/x?user=alice&r=c1-7".to_owned()),
+                (alice().0, alice().1, "/delay/abc".to_owned()),
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn session_sets_a_cookie_with_increasing_ids() {
         let app = App::new(&AppKind::Builtin);
