@@ -7,7 +7,9 @@
 //! runtime quinn drives it with (quinn's `AsyncUdpSocket` and `Runtime`,
 //! for `Endpoint::new_with_abstract_socket`), the chitchat [`Transport`],
 //! a wall [`Clock`], the generation, the seed and, optionally, TLS material
-//! held in memory.
+//! held in memory. The node reports what it does back through the same
+//! seam: [`Env::observer`] receives typed [`NodeEvent`]s (production passes
+//! [`NoObserver`]; the simulation asserts on them instead of on log text).
 
 use std::fmt;
 use std::future::Future;
@@ -26,6 +28,7 @@ use crate::adapters::gossip::keyring::{GossipKeys, Keyring};
 use crate::adapters::gossip::sealed::SealedUdpTransport;
 use crate::adapters::tls::TlsMaterial;
 use crate::config::NodeConfig;
+use crate::engine::node_id::NodeId;
 
 /// A client connection accepted by an [`HttpListener`].
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -94,6 +97,66 @@ impl rustls::time_provider::TimeProvider for ClockAdapter {
     }
 }
 
+/// What a node did, reported to its [`Observer`] as it happens (on the
+/// task that did it, synchronously: an observer must not block). The
+/// node's log lines say the same for people; these are for programs and
+/// do not change when a log message is reworded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeEvent<'a> {
+    /// The node accepts clients (logged as `node running`).
+    Running {
+        /// This run's generation id ([`Env::generation`]).
+        generation: u64,
+    },
+    /// The node's membership view changed (logged as `membership view
+    /// changed`): the ring it routes on from now.
+    ViewChanged {
+        /// The view's version (increases on every change).
+        version: u64,
+        /// Each serving member and its weight, in id order (the ring's
+        /// members; the node itself included while it serves).
+        serving: &'a [(NodeId, u32)],
+    },
+    /// The node's app starts serving a request (once per app invocation,
+    /// logged at debug as `app serving`).
+    Served {
+        /// The node that received the request from its client.
+        entry: &'a str,
+        /// The hash key it was routed on, if any.
+        key: Option<&'a str>,
+        /// Its request-target's path and query (`/kv/k1?user=u&r=c1-7`).
+        path_and_query: &'a str,
+    },
+    /// The peer's connection was lost: it is out of this node's ring until
+    /// it reconnects.
+    PeerEjected {
+        /// The peer.
+        peer: &'a NodeId,
+    },
+    /// The peer proved its identity on a new connection after being
+    /// ejected (or for the first time): routable again.
+    PeerRestored {
+        /// The peer.
+        peer: &'a NodeId,
+    },
+}
+
+/// Receives a node's [`NodeEvent`]s.
+pub trait Observer: Send + Sync + 'static {
+    /// Called once per event, on the node's task that caused it; must
+    /// return promptly (no I/O, no blocking lock held across awaits).
+    fn observe(&self, event: &NodeEvent<'_>);
+}
+
+/// The production observer: ignores every event (the log lines carry them).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn observe(&self, _: &NodeEvent<'_>) {}
+}
+
 /// Sockets, clock, generation and seed of one node.
 pub struct Env {
     /// Client HTTP listeners (the node's `http_addr`, plus the shared
@@ -127,6 +190,8 @@ pub struct Env {
     /// The built-in app's `/delay/<ms>` work takes this many times `ms`:
     /// 1 in production; a simulation's slow-node fault raises it.
     pub app_slowdown: Arc<std::sync::atomic::AtomicU32>,
+    /// Receives what the node does ([`NoObserver`] in production).
+    pub observer: Arc<dyn Observer>,
 }
 
 /// A socket could not be bound.
@@ -212,6 +277,7 @@ impl Env {
             seed,
             tls: None,
             app_slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
+            observer: Arc::new(NoObserver),
         })
     }
 }

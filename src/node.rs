@@ -23,7 +23,7 @@ use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::Router;
-use crate::env::Env;
+use crate::env::{Env, NodeEvent, Observer};
 
 /// A node could not be built or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +91,8 @@ impl Node {
             env.seed,
             env.clock,
         )?;
-        let links = PeerLinks::new(me.id.clone(), endpoint, client, settings);
+        let observer = env.observer;
+        let links = PeerLinks::new(me.id.clone(), endpoint, client, settings, observer.clone());
         let gossip = gossip::start(
             &GossipIdentity {
                 cluster: config.cluster.clone(),
@@ -132,6 +133,7 @@ impl Node {
             view_tx,
             self_member,
             config.routing.vnodes,
+            observer.clone(),
         ));
 
         let state = Arc::new(NodeState::new(
@@ -153,7 +155,9 @@ impl Node {
         ));
         let owner = Arc::new(Owner::new(
             state.clone(),
-            App::new(&config.app).with_slowdown(env.app_slowdown.clone()),
+            App::new(&config.app)
+                .with_slowdown(env.app_slowdown.clone())
+                .with_observer(observer.clone()),
         ));
         let ingress = Arc::new(Ingress::new(
             state.clone(),
@@ -212,6 +216,9 @@ impl Node {
             ))
         });
         info!(node = %me.id, generation = env.generation, peer = %me.peer_addr, gossip = %me.gossip_addr, "node running");
+        observer.observe(&NodeEvent::Running {
+            generation: env.generation,
+        });
 
         let rules_task = config
             .ingress
@@ -361,13 +368,15 @@ async fn wait_for_peers(
 /// Rebuilds the membership view whenever gossip's live set or the set of
 /// authenticated peer connections changes. A peer is routable only while
 /// gossip says it is live AND its QUIC connection is up; this node is
-/// always in its own view.
+/// always in its own view. Each change is logged and reported to
+/// `observer` ([`NodeEvent::ViewChanged`]).
 async fn maintain_view(
     mut gossip: watch::Receiver<Vec<Member>>,
     links: Arc<PeerLinks>,
     view_tx: watch::Sender<Arc<MembershipView>>,
     self_member: Member,
     vnodes: u32,
+    observer: Arc<dyn Observer>,
 ) {
     let mut connected = links.connected();
     loop {
@@ -406,11 +415,15 @@ async fn maintain_view(
                 &gossip.borrow(),
                 &up,
             );
-            // `weights`: `id=weight` of each serving member, in id order.
-            let weights: Vec<String> = view
+            let serving: Vec<(NodeId, u32)> = view
                 .serving_ids()
                 .iter()
-                .filter_map(|id| view.get(id).map(|m| format!("{id}={}", m.weight)))
+                .filter_map(|id| view.get(id).map(|m| (id.clone(), m.weight)))
+                .collect();
+            // `weights`: `id=weight` of each serving member, in id order.
+            let weights: Vec<String> = serving
+                .iter()
+                .map(|(id, weight)| format!("{id}={weight}"))
                 .collect();
             info!(
                 version = view.version(),
@@ -418,6 +431,10 @@ async fn maintain_view(
                 weights = %weights.join(" "),
                 "membership view changed"
             );
+            observer.observe(&NodeEvent::ViewChanged {
+                version: view.version(),
+                serving: &serving,
+            });
         }
         view_tx.send_replace(Arc::new(view));
         tokio::select! {

@@ -133,6 +133,55 @@ fn rolling_restart_of_every_node() {
     }
 }
 
+/// The harness learns what nodes do from their observers (typed events
+/// through `Env`), not from their log text: with every node log line left
+/// out of the trace, kill-owner still sees each view change, each request
+/// served and each ejection, the same ones at the same times, and passes.
+/// Were an invariant reading a log line again, this run would see no view
+/// and fail its convergence and ejection checks.
+#[test]
+fn invariants_read_typed_events_not_log_lines() {
+    let s = scenario("kill-owner");
+    let logged = run(&s, 1);
+    let opts = RunOptions {
+        without_node_logs: true,
+        ..RunOptions::default()
+    };
+    let silent = harness::run_isolated(&s, 1, &opts).unwrap();
+    assert!(silent.violations.is_empty(), "{:#?}", silent.violations);
+    assert!(
+        silent.lines < logged.lines / 2,
+        "{} {}",
+        silent.lines,
+        logged.lines
+    );
+    let dead = silent.faults[0].node.clone().unwrap();
+    let kill = silent.faults[0].at;
+    // Every survivor reported a view without the dead node after the kill,
+    // and ejected it on its connection's loss.
+    for n in silent.nodes.iter().filter(|n| **n != dead) {
+        assert!(
+            silent
+                .views
+                .iter()
+                .any(|(at, h, ids)| h == n && *at > kill && !ids.contains(&dead)),
+            "{n}: {:?}",
+            silent.views
+        );
+    }
+    assert!(
+        silent
+            .peer_events
+            .iter()
+            .any(|(at, _, peer, up)| *at > kill && *peer == dead && !up),
+        "{:?}",
+        silent.peer_events
+    );
+    assert_eq!(silent.views, logged.views);
+    assert_eq!(silent.serves, logged.serves);
+    assert_eq!(silent.figures.ejections, logged.figures.ejections);
+}
+
 /// Determinism canary: the same seed gives the same trace hash on two
 /// threads of this process; another seed gives another hash. (`.ci/run`
 /// also compares hashes across separate processes.)

@@ -22,6 +22,7 @@ use std::time::Duration;
 use super::body::{self, Body, BodyError};
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::AppKind;
+use crate::env::{NoObserver, NodeEvent, Observer};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
@@ -82,6 +83,8 @@ pub(crate) enum App {
         /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
         /// simulation's slow-node fault raises it (see [`App::with_slowdown`]).
         slowdown: Arc<AtomicU32>,
+        /// Told of every request served (see [`App::with_observer`]).
+        observer: Arc<dyn Observer>,
     },
     /// A local upstream application.
     Upstream {
@@ -90,6 +93,8 @@ pub(crate) enum App {
         base: String,
         /// Its connection pool.
         pool: Upstream,
+        /// Told of every request served (see [`App::with_observer`]).
+        observer: Arc<dyn Observer>,
     },
 }
 
@@ -100,10 +105,12 @@ impl App {
             AppKind::Builtin => App::Builtin {
                 sessions: AtomicU64::new(0),
                 slowdown: Arc::new(AtomicU32::new(1)),
+                observer: Arc::new(NoObserver),
             },
             AppKind::Upstream(up) => App::Upstream {
                 base: up.addr.to_string(),
                 pool: Upstream::new(&up.addr, up.idle_timeout),
+                observer: Arc::new(NoObserver),
             },
         }
     }
@@ -115,6 +122,16 @@ impl App {
     pub(crate) fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
         if let App::Builtin { slowdown, .. } = &mut self {
             *slowdown = factor;
+        }
+        self
+    }
+
+    /// Reports every request this app serves to `observer`
+    /// ([`NodeEvent::Served`]; [`App::new`] reports to no one).
+    #[must_use]
+    pub(crate) fn with_observer(mut self, to: Arc<dyn Observer>) -> App {
+        match &mut self {
+            App::Builtin { observer, .. } | App::Upstream { observer, .. } => *observer = to,
         }
         self
     }
@@ -133,8 +150,16 @@ impl App {
         // One event per request the app serves: the simulation counts them
         // to prove no request is served twice.
         tracing::debug!(uri = %req.uri(), "app serving");
+        let (App::Builtin { observer, .. } | App::Upstream { observer, .. }) = self;
+        observer.observe(&NodeEvent::Served {
+            entry: ctx.entry,
+            key: ctx.key,
+            path_and_query: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+        });
         match self {
-            App::Builtin { sessions, slowdown } => {
+            App::Builtin {
+                sessions, slowdown, ..
+            } => {
                 if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
                     match ms.parse::<u64>() {
                         Ok(ms) if ms <= MAX_DELAY_MS => {
@@ -151,7 +176,7 @@ impl App {
                 }
                 Ok(builtin(req, ctx, sessions))
             }
-            App::Upstream { base, pool } => upstream(base, pool, req, ctx).await,
+            App::Upstream { base, pool, .. } => upstream(base, pool, req, ctx).await,
         }
     }
 }
@@ -446,6 +471,41 @@ mod tests {
         assert_eq!(v["proxied"], true);
         assert_eq!(v["key"], "alice");
         assert_eq!(v["path"], "/x");
+    }
+
+    /// Records what it is told: (entry, key, path and query).
+    #[derive(Default)]
+    struct Served(std::sync::Mutex<Vec<(String, Option<String>, String)>>);
+
+    impl Observer for Served {
+        fn observe(&self, event: &NodeEvent<'_>) {
+            if let NodeEvent::Served {
+                entry,
+                key,
+                path_and_query,
+            } = *event
+            {
+                let mut g = self.0.lock().unwrap();
+                g.push((entry.into(), key.map(Into::into), path_and_query.into()));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn every_request_served_is_reported_to_the_observer() {
+        let seen = Arc::new(Served::default());
+        let app = App::new(&AppKind::Builtin).with_observer(seen.clone());
+        app.serve(get("/x?user=alice&r=c1-7"), ctx()).await.unwrap();
+        app.serve(get("/delay/abc"), ctx()).await.unwrap();
+        let got = seen.0.lock().unwrap().clone();
+        let alice = || (String::from("n1"), Some(String::from("alice")));
+        assert_eq!(
+            got,
+            vec![
+                (alice().0, alice().1, "/x?user=alice&r=c1-7".to_owned()),
+                (alice().0, alice().1, "/delay/abc".to_owned()),
+            ]
+        );
     }
 
     #[tokio::test]

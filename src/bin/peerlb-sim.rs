@@ -184,6 +184,7 @@ fn real_main() -> anyhow::Result<bool> {
     let single = seeds.len() == 1;
     let opts = RunOptions {
         keep_trace: single && args.trace.is_some(),
+        ..RunOptions::default()
     };
     let mut all_ok = true;
     let mut hashes = Vec::new();

@@ -50,6 +50,10 @@ const DEFAULT_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"
 pub struct RunOptions {
     /// Keep every trace line in [`Outcome::trace`].
     pub keep_trace: bool,
+    /// Leave the nodes' own log lines out of the trace (only the harness's
+    /// lines remain; the hash then differs from a normal run's). The
+    /// invariants do not read log lines, so a run passes or fails the same.
+    pub without_node_logs: bool,
 }
 
 /// One client request and what became of it.
@@ -186,6 +190,12 @@ pub struct Outcome {
     pub serves: Vec<(Duration, String)>,
     /// Node ids of the scenario.
     pub nodes: Vec<String>,
+    /// Every membership view change the nodes reported (their observers,
+    /// not their logs): (time, node, serving ids in id order).
+    pub views: Vec<(Duration, String, Vec<String>)>,
+    /// Every peer ejection (`false`) and restore (`true`) the nodes
+    /// reported: (time, node, peer, routable again).
+    pub peer_events: Vec<(Duration, String, String, bool)>,
 }
 
 /// Runs `scenario` with `seed` on a fresh thread seeded with it (see
@@ -224,7 +234,11 @@ pub fn run_isolated(scenario: &Scenario, seed: u64, opts: &RunOptions) -> anyhow
 /// As [`run_isolated`].
 pub fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> anyhow::Result<Outcome> {
     let trace = Trace::new(opts.keep_trace);
-    let filter = tracing_subscriber::EnvFilter::new("warn,peerlb=debug");
+    let filter = tracing_subscriber::EnvFilter::new(if opts.without_node_logs {
+        "off"
+    } else {
+        "warn,peerlb=debug"
+    });
     let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(TraceLayer(trace.clone()));
@@ -269,7 +283,10 @@ struct Run<'s> {
     running: BTreeSet<String>,
     draining: BTreeSet<String>,
     views: BTreeMap<String, Vec<String>>,
+    /// Every view change: (time, node, serving ids).
     view_log: Vec<(Duration, String, Vec<String>)>,
+    /// Every ejection (false) and restore (true): (time, node, peer, up).
+    peer_events: Vec<(Duration, String, String, bool)>,
     serves: Vec<(Duration, String)>,
     serves_by_tag: BTreeMap<String, Vec<(Duration, String)>>,
     generations: BTreeMap<String, u64>,

@@ -32,21 +32,22 @@ pub(crate) fn set_now(d: Duration) {
     NOW.set(d.as_nanos() as u64);
 }
 
-/// A node event the harness interprets (the rest only goes into the hash).
+/// A node event the harness interprets, as a node's observer reported it
+/// ([`crate::env::NodeEvent`], through [`SimObserver`]), never parsed
+/// from log text. Events do not go into the trace or its hash (the nodes'
+/// log lines do).
 #[derive(Debug, Clone)]
 pub enum NodeEvent {
-    /// `membership view changed`: the node's routable set.
+    /// The node's routable set changed.
     View {
         /// Virtual time.
         at: Duration,
         /// The node.
         host: String,
-        /// Serving ids, as the node logged them (`["n1", "n2"]`).
-        serving: String,
-        /// `id=weight` of each serving member (`n1=300 n2=100`).
-        weights: String,
+        /// Each serving member and its weight, in id order.
+        serving: Vec<(String, u32)>,
     },
-    /// `node running`: the node accepts clients.
+    /// The node accepts clients.
     Running {
         /// Virtual time.
         at: Duration,
@@ -55,15 +56,77 @@ pub enum NodeEvent {
         /// Its generation.
         generation: u64,
     },
-    /// `app serving`: the node's app is serving a request.
+    /// The node's app is serving a request.
     AppServe {
         /// Virtual time.
         at: Duration,
         /// The node.
         host: String,
-        /// The request path.
+        /// The request's path and query.
         path: String,
     },
+    /// The node ejected a peer (its connection was lost).
+    PeerEjected {
+        /// Virtual time.
+        at: Duration,
+        /// The node.
+        host: String,
+        /// The peer.
+        peer: String,
+    },
+    /// The node found a peer routable again (or for the first time).
+    PeerRestored {
+        /// Virtual time.
+        at: Duration,
+        /// The node.
+        host: String,
+        /// The peer.
+        peer: String,
+    },
+}
+
+/// The observer a simulated node is built with: records its events, at
+/// the current virtual time, for the harness ([`Trace::take_events`]).
+pub struct SimObserver {
+    /// The node's host name.
+    pub host: String,
+    /// The run's trace.
+    pub trace: Trace,
+}
+
+impl crate::env::Observer for SimObserver {
+    fn observe(&self, event: &crate::env::NodeEvent<'_>) {
+        use crate::env::NodeEvent as E;
+        let (at, host) = (now(), self.host.clone());
+        let ev = match *event {
+            E::Running { generation } => NodeEvent::Running {
+                at,
+                host,
+                generation,
+            },
+            E::ViewChanged { serving, .. } => NodeEvent::View {
+                at,
+                host,
+                serving: serving.iter().map(|(id, w)| (id.to_string(), *w)).collect(),
+            },
+            E::Served { path_and_query, .. } => NodeEvent::AppServe {
+                at,
+                host,
+                path: path_and_query.to_owned(),
+            },
+            E::PeerEjected { peer } => NodeEvent::PeerEjected {
+                at,
+                host,
+                peer: peer.to_string(),
+            },
+            E::PeerRestored { peer } => NodeEvent::PeerRestored {
+                at,
+                host,
+                peer: peer.to_string(),
+            },
+        };
+        self.trace.0.lock().expect("trace lock").events.push(ev);
+    }
 }
 
 #[derive(Default)]
@@ -174,10 +237,6 @@ pub struct TraceLayer(pub Trace);
 struct Fields {
     message: String,
     rest: String,
-    serving: Option<String>,
-    weights: Option<String>,
-    path: Option<String>,
-    generation: Option<u64>,
 }
 
 impl Visit for Fields {
@@ -187,20 +246,7 @@ impl Visit for Fields {
                 let _ = write!(self.message, "{value:?}");
             }
             name => {
-                let v = format!("{value:?}");
-                if name == "serving" {
-                    self.serving = Some(v.clone());
-                }
-                if name == "weights" {
-                    self.weights = Some(v.clone());
-                }
-                if name == "generation" {
-                    self.generation = v.parse().ok();
-                }
-                if name == "uri" {
-                    self.path = Some(v.clone());
-                }
-                let _ = write!(self.rest, " {name}={v}");
+                let _ = write!(self.rest, " {name}={value:?}");
             }
         }
     }
@@ -208,9 +254,6 @@ impl Visit for Fields {
         if field.name() == "message" {
             self.message.push_str(value);
         } else {
-            if field.name() == "uri" {
-                self.path = Some(value.to_owned());
-            }
             let _ = write!(self.rest, " {}={value:?}", field.name());
         }
     }
@@ -228,29 +271,6 @@ where
         let host = self.0.current_host();
         let mut f = Fields::default();
         event.record(&mut f);
-        let at = now();
-        let ev = match f.message.as_str() {
-            "membership view changed" => f.serving.clone().map(|serving| NodeEvent::View {
-                at,
-                host: host.clone(),
-                serving,
-                weights: f.weights.clone().unwrap_or_default(),
-            }),
-            "node running" => Some(NodeEvent::Running {
-                at,
-                host: host.clone(),
-                generation: f.generation.unwrap_or(0),
-            }),
-            "app serving" => f.path.clone().map(|path| NodeEvent::AppServe {
-                at,
-                host: host.clone(),
-                path,
-            }),
-            _ => None,
-        };
-        if let Some(ev) = ev {
-            self.0.0.lock().expect("trace lock").events.push(ev);
-        }
         self.0.line(
             &host,
             format_args!("{} {} {}{}", meta.level(), meta.target(), f.message, f.rest),

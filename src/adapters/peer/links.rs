@@ -49,6 +49,7 @@ use super::super::tls;
 use super::dial;
 use super::{OpenError, PeerSettings};
 use crate::engine::node_id::NodeId;
+use crate::env::{NodeEvent, Observer};
 
 /// Application close code: the keeper heard nothing from a busy peer for
 /// `idle_timeout`.
@@ -227,6 +228,8 @@ impl Slot {
 
 /// Connections to every known peer, and the set of routable peers.
 pub(crate) struct PeerLinks {
+    /// Told of every ejection and restore.
+    observer: Arc<dyn Observer>,
     self_id: NodeId,
     endpoint: quinn::Endpoint,
     client: quinn::ClientConfig,
@@ -254,8 +257,10 @@ impl PeerLinks {
         endpoint: quinn::Endpoint,
         client: quinn::ClientConfig,
         settings: PeerSettings,
+        observer: Arc<dyn Observer>,
     ) -> Arc<PeerLinks> {
         Arc::new(PeerLinks {
+            observer,
             self_id,
             endpoint,
             client,
@@ -477,7 +482,9 @@ impl PeerLinks {
         if let Some(s) = self.slots.lock().expect("peer slots lock").get_mut(id) {
             s.up = false;
         }
-        self.routable.send_if_modified(|set| set.remove(id));
+        if self.routable.send_if_modified(|set| set.remove(id)) {
+            self.observer.observe(&NodeEvent::PeerEjected { peer: id });
+        }
     }
 
     /// Records an authenticated connection with `id` (dialled by this node
@@ -522,7 +529,9 @@ impl PeerLinks {
             slot.links.push(link.clone());
             slot.up = true;
         }
-        self.routable.send_if_modified(|set| set.insert(id.clone()));
+        if self.routable.send_if_modified(|set| set.insert(id.clone())) {
+            self.observer.observe(&NodeEvent::PeerRestored { peer: id });
+        }
         let serve = {
             let mut s = self.server.lock().expect("server lock");
             if s.serve.is_none() {
@@ -646,7 +655,9 @@ impl PeerLinks {
             } else {
                 warn!(reason = %why, "peer connection lost: ejected until it reconnects");
             }
-            self.routable.send_if_modified(|set| set.remove(id));
+            if self.routable.send_if_modified(|set| set.remove(id)) {
+                self.observer.observe(&NodeEvent::PeerEjected { peer: id });
+            }
         } else {
             debug!(reason = %why, "peer connection ended");
         }

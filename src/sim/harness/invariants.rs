@@ -350,6 +350,8 @@ impl Run<'_> {
             faults: self.applied,
             serves: self.serves,
             nodes: scn.node_ids(),
+            views: self.view_log,
+            peer_events: self.peer_events,
         }
     }
 }

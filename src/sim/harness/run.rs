@@ -16,7 +16,7 @@ use super::super::certs;
 use super::super::gossip::SimGossip;
 use super::super::net::{SimClock, SimListener, SimUdp, sim_epoch};
 use super::super::scenario::Scenario;
-use super::super::trace::{self, NodeEvent, Trace};
+use super::super::trace::{self, NodeEvent, SimObserver, Trace};
 use super::{
     DEFAULT_RULES, GOSSIP_PORT, HTTP_PORT, NodeSlot, Outcome, PEER_PORT, Run, SidecarCmd, TAIL,
     clients, sessions,
@@ -25,16 +25,6 @@ use crate::Node;
 use crate::adapters::gossip::keyring::GossipKeys;
 use crate::config::{ClusterFile, Overrides, Source};
 use crate::env::{Clock, Env};
-
-/// The node ids in a `Debug` list of them (`["n1", "n2"]`).
-fn ids_in(debug: &str) -> Vec<String> {
-    debug
-        .split('"')
-        .enumerate()
-        .filter(|(i, _)| i % 2 == 1)
-        .map(|(_, s)| s.to_owned())
-        .collect()
-}
 
 impl<'s> Run<'s> {
     pub(super) fn new(scenario: &'s Scenario, seed: u64, trace: Trace) -> anyhow::Result<Run<'s>> {
@@ -93,6 +83,7 @@ impl<'s> Run<'s> {
             draining: BTreeSet::new(),
             views: BTreeMap::new(),
             view_log: Vec::new(),
+            peer_events: Vec::new(),
             serves: Vec::new(),
             serves_by_tag: BTreeMap::new(),
             generations: BTreeMap::new(),
@@ -165,6 +156,10 @@ impl<'s> Run<'s> {
                     seed: node_seed,
                     tls: Some(pem.material(clock)?),
                     app_slowdown: slowdown,
+                    observer: Arc::new(SimObserver {
+                        host: id.clone(),
+                        trace: trace.clone(),
+                    }),
                 };
                 let node = Node::build(config, env)?;
                 let port = config_port;
@@ -276,19 +271,10 @@ impl<'s> Run<'s> {
     fn absorb(&mut self, sim: &mut turmoil::Sim<'_>) {
         for ev in self.trace.take_events() {
             match ev {
-                NodeEvent::View {
-                    at,
-                    host,
-                    serving,
-                    weights,
-                } => {
-                    let parsed = weights
-                        .split_whitespace()
-                        .filter_map(|p| p.split_once('='))
-                        .filter_map(|(id, w)| Some((id.to_owned(), w.parse().ok()?)))
-                        .collect();
-                    self.view_weights.insert(host.clone(), parsed);
-                    let ids = ids_in(&serving);
+                NodeEvent::View { at, host, serving } => {
+                    let ids: Vec<String> = serving.iter().map(|(id, _)| id.clone()).collect();
+                    self.view_weights
+                        .insert(host.clone(), serving.into_iter().collect());
                     self.views.insert(host.clone(), ids.clone());
                     self.view_log.push((at, host, ids));
                 }
@@ -311,6 +297,12 @@ impl<'s> Run<'s> {
                             .push((at, host.clone()));
                     }
                     self.serves.push((at, host));
+                }
+                NodeEvent::PeerEjected { at, host, peer } => {
+                    self.peer_events.push((at, host, peer, false));
+                }
+                NodeEvent::PeerRestored { at, host, peer } => {
+                    self.peer_events.push((at, host, peer, true));
                 }
             }
         }
