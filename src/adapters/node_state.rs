@@ -223,6 +223,8 @@ pub(crate) struct NodeState {
     weight: AtomicU32,
     /// Request counters.
     pub counters: Counters,
+    /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
+    pub metrics: super::metrics::Metrics,
 }
 
 impl NodeState {
@@ -253,6 +255,7 @@ impl NodeState {
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
             counters: Counters::default(),
+            metrics: super::metrics::Metrics::default(),
         }
     }
 
@@ -377,7 +380,9 @@ impl NodeState {
         let Some(src) = &self.rules_source else {
             return Err(ReloadError::Embedded);
         };
-        let rules = src.load().map_err(ReloadError::Invalid)?;
+        let rules = src.load().map_err(ReloadError::Invalid);
+        self.metrics.count_reload(rules.is_ok());
+        let rules = rules?;
         let n = rules.len();
         self.router.lock().expect("router lock").set_rules(rules);
         info!(target: REQUEST_PATH, rules = n, "data-centric rules reloaded");

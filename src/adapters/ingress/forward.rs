@@ -270,7 +270,10 @@ impl Forwarder {
                 .forwarded
                 .fetch_add(1, Ordering::Relaxed);
             let guard = self.state.track(cand, request_bytes);
-            match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
+            let sent = tokio::time::Instant::now();
+            let exchanged = peer::exchange(cand, pair, h, b, self.settings.response_timeout).await;
+            self.state.metrics.observe_hop(sent.elapsed());
+            match exchanged {
                 Ok((rh, qb)) => {
                     let served = NodeId::from(rh.served_by.as_str());
                     let resp = peer::response_from_head(rh, qb.boxed_unsync());
