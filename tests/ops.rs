@@ -192,3 +192,114 @@ async fn health_is_200_while_serving_and_503_while_leaving() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
     assert_eq!(exchange(n1, "GET", "/_peerlb/health"), None);
 }
+
+/// The HAProxy example of docs/operations.md (the sprayer section), with
+/// its `bind` and `server` lines pointed at `nodes` and a stats socket.
+fn haproxy_example(front: u16, nodes: &[NodeInfo], socket: &std::path::Path) -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let block = doc
+        .split_once("HAProxy in TCP mode")
+        .and_then(|(_, rest)| rest.split("```").nth(1))
+        .expect("the HAProxy example in docs/operations.md");
+    assert!(block.contains("option httpchk") && block.contains("/_peerlb/health"));
+    let mut cfg = String::new();
+    for line in block.lines() {
+        let t = line.trim();
+        if t.starts_with("server ") {
+            continue;
+        }
+        if t.starts_with("bind ") {
+            cfg += &format!("  bind 127.0.0.1:{front}\n");
+        } else if t.starts_with("maxconn ") {
+            // maxconn 10000 needs about 20,000 file descriptors, more than
+            // a test machine may allow.
+            cfg += "  maxconn 1000\n";
+        } else {
+            cfg += line;
+            cfg += "\n";
+        }
+        if t == "global" {
+            cfg += &format!("  stats socket {} level admin\n", socket.display());
+        }
+    }
+    for n in nodes {
+        cfg += &format!(
+            "  server {} {} check inter 200ms fall 2 rise 2\n",
+            n.id, n.http
+        );
+    }
+    cfg
+}
+
+/// Each server's status (`UP`, `DOWN`, ...) in HAProxy's `show stat`.
+fn haproxy_status(socket: &std::path::Path) -> Option<std::collections::BTreeMap<String, String>> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    s.write_all(b"show stat\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next()?.trim_start_matches("# ").split(',').collect();
+    let (sv, st) = (
+        header.iter().position(|h| *h == "svname")?,
+        header.iter().position(|h| *h == "status")?,
+    );
+    Some(
+        lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .filter(|f| f.len() > st && f[sv] != "FRONTEND" && f[sv] != "BACKEND")
+            .map(|f| (f[sv].to_owned(), f[st].to_owned()))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_haproxy_check_marks_a_leaving_node_down_before_its_listener_closes() {
+    let Some(haproxy) = which("haproxy") else {
+        // As in tests/cluster.rs: CI requires haproxy, a developer machine
+        // without it is told how to get it.
+        assert!(
+            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
+                && std::env::var_os("CI").is_none(),
+            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
+        );
+        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
+        return;
+    };
+    let mut c = Cluster::start("hapcheck", 2, "[limits]\ndrain_grace_ms = 5000\n", "");
+    let socket = c.dir.join("haproxy.sock");
+    let cfg = haproxy_example(free_port(), &c.nodes, &socket);
+    let cfg_path = write(&c.dir, "haproxy.cfg", &cfg);
+    let mut hap = std::process::Command::new(haproxy)
+        .arg("-f")
+        .arg(&cfg_path)
+        .arg("-db")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = |want: &[(&str, &str)]| {
+        haproxy_status(&socket).is_some_and(|m| {
+            want.iter()
+                .all(|(id, st)| m.get(*id).is_some_and(|s| s.starts_with(st)))
+        })
+    };
+    let both_up = poll(Duration::from_secs(10), || {
+        up(&[("n1", "UP"), ("n2", "UP")])
+    });
+    let n1 = c.nodes[0].http;
+    let mut child = c.sigterm("n1");
+    let n1_down = poll(Duration::from_secs(4), || {
+        up(&[("n1", "DOWN"), ("n2", "UP")])
+    });
+    // Still within the grace: the listener is open and says leaving.
+    let still_open = exchange(n1, "GET", "/_peerlb/health");
+    let status = haproxy_status(&socket);
+    let _ = hap.kill();
+    let _ = hap.wait();
+    both_up.unwrap_or_else(|()| panic!("haproxy did not mark both nodes up: {status:?}\n{cfg}"));
+    n1_down.expect("haproxy marks n1 down during its drain grace");
+    assert_eq!(still_open, Some((503, "leaving\n".into())));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
