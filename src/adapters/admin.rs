@@ -7,6 +7,8 @@
 //! | method and path | answer |
 //! | --- | --- |
 //! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
+//! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
 //! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (`gossip/admin.rs`): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}`; 400 not a key, 404 no such key, 409 ring full or the sending key, 500 the keyring file cannot be written |
 //! | `PUT /_peerlb/weight` | body: the node's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
@@ -45,7 +47,7 @@ pub(crate) fn is_admin(path: &str) -> bool {
 /// The admin paths a client port answers too: what a sprayer or a client
 /// needs (a health check), never what reads or changes the node's state.
 /// The hook the health endpoint joins.
-const CLIENT_PORT_PATHS: &[&str] = &[];
+const CLIENT_PORT_PATHS: &[&str] = &[super::health::PATH];
 
 /// Whether a client listener answers the admin path `path` (else 404).
 pub(crate) fn client_port_serves(path: &str) -> bool {
@@ -70,6 +72,19 @@ pub(crate) async fn answer_client_port(
 pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    match (&method, path.as_str()) {
+        // The sprayer checks health on the client port (or here): no
+        // browser checks, it reads nothing and changes nothing.
+        (&http::Method::GET | &http::Method::HEAD, super::health::PATH) => {
+            return super::health::answer(state, &method);
+        }
+        (&http::Method::GET, super::metrics::PATH)
+            if super::client_input::check_admin_browser(req.headers()).is_ok() =>
+        {
+            return super::metrics::answer(state);
+        }
+        _ => {}
+    }
     let browser = super::client_input::check_admin_browser(req.headers());
     let answered: Result<String, AdminError> = match (&method, path.as_str()) {
         // Browsers: a foreign Host (DNS rebinding) or Origin (CSRF).
@@ -103,7 +118,8 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
 /// The method an admin path takes (the `Allow` header of a 405).
 fn allowed_method(path: &str) -> Option<&'static str> {
     match path {
-        STATUS => Some("GET"),
+        STATUS | super::metrics::PATH => Some("GET"),
+        super::health::PATH => Some("GET, HEAD"),
         RELOAD_RULES => Some("POST"),
         WEIGHT => Some("PUT"),
         _ => None,

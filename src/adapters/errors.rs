@@ -149,6 +149,9 @@ pub(crate) enum AdminError {
     /// keyring in force stays.
     #[error(transparent)]
     Keyring(#[from] KeyringError),
+    /// The metrics encoder refused a metric (500).
+    #[error("metrics could not be encoded")]
+    Metrics(std::fmt::Error),
 }
 
 /// Every error a node answers a client with: the input of
@@ -195,6 +198,7 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             }
             AdminError::Weight(WeightError::OutOfRange(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
+            AdminError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             AdminError::Keyring(k) => match k {
                 KeyringError::BadKey { .. } => StatusCode::BAD_REQUEST,
                 KeyringError::Unknown(_) => StatusCode::NOT_FOUND,

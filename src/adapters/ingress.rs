@@ -113,10 +113,13 @@ impl Ingress {
                 }
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
-                match self.forwarder.route_and_serve(req, client).await {
+                let start = tokio::time::Instant::now();
+                let resp = match self.forwarder.route_and_serve(req, client).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(e) => self.state.failed(e),
-                }
+                };
+                self.state.metrics.observe_request(start.elapsed());
+                resp
             }
         };
         if self.settings.header_entry

@@ -230,6 +230,8 @@ pub(crate) struct NodeState {
     weight: AtomicU32,
     /// Request counters.
     pub counters: Counters,
+    /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
+    pub metrics: super::metrics::Metrics,
 }
 
 impl NodeState {
@@ -260,6 +262,7 @@ impl NodeState {
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
             counters: Counters::default(),
+            metrics: super::metrics::Metrics::default(),
         }
     }
 
@@ -391,7 +394,10 @@ impl NodeState {
         let src = src.lock().await;
         let load = src.clone();
         let rules = match tokio::task::spawn_blocking(move || load.load()).await {
-            Ok(loaded) => loaded.map_err(ReloadError::Invalid)?,
+            Ok(loaded) => {
+                self.metrics.count_reload(loaded.is_ok());
+                loaded.map_err(ReloadError::Invalid)?
+            }
             // Loading returns its errors: a panic in it is a bug, re-raised
             // here. A blocking task is only cancelled while the runtime
             // shuts down, when no task is polled to see it.

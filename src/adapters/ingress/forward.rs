@@ -275,7 +275,10 @@ impl Forwarder {
                 .forwarded
                 .fetch_add(1, Ordering::Relaxed);
             let guard = self.state.track(cand, request_bytes);
-            match peer::exchange(cand, pair, h, b, self.settings.response_timeout).await {
+            let sent = tokio::time::Instant::now();
+            let exchanged = peer::exchange(cand, pair, h, b, self.settings.response_timeout).await;
+            self.state.metrics.observe_hop(sent.elapsed());
+            match exchanged {
                 Ok((rh, mut qb)) => {
                     let served = NodeId::from(rh.served_by.as_str());
                     let status = http::StatusCode::from_u16(rh.status)
