@@ -318,8 +318,8 @@ async fn send(
     }
 }
 
-/// Runs beside a node on its host and calls its admin API over loopback
-/// (it answers loopback clients only): `/_peerlb/status` into `probed`,
+/// Runs beside a node on its host and calls its admin API on the node's
+/// admin address over loopback: `/_peerlb/status` into `probed`,
 /// `PUT /_peerlb/weight` answers into `weights`.
 pub(super) async fn sidecar(
     id: String,

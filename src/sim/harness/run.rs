@@ -139,6 +139,10 @@ impl<'s> Run<'s> {
                     .map_or(1, |d| d.as_millis() as u64);
                 let config_port = config.node.http_addr.port();
                 let listener = turmoil::net::TcpListener::bind(("0.0.0.0", config_port)).await?;
+                // The admin API on its own listener, as in production (the
+                // sidecar probes status and sets weights there).
+                let admin_port = config.node.admin_addr.port();
+                let admin = turmoil::net::TcpListener::bind(("0.0.0.0", admin_port)).await?;
                 let udp = SimUdp::bind(config.node.peer_addr).await?;
                 let node_seed =
                     seed ^ generation.rotate_left(17) ^ xxhash_rust::xxh3::xxh3_64(id.as_bytes());
@@ -146,7 +150,7 @@ impl<'s> Run<'s> {
                     Arc::new(GossipKeys::seeded(certs::gossip_keyring(seed), node_seed));
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
-                    admin_listener: None,
+                    admin_listener: Some(Box::new(SimListener(admin))),
                     peer_socket: Arc::new(udp),
                     quic_runtime: Arc::new(quinn::TokioRuntime),
                     gossip: Box::new(gossip.sealed(gossip_keys.clone())),
@@ -162,7 +166,7 @@ impl<'s> Run<'s> {
                     }),
                 };
                 let node = Node::build(config, env)?;
-                let port = config_port;
+                let port = admin_port;
                 let sidecar = tokio::task::spawn_local(clients::sidecar(
                     id,
                     port,
