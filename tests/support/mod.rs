@@ -55,17 +55,31 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 /// A free loopback port for TCP and UDP (bound then released), never one
 /// this test process handed out before: the kernel may offer a released
 /// port again, and two addresses of one cluster must differ.
+///
+/// Ports come from below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768 and up by default): a node binds
+/// ephemeral sockets of its own (outgoing connections, the gossip
+/// transport's loopback codec), and one of those could otherwise take a
+/// port handed out here before the node meant for it binds it. Each test
+/// process starts at an offset from its pid, so concurrent test binaries
+/// rarely probe the same ports.
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let t = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = t.local_addr().unwrap().port();
-        let mut given = GIVEN.lock().unwrap();
-        if !given.contains(&port) && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            given.push(port);
+    const LOW: u32 = 10_000;
+    const HIGH: u32 = 32_000;
+    static NEXT: std::sync::Mutex<Option<u32>> = std::sync::Mutex::new(None);
+    let mut next = NEXT.lock().unwrap();
+    let mut n = next.unwrap_or_else(|| LOW + (std::process::id() * 7919) % (HIGH - LOW));
+    for _ in 0..(HIGH - LOW) {
+        let port = n as u16;
+        n = if n + 1 >= HIGH { LOW } else { n + 1 };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            *next = Some(n);
             return port;
         }
     }
+    panic!("no free loopback port in {LOW}..{HIGH}");
 }
 
 /// One node's addresses.
