@@ -371,7 +371,7 @@ impl<'s> Run<'s> {
     }
 
     /// Reads `/_peerlb/status` of every running node, through each node's
-    /// sidecar on its own host (the admin API answers loopback clients only).
+    /// sidecar on its own host (on the node's admin address, over loopback).
     fn probe(
         &mut self,
         sim: &mut turmoil::Sim<'_>,
