@@ -393,7 +393,16 @@ fn partition(
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
+    // Traffic is counted, not timed: some requests before the cut,
+    // a stretch of them during it, and some after the heal.
+    let requests = |more: u64| {
+        let until = sent.load(Ordering::Relaxed) + more;
+        poll(Duration::from_secs(60), || {
+            sent.load(Ordering::Relaxed) >= until
+        })
+        .unwrap_or_else(|| panic!("the load stopped\n{}", m.logs()));
+    };
+    requests(20);
     cut().unwrap_or_else(|e| panic!("cut: {e}"));
     let left = poll(Duration::from_secs(10), || {
         (0..2).all(|i| {
@@ -403,7 +412,7 @@ fn partition(
         })
     });
     let left = left.unwrap_or_else(|| panic!("n3 never left routing\n{}", m.logs()));
-    std::thread::sleep(Duration::from_secs(3));
+    requests(100);
     heal().unwrap_or_else(|e| panic!("heal: {e}"));
     let back = poll(Duration::from_secs(20), || {
         (0..3).all(|i| {
@@ -412,7 +421,7 @@ fn partition(
         })
     });
     let back = back.unwrap_or_else(|| panic!("views did not recover\n{}", m.logs()));
-    std::thread::sleep(Duration::from_millis(500));
+    requests(20);
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
     (

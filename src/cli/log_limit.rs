@@ -86,15 +86,32 @@ impl<S: Subscriber> Layer<S> for RateLimit {
 mod tests {
     use super::*;
 
-    struct Site(#[allow(dead_code)] u8);
+    /// A call site for the tests: its own metadata, a warning of target
+    /// `chitchat` (two sites differ by their address, as real ones do).
+    struct Site(&'static tracing::Metadata<'static>);
     impl tracing::callsite::Callsite for Site {
         fn set_interest(&self, _: tracing::subscriber::Interest) {}
         fn metadata(&self) -> &tracing::Metadata<'_> {
-            unimplemented!("not read by the rate limit")
+            self.0
         }
     }
-    static A: Site = Site(1);
-    static B: Site = Site(2);
+    macro_rules! site {
+        ($site:ident, $meta:ident, $name:literal) => {
+            static $meta: tracing::Metadata<'static> = tracing::Metadata::new(
+                $name,
+                "chitchat",
+                tracing::Level::WARN,
+                None,
+                None,
+                None,
+                tracing::field::FieldSet::new(&[], Identifier(&$site)),
+                tracing::metadata::Kind::EVENT,
+            );
+            static $site: Site = Site(&$meta);
+        };
+    }
+    site!(A, META_A, "a");
+    site!(B, META_B, "b");
 
     #[test]
     fn one_event_per_call_site_per_window_then_a_count() {
