@@ -24,27 +24,47 @@ use super::ring::Ring;
 pub enum NodeStatus {
     /// Accepts new requests; on the ring.
     Serving,
-    /// Finishing in-flight requests; receives no new ones (off the ring).
+    /// Finishing what is bound to it: off the ring and out of every
+    /// policy's picks (no new hash keys, no new sticky sessions), but a
+    /// request whose sticky route names it still reaches it
+    /// ([`MembershipView::sticky_target`]), so its sessions finish there.
     Draining,
     /// Shutting down (SIGTERM received); receives no new requests.
     Leaving,
+    /// Taken out by an operator (httpd's Stopped, HAProxy's maint): no
+    /// traffic at all, sticky routes included, but still a member (it
+    /// gossips, stays connected, and can return to `serving`).
+    Offline,
 }
 
 impl NodeStatus {
-    /// The gossip/wire spelling: `"serving"`, `"draining"` or `"leaving"`.
+    /// Every status, in the order status tables list them.
+    pub const ALL: [NodeStatus; 4] = [
+        NodeStatus::Serving,
+        NodeStatus::Draining,
+        NodeStatus::Offline,
+        NodeStatus::Leaving,
+    ];
+
+    /// The gossip/wire spelling: `"serving"`, `"draining"`, `"leaving"` or
+    /// `"offline"`.
     pub fn as_str(self) -> &'static str {
         match self {
             NodeStatus::Serving => "serving",
             NodeStatus::Draining => "draining",
             NodeStatus::Leaving => "leaving",
+            NodeStatus::Offline => "offline",
         }
     }
 
+    /// A status's code in the view checksum. `offline` came last and takes
+    /// the next code, so the versions of views without it are unchanged.
     fn code(self) -> u8 {
         match self {
             NodeStatus::Serving => 0,
             NodeStatus::Draining => 1,
             NodeStatus::Leaving => 2,
+            NodeStatus::Offline => 3,
         }
     }
 }
@@ -55,9 +75,10 @@ impl fmt::Display for NodeStatus {
     }
 }
 
-/// A status string that is not `serving`, `draining` or `leaving`.
+/// A status string that is not `serving`, `draining`, `leaving` or
+/// `offline`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown node status {0:?} (expected serving, draining or leaving)")]
+#[error("unknown node status {0:?} (expected serving, draining, leaving or offline)")]
 pub struct ParseStatusError(pub String);
 
 impl FromStr for NodeStatus {
@@ -74,6 +95,7 @@ impl FromStr for NodeStatus {
             "serving" => Ok(NodeStatus::Serving),
             "draining" => Ok(NodeStatus::Draining),
             "leaving" => Ok(NodeStatus::Leaving),
+            "offline" => Ok(NodeStatus::Offline),
             other => Err(ParseStatusError(other.to_owned())),
         }
     }
@@ -138,6 +160,8 @@ pub struct MembershipView {
     self_id: NodeId,
     members: BTreeMap<NodeId, Member>,
     serving: Vec<NodeId>,
+    /// Serving and draining members, sorted: what a sticky route may name.
+    sticky_targets: Vec<NodeId>,
     ring: Arc<Ring>,
     version: u64,
 }
@@ -183,6 +207,11 @@ impl MembershipView {
             .filter(|m| m.status == NodeStatus::Serving)
             .map(|m| m.id.clone())
             .collect();
+        let sticky_targets: Vec<NodeId> = by_id
+            .values()
+            .filter(|m| matches!(m.status, NodeStatus::Serving | NodeStatus::Draining))
+            .map(|m| m.id.clone())
+            .collect();
         let ring_input: Vec<(NodeId, u32)> = by_id
             .values()
             .filter(|m| m.status == NodeStatus::Serving && m.weight > 0)
@@ -214,6 +243,7 @@ impl MembershipView {
             self_id,
             members: by_id,
             serving,
+            sticky_targets,
             ring,
             version: h.digest(),
         }
@@ -243,6 +273,16 @@ impl MembershipView {
     /// The ids of the serving members (any weight), sorted ascending.
     pub fn serving_ids(&self) -> &[NodeId] {
         &self.serving
+    }
+
+    /// The member a sticky route naming `id` reaches: `id` itself while it
+    /// is serving or draining (a draining node finishes the sessions bound
+    /// to it), `None` otherwise (unknown, leaving, offline).
+    pub fn sticky_target(&self, id: &str) -> Option<&NodeId> {
+        self.sticky_targets
+            .binary_search_by(|m| (**m).cmp(id))
+            .ok()
+            .map(|i| &self.sticky_targets[i])
     }
 
     /// The consistent-hash ring of the serving members with weight > 0.
@@ -298,17 +338,13 @@ pub(crate) mod tests {
 
     #[test]
     fn status_roundtrip() {
-        for s in [
-            NodeStatus::Serving,
-            NodeStatus::Draining,
-            NodeStatus::Leaving,
-        ] {
+        for s in NodeStatus::ALL {
             assert_eq!(s.as_str().parse::<NodeStatus>(), Ok(s));
             assert_eq!(s.to_string(), s.as_str());
         }
         assert_eq!(
             "Serving".parse::<NodeStatus>().unwrap_err().to_string(),
-            "unknown node status \"Serving\" (expected serving, draining or leaving)"
+            "unknown node status \"Serving\" (expected serving, draining, leaving or offline)"
         );
     }
 
@@ -335,8 +371,30 @@ pub(crate) mod tests {
         assert!(!v.is_serving("zz"));
         assert_eq!(v.get("d").map(|m| m.status), Some(Leaving));
         assert_eq!(v.ring().node_count(), 2);
+        // A sticky route reaches serving and draining members only.
+        assert_eq!(v.sticky_target("a").map(|s| &**s), Some("a"));
+        assert_eq!(v.sticky_target("b").map(|s| &**s), Some("b"));
+        assert_eq!(v.sticky_target("d"), None);
+        assert_eq!(v.sticky_target("zz"), None);
         // vnodes 64: a table of 256 * 64 slots.
         assert_eq!(v.ring().len(), 16384);
+    }
+
+    #[test]
+    fn an_offline_member_stays_a_member_off_the_ring_and_unreachable_by_sticky_routes() {
+        use NodeStatus::*;
+        let v = view("a", &[("a", Serving), ("b", Offline), ("c", Draining)]);
+        assert_eq!(v.len(), 3);
+        assert_eq!(v.get("b").map(|m| m.status), Some(Offline));
+        let serving: Vec<&str> = v.serving_ids().iter().map(|s| &**s).collect();
+        assert_eq!(serving, ["a"]);
+        assert_eq!(v.ring().node_count(), 1);
+        assert_eq!(v.sticky_target("b"), None);
+        assert_eq!(v.sticky_target("c").map(|s| &**s), Some("c"));
+        // Offline is its own state in the version.
+        let off = view("a", &[("a", Serving), ("b", Offline), ("c", Serving)]);
+        let left = view("a", &[("a", Serving), ("b", Leaving), ("c", Serving)]);
+        assert_ne!(off.version(), left.version());
     }
 
     #[test]
