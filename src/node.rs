@@ -237,7 +237,8 @@ impl Node {
 
         shutdown.await;
         info!(grace = ?config.lifecycle.drain_grace, "draining: published leaving, still serving");
-        gossip.publisher().set_status(NodeStatus::Leaving).await;
+        // From here every client answer says `Connection: close`.
+        let _ = state.set_status(NodeStatus::Leaving).await;
         tokio::time::sleep(config.lifecycle.drain_grace).await;
         state.stop_accepting();
         let _ = stop_tx.send(true);

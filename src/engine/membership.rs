@@ -299,6 +299,29 @@ impl MembershipView {
         self.version
     }
 
+    /// Each ring member's share of the ring's slots, `0..=1` (they sum to
+    /// 1 on a non-empty ring; members off the ring are absent). One pass
+    /// over the table (`256 * vnodes` slots, rounded up to a power of two).
+    pub fn ring_shares(&self) -> BTreeMap<NodeId, f64> {
+        let ring = self.ring();
+        let slots = ring.len();
+        let mut counts: BTreeMap<NodeId, u64> = BTreeMap::new();
+        if slots == 0 {
+            return BTreeMap::new();
+        }
+        let bits = slots.trailing_zeros();
+        for s in 0..slots as u64 {
+            let point = if bits == 0 { 0 } else { s << (64 - bits) };
+            if let Some(o) = ring.owner_of_point(point) {
+                *counts.entry(o.clone()).or_insert(0) += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .map(|(id, n)| (id, n as f64 / slots as f64))
+            .collect()
+    }
+
     /// Number of members (any status).
     pub fn len(&self) -> usize {
         self.members.len()
@@ -378,6 +401,10 @@ pub(crate) mod tests {
         assert_eq!(v.sticky_target("zz"), None);
         // vnodes 64: a table of 256 * 64 slots.
         assert_eq!(v.ring().len(), 16384);
+        let shares = v.ring_shares();
+        assert_eq!(shares.keys().map(|k| &**k).collect::<Vec<_>>(), ["a", "c"]);
+        assert!((shares.values().sum::<f64>() - 1.0).abs() < 1e-9, "{shares:?}");
+        assert!(shares.values().all(|s| (0.4..0.6).contains(s)), "{shares:?}");
     }
 
     #[test]

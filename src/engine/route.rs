@@ -357,6 +357,25 @@ impl Router {
         }
     }
 
+    /// The policy's own state for member `node`, for operators (status,
+    /// manager page): `("lbstatus", n)` under `weighted-round-robin` and
+    /// `metric` (mod_proxy_balancer's lbstatus: the pick goes to the
+    /// largest), `("bytes", n)` under `by-traffic` (bytes counted, before
+    /// normalising by lbfactor); `None` for the policies that keep no
+    /// per-member state.
+    pub fn policy_figure(&self, node: &str) -> Option<(&'static str, i64)> {
+        match self.effective() {
+            Effective::WeightedRoundRobin | Effective::Metric => {
+                Some(("lbstatus", self.byrequests.lbstatus(node)))
+            }
+            Effective::ByTraffic => Some((
+                "bytes",
+                i64::try_from(self.bytraffic.bytes(node)).unwrap_or(i64::MAX),
+            )),
+            _ => None,
+        }
+    }
+
     /// Bytes [`Router::record_bytes`] counted for `node` (0 unless by-traffic).
     #[cfg(test)]
     pub(crate) fn recorded_bytes(&self, node: &str) -> u64 {

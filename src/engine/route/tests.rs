@@ -473,6 +473,22 @@ fn a1_weighted_round_robin_skips_a_down_member() {
 }
 
 #[test]
+fn policy_figures_show_lbstatus_and_bytes() {
+    let v = weighted("a", &[("a", 100, 100, 0), ("b", 300, 100, 0)]);
+    let mut r = Router::new(PolicyKind::WeightedRoundRobin, Rules::default());
+    // byrequests: each pick adds lbfactor to every worker's lbstatus and
+    // takes the total from the winner's: b wins the first pick.
+    assert_eq!(owners(&mut r, &v, 1), ["b"]);
+    assert_eq!(r.policy_figure("a"), Some(("lbstatus", 100)));
+    assert_eq!(r.policy_figure("b"), Some(("lbstatus", -100)));
+    let mut r = Router::new(PolicyKind::ByTraffic, Rules::default());
+    r.record_bytes("a", 700);
+    assert_eq!(r.policy_figure("a"), Some(("bytes", 700)));
+    let r = Router::new(PolicyKind::RoundRobin, Rules::default());
+    assert_eq!(r.policy_figure("a"), None);
+}
+
+#[test]
 fn a10_weights_50_100_100() {
     let v = weighted(
         "a",
