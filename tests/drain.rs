@@ -371,3 +371,66 @@ async fn status_prints_the_cluster_as_one_node_sees_it() {
     let (code, _, err) = peerlb(&["status", "--node-addr", &format!("127.0.0.1:{}", free_port())]);
     assert_eq!(code, 1, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undrained_one_up() {
+    use support::haproxy::{haproxy_example, haproxy_status};
+    let Some(haproxy) = which("haproxy") else {
+        assert!(
+            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
+                && std::env::var_os("CI").is_none(),
+            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
+        );
+        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
+        return;
+    };
+    let c = Cluster::start("drain-haproxy", 3, STEADY, "");
+    let socket = c.dir.join("haproxy.sock");
+    let front = free_port();
+    let cfg = haproxy_example(front, &c.nodes, &socket);
+    let cfg_path = write(&c.dir, "haproxy.cfg", &cfg);
+    let mut hap = std::process::Command::new(haproxy)
+        .arg("-f")
+        .arg(&cfg_path)
+        .arg("-db")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let states = |want: &[(&str, &str)]| {
+        haproxy_status(&socket).is_some_and(|m| {
+            want.iter()
+                .all(|(id, st)| m.get(*id).is_some_and(|s| s.starts_with(st)))
+        })
+    };
+    let all_up = poll(Duration::from_secs(15), || {
+        states(&[("n1", "UP"), ("n2", "UP"), ("n3", "UP")])
+    });
+    let a3 = c.nodes[2].admin.to_string();
+    let drained = peerlb(&["drain", "--node", "n2", "--node-addr", &a3]);
+    let n2_down = poll(Duration::from_secs(10), || {
+        states(&[("n1", "UP"), ("n2", "DOWN"), ("n3", "UP")])
+    });
+    // Through the sprayer: every new connection goes to n1 or n3.
+    let mut through = std::collections::BTreeSet::new();
+    if n2_down.is_ok() {
+        for i in 0..12 {
+            let r = get(format!("127.0.0.1:{front}").parse().unwrap(), &format!("/h{i}"), &[]).await;
+            assert_eq!(r.status, 200);
+            through.insert(r.header("peerlb-entry").unwrap_or("").to_owned());
+        }
+    }
+    let undrained = peerlb(&["undrain", "--node", "n2", "--node-addr", &a3]);
+    let n2_up = poll(Duration::from_secs(10), || {
+        states(&[("n1", "UP"), ("n2", "UP"), ("n3", "UP")])
+    });
+    let status = haproxy_status(&socket);
+    let _ = hap.kill();
+    let _ = hap.wait();
+    all_up.unwrap_or_else(|()| panic!("haproxy did not mark the nodes up: {status:?}\n{cfg}"));
+    assert_eq!(drained.0, 0, "{drained:?}");
+    n2_down.unwrap_or_else(|()| panic!("haproxy did not mark draining n2 down: {status:?}"));
+    assert!(!through.contains("n2") && !through.is_empty(), "{through:?}");
+    assert_eq!(undrained.0, 0, "{undrained:?}");
+    n2_up.unwrap_or_else(|()| panic!("haproxy did not mark n2 up again: {status:?}"));
+}
