@@ -49,7 +49,10 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Route(_) | Cmd::CheckConfig(_) | Cmd::Status(_)) {
+    if matches!(
+        cli.cmd,
+        Cmd::Route(_) | Cmd::CheckConfig(_) | Cmd::Status(_)
+    ) {
         // Printing commands end quietly when their reader goes away
         // (`peerlb route ... | head`), like other Unix tools.
         // SAFETY: restoring the default disposition of one signal before

@@ -40,7 +40,10 @@ fn exchange(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u
 
 /// `peerlb ARGS...`: (exit status, stdout, stderr).
 fn peerlb(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(bin()).args(args).output().unwrap();
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .output()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -131,7 +134,10 @@ impl Traffic {
                             }
                         }
                         Ok(r) => {
-                            failed.lock().unwrap().push(format!("{id}: status {}", r.status));
+                            failed
+                                .lock()
+                                .unwrap()
+                                .push(format!("{id}: status {}", r.status));
                             conn = None;
                         }
                         Err(e) => {
@@ -211,7 +217,10 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
     let (code, out, err) = peerlb(&["drain", "--node", "n2", "--node-addr", &admin1]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(v, serde_json::json!({"node": "n2", "state": "draining", "previous": "serving"}));
+    assert_eq!(
+        v,
+        serde_json::json!({"node": "n2", "state": "draining", "previous": "serving"})
+    );
     wait_everywhere(&c, "n2", "draining");
     assert_eq!(
         exchange(n2, "GET", "/_peerlb/health", ""),
@@ -225,11 +234,18 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
     for entry in [n1, n2, n3] {
         let r = bound_to_n2(entry).await;
         assert_eq!((r.status, r.served_by()), (200, "n2"));
-        assert!(r.set_cookies().is_empty(), "no new route: {:?}", r.set_cookies());
+        assert!(
+            r.set_cookies().is_empty(),
+            "no new route: {:?}",
+            r.set_cookies()
+        );
     }
     for entry in [n1, n3] {
         let owners = fresh_owners(entry).await;
-        assert!(!owners.contains("n2"), "a new request reached draining n2: {owners:?}");
+        assert!(
+            !owners.contains("n2"),
+            "a new request reached draining n2: {owners:?}"
+        );
     }
     traffic.more(50).await;
 
@@ -247,7 +263,9 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
         assert_ne!(r.served_by(), "n2", "offline n2 served a bound request");
         // The session moves: the answer names its new member.
         assert!(
-            r.set_cookies().iter().any(|c| c.starts_with(&format!("peerlb-route={}", r.served_by()))),
+            r.set_cookies()
+                .iter()
+                .any(|c| c.starts_with(&format!("peerlb-route={}", r.served_by()))),
             "{:?}",
             r.set_cookies()
         );
@@ -270,7 +288,11 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
     traffic.more(50).await;
 
     let (sent, failed, closes) = traffic.stop().await;
-    assert!(failed.is_empty(), "{} of {sent} requests failed: {failed:?}", failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} requests failed: {failed:?}",
+        failed.len()
+    );
     // Only n2's client connections were told to close.
     assert!(closes.get("n2").is_some_and(|n| *n > 0), "{closes:?}");
     assert_eq!(closes.get("n1"), None, "{closes:?}");
@@ -286,7 +308,10 @@ async fn changes_for_another_member_travel_over_the_peer_link_and_bad_ones_are_r
     let (code, body) = exchange(a1, "PUT", "/_peerlb/weight?node=n3", "250").unwrap();
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
-    assert_eq!(v, serde_json::json!({"node": "n3", "weight": 250, "previous": 100}));
+    assert_eq!(
+        v,
+        serde_json::json!({"node": "n3", "weight": 250, "previous": 100})
+    );
     poll(Duration::from_secs(20), || {
         c.nodes.iter().all(|n| {
             status(n.http).is_some_and(|s| {
@@ -316,7 +341,12 @@ async fn changes_for_another_member_travel_over_the_peer_link_and_bad_ones_are_r
     assert_eq!(code, 1);
     assert!(err.contains("404"), "{err}");
     // The state endpoints are not on the client ports.
-    assert_eq!(exchange(n1, "POST", "/_peerlb/state", "draining").unwrap().0, 404);
+    assert_eq!(
+        exchange(n1, "POST", "/_peerlb/state", "draining")
+            .unwrap()
+            .0,
+        404
+    );
     // A client cannot pose as a peer: its peerlb-admin header is stripped
     // and the request goes to the app like any other.
     let r = get(n1, "/_peerlb-like", &[("peerlb-admin", "change")]).await;
@@ -336,11 +366,16 @@ async fn status_prints_the_cluster_as_one_node_sees_it() {
     let (code, out2, err) = peerlb(&["status", "--node-addr", &a2]);
     assert_eq!(code, 0, "{out}{err}");
     let lines: Vec<&str> = out2.lines().collect();
-    assert!(lines[0].starts_with("node n2 (serving), policy consistent-hash"), "{out2}");
+    assert!(
+        lines[0].starts_with("node n2 (serving), policy consistent-hash"),
+        "{out2}"
+    );
     let head: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
         head,
-        ["MEMBER", "STATUS", "WEIGHT", "LOAD", "INFLIGHT", "RING", "SHARE", "HTTP"],
+        [
+            "MEMBER", "STATUS", "WEIGHT", "LOAD", "INFLIGHT", "RING", "SHARE", "HTTP"
+        ],
         "{out2}"
     );
     let row = |id: &str| -> Vec<String> {
@@ -368,7 +403,11 @@ async fn status_prints_the_cluster_as_one_node_sees_it() {
     assert_eq!(v["node"], "n2");
     assert_eq!(v["state"], "serving");
     // Nobody listening: an error, exit 1.
-    let (code, _, err) = peerlb(&["status", "--node-addr", &format!("127.0.0.1:{}", free_port())]);
+    let (code, _, err) = peerlb(&[
+        "status",
+        "--node-addr",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
     assert_eq!(code, 1, "{err}");
 }
 
@@ -415,7 +454,12 @@ async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undraine
     let mut through = std::collections::BTreeSet::new();
     if n2_down.is_ok() {
         for i in 0..12 {
-            let r = get(format!("127.0.0.1:{front}").parse().unwrap(), &format!("/h{i}"), &[]).await;
+            let r = get(
+                format!("127.0.0.1:{front}").parse().unwrap(),
+                &format!("/h{i}"),
+                &[],
+            )
+            .await;
             assert_eq!(r.status, 200);
             through.insert(r.header("peerlb-entry").unwrap_or("").to_owned());
         }
@@ -430,7 +474,10 @@ async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undraine
     all_up.unwrap_or_else(|()| panic!("haproxy did not mark the nodes up: {status:?}\n{cfg}"));
     assert_eq!(drained.0, 0, "{drained:?}");
     n2_down.unwrap_or_else(|()| panic!("haproxy did not mark draining n2 down: {status:?}"));
-    assert!(!through.contains("n2") && !through.is_empty(), "{through:?}");
+    assert!(
+        !through.contains("n2") && !through.is_empty(),
+        "{through:?}"
+    );
     assert_eq!(undrained.0, 0, "{undrained:?}");
     n2_up.unwrap_or_else(|()| panic!("haproxy did not mark n2 up again: {status:?}"));
 }

@@ -115,7 +115,9 @@ pub(crate) fn table(v: &serde_json::Value) -> String {
             load.map_or("-".to_owned(), |l| l.to_string()),
             m["inflight"].to_string(),
             format!("{:.1}%", m["ring_share"].as_f64().unwrap_or(0.0) * 100.0),
-            policy["members"][id].as_i64().map_or(String::new(), |x| x.to_string()),
+            policy["members"][id]
+                .as_i64()
+                .map_or(String::new(), |x| x.to_string()),
             m["http_addr"].as_str().unwrap_or("").to_owned(),
         ]);
     }

@@ -403,8 +403,14 @@ pub(crate) mod tests {
         assert_eq!(v.ring().len(), 16384);
         let shares = v.ring_shares();
         assert_eq!(shares.keys().map(|k| &**k).collect::<Vec<_>>(), ["a", "c"]);
-        assert!((shares.values().sum::<f64>() - 1.0).abs() < 1e-9, "{shares:?}");
-        assert!(shares.values().all(|s| (0.4..0.6).contains(s)), "{shares:?}");
+        assert!(
+            (shares.values().sum::<f64>() - 1.0).abs() < 1e-9,
+            "{shares:?}"
+        );
+        assert!(
+            shares.values().all(|s| (0.4..0.6).contains(s)),
+            "{shares:?}"
+        );
     }
 
     #[test]

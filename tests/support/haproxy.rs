@@ -43,7 +43,9 @@ pub fn haproxy_example(front: u16, nodes: &[NodeInfo], socket: &std::path::Path)
 }
 
 /// Each server's status (`UP`, `DOWN`, ...) in HAProxy's `show stat`.
-pub fn haproxy_status(socket: &std::path::Path) -> Option<std::collections::BTreeMap<String, String>> {
+pub fn haproxy_status(
+    socket: &std::path::Path,
+) -> Option<std::collections::BTreeMap<String, String>> {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
     s.write_all(b"show stat\n").ok()?;

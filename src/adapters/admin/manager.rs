@@ -162,11 +162,9 @@ pub(crate) async fn act(state: &NodeState, req: Request<Incoming>) -> Response<B
     };
     let mut r = Response::new(body::empty());
     *r.status_mut() = StatusCode::SEE_OTHER;
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "{}?msg={}",
-        super::MANAGER,
-        percent_encode(&done)
-    )) {
+    if let Ok(v) =
+        HeaderValue::from_str(&format!("{}?msg={}", super::MANAGER, percent_encode(&done)))
+    {
         r.headers_mut().insert(header::LOCATION, v);
     }
     r
@@ -189,16 +187,19 @@ fn html(status: StatusCode, text: String) -> Response<Body> {
             "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
         ),
     );
+    // `same-origin`, not `no-referrer`: under `no-referrer` Chromium sends
+    // `Origin: null` with the page's own form posts, which the browser
+    // check refuses.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     r
 }
 
 const STYLE: &str = "body{font-family:sans-serif;margin:1.5em}\
 table{border-collapse:collapse}th,td{border:1px solid #999;padding:.3em .6em;text-align:right}\
-th{background:#eee}td.id,td.state{text-align:left}\
+th{background:#eee}td.id,td.state,td.actions,th.l{text-align:left}\
 tr.serving td.state{color:#060}tr.draining td.state{color:#a60}\
 tr.offline td.state,tr.leaving td.state{color:#a00}\
 form{display:inline;margin:0 .2em}input[type=number]{width:5em}\
@@ -232,8 +233,8 @@ async fn render(state: &NodeState, msg: Option<&str>, err: Option<&str>) -> Stri
     }
     let _ = write!(
         o,
-        "<table id=\"members\">\n<tr><th>member</th><th>status</th><th>weight (lbfactor)</th>\
-<th>load metric</th><th>in flight</th><th>served</th><th>errors</th><th>ring share</th><th>{}</th><th>actions</th></tr>\n",
+        "<table id=\"members\">\n<tr><th class=\"l\">member</th><th class=\"l\">status</th><th>weight (lbfactor)</th>\
+<th>load metric</th><th>in flight</th><th>served</th><th>errors</th><th>ring share</th><th>{}</th><th class=\"l\">actions</th></tr>\n",
         esc(figure.unwrap_or("policy state"))
     );
     for m in view.members() {
@@ -244,10 +245,9 @@ async fn render(state: &NodeState, msg: Option<&str>, err: Option<&str>) -> Stri
         } else {
             m.load.to_string()
         };
-        let (served, errors) =
-            counters.map_or(("?".to_owned(), "?".to_owned()), |c| {
-                (c.served.to_string(), c.errors.to_string())
-            });
+        let (served, errors) = counters.map_or(("?".to_owned(), "?".to_owned()), |c| {
+            (c.served.to_string(), c.errors.to_string())
+        });
         let share = shares.get(&m.id).copied().unwrap_or(0.0) * 100.0;
         let pol = policy["members"][&*m.id]
             .as_i64()
@@ -256,7 +256,7 @@ async fn render(state: &NodeState, msg: Option<&str>, err: Option<&str>) -> Stri
             o,
             "<tr id=\"member-{id}\" class=\"{status}\"><td class=\"id\">{id}</td><td class=\"state\">{status}</td>\
 <td class=\"weight\">{weight}</td><td>{load}</td><td>{inflight}</td><td class=\"served\">{served}</td><td>{errors}</td>\
-<td class=\"share\">{share:.1}%</td><td>{pol}</td><td>",
+<td class=\"share\">{share:.1}%</td><td>{pol}</td><td class=\"actions\">",
             status = m.status,
             weight = m.weight,
             inflight = m.inflight,

@@ -111,14 +111,21 @@ pub(crate) async fn apply_local(state: &NodeState, change: &Change) -> Result<St
         }
         Change::Weight(w) => {
             let previous = state.set_weight(*w).await?;
-            Ok(serde_json::json!({ "node": me, "weight": state.weight(), "previous": previous }).to_string())
+            Ok(
+                serde_json::json!({ "node": me, "weight": state.weight(), "previous": previous })
+                    .to_string(),
+            )
         }
     }
 }
 
 /// Applies `change` to member `node` (this node or another, through the
 /// peer link) and answers what the member answered.
-pub(crate) async fn apply(state: &NodeState, node: Option<&str>, change: &Change) -> Response<Body> {
+pub(crate) async fn apply(
+    state: &NodeState,
+    node: Option<&str>,
+    change: &Change,
+) -> Response<Body> {
     let me = state.node_id();
     let target = match node {
         None => me.clone(),
@@ -149,7 +156,11 @@ pub(crate) async fn apply(state: &NodeState, node: Option<&str>, change: &Change
 
 /// Sends `change` to `target` over the peer link: its answer (status and
 /// JSON body), or why it could not be delivered.
-async fn forward(state: &NodeState, target: &NodeId, change: &Change) -> Result<Response<Body>, String> {
+async fn forward(
+    state: &NodeState,
+    target: &NodeId,
+    change: &Change,
+) -> Result<Response<Body>, String> {
     let (method, path, text) = change.request();
     let (status, bytes) = ask_peer(state, target, &method, path, text, FORWARD_TIMEOUT).await?;
     let mut r = Response::new(body::full(bytes));
@@ -233,16 +244,27 @@ async fn ask_peer(
         hash_key: None,
     })
     .map_err(|e| e.to_string())?;
-    let stream = state.links().open(target).await.map_err(|e| e.to_string())?;
-    let b = if text.is_empty() { body::empty() } else { body::full(text) };
+    let stream = state
+        .links()
+        .open(target)
+        .await
+        .map_err(|e| e.to_string())?;
+    let b = if text.is_empty() {
+        body::empty()
+    } else {
+        body::full(text)
+    };
     let (rh, rb) = peer::exchange(target, stream, Bytes::from(head), b, timeout)
         .await
         .map_err(|e| e.to_string())?;
-    let bytes = tokio::time::timeout(timeout, http_body_util::Limited::new(rb, 64 * 1024).collect())
-        .await
-        .map_err(|_| "no answer in time".to_owned())?
-        .map_err(|e| e.to_string())?
-        .to_bytes();
+    let bytes = tokio::time::timeout(
+        timeout,
+        http_body_util::Limited::new(rb, 64 * 1024).collect(),
+    )
+    .await
+    .map_err(|_| "no answer in time".to_owned())?
+    .map_err(|e| e.to_string())?
+    .to_bytes();
     let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
     Ok((status, bytes))
 }
@@ -270,9 +292,17 @@ pub(crate) async fn answer_peer(
     if !known {
         return error_response(&AdminError::UnknownPath.into(), me);
     }
-    let bytes = match http_body_util::Limited::new(body, BODY_LIMIT).collect().await {
+    let bytes = match http_body_util::Limited::new(body, BODY_LIMIT)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
-        Err(e) => return error_response(&AdminError::State(StateError::Body(e.to_string())).into(), me),
+        Err(e) => {
+            return error_response(
+                &AdminError::State(StateError::Body(e.to_string())).into(),
+                me,
+            );
+        }
     };
     tracing::info!(target: crate::adapters::REQUEST_PATH, from = %head.entry, path, "admin change forwarded by a peer");
     let applied = match parse_change(path, &bytes) {
@@ -340,10 +370,19 @@ mod tests {
     #[test]
     fn a_change_asks_the_path_the_member_answers() {
         let (m, p, b) = Change::Status(NodeStatus::Draining).request();
-        assert_eq!((m, p, b.as_str()), (Method::POST, super::super::STATE, "draining"));
-        assert_eq!(parse_change(p, b.as_bytes()).unwrap(), Change::Status(NodeStatus::Draining));
+        assert_eq!(
+            (m, p, b.as_str()),
+            (Method::POST, super::super::STATE, "draining")
+        );
+        assert_eq!(
+            parse_change(p, b.as_bytes()).unwrap(),
+            Change::Status(NodeStatus::Draining)
+        );
         let (m, p, b) = Change::Weight(250).request();
-        assert_eq!((m, p, b.as_str()), (Method::PUT, super::super::WEIGHT, "250"));
+        assert_eq!(
+            (m, p, b.as_str()),
+            (Method::PUT, super::super::WEIGHT, "250")
+        );
         assert_eq!(parse_change(p, b.as_bytes()).unwrap(), Change::Weight(250));
     }
 }
