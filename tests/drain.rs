@@ -301,7 +301,7 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn changes_for_another_member_travel_over_the_peer_link_and_bad_ones_are_refused() {
+async fn changes_for_another_member_travel_over_the_peer_link_and_a_timed_drain_ends_offline() {
     let c = Cluster::start("drain-forward", 3, STEADY, "");
     let (a1, n1) = (c.nodes[0].admin, c.nodes[0].http);
     // A weight change for n3, asked of n1.
@@ -354,6 +354,36 @@ async fn changes_for_another_member_travel_over_the_peer_link_and_bad_ones_are_r
     for n in &c.nodes {
         assert_eq!(status_of(n1, &n.id).as_deref(), Some("serving"));
     }
+    // A drain with a timeout ends offline by itself.
+    let (code, out, err) = peerlb(&[
+        "drain",
+        "--node",
+        "n2",
+        "--timeout-ms",
+        "2000",
+        "--node-addr",
+        &a1.to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let r = bound_to_n2(n1).await;
+    assert_eq!(
+        r.served_by(),
+        "n2",
+        "bound sessions reach n2 until the timeout"
+    );
+    wait_everywhere(&c, "n2", "offline");
+    assert!(c.log("n2").contains("drain timeout: going offline"));
+    let (code, _, err) = peerlb(&[
+        "offline",
+        "--node",
+        "n2",
+        "--timeout-ms",
+        "5",
+        "--node-addr",
+        &a1.to_string(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("400") && err.contains("timeout_ms"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,8 +124,9 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
             .map_err(AdminError::Reload),
         (&http::Method::PUT, WEIGHT) | (&http::Method::POST, STATE) => {
             let node = target_node(req.uri());
+            let query = req.uri().query().map(str::to_owned);
             let change = match read_small(req.into_body()).await {
-                Ok(bytes) => members::parse_change(&path, &bytes),
+                Ok(bytes) => members::parse_change(&path, query.as_deref(), &bytes),
                 Err(e) if path == WEIGHT => Err(WeightError::Body(e).into()),
                 Err(e) => Err(StateError::Body(e).into()),
             };

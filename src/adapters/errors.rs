@@ -119,6 +119,10 @@ pub(crate) enum StateError {
     /// `draining` or `offline`; `leaving` is SIGTERM's.
     #[error("the body must be serving, draining or offline, got {0:?}")]
     NotAState(String),
+    /// `timeout_ms` is not a decimal number of milliseconds, or comes with
+    /// another state than `draining` (400).
+    #[error("timeout_ms wants a decimal number of milliseconds and the state draining, got {0:?}")]
+    BadTimeout(String),
     /// The node is leaving (SIGTERM): it stays leaving until it stops (409).
     #[error("the node is leaving (SIGTERM) and stays so until it stops")]
     Leaving,
@@ -240,7 +244,9 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             AdminError::Weight(WeightError::OutOfRange(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
             AdminError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            AdminError::State(StateError::NotAState(_) | StateError::Body(_))
+            AdminError::State(
+                StateError::NotAState(_) | StateError::Body(_) | StateError::BadTimeout(_),
+            )
             | AdminError::BadForm(_) => StatusCode::BAD_REQUEST,
             AdminError::State(StateError::Leaving) => StatusCode::CONFLICT,
             AdminError::UnknownMember(_) => StatusCode::NOT_FOUND,
@@ -338,6 +344,7 @@ mod tests {
             (AdminError::Weight(WeightError::AllZero), 409),
             (AdminError::State(StateError::NotAState("x".into())), 400),
             (AdminError::State(StateError::Leaving), 409),
+            (AdminError::State(StateError::BadTimeout("x".into())), 400),
             (AdminError::UnknownMember("x".into()), 404),
             (
                 AdminError::Forward {

@@ -223,8 +223,9 @@ pub(crate) struct NodeState {
     accepting: AtomicBool,
     /// The status this node publishes (`serving`, `draining`, `offline`,
     /// `leaving`): set at once by [`NodeState::set_status`], before gossip
-    /// brings it back into this node's own view.
-    status: std::sync::Mutex<NodeStatus>,
+    /// brings it back into this node's own view; with the time a drain
+    /// turns `offline` by itself, if it was given a timeout.
+    status: std::sync::Mutex<(NodeStatus, Option<tokio::time::Instant>)>,
     /// Ids of the admin changes this node forwards to peers.
     forwarded_changes: AtomicU64,
     /// The manager page's form token, made on the page's first request.
@@ -269,7 +270,7 @@ impl NodeState {
             inflight: Arc::new(AtomicU32::new(0)),
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
-            status: std::sync::Mutex::new(NodeStatus::Serving),
+            status: std::sync::Mutex::new((NodeStatus::Serving, None)),
             forwarded_changes: AtomicU64::new(0),
             manager_token: std::sync::OnceLock::new(),
             counters: Counters::default(),
@@ -390,7 +391,7 @@ impl NodeState {
 
     /// The status this node publishes now.
     pub(crate) fn status(&self) -> NodeStatus {
-        *self.status.lock().expect("status lock")
+        self.status.lock().expect("status lock").0
     }
 
     /// True while every answer to a client should say `Connection: close`:
@@ -411,16 +412,49 @@ impl NodeState {
     /// # Errors
     /// [`StateError::Leaving`] when the node is leaving and `to` is not.
     pub(crate) async fn set_status(&self, to: NodeStatus) -> Result<NodeStatus, StateError> {
+        self.set_status_until(to, None).await
+    }
+
+    /// [`NodeState::set_status`]; with `offline_after` (only for
+    /// `draining`), the drain ends by itself: the node turns `offline` once
+    /// that long has passed, unless its status changed before
+    /// ([`NodeState::end_timed_out_drain`], called every gossip interval).
+    /// The sessions bound to a draining node reach it until then.
+    ///
+    /// # Errors
+    /// As [`NodeState::set_status`].
+    pub(crate) async fn set_status_until(
+        &self,
+        to: NodeStatus,
+        offline_after: Option<Duration>,
+    ) -> Result<NodeStatus, StateError> {
+        let deadline = offline_after
+            .filter(|_| to == NodeStatus::Draining)
+            .map(|d| tokio::time::Instant::now() + d);
         let previous = {
             let mut s = self.status.lock().expect("status lock");
-            if *s == NodeStatus::Leaving && to != NodeStatus::Leaving {
+            if s.0 == NodeStatus::Leaving && to != NodeStatus::Leaving {
                 return Err(StateError::Leaving);
             }
-            std::mem::replace(&mut *s, to)
+            std::mem::replace(&mut *s, (to, deadline)).0
         };
         self.publisher.set_status(to).await;
-        info!(target: REQUEST_PATH, status = %to, %previous, "status changed: published in gossip");
+        info!(target: REQUEST_PATH, status = %to, %previous, offline_after_ms = offline_after.map(|d| d.as_millis() as u64), "status changed: published in gossip");
         Ok(previous)
+    }
+
+    /// Takes a draining node whose drain timeout has passed offline; true
+    /// when it did.
+    pub(crate) async fn end_timed_out_drain(&self) -> bool {
+        let due = {
+            let s = self.status.lock().expect("status lock");
+            s.0 == NodeStatus::Draining && s.1.is_some_and(|d| tokio::time::Instant::now() >= d)
+        };
+        if !due {
+            return false;
+        }
+        info!(target: REQUEST_PATH, "drain timeout: going offline");
+        self.set_status(NodeStatus::Offline).await.is_ok()
     }
 
     /// The balancing policy's name and its state per member of the view

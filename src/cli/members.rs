@@ -52,6 +52,10 @@ pub(crate) struct ChangeArgs {
     /// The member to change (its node id).
     #[arg(long)]
     node: String,
+    /// `drain` only: go offline by itself after this many milliseconds
+    /// (the sessions bound to the member reach it until then).
+    #[arg(long = "timeout-ms")]
+    timeout_ms: Option<u64>,
     #[command(flatten)]
     target: Target,
 }
@@ -155,7 +159,10 @@ pub(crate) fn change(a: ChangeArgs, state: &str) -> anyhow::Result<u8> {
             }
         })
         .collect();
-    let path = format!("/_peerlb/state?node={node}");
+    let mut path = format!("/_peerlb/state?node={node}");
+    if let Some(t) = a.timeout_ms {
+        path += &format!("&timeout_ms={t}");
+    }
     let (code, text) = admin_request(addr, "POST", &path, Some(state))
         .with_context(|| format!("asking {addr}"))?;
     if code == 200 {

@@ -136,7 +136,7 @@ pub(crate) async fn act(state: &NodeState, req: Request<Incoming>) -> Response<B
             Err(e) => return error_response(&AdminError::Weight(e).into(), me),
         },
         Some(a) => match members::parse_state(a.as_bytes()) {
-            Ok(s) => Change::Status(s),
+            Ok(s) => Change::Status(s, None),
             Err(_) => {
                 return error_response(
                     &AdminError::BadForm(format!("unknown action {a:?}")).into(),
@@ -157,7 +157,7 @@ pub(crate) async fn act(state: &NodeState, req: Request<Incoming>) -> Response<B
         return html(status, render(state, None, Some(&msg)).await);
     }
     let done = match change {
-        Change::Status(s) => format!("{node}: {s}"),
+        Change::Status(s, _) => format!("{node}: {s}"),
         Change::Weight(w) => format!("{node}: weight {w}"),
     };
     let mut r = Response::new(body::empty());

@@ -38,18 +38,27 @@ const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// A change to one member, as the admin API or the manager page asks it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
-    /// Publish this status (`serving`, `draining` or `offline`).
-    Status(NodeStatus),
+    /// Publish this status (`serving`, `draining` or `offline`); with a
+    /// timeout (`draining` only), go offline once it has passed.
+    Status(NodeStatus, Option<std::time::Duration>),
     /// Publish this weight (checked by [`NodeState::set_weight`]).
     Weight(u64),
 }
 
 impl Change {
-    /// The admin path and body that ask this change of a node.
-    fn request(&self) -> (Method, &'static str, String) {
+    /// The admin request (method, path and query, body) that asks this
+    /// change of a node.
+    fn request(&self) -> (Method, String, String) {
         match self {
-            Change::Status(s) => (Method::POST, super::STATE, s.as_str().to_owned()),
-            Change::Weight(w) => (Method::PUT, super::WEIGHT, w.to_string()),
+            Change::Status(s, None) => {
+                (Method::POST, super::STATE.to_owned(), s.as_str().to_owned())
+            }
+            Change::Status(s, Some(t)) => (
+                Method::POST,
+                format!("{}?timeout_ms={}", super::STATE, t.as_millis()),
+                s.as_str().to_owned(),
+            ),
+            Change::Weight(w) => (Method::PUT, super::WEIGHT.to_owned(), w.to_string()),
         }
     }
 }
@@ -86,16 +95,34 @@ pub(crate) fn parse_weight(body: &[u8]) -> Result<u64, WeightError> {
     Ok(t.parse().unwrap_or(u64::MAX))
 }
 
-/// Parses the body of `path` (`STATE` or `WEIGHT`) into a change.
+/// Parses a change asked as `path` (`STATE` or `WEIGHT`) with `query`
+/// (`timeout_ms=N` for a drain that ends offline after N ms) and `body`.
 ///
 /// # Errors
 /// The parse error of that path, as an [`AdminError`].
-pub(crate) fn parse_change(path: &str, body: &[u8]) -> Result<Change, AdminError> {
-    if path == super::STATE {
-        Ok(Change::Status(parse_state(body)?))
-    } else {
-        Ok(Change::Weight(parse_weight(body)?))
+pub(crate) fn parse_change(
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+) -> Result<Change, AdminError> {
+    if path != super::STATE {
+        return Ok(Change::Weight(parse_weight(body)?));
     }
+    let status = parse_state(body)?;
+    let timeout = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| *k == "timeout_ms")
+        .map(|(_, v)| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|_| status == NodeStatus::Draining)
+                .map(std::time::Duration::from_millis)
+                .ok_or_else(|| StateError::BadTimeout(v.to_owned()))
+        })
+        .transpose()?;
+    Ok(Change::Status(status, timeout))
 }
 
 /// Applies `change` to this node: the JSON answer's text.
@@ -105,8 +132,8 @@ pub(crate) fn parse_change(path: &str, body: &[u8]) -> Result<Change, AdminError
 pub(crate) async fn apply_local(state: &NodeState, change: &Change) -> Result<String, AdminError> {
     let me = &**state.node_id();
     match change {
-        Change::Status(s) => {
-            let previous = state.set_status(*s).await?;
+        Change::Status(s, timeout) => {
+            let previous = state.set_status_until(*s, *timeout).await?;
             Ok(serde_json::json!({ "node": me, "state": s.as_str(), "previous": previous.as_str() }).to_string())
         }
         Change::Weight(w) => {
@@ -162,7 +189,7 @@ async fn forward(
     change: &Change,
 ) -> Result<Response<Body>, String> {
     let (method, path, text) = change.request();
-    let (status, bytes) = ask_peer(state, target, &method, path, text, FORWARD_TIMEOUT).await?;
+    let (status, bytes) = ask_peer(state, target, &method, &path, text, FORWARD_TIMEOUT).await?;
     let mut r = Response::new(body::full(bytes));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -278,7 +305,10 @@ pub(crate) async fn answer_peer(
     body: Body,
 ) -> Response<Body> {
     let me = state.node_id();
-    let path = head.uri.split('?').next().unwrap_or("");
+    let (path, query) = match head.uri.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (head.uri.as_str(), None),
+    };
     let known = matches!(
         (head.method.as_str(), path),
         ("POST", super::STATE) | ("PUT", super::WEIGHT)
@@ -305,7 +335,7 @@ pub(crate) async fn answer_peer(
         }
     };
     tracing::info!(target: crate::adapters::REQUEST_PATH, from = %head.entry, path, "admin change forwarded by a peer");
-    let applied = match parse_change(path, &bytes) {
+    let applied = match parse_change(path, query, &bytes) {
         Ok(c) => apply_local(state, &c).await,
         Err(e) => Err(e),
     };
@@ -369,20 +399,48 @@ mod tests {
 
     #[test]
     fn a_change_asks_the_path_the_member_answers() {
-        let (m, p, b) = Change::Status(NodeStatus::Draining).request();
+        let split = |p: &str| -> (String, Option<String>) {
+            match p.split_once('?') {
+                Some((a, b)) => (a.to_owned(), Some(b.to_owned())),
+                None => (p.to_owned(), None),
+            }
+        };
+        for c in [
+            Change::Status(NodeStatus::Draining, None),
+            Change::Status(
+                NodeStatus::Draining,
+                Some(std::time::Duration::from_millis(1500)),
+            ),
+            Change::Status(NodeStatus::Offline, None),
+            Change::Weight(250),
+        ] {
+            let (m, p, b) = c.request();
+            let (path, query) = split(&p);
+            assert_eq!(m == Method::PUT, path == super::super::WEIGHT, "{c:?}");
+            assert_eq!(
+                parse_change(&path, query.as_deref(), b.as_bytes()).unwrap(),
+                c
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_drain_takes_a_timeout() {
+        let state = super::super::STATE;
+        assert!(matches!(
+            parse_change(state, Some("timeout_ms=abc"), b"draining"),
+            Err(AdminError::State(StateError::BadTimeout(_)))
+        ));
+        assert!(matches!(
+            parse_change(state, Some("timeout_ms=100"), b"offline"),
+            Err(AdminError::State(StateError::BadTimeout(_)))
+        ));
         assert_eq!(
-            (m, p, b.as_str()),
-            (Method::POST, super::super::STATE, "draining")
+            parse_change(state, Some("node=n2&timeout_ms=100"), b"draining").unwrap(),
+            Change::Status(
+                NodeStatus::Draining,
+                Some(std::time::Duration::from_millis(100))
+            )
         );
-        assert_eq!(
-            parse_change(p, b.as_bytes()).unwrap(),
-            Change::Status(NodeStatus::Draining)
-        );
-        let (m, p, b) = Change::Weight(250).request();
-        assert_eq!(
-            (m, p, b.as_str()),
-            (Method::PUT, super::super::WEIGHT, "250")
-        );
-        assert_eq!(parse_change(p, b.as_bytes()).unwrap(), Change::Weight(250));
     }
 }
