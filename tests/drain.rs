@@ -119,7 +119,11 @@ impl Traffic {
                     let c = conn.as_mut().unwrap();
                     i += 1;
                     // Half the requests carry a session bound to n2.
-                    let cookie = if i.is_multiple_of(2) { "peerlb-route=n2" } else { "" };
+                    let cookie = if i.is_multiple_of(2) {
+                        "peerlb-route=n2"
+                    } else {
+                        ""
+                    };
                     let headers: &[(&str, &str)] = if cookie.is_empty() {
                         &[]
                     } else {
