@@ -515,3 +515,20 @@ async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undraine
     assert_eq!(undrained.0, 0, "{undrained:?}");
     n2_up.unwrap_or_else(|()| panic!("haproxy did not mark n2 up again: {status:?}"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_node_tells_its_kept_alive_clients_to_reconnect() {
+    let mut c = Cluster::start("drain-sigterm", 2, "[limits]\ndrain_grace_ms = 4000\n", "");
+    let n1 = c.nodes[0].http;
+    let mut ka = Conn::open(n1).await.unwrap();
+    assert_eq!(ka.get("/a", &[]).await.unwrap().header("connection"), None);
+    let mut child = c.sigterm("n1");
+    poll(Duration::from_secs(10), || {
+        exchange(n1, "GET", "/_peerlb/health", "") == Some((503, "leaving\n".into()))
+    })
+    .expect("n1 says leaving");
+    // Within the grace: still served, and told to close.
+    let r = ka.get("/b", &[]).await.unwrap();
+    assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

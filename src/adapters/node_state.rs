@@ -226,6 +226,9 @@ pub(crate) struct NodeState {
     /// brings it back into this node's own view; with the time a drain
     /// turns `offline` by itself, if it was given a timeout.
     status: std::sync::Mutex<(NodeStatus, Option<tokio::time::Instant>)>,
+    /// The status above is `serving` (read on every client answer without
+    /// the lock: [`NodeState::closing`]).
+    publishes_serving: AtomicBool,
     /// Ids of the admin changes this node forwards to peers.
     forwarded_changes: AtomicU64,
     /// The manager page's form token, made on the page's first request.
@@ -271,6 +274,7 @@ impl NodeState {
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
             status: std::sync::Mutex::new((NodeStatus::Serving, None)),
+            publishes_serving: AtomicBool::new(true),
             forwarded_changes: AtomicU64::new(0),
             manager_token: std::sync::OnceLock::new(),
             counters: Counters::default(),
@@ -399,7 +403,7 @@ impl NodeState {
     /// so kept-alive clients reconnect through the sprayer (which no longer
     /// picks this node) before its listener closes.
     pub(crate) fn closing(&self) -> bool {
-        self.status() != NodeStatus::Serving || !self.accepting()
+        !self.publishes_serving.load(Ordering::Relaxed) || !self.accepting()
     }
 
     /// Publishes `to` as this node's status (gossip key `status`): every
@@ -436,6 +440,8 @@ impl NodeState {
             if s.0 == NodeStatus::Leaving && to != NodeStatus::Leaving {
                 return Err(StateError::Leaving);
             }
+            self.publishes_serving
+                .store(to == NodeStatus::Serving, Ordering::Relaxed);
             std::mem::replace(&mut *s, (to, deadline)).0
         };
         self.publisher.set_status(to).await;
