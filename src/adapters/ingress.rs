@@ -69,6 +69,7 @@ impl Ingress {
             response_timeout: settings.response_timeout,
             body_read_timeout: settings.body_read_timeout,
             header_served_by: settings.header_served_by,
+            keep_client_request_id: settings.trust_client_forwarded,
         };
         Ingress {
             id_header: HeaderValue::from_str(state.node_id()).ok(),
@@ -116,7 +117,7 @@ impl Ingress {
                 let start = tokio::time::Instant::now();
                 let resp = match self.forwarder.route_and_serve(req, client).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
-                    Err(e) => self.state.failed(e),
+                    Err(answer) => answer,
                 };
                 self.state.metrics.observe_request(start.elapsed());
                 resp
@@ -154,6 +155,10 @@ impl server::Handler for Ingress {
 
     fn connections(&self) -> &std::sync::atomic::AtomicU64 {
         &self.state.counters.client_connections
+    }
+
+    fn byte_counts(&self) -> Option<&Arc<super::metrics::ByteCounts>> {
+        Some(&self.state.metrics.client_bytes)
     }
 
     fn connection_refused(&self) {

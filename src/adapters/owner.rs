@@ -58,7 +58,29 @@ impl ProxiedHandler for Owner {
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
+        let start = tokio::time::Instant::now();
+        let method = req.method().clone();
+        let resp = self.serve_proxied(head, req).await;
+        super::access::access_log(
+            self.state.node_id(),
+            "owner",
+            head.request_id,
+            &head.entry,
+            self.state.node_id(),
+            resp.status().as_u16(),
+            start.elapsed(),
+            "proxied",
+            &method,
+        );
+        resp
+    }
+}
+
+impl Owner {
+    /// Serves a proxied request with the local app (hop limit 1).
+    async fn serve_proxied(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
         let state = &self.state;
+        state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();
         if let Some(k) = &head.hash_key {
             let view = state.view();

@@ -356,6 +356,31 @@ impl Router {
         }
     }
 
+    /// The balancing state of the weighted policies, per node id: each
+    /// node's lbstatus under `weighted-round-robin` (mod_proxy_balancer
+    /// byrequests) and its counted bytes under `by-traffic` (bytraffic);
+    /// empty for the other policies. For the metrics (not the request
+    /// path).
+    pub(crate) fn balance_state(&self) -> (Vec<(NodeId, i64)>, Vec<(NodeId, u64)>) {
+        let lbstatus = match self.policy.kind() {
+            PolicyKind::WeightedRoundRobin => self
+                .byrequests
+                .all()
+                .map(|(id, s)| (id.clone(), s))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let bytes = match self.policy.kind() {
+            PolicyKind::ByTraffic => self
+                .bytraffic
+                .all()
+                .map(|(id, b)| (id.clone(), b))
+                .collect(),
+            _ => Vec::new(),
+        };
+        (lbstatus, bytes)
+    }
+
     /// Bytes [`Router::record_bytes`] counted for `node` (0 unless by-traffic).
     #[cfg(test)]
     pub(crate) fn recorded_bytes(&self, node: &str) -> u64 {
