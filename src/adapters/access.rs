@@ -23,10 +23,9 @@
 //! `owner` (who served it; the decision's owner when it failed), `status`,
 //! `duration_us` (arrival to response head at that node), `reason` (the
 //! routing reason at the entry, `proxied` at the owner) and `method`. The
-//! target is off unless the log filter turns it on (`peerlb node
-//! --access-log`, or `RUST_LOG=info,peerlb::access=info`): an event per
-//! request costs a few percent of a node's CPU. With `--log-format json`
-//! each event is one JSON object per line.
+//! target is on only with `peerlb node --access-log` (whatever `RUST_LOG`
+//! says): an event per request costs a few percent of a node's CPU. With
+//! `--log-format json` each event is one JSON object per line.
 
 use std::time::Duration;
 

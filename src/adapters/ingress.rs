@@ -93,9 +93,12 @@ impl Ingress {
         req: Request<Incoming>,
         client: SocketAddr,
     ) -> Response<Body> {
-        let mut resp = match limits::check(&req, self.settings.max_request_target)
-            .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
-        {
+        let class = limits::check(&req, self.settings.max_request_target)
+            .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX));
+        // Admin answers (the sprayer's health checks) are not client
+        // requests: not counted by status.
+        let admin_path = matches!(class, Ok(PathClass::Admin));
+        let mut resp = match class {
             Err(e) => self.state.failed(e),
             Ok(PathClass::Admin) => admin::answer_client_port(&self.state, req).await,
             // Never routed: a normalising app would take it for the admin
@@ -123,6 +126,9 @@ impl Ingress {
                 resp
             }
         };
+        if !admin_path {
+            self.state.metrics.count_status(resp.status());
+        }
         if self.settings.header_entry
             && let Some(v) = &self.id_header
         {

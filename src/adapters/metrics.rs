@@ -17,7 +17,7 @@
 //! | metric | type | meaning |
 //! | --- | --- | --- |
 //! | `peerlb_requests_total` | counter | client requests received (admin requests excluded) |
-//! | `peerlb_responses_total{code}` | counter | client requests answered by this entry, by status code (`200`, `404`, `502`, ...) |
+//! | `peerlb_responses_total{code}` | counter | client requests answered by this entry, by status code (`200`, `414`, `502`, ...; limit refusals included, the health check excluded) |
 //! | `peerlb_requests_by_owner_total{owner}` | counter | client requests answered by this entry, by the node that served them (the decision's owner when it failed) |
 //! | `peerlb_served_local_total` | counter | requests the local app served (client or proxied in) |
 //! | `peerlb_proxied_in_total` | counter | proxied requests this node received from entries |
@@ -232,10 +232,19 @@ impl Metrics {
         self.proxied_in.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one client request's answer: by `status`, and by `owner`.
-    pub(crate) fn count_answer(&self, status: StatusCode, owner: &NodeId) {
-        let i = usize::from(status.as_u16().clamp(FIRST_CODE, FIRST_CODE + CODES as u16 - 1) - FIRST_CODE);
-        self.responses[i].fetch_add(1, Ordering::Relaxed);
+    /// Counts one client request's answer by its `status` (every answer
+    /// on a client port except the admin paths it serves).
+    pub(crate) fn count_status(&self, status: StatusCode) {
+        let code = status
+            .as_u16()
+            .clamp(FIRST_CODE, FIRST_CODE + CODES as u16 - 1);
+        self.responses[usize::from(code - FIRST_CODE)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one routed client request by the node that served it
+    /// (`owner`; the decision's owner when it failed). A read lock and an
+    /// atomic add; the write lock only the first time `owner` is seen.
+    pub(crate) fn count_owner(&self, owner: &NodeId) {
         {
             let owners = self.by_owner.read().expect("owner counts lock");
             if let Some(c) = owners.get(owner) {
@@ -686,7 +695,53 @@ impl Collector for Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::node_id::NodeId;
+
+    #[test]
+    fn histogram_buckets_match_the_bounds_and_sum_in_seconds() {
+        let ms = |n: f64| Duration::from_secs_f64(n / 1000.0);
+        assert_eq!(AtomicHistogram::bucket_of(0), 0);
+        assert_eq!(AtomicHistogram::bucket_of(500_000), 0);
+        assert_eq!(AtomicHistogram::bucket_of(500_001), 1);
+        assert_eq!(AtomicHistogram::bucket_of(1_000_000), 1);
+        assert_eq!(AtomicHistogram::bucket_of(1_000_001), 2);
+        assert_eq!(AtomicHistogram::bucket_of(16_384_000_000), 15);
+        assert_eq!(AtomicHistogram::bucket_of(16_384_000_001), 16);
+        assert_eq!(AtomicHistogram::bucket_of(u64::MAX), 16);
+        let h = AtomicHistogram::default();
+        for d in [0.1, 0.5, 0.7, 3.0, 20_000.0] {
+            h.observe(ms(d));
+        }
+        let (sum, count, buckets) = h.snapshot();
+        assert_eq!(count, 5);
+        assert!((sum - 20.0043).abs() < 1e-6, "{sum}");
+        assert_eq!(buckets.len(), 17);
+        assert_eq!(buckets[0], (0.0005, 2));
+        assert_eq!(buckets[1], (0.001, 1));
+        assert_eq!(buckets[3], (0.004, 1));
+        assert_eq!(buckets[16], (f64::INFINITY, 1));
+        // Every bound is the one prometheus-client's exponential buckets
+        // give (the bounds the metric had before).
+        let theirs: Vec<f64> =
+            prometheus_client::metrics::histogram::exponential_buckets(0.000_5, 2.0, 16).collect();
+        let ours: Vec<f64> = buckets[..16].iter().map(|(b, _)| *b).collect();
+        assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn status_and_owner_counts() {
+        let m = Metrics::default();
+        m.count_status(StatusCode::OK);
+        m.count_status(StatusCode::OK);
+        m.count_status(StatusCode::BAD_GATEWAY);
+        m.count_owner(&NodeId::from("n2"));
+        m.count_owner(&NodeId::from("n2"));
+        m.count_owner(&NodeId::from("n1"));
+        assert_eq!(m.responses[100].load(Ordering::Relaxed), 2);
+        assert_eq!(m.responses[402].load(Ordering::Relaxed), 1);
+        let owners = m.by_owner.read().unwrap();
+        assert_eq!(owners["n2"].load(Ordering::Relaxed), 2);
+        assert_eq!(owners["n1"].load(Ordering::Relaxed), 1);
+    }
 
     #[test]
     fn ring_share_counts_the_slots_a_node_owns() {

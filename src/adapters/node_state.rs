@@ -373,13 +373,6 @@ impl NodeState {
         self.router.lock().expect("router lock").balance_state()
     }
 
-    /// Counts one client request's answer at this entry: by `status` and by
-    /// the node that served it (`owner`; the decision's owner when it
-    /// failed). Lock-free unless `owner` is counted for the first time.
-    pub(crate) fn count_answer(&self, status: http::StatusCode, owner: &NodeId) {
-        self.metrics.count_answer(status, owner);
-    }
-
     /// Counts a request to `node` as outstanding, when the policy needs it.
     pub(crate) fn track(&self, node: &NodeId, request_bytes: u64) -> Option<Outstanding> {
         self.tracker

@@ -35,18 +35,6 @@ use crate::engine::route::{Decision, EntryDecision};
 use crate::engine::sticky::Session;
 use crate::engine::rules::RequestView;
 
-/// The access log's `reason`: `error` for a request answered with an
-/// error, `failover` when another node than the decision's owner served
-/// it, else `routed`.
-fn reason_of<R, G>(
-    served: &Result<(R, G, NodeId), (RequestError, NodeId)>,
-) -> &'static str {
-    match served {
-        Ok(_) => "routed",
-        Err(_) => "error",
-    }
-}
-
 /// Response header naming the node that served the request.
 pub(crate) const SERVED_BY: &str = "peerlb-served-by";
 
@@ -110,7 +98,7 @@ impl Forwarder {
     /// Routes a client request that passed the limits and serves it: the
     /// response, and the guard that keeps it outstanding to its server;
     /// `Err` is the error answer (already counted). Either way the request
-    /// is counted by status and by owner, and its access log line written
+    /// is counted by owner, and its access log line written
     /// (`access::access_log`).
     pub(super) async fn route_and_serve(
         &self,
@@ -138,6 +126,7 @@ impl Forwarder {
             self.settings.keep_client_request_id,
         );
         let method = req.method().clone();
+        let reason = decision.reason.as_str();
         let served = self
             .serve_decided(req, client, &view, decision, sticky, request_id)
             .await;
@@ -145,7 +134,7 @@ impl Forwarder {
             Ok((resp, _, owner)) => (resp.status(), owner),
             Err((e, owner)) => (e.status(), owner),
         };
-        self.state.count_answer(status, owner);
+        self.state.metrics.count_owner(owner);
         access::access_log(
             self.state.node_id(),
             "entry",
@@ -154,7 +143,7 @@ impl Forwarder {
             owner,
             status.as_u16(),
             start.elapsed(),
-            reason_of(&served),
+            reason,
             &method,
         );
         match served {
