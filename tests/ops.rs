@@ -287,15 +287,16 @@ async fn health_is_200_while_serving_and_503_while_leaving() {
     assert_eq!(exchange(n1, "GET", "/_peerlb/health"), None);
 }
 
-/// The HAProxy example of docs/operations.md (the sprayer section), with
-/// its `bind` and `server` lines pointed at `nodes` and a stats socket.
+/// The HAProxy example `deploy/haproxy/haproxy.cfg` (also shown in
+/// docs/operations.md, the sprayer section: tests/deploy.rs keeps them
+/// equal), with its `bind` and `server` lines pointed at `nodes` and a
+/// stats socket.
 fn haproxy_example(front: u16, nodes: &[NodeInfo], socket: &std::path::Path) -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
-        .unwrap();
-    let block = doc
-        .split_once("HAProxy in TCP mode")
-        .and_then(|(_, rest)| rest.split("```").nth(1))
-        .expect("the HAProxy example in docs/operations.md");
+    let block = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/haproxy/haproxy.cfg"
+    ))
+    .unwrap();
     assert!(block.contains("option httpchk") && block.contains("/_peerlb/health"));
     let mut cfg = String::new();
     for line in block.lines() {
