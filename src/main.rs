@@ -15,7 +15,13 @@ struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
     /// Log line format on stderr: text, or json (one object per line).
-    #[arg(long, global = true, value_enum, default_value_t, env = "PEERLB_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "PEERLB_LOG_FORMAT"
+    )]
     log_format: cli::LogFormat,
     /// Log one line per request and node (target peerlb::access: request
     /// id, entry, owner, status, duration, reason); off by default, as it

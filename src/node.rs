@@ -141,24 +141,26 @@ impl Node {
             observer.clone(),
         ));
 
-        let state = Arc::new(NodeState::new(
-            me.id.clone(),
-            view_rx,
-            Router::with_options(
-                config.routing.policy,
-                config.routing.rules.clone(),
-                config.routing.router,
+        let state = Arc::new(
+            NodeState::new(
+                me.id.clone(),
+                view_rx,
+                Router::with_options(
+                    config.routing.policy,
+                    config.routing.rules.clone(),
+                    config.routing.router,
+                )
+                .map(|mut r| {
+                    r.set_route_cookie(&config.ingress.route_cookie.name);
+                    r
+                })
+                .map_err(NodeError::Router)?,
+                config.ingress.rules_source.clone(),
+                gossip.publisher(),
+                links.clone(),
             )
-            .map(|mut r| {
-                r.set_route_cookie(&config.ingress.route_cookie.name);
-                r
-            })
-            .map_err(NodeError::Router)?,
-            config.ingress.rules_source.clone(),
-            gossip.publisher(),
-            links.clone(),
-        )
-        .with_slow_start(slow_start, me.weight, ramp_began));
+            .with_slow_start(slow_start, me.weight, ramp_began),
+        );
         let ramp_task = (!slow_start.is_off()).then(|| {
             let state = state.clone();
             tokio::spawn(async move { state.ramp_weight().await })

@@ -19,7 +19,9 @@ use std::process::Command;
 use support::*;
 
 fn deploy(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
 }
 
 fn read(path: &str) -> String {
@@ -36,7 +38,9 @@ fn tool(name: &str, package: &str) -> Option<PathBuf> {
                 && std::env::var_os("CI").is_none(),
             "{name} is missing but this run requires it (apt-get install -y {package})"
         );
-        eprintln!("SKIPPED: {name} is not installed (apt-get install -y {package}, or run .ci/run)");
+        eprintln!(
+            "SKIPPED: {name} is not installed (apt-get install -y {package}, or run .ci/run)"
+        );
     }
     found
 }
@@ -61,7 +65,11 @@ fn the_systemd_unit_verifies_and_covers_the_drain() {
         .expect("TimeoutStopSec")
         .parse()
         .expect("whole seconds");
-    assert!(stop > default_drain_s(), "{stop} s <= the drain's {} s", default_drain_s());
+    assert!(
+        stop > default_drain_s(),
+        "{stop} s <= the drain's {} s",
+        default_drain_s()
+    );
     let nofile: u64 = unit_value(&unit, "LimitNOFILE").unwrap().parse().unwrap();
     assert!(nofile >= 65_536, "{nofile}");
     assert_eq!(unit_value(&unit, "KillSignal"), Some("SIGTERM"));
@@ -77,17 +85,28 @@ fn the_systemd_unit_verifies_and_covers_the_drain() {
         "peerlb.service",
         &unit.replace("/usr/local/bin/peerlb", bin()),
     );
-    let out = Command::new(analyze).arg("verify").arg(&path).output().unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     // It exits 0 after some errors (a bad time value is "ignored"): any
     // line about the unit is a failure.
-    let about_unit: Vec<&str> = stderr.lines().filter(|l| l.contains("peerlb.service")).collect();
+    let about_unit: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("peerlb.service"))
+        .collect();
     assert!(
         out.status.success() && about_unit.is_empty(),
         "systemd-analyze verify: {stderr}"
     );
     // The check catches a broken unit.
-    let broken = write(&dir, "broken.service", &unit.replace("TimeoutStopSec=35", "TimeoutStopSec=soon"));
+    let broken = write(
+        &dir,
+        "broken.service",
+        &unit.replace("TimeoutStopSec=35", "TimeoutStopSec=soon"),
+    );
     let out = Command::new(which("systemd-analyze").unwrap())
         .arg("verify")
         .arg(&broken)
@@ -128,14 +147,25 @@ fn the_haproxy_sprayer_config_is_valid_and_is_the_documented_one() {
         .split_once("HAProxy in TCP mode")
         .and_then(|(_, rest)| rest.split("```").nth(1))
         .expect("the HAProxy example in docs/operations.md");
-    assert_eq!(block.trim_start_matches('\n'), body, "docs/operations.md and deploy/haproxy/haproxy.cfg differ");
+    assert_eq!(
+        block.trim_start_matches('\n'),
+        body,
+        "docs/operations.md and deploy/haproxy/haproxy.cfg differ"
+    );
     let Some(haproxy) = tool("haproxy", "haproxy") else {
         return;
     };
     assert!(haproxy_accepts(&haproxy, &deploy("haproxy/haproxy.cfg")));
     let dir = temp_dir("deploy-haproxy");
-    let broken = write(&dir, "broken.cfg", &cfg.replace("balance roundrobin", "balance nonsense"));
-    assert!(!haproxy_accepts(&haproxy, &broken), "a broken config went unnoticed");
+    let broken = write(
+        &dir,
+        "broken.cfg",
+        &cfg.replace("balance roundrobin", "balance nonsense"),
+    );
+    assert!(
+        !haproxy_accepts(&haproxy, &broken),
+        "a broken config went unnoticed"
+    );
 }
 
 /// `keepalived -t` of `path`: its complaints (empty: valid).
@@ -167,9 +197,15 @@ fn the_keepalived_ipvs_config_checks_each_node_health() {
     let complaints = keepalived_complaints(&keepalived, &deploy("keepalived/keepalived.conf"));
     assert!(complaints.trim().is_empty(), "keepalived -t: {complaints}");
     let dir = temp_dir("deploy-keepalived");
-    let broken = write(&dir, "broken.conf", &cfg.replace("lb_algo rr", "lb_algo nonsense"));
+    let broken = write(
+        &dir,
+        "broken.conf",
+        &cfg.replace("lb_algo rr", "lb_algo nonsense"),
+    );
     assert!(
-        !keepalived_complaints(&keepalived, &broken).trim().is_empty(),
+        !keepalived_complaints(&keepalived, &broken)
+            .trim()
+            .is_empty(),
         "a broken config went unnoticed"
     );
 }
@@ -296,7 +332,8 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
     // Readiness turns 503 -> not ready within the drain grace: the
     // sprayer stops sending before the listener closes.
     let probe = &container["readinessProbe"];
-    let noticed = probe["periodSeconds"].as_u64().unwrap() * probe["failureThreshold"].as_u64().unwrap();
+    let noticed =
+        probe["periodSeconds"].as_u64().unwrap() * probe["failureThreshold"].as_u64().unwrap();
     assert!(
         std::time::Duration::from_secs(noticed) < c.lifecycle.drain_grace,
         "{noticed} s"
@@ -314,7 +351,10 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
         .iter()
         .find(|m| m["name"] == tls["name"])
         .unwrap();
-    assert_eq!(Path::new(mount["mountPath"].as_str().unwrap()), c.tls.ca.parent().unwrap());
+    assert_eq!(
+        Path::new(mount["mountPath"].as_str().unwrap()),
+        c.tls.ca.parent().unwrap()
+    );
 }
 
 #[test]
@@ -336,8 +376,18 @@ fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_node() {
         })
         .collect();
     const KNOWN: &[&str] = &[
-        "FROM", "WORKDIR", "COPY", "RUN", "ENV", "EXPOSE", "USER", "STOPSIGNAL", "ENTRYPOINT",
-        "CMD", "ARG", "LABEL",
+        "FROM",
+        "WORKDIR",
+        "COPY",
+        "RUN",
+        "ENV",
+        "EXPOSE",
+        "USER",
+        "STOPSIGNAL",
+        "ENTRYPOINT",
+        "CMD",
+        "ARG",
+        "LABEL",
     ];
     for (op, _) in &instructions {
         assert!(KNOWN.contains(&op.as_str()), "unknown instruction {op}");
@@ -352,12 +402,22 @@ fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_node() {
         .split_once(" AS ")
         .map(|(_, s)| s.trim())
         .expect("a named build stage");
-    assert!(froms[1].contains("distroless"), "a small runtime image: {}", froms[1]);
+    assert!(
+        froms[1].contains("distroless"),
+        "a small runtime image: {}",
+        froms[1]
+    );
     let runtime: Vec<&(String, String)> = instructions
         .iter()
         .skip_while(|(op, r)| !(op == "FROM" && r == froms[1]))
         .collect();
-    let get = |op: &str| runtime.iter().rev().find(|(o, _)| o == op).map(|(_, r)| r.as_str());
+    let get = |op: &str| {
+        runtime
+            .iter()
+            .rev()
+            .find(|(o, _)| o == op)
+            .map(|(_, r)| r.as_str())
+    };
     assert!(
         runtime
             .iter()
@@ -371,7 +431,10 @@ fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_node() {
     // Certificates and keys are mounted, never copied in.
     for (op, r) in &instructions {
         if op == "COPY" {
-            assert!(!r.contains(".key") && !r.contains(".pem") && !r.contains("certs"), "{r}");
+            assert!(
+                !r.contains(".key") && !r.contains(".pem") && !r.contains("certs"),
+                "{r}"
+            );
         }
     }
     let ignore = read("docker/Dockerfile.dockerignore");

@@ -131,11 +131,19 @@ async fn metrics_move_as_requests_flow() {
         8.0
     );
     assert_eq!(
-        delta(&after, &before, "peerlb_requests_by_owner_total{owner=\"n2\"}"),
+        delta(
+            &after,
+            &before,
+            "peerlb_requests_by_owner_total{owner=\"n2\"}"
+        ),
         5.0
     );
     assert_eq!(
-        delta(&after, &before, "peerlb_requests_by_owner_total{owner=\"n1\"}"),
+        delta(
+            &after,
+            &before,
+            "peerlb_requests_by_owner_total{owner=\"n1\"}"
+        ),
         3.0
     );
     assert_eq!(delta(&after2, &before2, "peerlb_proxied_in_total"), 5.0);
@@ -144,12 +152,23 @@ async fn metrics_move_as_requests_flow() {
     // each answer's status line.
     let got = delta(&after, &before, "peerlb_client_received_bytes_total");
     let sent = delta(&after, &before, "peerlb_client_sent_bytes_total");
-    assert!(got >= 8.0 * 20.0 && sent >= 8.0 * 17.0, "{got} in, {sent} out");
-    assert_eq!(delta(&after2, &before2, "peerlb_client_sent_bytes_total"), 0.0);
+    assert!(
+        got >= 8.0 * 20.0 && sent >= 8.0 * 17.0,
+        "{got} in, {sent} out"
+    );
+    assert_eq!(
+        delta(&after2, &before2, "peerlb_client_sent_bytes_total"),
+        0.0
+    );
     // Peer links: the connection to n2 counted in one state; n2 up.
     let by_state: f64 = ["busy", "idle", "retired"]
         .iter()
-        .map(|s| sample(&after, &format!("peerlb_peer_connections_by_state{{state=\"{s}\"}}")))
+        .map(|s| {
+            sample(
+                &after,
+                &format!("peerlb_peer_connections_by_state{{state=\"{s}\"}}"),
+            )
+        })
         .sum();
     assert_eq!(by_state, sample(&after, "peerlb_peer_connections"));
     assert_eq!(sample(&after, "peerlb_peers{state=\"up\"}"), 1.0);
@@ -158,7 +177,10 @@ async fn metrics_move_as_requests_flow() {
     assert!(sample(&after, "peerlb_gossip_messages_sent_total{kind=\"syn\"}") > 0.0);
     assert!(sample(&after, "peerlb_gossip_received_datagrams_total") > 0.0);
     assert_eq!(
-        sample(&after, "peerlb_gossip_dropped_datagrams_total{reason=\"codec_busy\"}"),
+        sample(
+            &after,
+            "peerlb_gossip_dropped_datagrams_total{reason=\"codec_busy\"}"
+        ),
         0.0
     );
     // No slow start configured: the full weight, no ramp.
@@ -169,8 +191,10 @@ async fn metrics_move_as_requests_flow() {
     assert_eq!(exchange(n1, "GET", &long).map(|(s, _)| s), Some(414));
     // Gossip rounds go on: the SYN count moves between scrapes.
     let syn = "peerlb_gossip_messages_sent_total{kind=\"syn\"}";
-    poll(Duration::from_secs(10), || sample(&scrape(n1), syn) > sample(&after, syn))
-        .expect("gossip exchanges counted as they happen");
+    poll(Duration::from_secs(10), || {
+        sample(&scrape(n1), syn) > sample(&after, syn)
+    })
+    .expect("gossip exchanges counted as they happen");
     // Scrapes are admin requests: not counted as client requests.
     let again = scrape(n1);
     assert_eq!(delta(&again, &after, "peerlb_requests_total"), 0.0);
@@ -197,12 +221,7 @@ fn sample_or_zero(text: &str, series: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weighted_round_robin_exposes_lbstatus_per_node() {
-    let c = Cluster::start(
-        "metrics-wrr",
-        2,
-        "policy = \"weighted-round-robin\"\n",
-        "",
-    );
+    let c = Cluster::start("metrics-wrr", 2, "policy = \"weighted-round-robin\"\n", "");
     let n1 = c.nodes[0].http;
     for _ in 0..7 {
         assert_eq!(get(n1, "/w", &[]).await.status, 200);
@@ -439,7 +458,13 @@ async fn json_access_log_lines_share_the_request_id_on_entry_and_owner() {
         lines = (json_lines(&c.log("n1")), json_lines(&c.log("n2")));
         access_line(&lines.0, &id).is_some() && access_line(&lines.1, &id).is_some()
     })
-    .unwrap_or_else(|()| panic!("no access lines for {id}:\n{}\n{}", c.log("n1"), c.log("n2")));
+    .unwrap_or_else(|()| {
+        panic!(
+            "no access lines for {id}:\n{}\n{}",
+            c.log("n1"),
+            c.log("n2")
+        )
+    });
     let entry = access_line(&lines.0, &id).unwrap();
     let owner = access_line(&lines.1, &id).unwrap();
     for (l, node, role) in [(entry, "n1", "entry"), (owner, "n2", "owner")] {
@@ -526,11 +551,7 @@ async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
     poll(Duration::from_secs(60), || {
         let st = status(n2);
         let w = st.as_ref().and_then(|s| {
-            s["members"]
-                .as_array()?
-                .iter()
-                .find(|m| m["id"] == "n1")?["weight"]
-                .as_u64()
+            s["members"].as_array()?.iter().find(|m| m["id"] == "n1")?["weight"].as_u64()
         });
         if let Some(w) = w
             && seen.last() != Some(&w)
@@ -542,7 +563,10 @@ async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
     .unwrap_or_else(|()| panic!("the ramp did not end: {seen:?}\n{}", c.log("n1")));
     assert!(seen.windows(2).all(|p| p[0] < p[1]), "{seen:?}");
     assert!(seen.len() >= 2 && seen[0] < 100, "{seen:?}");
-    assert!(seen.iter().all(|w| [25, 50, 75, 100].contains(w)), "{seen:?}");
+    assert!(
+        seen.iter().all(|w| [25, 50, 75, 100].contains(w)),
+        "{seen:?}"
+    );
     let m = scrape(n1);
     assert_eq!(sample(&m, "peerlb_weight"), 100.0);
     assert_eq!(sample(&m, "peerlb_slow_start_step"), 0.0);

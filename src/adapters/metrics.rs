@@ -119,8 +119,8 @@ impl AtomicHistogram {
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
-    /// (sum in seconds, count, (upper bound in seconds, count) per bucket).
-    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+    /// The sum, count and buckets now.
+    fn snapshot(&self) -> HistogramSnapshot {
         let buckets: Vec<(f64, u64)> = self
             .buckets
             .iter()
@@ -136,8 +136,24 @@ impl AtomicHistogram {
             .collect();
         let count = buckets.iter().map(|(_, c)| c).sum();
         let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        (sum, count, buckets)
+        HistogramSnapshot {
+            sum,
+            count,
+            buckets,
+        }
     }
+}
+
+/// One reading of an [`AtomicHistogram`].
+#[derive(Debug, Clone, PartialEq)]
+struct HistogramSnapshot {
+    /// Sum of the observations, in seconds.
+    sum: f64,
+    /// Observations.
+    count: u64,
+    /// (upper bound in seconds, observations) per bucket, not cumulative;
+    /// the last bound is `+Inf`.
+    buckets: Vec<(f64, u64)>,
 }
 
 /// Bytes read from and written to client connections (counted by the
@@ -384,7 +400,7 @@ impl Family {
 /// consistent with itself (up to updates racing the read).
 #[derive(Debug)]
 struct Snapshot {
-    histograms: [(&'static str, &'static str, (f64, u64, Vec<(f64, u64)>)); 2],
+    histograms: [(&'static str, &'static str, HistogramSnapshot); 2],
     families: Vec<Family>,
 }
 
@@ -423,7 +439,10 @@ impl Snapshot {
                 .map(|mb| (mb.id.to_string(), Gauge(f(mb))))
                 .collect::<Vec<_>>()
         };
-        let (lbstatus, traffic) = state.balance_state();
+        let crate::engine::route::BalanceState {
+            lbstatus,
+            bytes: traffic,
+        } = state.balance_state();
         let progress = state.slow_start_progress();
         let families = vec![
             Family::one(
@@ -666,10 +685,10 @@ fn encode_value(v: Value, e: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
 
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, (sum, count, buckets)) in &self.histograms {
+        for (name, help, h) in &self.histograms {
             let mut e = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
             e.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                *sum, *count, buckets, None,
+                h.sum, h.count, &h.buckets, None,
             )?;
         }
         for f in &self.families {
@@ -711,7 +730,11 @@ mod tests {
         for d in [0.1, 0.5, 0.7, 3.0, 20_000.0] {
             h.observe(ms(d));
         }
-        let (sum, count, buckets) = h.snapshot();
+        let HistogramSnapshot {
+            sum,
+            count,
+            buckets,
+        } = h.snapshot();
         assert_eq!(count, 5);
         assert!((sum - 20.0043).abs() < 1e-6, "{sum}");
         assert_eq!(buckets.len(), 17);

@@ -310,8 +310,10 @@ impl NodeState {
         began: tokio::time::Instant,
     ) -> NodeState {
         self.weight.store(target, Ordering::Relaxed);
-        self.published_weight
-            .store(slow_start.weight_at(target, Duration::ZERO), Ordering::Relaxed);
+        self.published_weight.store(
+            slow_start.weight_at(target, Duration::ZERO),
+            Ordering::Relaxed,
+        );
         *self.ramp.lock().expect("ramp lock") = Ramp { slow_start, began };
         self
     }
@@ -369,7 +371,7 @@ impl NodeState {
 
     /// The weighted policies' state per node (lbstatus, by-traffic bytes;
     /// see `Router::balance_state`). Takes the router lock: for a scrape.
-    pub(crate) fn balance_state(&self) -> (Vec<(NodeId, i64)>, Vec<(NodeId, u64)>) {
+    pub(crate) fn balance_state(&self) -> crate::engine::route::BalanceState {
         self.router.lock().expect("router lock").balance_state()
     }
 

@@ -49,11 +49,7 @@ struct Started {
 /// has exited, 64 for an invalid configuration. Each node logs in
 /// `log_format`, with the access log when `access_log` (the flags given to
 /// `up` reach every node).
-pub(crate) fn run(
-    a: UpArgs,
-    log_format: super::LogFormat,
-    access_log: bool,
-) -> anyhow::Result<u8> {
+pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> anyhow::Result<u8> {
     let config = a.config.as_deref();
     let (file, c) = match load_cluster(config) {
         Ok(x) => x,

@@ -142,10 +142,7 @@ mod tests {
     fn ten_steps_over_ten_seconds_publish_ten_percent_more_each_second() {
         let s = SlowStart::new(ms(10_000), 10);
         let weights: Vec<u32> = (0..=11).map(|i| s.weight_at(100, ms(i * 1000))).collect();
-        assert_eq!(
-            weights,
-            [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 100, 100]
-        );
+        assert_eq!(weights, [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 100, 100]);
         assert_eq!(s.step_at(ms(0)), Some(1));
         assert_eq!(s.step_at(ms(999)), Some(1));
         assert_eq!(s.step_at(ms(1000)), Some(2));

@@ -19,6 +19,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
 use crate::adapters::REQUEST_PATH;
+use crate::adapters::access;
 use crate::adapters::app::ServeCtx;
 use crate::adapters::body::{self, Body};
 use crate::adapters::errors::RequestError;
@@ -28,12 +29,11 @@ use crate::adapters::peer::{self, ExchangeError, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
-use crate::engine::node_id::NodeId;
-use crate::adapters::access;
 use crate::engine::membership::MembershipView;
+use crate::engine::node_id::NodeId;
 use crate::engine::route::{Decision, EntryDecision};
-use crate::engine::sticky::Session;
 use crate::engine::rules::RequestView;
+use crate::engine::sticky::Session;
 
 /// Response header naming the node that served the request.
 pub(crate) const SERVED_BY: &str = "peerlb-served-by";
