@@ -196,7 +196,8 @@ impl Run<'_> {
                 moved += 1;
                 let to_node = b.is_some_and(|b| **b == **node);
                 let from_node = a.is_some_and(|a| **a == **node);
-                if (rose && !to_node) || (!to_node && !from_node) {
+                // Only to the node, or (its weight fell) from it.
+                if !to_node && (rose || !from_node) {
                     violations.push(format!(
                         "{host}: {node} {} -> {}: key {k} moved {a:?} -> {b:?}",
                         before[node], view[node]
