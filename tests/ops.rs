@@ -546,6 +546,21 @@ async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
     let m = scrape(n1);
     assert!(sample(&m, "peerlb_weight") < 100.0, "{m}");
     assert!(sample(&m, "peerlb_slow_start_step") >= 1.0, "{m}");
+    // A new weight during the ramp is its new target: n2 publishes the
+    // step in force of 200 (50, 100 or 150), and 200 once the ramp is over.
+    let mut conn = Conn::open(admin_of(n2)).await.unwrap();
+    let r = conn
+        .request("PUT", "/_peerlb/weight", &[], bytes::Bytes::from("200"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json(),
+        serde_json::json!({ "weight": 200, "previous": 100 })
+    );
+    let st2 = status(n2).unwrap();
+    assert_eq!(st2["target_weight"], 200, "{st2}");
+    let w2 = st2["weight"].as_u64().unwrap();
+    assert!([50, 100, 150].contains(&w2), "{st2}");
     // n2 sees n1's published weight climb step by step, never down.
     let mut seen = vec![];
     poll(Duration::from_secs(60), || {
@@ -570,4 +585,8 @@ async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
     let m = scrape(n1);
     assert_eq!(sample(&m, "peerlb_weight"), 100.0);
     assert_eq!(sample(&m, "peerlb_slow_start_step"), 0.0);
+    poll(Duration::from_secs(10), || {
+        status(n2).is_some_and(|s| s["weight"] == 200 && s["slow_start"].is_null())
+    })
+    .expect("n2 publishes its new weight in full once its ramp is over");
 }
