@@ -2,6 +2,7 @@
 //! retries, translate I/O into engine values and back, and hold no policy
 //! logic.
 
+pub(crate) mod access;
 pub(crate) mod admin;
 pub(crate) mod admin_server;
 pub(crate) mod app;

@@ -21,22 +21,60 @@ pub(crate) mod node;
 pub(crate) mod route;
 pub(crate) mod up;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: info, quiet
-/// dependencies), coloured on a terminal; chitchat's repeated warnings
-/// rate limited (`log_limit`).
-pub(crate) fn init_tracing() {
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable text, coloured on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`,
+    /// `message` and the event's fields at the top level (for log
+    /// shippers: Loki, Elasticsearch, journald's JSON export).
+    Json,
+}
+
+/// The log filter when `RUST_LOG` is not set: info, quiet dependencies.
+const DEFAULT_FILTER: &str = "info,chitchat=warn,quinn=warn";
+
+/// The access log's filter directive: on (info) with `--access-log`, off
+/// otherwise, whatever `RUST_LOG` says (so `RUST_LOG=info` does not turn a
+/// line per request on by surprise).
+fn access_directive(access_log: bool) -> tracing_subscriber::filter::Directive {
+    let level = if access_log { "info" } else { "off" };
+    format!("peerlb::access={level}")
+        .parse()
+        .expect("a valid directive")
+}
+
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default:
+/// [`DEFAULT_FILTER`]) with the access log on only with `access_log`
+/// ([`access_directive`]), text coloured on a terminal; chitchat's repeated
+/// warnings rate limited (`log_limit`).
+pub(crate) fn init_tracing(format: LogFormat, access_log: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,chitchat=warn,quinn=warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .finish()
-        .with(log_limit::RateLimit::default())
-        .init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER))
+        .add_directive(access_directive(access_log));
+    match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(log_limit::RateLimit::default())
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .finish()
+            .with(log_limit::RateLimit::default())
+            .init(),
+    }
 }
 
 /// A configuration error: printed with its field path, exit status 64.

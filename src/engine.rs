@@ -29,6 +29,8 @@
 //!   view with its ring and version.
 //! - `route`: `Router::decide(request, view, now, rng) -> Decision` (and
 //!   `decide_with_loads` with the entry's own in-flight counts).
+//! - `slow_start`: the weight a node publishes while it ramps up after it
+//!   joins or returns (HAProxy `slowstart`), step by step.
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
@@ -40,6 +42,7 @@ pub(crate) mod node_id;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
+pub(crate) mod slow_start;
 pub(crate) mod sticky;
 
 pub(crate) use sticky::{RouteCookie, SameSite};

@@ -14,6 +14,20 @@ mod cli;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log line format on stderr: text, or json (one object per line).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "PEERLB_LOG_FORMAT"
+    )]
+    log_format: cli::LogFormat,
+    /// Log one line per request and node (target peerlb::access: request
+    /// id, entry, owner, status, duration, reason); off by default, as it
+    /// costs a few percent of CPU. On or off whatever RUST_LOG says.
+    #[arg(long, global = true, env = "PEERLB_ACCESS_LOG")]
+    access_log: bool,
 }
 
 #[derive(Subcommand)]
@@ -59,10 +73,10 @@ fn main() -> ExitCode {
         // any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    cli::init_tracing();
+    cli::init_tracing(cli.log_format, cli.access_log);
     let code = match cli.cmd {
         Cmd::Node(a) => cli::node::run(a),
-        Cmd::Up(a) => cli::up::run(a),
+        Cmd::Up(a) => cli::up::run(a, cli.log_format, cli.access_log),
         Cmd::Certs(a) => cli::certs::run(a),
         Cmd::CheckConfig(a) => cli::check_config::run(a),
         Cmd::Route(a) => cli::route::run(a),

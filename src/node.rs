@@ -92,6 +92,11 @@ impl Node {
             env.clock,
         )?;
         let observer = env.observer;
+        // Slow start: the ramp begins as the node joins gossip, where the
+        // others put it on their rings at the weight it publishes.
+        let slow_start = config.routing.slow_start;
+        let ramp_began = tokio::time::Instant::now();
+        let first_weight = slow_start.weight_at(me.weight, Duration::ZERO);
         let links = PeerLinks::new(me.id.clone(), endpoint, client, settings, observer.clone());
         let gossip = gossip::start(
             &GossipIdentity {
@@ -104,7 +109,7 @@ impl Node {
             &Published {
                 peer_addr: me.peer_addr,
                 http_addr: me.http_addr,
-                weight: me.weight,
+                weight: first_weight,
                 status: NodeStatus::Serving,
             },
             &*env.gossip,
@@ -117,7 +122,7 @@ impl Node {
             generation: env.generation,
             peer_addr: me.peer_addr,
             http_addr: me.http_addr,
-            weight: me.weight,
+            weight: first_weight,
             status: NodeStatus::Serving,
             load: 100,
             inflight: 0,
@@ -136,23 +141,30 @@ impl Node {
             observer.clone(),
         ));
 
-        let state = Arc::new(NodeState::new(
-            me.id.clone(),
-            view_rx,
-            Router::with_options(
-                config.routing.policy,
-                config.routing.rules.clone(),
-                config.routing.router,
+        let state = Arc::new(
+            NodeState::new(
+                me.id.clone(),
+                view_rx,
+                Router::with_options(
+                    config.routing.policy,
+                    config.routing.rules.clone(),
+                    config.routing.router,
+                )
+                .map(|mut r| {
+                    r.set_route_cookie(&config.ingress.route_cookie.name);
+                    r
+                })
+                .map_err(NodeError::Router)?,
+                config.ingress.rules_source.clone(),
+                gossip.publisher(),
+                links.clone(),
             )
-            .map(|mut r| {
-                r.set_route_cookie(&config.ingress.route_cookie.name);
-                r
-            })
-            .map_err(NodeError::Router)?,
-            config.ingress.rules_source.clone(),
-            gossip.publisher(),
-            links.clone(),
-        ));
+            .with_slow_start(slow_start, me.weight, ramp_began),
+        );
+        let ramp_task = (!slow_start.is_off()).then(|| {
+            let state = state.clone();
+            tokio::spawn(async move { state.ramp_weight().await })
+        });
         let owner = Arc::new(Owner::new(
             state.clone(),
             App::new(&config.app)
@@ -260,6 +272,9 @@ impl Node {
             );
         }
         load_task.abort();
+        if let Some(t) = ramp_task {
+            t.abort();
+        }
         if let Some(t) = rules_task {
             t.abort();
         }

@@ -71,7 +71,7 @@ async fn metrics_move_as_requests_flow() {
     }
     let after = scrape(n1);
     let after2 = scrape(n2);
-    let delta = |a: &str, b: &str, s: &str| sample(a, s) - sample(b, s);
+    let delta = |a: &str, b: &str, s: &str| sample(a, s) - sample_or_zero(b, s);
     assert_eq!(delta(&after, &before, "peerlb_requests_total"), 8.0);
     assert_eq!(delta(&after, &before, "peerlb_forwarded_total"), 5.0);
     assert_eq!(delta(&after, &before, "peerlb_served_local_total"), 3.0);
@@ -124,12 +124,120 @@ async fn metrics_move_as_requests_flow() {
         0.0
     );
     assert!(sample(&after, "peerlb_member_load{node=\"n2\"}") >= 0.0);
+    assert_eq!(sample(&after, "peerlb_member_weight{node=\"n2\"}"), 100.0);
+    // Answers by status and by owner at the entry; proxied in at the owner.
+    assert_eq!(
+        delta(&after, &before, "peerlb_responses_total{code=\"200\"}"),
+        8.0
+    );
+    assert_eq!(
+        delta(
+            &after,
+            &before,
+            "peerlb_requests_by_owner_total{owner=\"n2\"}"
+        ),
+        5.0
+    );
+    assert_eq!(
+        delta(
+            &after,
+            &before,
+            "peerlb_requests_by_owner_total{owner=\"n1\"}"
+        ),
+        3.0
+    );
+    assert_eq!(delta(&after2, &before2, "peerlb_proxied_in_total"), 5.0);
+    assert_eq!(delta(&after, &before, "peerlb_proxied_in_total"), 0.0);
+    // Bytes on the client connections: at least each request's line and
+    // each answer's status line.
+    let got = delta(&after, &before, "peerlb_client_received_bytes_total");
+    let sent = delta(&after, &before, "peerlb_client_sent_bytes_total");
+    assert!(
+        got >= 8.0 * 20.0 && sent >= 8.0 * 17.0,
+        "{got} in, {sent} out"
+    );
+    assert_eq!(
+        delta(&after2, &before2, "peerlb_client_sent_bytes_total"),
+        0.0
+    );
+    // Peer links: the connection to n2 counted in one state; n2 up.
+    let by_state: f64 = ["busy", "idle", "retired"]
+        .iter()
+        .map(|s| {
+            sample(
+                &after,
+                &format!("peerlb_peer_connections_by_state{{state=\"{s}\"}}"),
+            )
+        })
+        .sum();
+    assert_eq!(by_state, sample(&after, "peerlb_peer_connections"));
+    assert_eq!(sample(&after, "peerlb_peers{state=\"up\"}"), 1.0);
+    assert_eq!(sample(&after, "peerlb_peer_ejections_total"), 0.0);
+    // Gossip: exchanges started and datagrams taken.
+    assert!(sample(&after, "peerlb_gossip_messages_sent_total{kind=\"syn\"}") > 0.0);
+    assert!(sample(&after, "peerlb_gossip_received_datagrams_total") > 0.0);
+    assert_eq!(
+        sample(
+            &after,
+            "peerlb_gossip_dropped_datagrams_total{reason=\"codec_busy\"}"
+        ),
+        0.0
+    );
+    // No slow start configured: the full weight, no ramp.
+    assert_eq!(sample(&after, "peerlb_target_weight"), 100.0);
+    assert_eq!(sample(&after, "peerlb_slow_start_step"), 0.0);
+    // A refused head is answered and counted by its status.
+    let long = format!("/{}", "a".repeat(9000));
+    assert_eq!(exchange(n1, "GET", &long).map(|(s, _)| s), Some(414));
+    // Gossip rounds go on: the SYN count moves between scrapes.
+    let syn = "peerlb_gossip_messages_sent_total{kind=\"syn\"}";
+    poll(Duration::from_secs(10), || {
+        sample(&scrape(n1), syn) > sample(&after, syn)
+    })
+    .expect("gossip exchanges counted as they happen");
     // Scrapes are admin requests: not counted as client requests.
     let again = scrape(n1);
     assert_eq!(delta(&again, &after, "peerlb_requests_total"), 0.0);
+    assert_eq!(
+        delta(&again, &after, "peerlb_responses_total{code=\"414\"}"),
+        1.0
+    );
     // Only GET.
     let (status, _) = exchange(admin_of(n1), "POST", "/_peerlb/metrics").unwrap();
     assert_eq!(status, 405);
+}
+
+/// [`sample`], or 0 when the series is not exposed (a labelled counter
+/// appears with its first count).
+fn sample_or_zero(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            (name == series).then(|| value.parse::<f64>().expect("a number"))
+        })
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_round_robin_exposes_lbstatus_per_node() {
+    let c = Cluster::start("metrics-wrr", 2, "policy = \"weighted-round-robin\"\n", "");
+    let n1 = c.nodes[0].http;
+    for _ in 0..7 {
+        assert_eq!(get(n1, "/w", &[]).await.status, 200);
+    }
+    let text = scrape(n1);
+    // byrequests: each pick adds every lbfactor and takes the total from
+    // the winner, so the lbstatus values always sum to 0; after 7 picks
+    // between two equal weights one node is 100 ahead of the other.
+    let (a, b) = (
+        sample(&text, "peerlb_lbstatus{node=\"n1\"}"),
+        sample(&text, "peerlb_lbstatus{node=\"n2\"}"),
+    );
+    assert_eq!(a + b, 0.0, "{a} {b}");
+    assert_eq!((a - b).abs(), 200.0, "{a} {b}");
+    // Not the by-traffic policy: no bytes series.
+    assert!(!text.contains("peerlb_by_traffic_bytes{"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,15 +306,16 @@ async fn health_is_200_while_serving_and_503_while_leaving() {
     assert_eq!(exchange(n1, "GET", "/_peerlb/health"), None);
 }
 
-/// The HAProxy example of docs/operations.md (the sprayer section), with
-/// its `bind` and `server` lines pointed at `nodes` and a stats socket.
+/// The HAProxy example `deploy/haproxy/haproxy.cfg` (also shown in
+/// docs/operations.md, the sprayer section: tests/deploy.rs keeps them
+/// equal), with its `bind` and `server` lines pointed at `nodes` and a
+/// stats socket.
 fn haproxy_example(front: u16, nodes: &[NodeInfo], socket: &std::path::Path) -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
-        .unwrap();
-    let block = doc
-        .split_once("HAProxy in TCP mode")
-        .and_then(|(_, rest)| rest.split("```").nth(1))
-        .expect("the HAProxy example in docs/operations.md");
+    let block = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/haproxy/haproxy.cfg"
+    ))
+    .unwrap();
     assert!(block.contains("option httpchk") && block.contains("/_peerlb/health"));
     let mut cfg = String::new();
     for line in block.lines() {
@@ -307,4 +416,177 @@ async fn the_documented_haproxy_check_marks_a_leaving_node_down_before_its_liste
     n1_down.expect("haproxy marks n1 down during its drain grace");
     assert_eq!(still_open, Some((503, "leaving\n".into())));
     assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The JSON objects of a node's log (every line must be one).
+fn json_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
+        .collect()
+}
+
+/// The access log line (`target` `peerlb::access`) of request `id` in
+/// `lines`, when there is one.
+fn access_line<'a>(lines: &'a [serde_json::Value], id: &str) -> Option<&'a serde_json::Value> {
+    lines
+        .iter()
+        .find(|l| l["target"] == "peerlb::access" && l["request_id"] == id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_access_log_lines_share_the_request_id_on_entry_and_owner() {
+    let c = Cluster::start_args(
+        "jsonlog",
+        2,
+        "[ring]\nvnodes = 64\n",
+        USER_RULES,
+        &["--log-format", "json", "--access-log"],
+    );
+    let r = ring(&["n1", "n2"], 64);
+    let remote = user_where(&r, |o| o == "n2");
+    let n1 = c.nodes[0].http;
+    let resp = get(n1, &format!("/j?user={remote}"), &[]).await;
+    assert_eq!((resp.status, resp.served_by()), (200, "n2"));
+    // The app received the id the entry gave the request.
+    let id = resp.json()["request_id"]
+        .as_str()
+        .expect("the app saw X-Request-Id")
+        .to_owned();
+    assert_eq!(uuid_version(&id), Some('4'), "{id}");
+    let mut lines = (Vec::new(), Vec::new());
+    poll(Duration::from_secs(10), || {
+        lines = (json_lines(&c.log("n1")), json_lines(&c.log("n2")));
+        access_line(&lines.0, &id).is_some() && access_line(&lines.1, &id).is_some()
+    })
+    .unwrap_or_else(|()| {
+        panic!(
+            "no access lines for {id}:\n{}\n{}",
+            c.log("n1"),
+            c.log("n2")
+        )
+    });
+    let entry = access_line(&lines.0, &id).unwrap();
+    let owner = access_line(&lines.1, &id).unwrap();
+    for (l, node, role) in [(entry, "n1", "entry"), (owner, "n2", "owner")] {
+        assert_eq!(l["node"], node, "{l}");
+        assert_eq!(l["role"], role, "{l}");
+        assert_eq!(l["entry"], "n1", "{l}");
+        assert_eq!(l["owner"], "n2", "{l}");
+        assert_eq!(l["status"], 200, "{l}");
+        assert_eq!(l["method"], "GET", "{l}");
+        assert!(l["duration_us"].as_u64().is_some(), "{l}");
+        assert_eq!(l["level"], "INFO", "{l}");
+    }
+    assert_eq!(entry["reason"], "rule", "{entry}");
+    assert_eq!(owner["reason"], "proxied", "{owner}");
+    // The hop is inside the entry's time.
+    assert!(entry["duration_us"].as_u64() >= owner["duration_us"].as_u64());
+    // Every line is JSON, the ordinary ones too (startup, view changes).
+    assert!(
+        lines.0.iter().any(|l| l["message"] == "node running"),
+        "{:?}",
+        lines.0
+    );
+
+    // A client-sent UUID is kept (headers.trust_client_forwarded, the
+    // default): both nodes log it, and the app receives it.
+    let sent = "0f8fad5b-d9cb-469f-a165-70867728950e";
+    let resp = get(n1, &format!("/j?user={remote}"), &[("x-request-id", sent)]).await;
+    assert_eq!(resp.json()["request_id"], sent);
+    poll(Duration::from_secs(10), || {
+        access_line(&json_lines(&c.log("n1")), sent).is_some()
+            && access_line(&json_lines(&c.log("n2")), sent).is_some()
+    })
+    .expect("the client's request id on both nodes");
+    // One that is not a UUID is replaced.
+    let resp = get(n1, "/j", &[("x-request-id", "not-a-uuid")]).await;
+    let got = resp.json()["request_id"].as_str().unwrap().to_owned();
+    assert_ne!(got, "not-a-uuid");
+    assert_eq!(uuid_version(&got), Some('4'));
+}
+
+/// The version digit of a hyphenated UUID.
+fn uuid_version(s: &str) -> Option<char> {
+    (s.len() == 36 && s.as_bytes()[8] == b'-').then(|| s.as_bytes()[14] as char)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_access_flag_no_request_is_logged() {
+    let c = Cluster::start_args("noaccess", 1, "", "", &["--log-format", "json"]);
+    let n1 = c.nodes[0].http;
+    let id = get(n1, "/q", &[]).await.json()["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The entry writes its access line before it answers, so it would be
+    // in the log by now.
+    let lines = json_lines(&c.log("n1"));
+    assert!(!lines.is_empty());
+    assert!(access_line(&lines, &id).is_none(), "{lines:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
+    // 4 steps over 20 s: 25, 50, 75 (from 0, 5, 10 s), then 100 from 15
+    // s on; over at 20 s. A cluster converges in 1-3 s, so well inside the
+    // first steps even on a loaded machine.
+    let c = Cluster::start(
+        "slowstart",
+        2,
+        "[balance]\nslow_start_ms = 20000\nslow_start_steps = 4\n",
+        "",
+    );
+    let (n1, n2) = (c.nodes[0].http, c.nodes[1].http);
+    let first = status(n1).expect("status");
+    assert_eq!(first["target_weight"], 100, "{first}");
+    // Still ramping.
+    let w = first["weight"].as_u64().unwrap();
+    assert!([25, 50, 75].contains(&w), "{first}");
+    assert_eq!(first["slow_start"]["steps"], 4, "{first}");
+    let m = scrape(n1);
+    assert!(sample(&m, "peerlb_weight") < 100.0, "{m}");
+    assert!(sample(&m, "peerlb_slow_start_step") >= 1.0, "{m}");
+    // A new weight during the ramp is its new target: n2 publishes the
+    // step in force of 200 (50, 100 or 150), and 200 once the ramp is over.
+    let mut conn = Conn::open(admin_of(n2)).await.unwrap();
+    let r = conn
+        .request("PUT", "/_peerlb/weight", &[], bytes::Bytes::from("200"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json(),
+        serde_json::json!({ "weight": 200, "previous": 100 })
+    );
+    let st2 = status(n2).unwrap();
+    assert_eq!(st2["target_weight"], 200, "{st2}");
+    let w2 = st2["weight"].as_u64().unwrap();
+    assert!([50, 100, 150].contains(&w2), "{st2}");
+    // n2 sees n1's published weight climb step by step, never down.
+    let mut seen = vec![];
+    poll(Duration::from_secs(60), || {
+        let st = status(n2);
+        let w = st.as_ref().and_then(|s| {
+            s["members"].as_array()?.iter().find(|m| m["id"] == "n1")?["weight"].as_u64()
+        });
+        if let Some(w) = w
+            && seen.last() != Some(&w)
+        {
+            seen.push(w);
+        }
+        w == Some(100) && status(n1).is_some_and(|s| s["slow_start"].is_null())
+    })
+    .unwrap_or_else(|()| panic!("the ramp did not end: {seen:?}\n{}", c.log("n1")));
+    assert!(seen.windows(2).all(|p| p[0] < p[1]), "{seen:?}");
+    assert!(seen.len() >= 2 && seen[0] < 100, "{seen:?}");
+    assert!(
+        seen.iter().all(|w| [25, 50, 75, 100].contains(w)),
+        "{seen:?}"
+    );
+    let m = scrape(n1);
+    assert_eq!(sample(&m, "peerlb_weight"), 100.0);
+    assert_eq!(sample(&m, "peerlb_slow_start_step"), 0.0);
+    poll(Duration::from_secs(10), || {
+        status(n2).is_some_and(|s| s["weight"] == 200 && s["slow_start"].is_null())
+    })
+    .expect("n2 publishes its new weight in full once its ramp is over");
 }

@@ -113,6 +113,36 @@ fn node_join_takes_about_a_quarter_of_the_keys() {
 }
 
 #[test]
+fn slow_start_grows_a_joining_nodes_share_in_steps_moving_only_its_keys() {
+    for o in run_all("slow-start") {
+        assert_eq!(o.figures.failed, 0);
+        // n4 joins at 25 (a membership change, counted in keys_moved),
+        // then each step is a view change of its weight alone: 50, 75,
+        // 100, each moving keys to n4 (and none between two other nodes:
+        // a violation otherwise).
+        let steps: Vec<(u32, f64)> = o
+            .figures
+            .ramp_steps
+            .iter()
+            .filter(|(n, _, _)| n == "n4")
+            .map(|(_, w, f)| (*w, *f))
+            .collect();
+        let weights: Vec<u32> = steps.iter().map(|(w, _)| *w).collect();
+        assert_eq!(weights, [50, 75, 100], "{steps:?}");
+        // Its share of the keys: 25/325, 50/350, 75/375, 100/400 (7.7%,
+        // 14.3%, 20%, 25%), so each step moves about 5-7% of the keys.
+        assert!(
+            steps.iter().all(|(_, f)| (0.02..0.12).contains(f)),
+            "{steps:?}"
+        );
+        let total: f64 = steps.iter().map(|(_, f)| f).sum();
+        assert!((0.11..0.24).contains(&total), "{total}");
+        let join = o.faults[0].at;
+        assert!(served_after(&o, "n4", join + Duration::from_secs(4)) > 50);
+    }
+}
+
+#[test]
 fn membership_skew_forwards_once_and_never_fails() {
     for o in run_all("membership-skew") {
         assert_eq!(o.figures.failed, 0);

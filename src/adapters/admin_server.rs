@@ -85,6 +85,10 @@ impl Handler for AdminServer {
         &self.connections
     }
 
+    fn byte_counts(&self) -> Option<&Arc<super::metrics::ByteCounts>> {
+        None
+    }
+
     fn connection_refused(&self) {
         tracing::debug!(
             max = ADMIN_MAX_CONNECTIONS,

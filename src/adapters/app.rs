@@ -9,7 +9,7 @@
 //! | `/bytes/<n>` | streams a body of `n` bytes (at most 1 GiB), in 64 KiB chunks |
 //! | `/echo` | streams the request body back |
 //! | `/delay/<ms>` | waits `ms` milliseconds (at most 60000), then answers like any other path |
-//! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
+//! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `request_id` (the `X-Request-Id` it received), `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
 //!
 //! Case code (H4) names a case of `docs/cases.md`: the input, the
 //! value peerlb must give, and where it is tested.
@@ -291,6 +291,11 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
         "path": path,
         "key": ctx.key,
         "client": ctx.client.to_string(),
+        // The request id the entry gave the request (`access.rs`).
+        "request_id": req
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok()),
         // Marks the node uses itself; a client must never be able to set them (H4).
         "peerlb_headers": req
             .headers()

@@ -66,6 +66,22 @@ pub(crate) enum RequestError {
 }
 
 impl RequestError {
+    /// The status a client is answered with for this error (by
+    /// [`error_response`]; the access log and the status counts read it
+    /// too).
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RequestError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
+            RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            RequestError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
     /// The error for a client body that failed: 408 when it stalled, else 400.
     pub(crate) fn client_body(e: &body::BodyError) -> RequestError {
         match e {
@@ -222,16 +238,7 @@ pub(crate) enum HttpError {
 /// on a 405.
 pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
     let status = match err {
-        HttpError::Request(e) => match e {
-            RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
-            RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            RequestError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
-            RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
-            RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            RequestError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
-            RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-        },
+        HttpError::Request(e) => e.status(),
         HttpError::Admin(e) => match e {
             AdminError::ClientPort | AdminError::UnknownPath => StatusCode::NOT_FOUND,
             AdminError::ForeignHost(_) | AdminError::ForeignOrigin(_) => StatusCode::FORBIDDEN,

@@ -70,6 +70,7 @@ impl Ingress {
             response_timeout: settings.response_timeout,
             body_read_timeout: settings.body_read_timeout,
             header_served_by: settings.header_served_by,
+            keep_client_request_id: settings.trust_client_forwarded,
         };
         Ingress {
             id_header: HeaderValue::from_str(state.node_id()).ok(),
@@ -93,9 +94,12 @@ impl Ingress {
         req: Request<Incoming>,
         client: SocketAddr,
     ) -> Response<Body> {
-        let mut resp = match limits::check(&req, self.settings.max_request_target)
-            .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
-        {
+        let class = limits::check(&req, self.settings.max_request_target)
+            .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX));
+        // Admin answers (the sprayer's health checks) are not client
+        // requests: not counted by status.
+        let admin_path = matches!(class, Ok(PathClass::Admin));
+        let mut resp = match class {
             Err(e) => self.state.failed(e),
             Ok(PathClass::Admin) => admin::answer_client_port(&self.state, req).await,
             // Never routed: a normalising app would take it for the admin
@@ -117,12 +121,15 @@ impl Ingress {
                 let start = tokio::time::Instant::now();
                 let resp = match self.forwarder.route_and_serve(req, client).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
-                    Err(e) => self.state.failed(e),
+                    Err(answer) => answer,
                 };
                 self.state.metrics.observe_request(start.elapsed());
                 resp
             }
         };
+        if !admin_path {
+            self.state.metrics.count_status(resp.status());
+        }
         if self.settings.header_entry
             && let Some(v) = &self.id_header
         {
@@ -162,6 +169,10 @@ impl server::Handler for Ingress {
 
     fn connections(&self) -> &std::sync::atomic::AtomicU64 {
         &self.state.counters.client_connections
+    }
+
+    fn byte_counts(&self) -> Option<&Arc<super::metrics::ByteCounts>> {
+        Some(&self.state.metrics.client_bytes)
     }
 
     fn connection_refused(&self) {

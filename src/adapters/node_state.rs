@@ -26,6 +26,26 @@ use crate::engine::membership::{MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::{EntryDecision, Router};
 use crate::engine::rules::RequestView;
+use crate::engine::slow_start::SlowStart;
+
+/// A slow-start ramp and the time it began.
+#[derive(Debug)]
+struct Ramp {
+    slow_start: SlowStart,
+    began: tokio::time::Instant,
+}
+
+/// Where a running slow start stands (status and metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlowStartProgress {
+    /// The step in force, `1..=steps`.
+    pub step: u32,
+    /// The ramp's step count.
+    pub steps: u32,
+    /// Time left until the ramp ends (the full weight is published from
+    /// the start of the last step on).
+    pub remaining: Duration,
+}
 
 /// Request counters (monotonic).
 #[derive(Debug, Default)]
@@ -237,9 +257,17 @@ pub(crate) struct NodeState {
     publisher: Publisher,
     /// The peer links (their connection count, for the status).
     links: Arc<PeerLinks>,
-    /// The weight this node publishes (config, or the last `PUT
-    /// /_peerlb/weight`).
+    /// The weight this node ramps to and then publishes (config, or the
+    /// last `PUT /_peerlb/weight`): its target under slow start.
     weight: AtomicU32,
+    /// The slow-start ramp.
+    ramp: Mutex<Ramp>,
+    /// Held while a weight is computed and published, so ramp steps and
+    /// weight changes publish in order.
+    publishing: tokio::sync::Mutex<()>,
+    /// The weight this node publishes now: [`NodeState::weight`] scaled by
+    /// the slow-start step in force.
+    published_weight: AtomicU32,
     /// Request counters.
     pub counters: Counters,
     /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
@@ -264,6 +292,12 @@ impl NodeState {
             links,
             publisher,
             weight: AtomicU32::new(weight),
+            ramp: Mutex::new(Ramp {
+                slow_start: SlowStart::OFF,
+                began: tokio::time::Instant::now(),
+            }),
+            publishing: tokio::sync::Mutex::new(()),
+            published_weight: AtomicU32::new(weight),
             node_id,
             view,
             tracker: router_tracks_load(&router).then(|| Arc::new(Tracker::for_router(&router))),
@@ -280,6 +314,34 @@ impl NodeState {
             counters: Counters::default(),
             metrics: super::metrics::Metrics::default(),
         }
+    }
+
+    /// This state with a slow-start ramp that began at `began`, towards
+    /// `target` (the configured weight; the view's own member holds the
+    /// ramp's first step, published at start).
+    pub(crate) fn with_slow_start(
+        self,
+        slow_start: SlowStart,
+        target: u32,
+        began: tokio::time::Instant,
+    ) -> NodeState {
+        self.weight.store(target, Ordering::Relaxed);
+        self.published_weight.store(
+            slow_start.weight_at(target, Duration::ZERO),
+            Ordering::Relaxed,
+        );
+        *self.ramp.lock().expect("ramp lock") = Ramp { slow_start, began };
+        self
+    }
+
+    /// The peer connections and peers by state (metrics).
+    pub(crate) fn peer_link_counts(&self) -> super::peer::LinkCounts {
+        self.links.counts()
+    }
+
+    /// Peers ejected from routing since start (metrics).
+    pub(crate) fn peer_ejections(&self) -> u64 {
+        self.links.ejections()
     }
 
     /// Open QUIC connections to peers (`peer_connections` in the status).
@@ -321,6 +383,12 @@ impl NodeState {
             }
             None => router.decide_entry(req, view, now, rng, &|_: &str| 0),
         }
+    }
+
+    /// The weighted policies' state per node (lbstatus, by-traffic bytes;
+    /// see `Router::balance_state`). Takes the router lock: for a scrape.
+    pub(crate) fn balance_state(&self) -> crate::engine::route::BalanceState {
+        self.router.lock().expect("router lock").balance_state()
     }
 
     /// Counts a request to `node` as outstanding, when the policy needs it.
@@ -535,9 +603,66 @@ impl NodeState {
         Ok(n)
     }
 
-    /// The weight this node publishes in gossip now.
+    /// The weight this node ramps to and publishes once its slow start is
+    /// over (the configured weight, or the last `PUT /_peerlb/weight`).
     pub(crate) fn weight(&self) -> u32 {
         self.weight.load(Ordering::Relaxed)
+    }
+
+    /// The weight this node publishes in gossip now: [`NodeState::weight`]
+    /// during a slow start's step, else the weight itself.
+    pub(crate) fn published_weight(&self) -> u32 {
+        self.published_weight.load(Ordering::Relaxed)
+    }
+
+    /// The slow start in progress: its step (`1..=steps`), its step count
+    /// and the time left; `None` when no ramp is running (off or over).
+    pub(crate) fn slow_start_progress(&self) -> Option<SlowStartProgress> {
+        let (s, elapsed) = self.ramp_now();
+        Some(SlowStartProgress {
+            step: s.step_at(elapsed)?,
+            steps: s.steps(),
+            remaining: s.remaining(elapsed),
+        })
+    }
+
+    /// The ramp and the time since it began.
+    fn ramp_now(&self) -> (SlowStart, Duration) {
+        let ramp = self.ramp.lock().expect("ramp lock");
+        (ramp.slow_start, ramp.began.elapsed())
+    }
+
+    /// Publishes the weight of the slow-start step in force now (the
+    /// target itself once the ramp is over) when it differs from the one
+    /// published, and returns the time until the published weight changes
+    /// next (`None`: the ramp is over).
+    pub(crate) async fn publish_ramp_step(&self) -> Option<Duration> {
+        let _publishing = self.publishing.lock().await;
+        let (s, elapsed) = self.ramp_now();
+        let target = self.weight();
+        let w = s.weight_at(target, elapsed);
+        if self.published_weight.swap(w, Ordering::Relaxed) != w {
+            self.publisher.set_weight(w).await;
+            if !s.is_off() {
+                info!(
+                    target: REQUEST_PATH,
+                    weight = w,
+                    target_weight = target,
+                    step = s.step_at(elapsed),
+                    steps = s.steps(),
+                    "slow start: weight published"
+                );
+            }
+        }
+        s.next_change_at(elapsed).map(|next| next - elapsed)
+    }
+
+    /// Runs the slow-start ramp: publishes each step's weight when the
+    /// step begins, until the ramp is over (the full weight published).
+    pub(crate) async fn ramp_weight(&self) {
+        while let Some(next) = self.publish_ramp_step().await {
+            tokio::time::sleep(next).await;
+        }
     }
 
     /// Publishes `weight` as this node's new weight (gossip key `weight`):
@@ -566,8 +691,10 @@ impl NodeState {
             }
         }
         let previous = self.weight.swap(w, Ordering::Relaxed);
-        self.publisher.set_weight(w).await;
-        info!(target: REQUEST_PATH, weight = w, previous, "weight changed: published in gossip");
+        // During a slow start the new weight is the ramp's new target: the
+        // step in force publishes its share of it.
+        self.publish_ramp_step().await;
+        info!(target: REQUEST_PATH, weight = w, previous, published = self.published_weight(), "weight changed: published in gossip");
         Ok(previous)
     }
 }

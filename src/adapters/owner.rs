@@ -59,6 +59,27 @@ impl ProxiedHandler for Owner {
     }
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
+        let start = tokio::time::Instant::now();
+        let method = req.method().clone();
+        let resp = self.serve_proxied(head, req).await;
+        super::access::access_log(
+            self.state.node_id(),
+            "owner",
+            head.request_id,
+            &head.entry,
+            self.state.node_id(),
+            resp.status().as_u16(),
+            start.elapsed(),
+            "proxied",
+            &method,
+        );
+        resp
+    }
+}
+
+impl Owner {
+    /// Serves a proxied request with the local app (hop limit 1).
+    async fn serve_proxied(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
         let state = &self.state;
         // An admin change a peer's admin API forwarded (only a peer can
         // send the header: entries strip client-sent `peerlb-*` headers).
@@ -69,6 +90,7 @@ impl ProxiedHandler for Owner {
         {
             return super::admin::members::answer_peer(state, head, req.into_body()).await;
         }
+        state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();
         if let Some(k) = &head.hash_key {
             let view = state.view();

@@ -30,7 +30,7 @@ mod dial;
 mod links;
 
 use links::Link;
-pub(crate) use links::{PeerBody, PeerLinks, PeerStream};
+pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
 
 /// Errors setting up the endpoint.
 #[derive(Debug, thiserror::Error)]

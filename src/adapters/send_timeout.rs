@@ -2,6 +2,10 @@
 //! nginx's `send_timeout`, HAProxy's `timeout client` on the sending side.
 //! Without it, a client that never reads its response holds the request
 //! (and, for a forwarded one, the owner's stream and app) for ever.
+//!
+//! It also counts the bytes read from and written to the client (the
+//! metrics' `peerlb_client_received_bytes_total` and `_sent_`): one relaxed
+//! atomic add per read or write call, nothing per request.
 
 use std::future::Future;
 use std::io;
@@ -9,8 +13,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
+
+use super::metrics::ByteCounts;
 
 /// Wraps a client connection: a write (or flush) that makes no progress
 /// for `limit` fails with [`io::ErrorKind::TimedOut`], which ends the
@@ -21,6 +29,8 @@ pub(crate) struct SendTimeout<S> {
     limit: Duration,
     /// Running while the client's receive window is full.
     stalled: Option<Pin<Box<Sleep>>>,
+    /// Where the bytes read and written are counted.
+    counts: Option<Arc<ByteCounts>>,
 }
 
 impl<S> SendTimeout<S> {
@@ -30,6 +40,20 @@ impl<S> SendTimeout<S> {
             inner,
             limit,
             stalled: None,
+            counts: None,
+        }
+    }
+
+    /// Counts the bytes read and written in `counts` from now on.
+    pub(crate) fn counting(mut self, counts: Arc<ByteCounts>) -> Self {
+        self.counts = Some(counts);
+        self
+    }
+
+    /// Counts `n` bytes written.
+    fn wrote(&self, r: &Poll<io::Result<usize>>) {
+        if let (Some(c), Poll::Ready(Ok(n))) = (&self.counts, r) {
+            c.add_sent(*n);
         }
     }
 
@@ -64,7 +88,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for SendTimeout<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let (Some(c), Poll::Ready(Ok(()))) = (&self.counts, &r) {
+            c.add_received(buf.filled().len() - before);
+        }
+        r
     }
 }
 
@@ -75,6 +104,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for SendTimeout<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(&r);
         self.watch(r, cx)
     }
 
@@ -84,6 +114,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for SendTimeout<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(&r);
         self.watch(r, cx)
     }
 
@@ -124,5 +155,18 @@ mod tests {
         let e = w.write_all(&[1u8; 1]).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert_eq!(start.elapsed(), Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn bytes_read_and_written_are_counted() {
+        let (a, mut b) = tokio::io::duplex(1024);
+        let counts = Arc::new(ByteCounts::default());
+        let mut w = SendTimeout::new(a, Duration::from_secs(5)).counting(counts.clone());
+        w.write_all(&[1u8; 300]).await.unwrap();
+        b.write_all(&[2u8; 70]).await.unwrap();
+        let mut buf = [0u8; 70];
+        w.read_exact(&mut buf).await.unwrap();
+        assert_eq!(counts.sent(), 300);
+        assert_eq!(counts.received(), 70);
     }
 }

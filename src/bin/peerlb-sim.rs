@@ -101,6 +101,12 @@ fn print_summary(o: &Outcome) {
     for (label, frac) in &f.keys_moved {
         println!("keys moved by {label}: {:.1}%", frac * 100.0);
     }
+    for (node, weight, frac) in &f.ramp_steps {
+        println!(
+            "slow start step: {node} at weight {weight}, {:.1}% of the keys moved to it",
+            frac * 100.0
+        );
+    }
     for s in &f.shares {
         println!(
             "share after {}: {} served {:.1}% of {} requests; the new ring gives it {:.1}% of their keys, {:.1}% of all keys (weight share {:.1}%)",

@@ -46,8 +46,10 @@ struct Started {
 
 /// Runs the cluster until Ctrl-C or SIGTERM: 0 once every node was
 /// stopped, 1 when a node exits before the cluster is ready or every node
-/// has exited, 64 for an invalid configuration.
-pub(crate) fn run(a: UpArgs) -> anyhow::Result<u8> {
+/// has exited, 64 for an invalid configuration. Each node logs in
+/// `log_format`, with the access log when `access_log` (the flags given to
+/// `up` reach every node).
+pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> anyhow::Result<u8> {
     let config = a.config.as_deref();
     let (file, c) = match load_cluster(config) {
         Ok(x) => x,
@@ -63,7 +65,13 @@ pub(crate) fn run(a: UpArgs) -> anyhow::Result<u8> {
     runtime()?.block_on(async move {
         let mut started = Vec::new();
         for n in &c.nodes {
-            started.push(spawn(&exe, config, sprayer.as_deref(), n)?);
+            started.push(spawn(
+                &exe,
+                config,
+                sprayer.as_deref(),
+                n,
+                (log_format, access_log),
+            )?);
         }
         print_table(&c.cluster, &started);
         let front = sprayer.unwrap_or_else(|| c.nodes[0].http_addr.to_string());
@@ -110,9 +118,16 @@ fn spawn(
     config: Option<&Path>,
     sprayer: Option<&str>,
     n: &NodeAddrs,
+    (log_format, access_log): (super::LogFormat, bool),
 ) -> anyhow::Result<Started> {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("node").arg("--node").arg(&*n.id);
+    if log_format == super::LogFormat::Json {
+        cmd.arg("--log-format").arg("json");
+    }
+    if access_log {
+        cmd.arg("--access-log");
+    }
     if let Some(p) = config {
         cmd.arg("--config").arg(p);
     }

@@ -108,6 +108,14 @@ pub struct BalanceSection {
     /// Requests in service on this node's app at which its metric reaches
     /// 0 (peerlb's bound on the mod_oc4j metric), default 100.
     pub metric_capacity: u32,
+    /// Slow start (HAProxy `slowstart`): a node that starts ramps the
+    /// weight it publishes from `1/slow_start_steps` of its weight to its
+    /// full weight over this many milliseconds. 0 (the default): no ramp.
+    /// At most 3,600,000 (one hour).
+    pub slow_start_ms: u64,
+    /// Steps of the slow-start ramp, `1..=100` (default 10): each step is
+    /// one gossip publication and one ring rebuild on every node.
+    pub slow_start_steps: u32,
 }
 
 impl Default for BalanceSection {
@@ -116,6 +124,8 @@ impl Default for BalanceSection {
             hash_balance_factor: None,
             metric_history: 0.3,
             metric_capacity: 100,
+            slow_start_ms: 0,
+            slow_start_steps: crate::engine::slow_start::DEFAULT_STEPS,
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
 use crate::engine::rules::Rules;
+use crate::engine::slow_start::SlowStart;
 
 /// The app a node serves requests with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +147,9 @@ pub struct RoutingSettings {
     pub rules: Rules,
     /// Ring resolution (`ring.vnodes`).
     pub vnodes: u32,
+    /// The weight ramp of this node after it starts
+    /// (`balance.slow_start_ms`, `balance.slow_start_steps`).
+    pub slow_start: SlowStart,
 }
 
 /// The load metric a node publishes in gossip (mod_oc4j's metric with

@@ -483,3 +483,35 @@ fn admin_addr_clashes_name_the_field() {
         "{e}"
     );
 }
+
+#[test]
+fn slow_start_is_off_by_default_and_its_ramp_is_validated() {
+    let c = validate(ONE, "n1").unwrap();
+    assert!(c.routing.slow_start.is_off());
+    let c = validate(
+        &format!("[balance]\nslow_start_ms = 30000\nslow_start_steps = 5\n{ONE}"),
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(
+        c.routing.slow_start,
+        crate::SlowStart::new(std::time::Duration::from_secs(30), 5)
+    );
+    for (text, field) in [
+        (
+            format!("[balance]\nslow_start_ms = 3600001\n{ONE}"),
+            "balance.slow_start_ms",
+        ),
+        (
+            format!("[balance]\nslow_start_steps = 0\n{ONE}"),
+            "balance.slow_start_steps",
+        ),
+        (
+            format!("[balance]\nslow_start_steps = 101\n{ONE}"),
+            "balance.slow_start_steps",
+        ),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+}

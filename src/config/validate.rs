@@ -16,6 +16,7 @@ use super::{
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
+use crate::engine::slow_start::SlowStart;
 use crate::engine::{RouteCookie, SameSite};
 
 impl ClusterFile {
@@ -221,6 +222,25 @@ impl ClusterFile {
                 "must be greater than 0".into(),
             ));
         }
+        if b.slow_start_ms > MAX_SLOW_START_MS {
+            return Err(inv(
+                "balance.slow_start_ms",
+                format!(
+                    "{} is out of range 0..={MAX_SLOW_START_MS} (one hour)",
+                    b.slow_start_ms
+                ),
+            ));
+        }
+        if !(1..=crate::engine::slow_start::MAX_STEPS).contains(&b.slow_start_steps) {
+            return Err(inv(
+                "balance.slow_start_steps",
+                format!(
+                    "{} is out of range 1..={}",
+                    b.slow_start_steps,
+                    crate::engine::slow_start::MAX_STEPS
+                ),
+            ));
+        }
         self.rules_source(src)?.load().map_err(|e| match e {
             // A rules file that cannot be read is the `rules_file` field's fault.
             ConfigError::Read { path, source } if self.rules_file.is_some() => {
@@ -382,6 +402,10 @@ impl ClusterFile {
                 },
                 rules: rules_source.load()?,
                 vnodes: self.ring.vnodes,
+                slow_start: SlowStart::new(
+                    ms(self.balance.slow_start_ms),
+                    self.balance.slow_start_steps,
+                ),
             },
             metric: MetricSettings {
                 history: self.balance.metric_history,
@@ -523,6 +547,9 @@ fn parse_policy(s: &str) -> Result<Policy, String> {
 
 /// Longest `limits.upstream_idle_timeout_ms` (one hour).
 const MAX_UPSTREAM_IDLE_MS: u64 = 3_600_000;
+
+/// Longest slow-start ramp (`balance.slow_start_ms`): one hour.
+const MAX_SLOW_START_MS: u64 = 3_600_000;
 
 /// `app` (or `--app`): `builtin`, `http://host:port`, or
 /// `unix:/absolute/path.sock`; an upstream app keeps idle connections

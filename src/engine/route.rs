@@ -217,6 +217,15 @@ pub(crate) struct EntryDecision {
     pub(crate) sticky: Option<Session>,
 }
 
+/// The weighted policies' state per node id ([`Router::balance_state`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BalanceState {
+    /// Each node's lbstatus (`weighted-round-robin`; else empty).
+    pub(crate) lbstatus: Vec<(NodeId, i64)>,
+    /// Each node's counted bytes (`by-traffic`; else empty).
+    pub(crate) bytes: Vec<(NodeId, u64)>,
+}
+
 /// Tunables of a [`Router`] beyond the policy and the rules.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RouterOptions {
@@ -374,6 +383,31 @@ impl Router {
             )),
             _ => None,
         }
+    }
+
+    /// The balancing state of the weighted policies, per node id: each
+    /// node's lbstatus under `weighted-round-robin` (mod_proxy_balancer
+    /// byrequests) and its counted bytes under `by-traffic` (bytraffic);
+    /// empty for the other policies. For the metrics (not the request
+    /// path).
+    pub(crate) fn balance_state(&self) -> BalanceState {
+        let lbstatus = match self.policy.kind() {
+            PolicyKind::WeightedRoundRobin => self
+                .byrequests
+                .all()
+                .map(|(id, s)| (id.clone(), s))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let bytes = match self.policy.kind() {
+            PolicyKind::ByTraffic => self
+                .bytraffic
+                .all()
+                .map(|(id, b)| (id.clone(), b))
+                .collect(),
+            _ => Vec::new(),
+        };
+        BalanceState { lbstatus, bytes }
     }
 
     /// Bytes [`Router::record_bytes`] counted for `node` (0 unless by-traffic).

@@ -136,6 +136,11 @@ pub struct Figures {
     /// Per `weight` fault: the reweighted node's share of the requests
     /// served once the rings agreed, against its share on the ring.
     pub shares: Vec<Share>,
+    /// Slow start, as the first node that is not ramping saw it: one entry
+    /// per view change in which only one node's weight rose (a ramp step):
+    /// the node, its new weight, and the fraction of the scenario's keys
+    /// that moved to it (every moved key moves to it: checked).
+    pub ramp_steps: Vec<(String, u32, f64)>,
     /// Peer-layer (QUIC) datagrams sent by all nodes, per virtual second
     /// (`[s]` counts `[s, s + 1)` s; counted by the simulated network).
     pub peer_datagrams: Vec<u64>,
@@ -304,6 +309,9 @@ struct Run<'s> {
     weights: BTreeMap<String, u32>,
     /// Per node: `id=weight` of the serving members of its latest view.
     view_weights: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Every view change with its weights: (node, `id=weight` of the
+    /// serving members), in order; read by the slow-start check.
+    view_weight_log: Vec<(String, BTreeMap<String, u32>)>,
     /// Per node: when it logged `node running`.
     ups: BTreeMap<String, Vec<Duration>>,
     /// Per `weight` fault (script index): the node's answer to its `PUT

@@ -116,6 +116,8 @@ pub struct Cluster {
     pub nodes: Vec<NodeInfo>,
     pub children: BTreeMap<String, Child>,
     pub shared: Option<SocketAddr>,
+    /// Extra `peerlb` arguments every node starts with.
+    pub args: Vec<String>,
 }
 
 impl Cluster {
@@ -127,6 +129,18 @@ impl Cluster {
         Self::start_with(tag, n, extra_head, extra_tail, false)
     }
 
+    /// Like [`Cluster::start`], each node started with `args` added to
+    /// its command line (e.g. `--log-format json`).
+    pub fn start_args(
+        tag: &str,
+        n: usize,
+        extra_head: &str,
+        extra_tail: &str,
+        args: &[&str],
+    ) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, false, args)
+    }
+
     /// Like [`Cluster::start`]; with `shared`, every node also listens on one
     /// shared SO_REUSEPORT address (the kernel as sprayer).
     pub fn start_with(
@@ -135,6 +149,17 @@ impl Cluster {
         extra_head: &str,
         extra_tail: &str,
         shared: bool,
+    ) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, shared, &[])
+    }
+
+    fn start_full(
+        tag: &str,
+        n: usize,
+        extra_head: &str,
+        extra_tail: &str,
+        shared: bool,
+        args: &[&str],
     ) -> Cluster {
         let dir = temp_dir(tag);
         let nodes: Vec<NodeInfo> = (1..=n)
@@ -179,6 +204,7 @@ impl Cluster {
             nodes,
             children: BTreeMap::new(),
             shared,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         for i in 0..n {
             c.spawn(i);
@@ -201,6 +227,7 @@ impl Cluster {
         if let Some(s) = self.shared {
             cmd.arg("--shared-listen").arg(s.to_string());
         }
+        cmd.args(&self.args);
         let child = cmd.spawn().unwrap();
         self.children.insert(node.id.clone(), child);
     }

@@ -397,6 +397,20 @@ pub struct GossipCounters {
     /// Datagrams not sent because sealing made them larger than a UDP
     /// datagram.
     pub oversize: AtomicU64,
+    /// Authenticated datagrams dropped because the gossip codec was far
+    /// behind (its loopback buffer full).
+    pub codec_busy: AtomicU64,
+    /// Authenticated, in-bounds datagrams handed to chitchat.
+    pub received: AtomicU64,
+    /// Messages sent, by kind: SYN (an exchange this node starts; each
+    /// gossip round starts one with each peer it picks), SYN-ACK, ACK,
+    /// and other (a bad-cluster answer).
+    pub sent: [AtomicU64; 4],
+}
+
+impl GossipCounters {
+    /// The kinds of [`GossipCounters::sent`], in its order.
+    pub const SENT_KINDS: [&'static str; 4] = ["syn", "synack", "ack", "other"];
 }
 
 /// The ring a node seals and opens with, changeable while it runs (admin

@@ -228,7 +228,13 @@ impl SealedSocket {
         // Loopback to a socket that is read right after: a full buffer
         // means the codec is far behind, and gossip tolerates loss.
         if let Err(e) = shim.socket.try_send(&plain) {
+            self.keys
+                .counters
+                .codec_busy
+                .fetch_add(1, Ordering::Relaxed);
             debug!(error = %e, "gossip datagram dropped: codec busy");
+        } else {
+            self.keys.counters.received.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -253,6 +259,12 @@ impl Socket for SealedSocket {
         // A send cancelled half-way (only at shutdown) may leave bytes
         // behind: clear them so they are never sent to the wrong address.
         while self.out_shim.try_recv(&mut self.buf).is_ok() {}
+        let kind = match envelope.message {
+            chitchat::ChitchatMessage::Syn { .. } => 0,
+            chitchat::ChitchatMessage::SynAck { .. } => 1,
+            chitchat::ChitchatMessage::Ack { .. } => 2,
+            _ => 3,
+        };
         self.codec.send(self.out_shim_addr, envelope).await?;
         let n = self
             .out_shim
@@ -274,6 +286,7 @@ impl Socket for SealedSocket {
             .send_to(&sealed, to)
             .await
             .context("failed to send chitchat message to peer")?;
+        self.keys.counters.sent[kind].fetch_add(1, Ordering::Relaxed);
         Ok(SendOutcome { num_bytes_sent })
     }
 

@@ -19,6 +19,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
 use crate::adapters::REQUEST_PATH;
+use crate::adapters::access;
 use crate::adapters::app::ServeCtx;
 use crate::adapters::body::{self, Body};
 use crate::adapters::errors::RequestError;
@@ -28,9 +29,11 @@ use crate::adapters::peer::{self, ExchangeError, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+use crate::engine::membership::MembershipView;
 use crate::engine::node_id::NodeId;
-use crate::engine::route::EntryDecision;
+use crate::engine::route::{Decision, EntryDecision};
 use crate::engine::rules::RequestView;
+use crate::engine::sticky::Session;
 
 /// Response header naming the node that served the request.
 pub(crate) const SERVED_BY: &str = "peerlb-served-by";
@@ -48,6 +51,9 @@ pub(super) struct ForwardSettings {
     pub(super) body_read_timeout: Duration,
     /// Add `peerlb-served-by`.
     pub(super) header_served_by: bool,
+    /// Keep a client-sent `X-Request-Id` that is a UUID
+    /// (`headers.trust_client_forwarded`).
+    pub(super) keep_client_request_id: bool,
 }
 
 /// Routes client requests and serves them: locally through the owner side,
@@ -90,16 +96,20 @@ impl Forwarder {
     }
 
     /// Routes a client request that passed the limits and serves it: the
-    /// response, and the guard that keeps it outstanding to its server.
+    /// response, and the guard that keeps it outstanding to its server;
+    /// `Err` is the error answer (already counted). Either way the request
+    /// is counted by owner, and its access log line written
+    /// (`access::access_log`).
     pub(super) async fn route_and_serve(
         &self,
         mut req: Request<Incoming>,
         client: SocketAddr,
-    ) -> Result<(Response<Body>, Option<Outstanding>), RequestError> {
+    ) -> Result<(Response<Body>, Option<Outstanding>), Response<Body>> {
+        let start = tokio::time::Instant::now();
         strip_peerlb_headers(req.headers_mut());
         let view = self.state.view();
         let now = self.epoch.elapsed();
-        let (EntryDecision { decision, sticky }, request_id) = {
+        let (EntryDecision { decision, sticky }, random_id) = {
             let rv = RequestView {
                 method: req.method(),
                 uri: req.uri(),
@@ -108,8 +118,51 @@ impl Forwarder {
             };
             let mut rng = self.rng.lock().expect("rng lock");
             let d = self.state.decide(&rv, &view, now, &mut *rng);
-            (d, rng.random::<u128>())
+            (d, rng.random::<[u8; 16]>())
         };
+        let request_id = access::request_id(
+            req.headers_mut(),
+            random_id,
+            self.settings.keep_client_request_id,
+        );
+        let method = req.method().clone();
+        let reason = decision.reason.as_str();
+        let served = self
+            .serve_decided(req, client, &view, decision, sticky, request_id)
+            .await;
+        let (status, owner) = match &served {
+            Ok((resp, _, owner)) => (resp.status(), owner),
+            Err((e, owner)) => (e.status(), owner),
+        };
+        self.state.metrics.count_owner(owner);
+        access::access_log(
+            self.state.node_id(),
+            "entry",
+            request_id,
+            self.state.node_id(),
+            owner,
+            status.as_u16(),
+            start.elapsed(),
+            reason,
+            &method,
+        );
+        match served {
+            Ok((resp, guard, _)) => Ok((resp, guard)),
+            Err((e, _)) => Err(self.state.failed(e)),
+        }
+    }
+
+    /// Serves a decided request: the response, its outstanding guard and
+    /// who served it; or the error and the owner the decision picked.
+    async fn serve_decided(
+        &self,
+        mut req: Request<Incoming>,
+        client: SocketAddr,
+        view: &MembershipView,
+        decision: Decision,
+        sticky: Option<Session>,
+        request_id: u128,
+    ) -> Result<(Response<Body>, Option<Outstanding>, NodeId), (RequestError, NodeId)> {
         // The route parameter is peerlb's own mark: the app never sees it.
         let route_in_url = strip_route_param(req.uri_mut());
         // Per-request spans are debug level: at info, creating and closing
@@ -121,13 +174,14 @@ impl Forwarder {
             .serve_candidates(
                 req,
                 client,
-                decision.candidates(&view),
+                decision.candidates(view),
                 decision.key.as_deref(),
                 request_id,
                 view.version(),
             )
             .instrument(span)
-            .await?;
+            .await
+            .map_err(|e| (e, decision.owner.clone()))?;
         let announcement = sticky.as_ref().and_then(|s| {
             let sets_cookie = resp.headers().contains_key(header::SET_COOKIE);
             s.announce(&served_by, sets_cookie, route_in_url)
@@ -145,7 +199,7 @@ impl Forwarder {
                 resp.headers_mut().insert(SERVED_BY, v);
             }
         }
-        Ok((resp, guard))
+        Ok((resp, guard, served_by))
     }
 
     /// Tries each candidate in order; returns the response and who served it.

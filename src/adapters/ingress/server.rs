@@ -45,6 +45,9 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn connections(&self) -> &AtomicU64;
     /// Counts a connection closed at accept because of the cap.
     fn connection_refused(&self);
+    /// Where the bytes of its connections are counted (`None`: not
+    /// counted, the admin listener).
+    fn byte_counts(&self) -> Option<&Arc<crate::adapters::metrics::ByteCounts>>;
 }
 
 /// Holds one place under the connection cap; gives it back when dropped.
@@ -130,7 +133,10 @@ pub(crate) async fn serve<H: Handler>(
             // longer one hyper's bare 431.
             .max_buf_size(READ_BUFFER_BYTES)
             .serve_connection(
-                TokioIo::new(SendTimeout::new(stream, ingress.send_timeout())),
+                TokioIo::new(match ingress.byte_counts() {
+                    Some(c) => SendTimeout::new(stream, ingress.send_timeout()).counting(c.clone()),
+                    None => SendTimeout::new(stream, ingress.send_timeout()),
+                }),
                 svc,
             );
         let fut = graceful.watch(conn);

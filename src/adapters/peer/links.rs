@@ -239,6 +239,26 @@ pub(crate) struct PeerLinks {
     /// Serves the streams a peer opens on a connection (dialled or
     /// accepted); until it is set, connections wait in `unserved`.
     server: Mutex<Server>,
+    /// Peers ejected from routing since start (a failed dial or a lost
+    /// connection), for the metrics.
+    ejections: std::sync::atomic::AtomicU64,
+}
+
+/// The peer links by state, read at a scrape (`metrics.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LinkCounts {
+    /// Connections with streams open, or whose last stream ended less than
+    /// the linger ago (the keeper pings them).
+    pub busy: u64,
+    /// Open connections that are quiet (no ping, nothing sent).
+    pub idle: u64,
+    /// Connections this node opens no new stream on (another won).
+    pub retired: u64,
+    /// Peers that proved their identity and were not ejected since.
+    pub peers_up: u64,
+    /// Peers gossip names that are not routable (ejected, or not yet
+    /// connected).
+    pub peers_down: u64,
 }
 
 /// Starts serving the streams a peer opens on one connection.
@@ -268,7 +288,38 @@ impl PeerLinks {
             slots: Mutex::new(BTreeMap::new()),
             routable: watch::channel(BTreeSet::new()).0,
             server: Mutex::new(Server::default()),
+            ejections: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Peers ejected from routing since start.
+    pub(crate) fn ejections(&self) -> u64 {
+        self.ejections.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The connections and peers by state now (takes the slots lock and
+    /// each link's lock once: for a scrape, not for the request path).
+    pub(crate) fn counts(&self) -> LinkCounts {
+        let now = Instant::now();
+        let linger = self.linger();
+        let mut c = LinkCounts::default();
+        for slot in self.slots.lock().expect("peer slots lock").values() {
+            if slot.up {
+                c.peers_up += 1;
+            } else {
+                c.peers_down += 1;
+            }
+            for l in &slot.links {
+                if l.state.lock().expect("link state lock").retired {
+                    c.retired += 1;
+                } else if l.busy(now, linger) {
+                    c.busy += 1;
+                } else {
+                    c.idle += 1;
+                }
+            }
+        }
+        c
     }
 
     /// Peers that proved their identity and were not ejected since;
@@ -483,6 +534,8 @@ impl PeerLinks {
             s.up = false;
         }
         if self.routable.send_if_modified(|set| set.remove(id)) {
+            self.ejections
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.observer.observe(&NodeEvent::PeerEjected { peer: id });
         }
     }
@@ -656,6 +709,8 @@ impl PeerLinks {
                 warn!(reason = %why, "peer connection lost: ejected until it reconnects");
             }
             if self.routable.send_if_modified(|set| set.remove(id)) {
+                self.ejections
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.observer.observe(&NodeEvent::PeerEjected { peer: id });
             }
         } else {

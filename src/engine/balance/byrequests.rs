@@ -69,6 +69,11 @@ impl ByRequests {
         Some(i)
     }
 
+    /// Every node's lbstatus, by id (nodes never picked from are absent).
+    pub(crate) fn all(&self) -> impl Iterator<Item = (&NodeId, i64)> {
+        self.lbstatus.iter().map(|(id, s)| (id, *s))
+    }
+
     /// The lbstatus of `id` (0 if never seen).
     pub(crate) fn lbstatus(&self, id: &str) -> i64 {
         self.lbstatus.get(id).copied().unwrap_or(0)

@@ -50,6 +50,11 @@ impl ByTraffic {
         }
     }
 
+    /// Every node's counted bytes, by id.
+    pub(crate) fn all(&self) -> impl Iterator<Item = (&NodeId, u64)> {
+        self.bytes.iter().map(|(id, b)| (id, *b))
+    }
+
     /// The bytes counted for `id`.
     pub(crate) fn bytes(&self, id: &str) -> u64 {
         self.bytes.get(id).copied().unwrap_or(0)

@@ -159,6 +159,59 @@ impl Run<'_> {
         }
     }
 
+    /// Slow start (`balance.slow_start_ms`): every view change, on every
+    /// node, in which the serving set stayed and only one node's weight
+    /// changed is a ramp step (or a `weight` fault). On the engine's rings
+    /// before and after it, no scenario key may move between two other
+    /// nodes, and when the weight rose every moved key moves to that node.
+    /// The steps the first node saw that are not its own go to
+    /// [`Figures::ramp_steps`](super::Figures::ramp_steps).
+    pub(super) fn check_ramp_steps(&self, fig: &mut Figures, violations: &mut Vec<String>) {
+        let keys = self.keys();
+        let observer = self.slots.first().map(|s| s.id.clone());
+        let mut last: BTreeMap<&str, &BTreeMap<String, u32>> = BTreeMap::new();
+        for (host, view) in &self.view_weight_log {
+            let Some(before) = last.insert(host.as_str(), view) else {
+                continue;
+            };
+            let changed: Vec<&String> = view
+                .iter()
+                .filter(|(id, w)| before.get(*id).is_some_and(|b| b != *w))
+                .map(|(id, _)| id)
+                .collect();
+            let same_set = before.keys().eq(view.keys());
+            let [node] = changed[..] else { continue };
+            if !same_set || keys.is_empty() {
+                continue;
+            }
+            let ids: BTreeSet<String> = view.keys().cloned().collect();
+            let (r0, r1) = (self.ring_of(&ids, before), self.ring_of(&ids, view));
+            let rose = view[node] > before[node];
+            let mut moved = 0;
+            for k in &keys {
+                let (a, b) = (r0.owner(k), r1.owner(k));
+                if a == b {
+                    continue;
+                }
+                moved += 1;
+                let to_node = b.is_some_and(|b| **b == **node);
+                let from_node = a.is_some_and(|a| **a == **node);
+                // Only to the node, or (its weight fell) from it.
+                if !to_node && (rose || !from_node) {
+                    violations.push(format!(
+                        "{host}: {node} {} -> {}: key {k} moved {a:?} -> {b:?}",
+                        before[node], view[node]
+                    ));
+                    break;
+                }
+            }
+            if observer.as_deref() == Some(host.as_str()) && node != host && rose {
+                fig.ramp_steps
+                    .push((node.clone(), view[node], moved as f64 / keys.len() as f64));
+            }
+        }
+    }
+
     /// The ring the engine builds for the serving nodes `ids` with
     /// `weights` (weight-0 nodes are off the ring, as in a node's view).
     pub(super) fn ring_of(&self, ids: &BTreeSet<String>, weights: &BTreeMap<String, u32>) -> Ring {

@@ -3,7 +3,8 @@
 //! no request served twice unless an idempotent one was replayed after a
 //! fault; the scenario's bounds on failures and served requests; a killed
 //! node leaves every ring in time; a reweighted node gets its new share;
-//! sticky sessions stick unless their node died; the rings agree after the
+//! a slow start's steps move keys only to the ramping node; sticky
+//! sessions stick unless their node died; the rings agree after the
 //! last fault; no node holds a ghost (an old generation) or a member twice.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +34,7 @@ impl Run<'_> {
         let steps = self.membership_steps();
         self.check_weights(&steps, &records, simulated, &mut fig, &mut violations);
         self.count_keys_moved(&steps, &mut fig);
+        self.check_ramp_steps(&mut fig, &mut violations);
         self.check_sessions(&records, &mut fig, &mut violations);
         self.check_convergence_at_end(&mut fig, &mut violations);
         self.check_members(&probe, &mut fig, &mut violations);

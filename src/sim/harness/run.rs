@@ -96,6 +96,7 @@ impl<'s> Run<'s> {
             ring_vnodes,
             weights,
             view_weights: BTreeMap::new(),
+            view_weight_log: Vec::new(),
             ups: BTreeMap::new(),
             weight_answers: Rc::default(),
         })
@@ -277,8 +278,9 @@ impl<'s> Run<'s> {
             match ev {
                 NodeEvent::View { at, host, serving } => {
                     let ids: Vec<String> = serving.iter().map(|(id, _)| id.clone()).collect();
-                    self.view_weights
-                        .insert(host.clone(), serving.into_iter().collect());
+                    let weights: BTreeMap<String, u32> = serving.into_iter().collect();
+                    self.view_weight_log.push((host.clone(), weights.clone()));
+                    self.view_weights.insert(host.clone(), weights);
                     self.views.insert(host.clone(), ids.clone());
                     self.view_log.push((at, host, ids));
                 }

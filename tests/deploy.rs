@@ -1,0 +1,444 @@
+//! The deployment files under `deploy/`, each checked by the tool that
+//! reads it where this machine has one (`.ci/run` installs them):
+//! `systemd-analyze verify` for the unit, `haproxy -c` for the HAProxy
+//! sprayer, `keepalived -t` for the IPVS sprayer, a YAML parse
+//! (python3-yaml) of the Kubernetes manifests with the cluster.toml they
+//! embed validated by peerlb itself, and a parse of the Dockerfile's
+//! instructions (no Docker daemon here: the image build is not exercised).
+//! A missing tool skips its test with a note, unless CI or
+//! `PEERLB_REQUIRE_DEPLOY_TOOLS` is set.
+
+// Black-box tests of files and tools: no simulated time here.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::*;
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(deploy(path)).unwrap_or_else(|e| panic!("deploy/{path}: {e}"))
+}
+
+/// The tool `name`, or `None` (after saying so) when it is missing and the
+/// run does not require it.
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = which(name);
+    if found.is_none() {
+        assert!(
+            std::env::var_os("PEERLB_REQUIRE_DEPLOY_TOOLS").is_none()
+                && std::env::var_os("CI").is_none(),
+            "{name} is missing but this run requires it (apt-get install -y {package})"
+        );
+        eprintln!(
+            "SKIPPED: {name} is not installed (apt-get install -y {package}, or run .ci/run)"
+        );
+    }
+    found
+}
+
+/// The default drain time of a node, in whole seconds rounded up:
+/// `drain_grace_ms + drain_timeout_ms` (what a stop timeout must cover).
+fn default_drain_s() -> u64 {
+    let l = peerlb::config::LimitsSection::default();
+    (l.drain_grace_ms + l.drain_timeout_ms).div_ceil(1000)
+}
+
+/// `key=value` of a unit file's first `key=` line.
+fn unit_value<'a>(unit: &'a str, key: &str) -> Option<&'a str> {
+    unit.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+}
+
+#[test]
+fn the_systemd_unit_verifies_and_covers_the_drain() {
+    let unit = read("systemd/peerlb.service");
+    let stop: u64 = unit_value(&unit, "TimeoutStopSec")
+        .expect("TimeoutStopSec")
+        .parse()
+        .expect("whole seconds");
+    assert!(
+        stop > default_drain_s(),
+        "{stop} s <= the drain's {} s",
+        default_drain_s()
+    );
+    let nofile: u64 = unit_value(&unit, "LimitNOFILE").unwrap().parse().unwrap();
+    assert!(nofile >= 65_536, "{nofile}");
+    assert_eq!(unit_value(&unit, "KillSignal"), Some("SIGTERM"));
+    assert_eq!(unit_value(&unit, "RestartPreventExitStatus"), Some("64"));
+    let Some(analyze) = tool("systemd-analyze", "systemd") else {
+        return;
+    };
+    // verify checks that ExecStart exists: point it at the binary built
+    // for this test run.
+    let dir = temp_dir("deploy-systemd");
+    let path = write(
+        &dir,
+        "peerlb.service",
+        &unit.replace("/usr/local/bin/peerlb", bin()),
+    );
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // It exits 0 after some errors (a bad time value is "ignored"): any
+    // line about the unit is a failure.
+    let about_unit: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("peerlb.service"))
+        .collect();
+    assert!(
+        out.status.success() && about_unit.is_empty(),
+        "systemd-analyze verify: {stderr}"
+    );
+    // The check catches a broken unit.
+    let broken = write(
+        &dir,
+        "broken.service",
+        &unit.replace("TimeoutStopSec=35", "TimeoutStopSec=soon"),
+    );
+    let out = Command::new(which("systemd-analyze").unwrap())
+        .arg("verify")
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("broken.service"),
+        "a broken unit went unnoticed"
+    );
+}
+
+/// `path` checked by `haproxy -c`: true when valid.
+fn haproxy_accepts(haproxy: &Path, path: &Path) -> bool {
+    Command::new(haproxy)
+        .arg("-c")
+        .arg("-f")
+        .arg(path)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn the_haproxy_sprayer_config_is_valid_and_is_the_documented_one() {
+    let cfg = read("haproxy/haproxy.cfg");
+    assert!(cfg.contains("option httpchk") && cfg.contains("uri /_peerlb/health"));
+    // docs/operations.md shows the same configuration (the file without
+    // its leading comment).
+    let body: String = cfg
+        .lines()
+        .skip_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let block = doc
+        .split_once("HAProxy in TCP mode")
+        .and_then(|(_, rest)| rest.split("```").nth(1))
+        .expect("the HAProxy example in docs/operations.md");
+    assert_eq!(
+        block.trim_start_matches('\n'),
+        body,
+        "docs/operations.md and deploy/haproxy/haproxy.cfg differ"
+    );
+    let Some(haproxy) = tool("haproxy", "haproxy") else {
+        return;
+    };
+    assert!(haproxy_accepts(&haproxy, &deploy("haproxy/haproxy.cfg")));
+    let dir = temp_dir("deploy-haproxy");
+    let broken = write(
+        &dir,
+        "broken.cfg",
+        &cfg.replace("balance roundrobin", "balance nonsense"),
+    );
+    assert!(
+        !haproxy_accepts(&haproxy, &broken),
+        "a broken config went unnoticed"
+    );
+}
+
+/// `keepalived -t` of `path`: its complaints (empty: valid).
+fn keepalived_complaints(keepalived: &Path, path: &Path) -> String {
+    assert!(path.exists(), "{}", path.display());
+    let out = Command::new(keepalived)
+        .arg("-t")
+        .arg("-f")
+        .arg(path)
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+    text += &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        text += &format!("\nexit {}", out.status);
+    }
+    text
+}
+
+#[test]
+fn the_keepalived_ipvs_config_checks_each_node_health() {
+    let cfg = read("keepalived/keepalived.conf");
+    let servers = cfg.matches("real_server ").count();
+    assert_eq!(servers, 3);
+    assert_eq!(cfg.matches("path /_peerlb/health").count(), servers);
+    let Some(keepalived) = tool("keepalived", "keepalived") else {
+        return;
+    };
+    let complaints = keepalived_complaints(&keepalived, &deploy("keepalived/keepalived.conf"));
+    assert!(complaints.trim().is_empty(), "keepalived -t: {complaints}");
+    let dir = temp_dir("deploy-keepalived");
+    let broken = write(
+        &dir,
+        "broken.conf",
+        &cfg.replace("lb_algo rr", "lb_algo nonsense"),
+    );
+    assert!(
+        !keepalived_complaints(&keepalived, &broken)
+            .trim()
+            .is_empty(),
+        "a broken config went unnoticed"
+    );
+}
+
+/// The documents of a YAML file as JSON values (python3 with PyYAML).
+fn yaml_documents(python: &Path, path: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+        ])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
+    let Some(python) = tool("python3", "python3-yaml") else {
+        return;
+    };
+    let docs = yaml_documents(&python, &deploy("kubernetes/peerlb.yaml"));
+    let of_kind = |kind: &str| -> Vec<&serde_json::Value> {
+        docs.iter().filter(|d| d["kind"] == kind).collect()
+    };
+    let services = of_kind("Service");
+    let headless = services
+        .iter()
+        .find(|s| s["spec"]["clusterIP"] == "None")
+        .expect("a headless Service");
+    let sprayer = services
+        .iter()
+        .find(|s| s["spec"]["type"] == "LoadBalancer" || s["spec"]["type"] == "NodePort")
+        .expect("a LoadBalancer or NodePort Service");
+    let set = of_kind("StatefulSet")[0];
+    let pdb = of_kind("PodDisruptionBudget")[0];
+    let config = of_kind("ConfigMap")[0]["data"]["cluster.toml"]
+        .as_str()
+        .expect("cluster.toml in the ConfigMap");
+    let ns = set["metadata"]["namespace"].as_str().unwrap();
+    assert_eq!(set["spec"]["serviceName"], headless["metadata"]["name"]);
+    let labels = &set["spec"]["template"]["metadata"]["labels"];
+    for selector in [
+        &headless["spec"]["selector"],
+        &sprayer["spec"]["selector"],
+        &pdb["spec"]["selector"]["matchLabels"],
+        &set["spec"]["selector"]["matchLabels"],
+    ] {
+        assert_eq!(selector, labels);
+    }
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let pod = &set["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["path"],
+        "/_peerlb/health"
+    );
+    let ports = container["ports"].as_array().unwrap();
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["port"],
+        sprayer["spec"]["ports"][0]["targetPort"]
+    );
+    let env = |name: &str| -> String {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("env {name}"))
+            .to_owned()
+    };
+    let port_of = |name: &str| {
+        ports
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap_or_else(|| panic!("port {name}"))
+    };
+    // The embedded cluster file is valid for a pod: node peerlb-0 on its
+    // pod IP, with the addresses the pod's environment gives it.
+    let pod_ip = "10.1.2.3";
+    let addr = |var: &str| env(var).replace("$(POD_IP)", pod_ip);
+    let dir = temp_dir("deploy-k8s");
+    let path = write(&dir, "cluster.toml", config);
+    let src = peerlb::Source::load(Some(&path)).unwrap();
+    let file = src.parse().unwrap_or_else(|e| panic!("{e}"));
+    let overrides = peerlb::Overrides {
+        http_addr: Some(addr("PEERLB_HTTP_ADDR")),
+        peer_addr: Some(addr("PEERLB_PEER_ADDR")),
+        gossip_addr: Some(addr("PEERLB_GOSSIP_ADDR")),
+        ..Default::default()
+    };
+    let c = file
+        .validate(&src, "peerlb-0", &overrides)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.node.http_addr.port() as u64, port_of("http"));
+    assert_eq!(c.node.peer_addr.port() as u64, port_of("peer"));
+    assert_eq!(c.node.gossip_addr.port() as u64, port_of("gossip"));
+    assert_eq!(env("PEERLB_NODE"), "$(POD_NAME)");
+    // Every node the file lists is a pod of the set, and every seed is a
+    // pod's name under the headless Service.
+    let replicas = set["spec"]["replicas"].as_u64().unwrap() as usize;
+    let ids: Vec<String> = c.nodes.iter().map(|n| n.id.to_string()).collect();
+    let pods: Vec<String> = (0..replicas).map(|i| format!("peerlb-{i}")).collect();
+    assert_eq!(ids, pods);
+    let svc = headless["metadata"]["name"].as_str().unwrap();
+    let seeds: Vec<String> = pods
+        .iter()
+        .map(|p| format!("{p}.{svc}.{ns}.svc.cluster.local:{}", port_of("gossip")))
+        .collect();
+    assert_eq!(c.gossip.seeds, seeds);
+    // The pod's grace period covers the drain the file configures.
+    let drain = c.lifecycle.drain_grace + c.lifecycle.drain_timeout;
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(grace > drain.as_secs(), "{grace} s <= {drain:?}");
+    // Readiness turns 503 -> not ready within the drain grace: the
+    // sprayer stops sending before the listener closes.
+    let probe = &container["readinessProbe"];
+    let noticed =
+        probe["periodSeconds"].as_u64().unwrap() * probe["failureThreshold"].as_u64().unwrap();
+    assert!(
+        std::time::Duration::from_secs(noticed) < c.lifecycle.drain_grace,
+        "{noticed} s"
+    );
+    // The certificates come from a Secret, mounted at the file's tls.dir.
+    let tls = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"].is_object())
+        .expect("a Secret volume");
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == tls["name"])
+        .unwrap();
+    assert_eq!(
+        Path::new(mount["mountPath"].as_str().unwrap()),
+        c.tls.ca.parent().unwrap()
+    );
+}
+
+#[test]
+fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_node() {
+    let text = read("docker/Dockerfile");
+    // Instructions, continuation lines joined, comments dropped.
+    let joined = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("\\\n", " ");
+    let instructions: Vec<(String, String)> = joined
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (op, rest) = l.trim().split_once(' ').unwrap_or((l.trim(), ""));
+            (op.to_ascii_uppercase(), rest.trim().to_owned())
+        })
+        .collect();
+    const KNOWN: &[&str] = &[
+        "FROM",
+        "WORKDIR",
+        "COPY",
+        "RUN",
+        "ENV",
+        "EXPOSE",
+        "USER",
+        "STOPSIGNAL",
+        "ENTRYPOINT",
+        "CMD",
+        "ARG",
+        "LABEL",
+    ];
+    for (op, _) in &instructions {
+        assert!(KNOWN.contains(&op.as_str()), "unknown instruction {op}");
+    }
+    let froms: Vec<&String> = instructions
+        .iter()
+        .filter(|(op, _)| op == "FROM")
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(froms.len(), 2, "{froms:?}");
+    let stage = froms[0]
+        .split_once(" AS ")
+        .map(|(_, s)| s.trim())
+        .expect("a named build stage");
+    assert!(
+        froms[1].contains("distroless"),
+        "a small runtime image: {}",
+        froms[1]
+    );
+    let runtime: Vec<&(String, String)> = instructions
+        .iter()
+        .skip_while(|(op, r)| !(op == "FROM" && r == froms[1]))
+        .collect();
+    let get = |op: &str| {
+        runtime
+            .iter()
+            .rev()
+            .find(|(o, _)| o == op)
+            .map(|(_, r)| r.as_str())
+    };
+    assert!(
+        runtime
+            .iter()
+            .any(|(op, r)| op == "COPY" && r.starts_with(&format!("--from={stage} "))),
+        "the binary comes from the build stage"
+    );
+    assert!(matches!(get("USER"), Some(u) if u != "root" && u != "0"));
+    assert_eq!(get("STOPSIGNAL"), Some("SIGTERM"));
+    let entry: Vec<String> = serde_json::from_str(get("ENTRYPOINT").unwrap()).unwrap();
+    assert_eq!(entry[1..], ["node"]);
+    // Certificates and keys are mounted, never copied in.
+    for (op, r) in &instructions {
+        if op == "COPY" {
+            assert!(
+                !r.contains(".key") && !r.contains(".pem") && !r.contains("certs"),
+                "{r}"
+            );
+        }
+    }
+    let ignore = read("docker/Dockerfile.dockerignore");
+    for p in ["target", ".git", "*.key"] {
+        assert!(ignore.lines().any(|l| l == p), "{p} not ignored");
+    }
+}
