@@ -10,6 +10,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use support::haproxy::{haproxy_example, haproxy_status};
 use support::*;
 
 /// `method path` on a fresh connection (`Connection: close`): the status
@@ -306,68 +307,6 @@ async fn health_is_200_while_serving_and_503_while_leaving() {
     assert_eq!(exchange(n1, "GET", "/_peerlb/health"), None);
 }
 
-/// The HAProxy example `deploy/haproxy/haproxy.cfg` (also shown in
-/// docs/operations.md, the sprayer section: tests/deploy.rs keeps them
-/// equal), with its `bind` and `server` lines pointed at `nodes` and a
-/// stats socket.
-fn haproxy_example(front: u16, nodes: &[NodeInfo], socket: &std::path::Path) -> String {
-    let block = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/haproxy/haproxy.cfg"
-    ))
-    .unwrap();
-    assert!(block.contains("option httpchk") && block.contains("/_peerlb/health"));
-    let mut cfg = String::new();
-    for line in block.lines() {
-        let t = line.trim();
-        if t.starts_with("server ") {
-            continue;
-        }
-        if t.starts_with("bind ") {
-            cfg += &format!("  bind 127.0.0.1:{front}\n");
-        } else if t.starts_with("maxconn ") {
-            // maxconn 10000 needs about 20,000 file descriptors, more than
-            // a test machine may allow.
-            cfg += "  maxconn 1000\n";
-        } else {
-            cfg += line;
-            cfg += "\n";
-        }
-        if t == "global" {
-            cfg += &format!("  stats socket {} level admin\n", socket.display());
-        }
-    }
-    for n in nodes {
-        cfg += &format!(
-            "  server {} {} check inter 200ms fall 2 rise 2\n",
-            n.id, n.http
-        );
-    }
-    cfg
-}
-
-/// Each server's status (`UP`, `DOWN`, ...) in HAProxy's `show stat`.
-fn haproxy_status(socket: &std::path::Path) -> Option<std::collections::BTreeMap<String, String>> {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
-    s.write_all(b"show stat\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let mut lines = out.lines();
-    let header: Vec<&str> = lines.next()?.trim_start_matches("# ").split(',').collect();
-    let (sv, st) = (
-        header.iter().position(|h| *h == "svname")?,
-        header.iter().position(|h| *h == "status")?,
-    );
-    Some(
-        lines
-            .map(|l| l.split(',').collect::<Vec<_>>())
-            .filter(|f| f.len() > st && f[sv] != "FRONTEND" && f[sv] != "BACKEND")
-            .map(|f| (f[sv].to_owned(), f[st].to_owned()))
-            .collect(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_haproxy_check_marks_a_leaving_node_down_before_its_listener_closes() {
     let Some(haproxy) = which("haproxy") else {
@@ -555,7 +494,7 @@ async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
         .unwrap();
     assert_eq!(
         r.json(),
-        serde_json::json!({ "weight": 200, "previous": 100 })
+        serde_json::json!({ "node": "n2", "weight": 200, "previous": 100 })
     );
     let st2 = status(n2).unwrap();
     assert_eq!(st2["target_weight"], 200, "{st2}");
