@@ -16,6 +16,13 @@
 //! | `peerlb_failovers_total` | counter | forward attempts that failed over to the next candidate |
 //! | `peerlb_proxied_disagree_total` | counter | proxied requests whose owner in this node's view is another node |
 //! | `peerlb_errors_total` | counter | requests this node answered with an error status |
+//! | `peerlb_websockets_total` | counter | WebSocket tunnels opened at this entry (the app answered 101) |
+//! | `peerlb_websockets_proxied_total` | counter | WebSocket tunnels relayed as a forwarded owner (peer stream to app) |
+//! | `peerlb_websocket_idle_closed_total` | counter | tunnels closed after `limits.websocket_idle_timeout_ms` without a byte |
+//! | `peerlb_h2_connections_total` | counter | HTTP/2 client connections accepted |
+//! | `peerlb_h2_reset_floods_total` | counter | HTTP/2 connections closed for a rapid-reset flood |
+//! | `peerlb_websockets_open` | gauge | WebSocket tunnels open at this entry |
+//! | `peerlb_websockets_proxied_open` | gauge | WebSocket tunnels open as a forwarded owner |
 //! | `peerlb_request_duration_seconds` | histogram | client request at the entry, arrival to response head |
 //! | `peerlb_hop_duration_seconds` | histogram | one forward attempt, sending the head to the owner's response head |
 //! | `peerlb_inflight_requests` | gauge | requests in flight on this node (client and proxied) |
@@ -44,6 +51,7 @@ use prometheus_client::registry::Registry;
 use super::body::{self, Body};
 use super::errors::{AdminError, error_response};
 use super::node_state::NodeState;
+use super::tunnel::Role;
 use crate::engine::membership::NodeStatus;
 use crate::engine::ring::Ring;
 
@@ -167,8 +175,8 @@ fn ring_share(ring: &Ring, id: &str) -> f64 {
 /// consistent with itself.
 #[derive(Debug)]
 struct Snapshot {
-    counters: [(&'static str, &'static str, u64); 6],
-    gauges: [(&'static str, &'static str, f64); 6],
+    counters: [(&'static str, &'static str, u64); 11],
+    gauges: [(&'static str, &'static str, f64); 8],
     members: [(NodeStatus, u64); 3],
     dropped: [(&'static str, u64); 3],
     reloads: [(&'static str, u64); 2],
@@ -224,6 +232,31 @@ impl Snapshot {
                     "Requests this node answered with an error status",
                     get(&c.errors),
                 ),
+                (
+                    "websockets",
+                    "WebSocket tunnels opened at this entry (clients whose upgrade an app accepted)",
+                    state.tunnels.opened(Role::Entry),
+                ),
+                (
+                    "websockets_proxied",
+                    "WebSocket tunnels this node relayed as a forwarded owner (peer stream to app)",
+                    state.tunnels.opened(Role::Owner),
+                ),
+                (
+                    "websocket_idle_closed",
+                    "WebSocket tunnels closed after limits.websocket_idle_timeout_ms without a byte",
+                    state.tunnels.idle_closed(),
+                ),
+                (
+                    "h2_connections",
+                    "HTTP/2 client connections accepted",
+                    get(&c.h2_connections),
+                ),
+                (
+                    "h2_reset_floods",
+                    "HTTP/2 client connections closed for resetting most of their streams before an answer (rapid reset)",
+                    get(&c.h2_reset_floods),
+                ),
             ],
             gauges: [
                 (
@@ -255,6 +288,16 @@ impl Snapshot {
                     "weight",
                     "The weight this node publishes",
                     f64::from(state.weight()),
+                ),
+                (
+                    "websockets_open",
+                    "WebSocket tunnels open at this entry",
+                    state.tunnels.open(Role::Entry) as f64,
+                ),
+                (
+                    "websockets_proxied_open",
+                    "WebSocket tunnels open on this node as a forwarded owner",
+                    state.tunnels.open(Role::Owner) as f64,
                 ),
             ],
             members,

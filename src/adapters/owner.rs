@@ -1,7 +1,8 @@
 //! The owner side of the request path: serving a request with the local
 //! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
 //! calls, never forwarded again: hop limit 1) or this node's own ingress
-//! is the first candidate.
+//! is the first candidate; and relaying the tunnels (WebSocket) of the
+//! proxied requests its app upgraded.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,6 +16,7 @@ use super::body::Body;
 use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::peer::ProxiedHandler;
+use super::tunnel::{BoxIo, Role, Tunnel};
 use super::wire::RequestHead;
 
 /// The local app of one node, with the node state its serve times and
@@ -80,6 +82,18 @@ impl ProxiedHandler for Owner {
         match self.serve_app(req, ctx).await {
             Ok(r) => track_body(r, None, inflight),
             Err(e) => state.failed(RequestError::App(e)),
+        }
+    }
+
+    async fn relay(&self, peer_side: BoxIo, app: Tunnel) {
+        match app.open().await {
+            Ok(app_io) => {
+                self.state
+                    .tunnels
+                    .run(Role::Owner, peer_side, app_io)
+                    .await;
+            }
+            Err(e) => debug!(target: REQUEST_PATH, error = %e, "app side of a tunnel failed"),
         }
     }
 }
