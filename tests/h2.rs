@@ -21,9 +21,7 @@ use support::*;
 
 /// An HTTP/2 prior-knowledge connection to `addr` (hyper's client), its
 /// driver in a task that ends when the connection does.
-async fn h2_connect(
-    addr: SocketAddr,
-) -> (SendRequest<Full<Bytes>>, tokio::task::JoinHandle<()>) {
+async fn h2_connect(addr: SocketAddr) -> (SendRequest<Full<Bytes>>, tokio::task::JoinHandle<()>) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .handshake(TokioIo::new(tcp))
@@ -47,10 +45,7 @@ async fn h2_send(
         .uri(uri)
         .body(Full::new(Bytes::from(body)))
         .unwrap();
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let served = resp
         .headers()
@@ -103,9 +98,14 @@ async fn an_http2_connection_whose_streams_three_nodes_own_gets_every_answer_rig
     for (user, owner) in users.clone() {
         let mut s = sender.clone();
         tasks.push(tokio::spawn(async move {
-            let got = h2_send(&mut s, "GET", &format!("http://{entry}/x?user={user}"), vec![])
-                .await
-                .unwrap();
+            let got = h2_send(
+                &mut s,
+                "GET",
+                &format!("http://{entry}/x?user={user}"),
+                vec![],
+            )
+            .await
+            .unwrap();
             (user, owner, got)
         }));
     }
@@ -187,7 +187,12 @@ async fn a_thousand_concurrent_streams_on_one_connection_are_all_answered() {
             other => bad.push(other),
         }
     }
-    assert_eq!(ok, 1000, "all answered; first failures: {:?}", &bad[..bad.len().min(3)]);
+    assert_eq!(
+        ok,
+        1000,
+        "all answered; first failures: {:?}",
+        &bad[..bad.len().min(3)]
+    );
 }
 
 /// The node's resident memory, in KiB (`VmRSS`).
@@ -222,7 +227,10 @@ async fn a_rapid_reset_flood_is_cut_off_without_growing_memory_or_starving_other
     let pid = c.children["n1"].id();
     // Warm up (peer connection, pools) before the memory baseline.
     for _ in 0..20 {
-        assert_eq!(get(entry, &format!("/x?user={remote}"), &[]).await.status, 200);
+        assert_eq!(
+            get(entry, &format!("/x?user={remote}"), &[]).await.status,
+            200
+        );
     }
     let before = rss_kib(pid);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -163,9 +163,11 @@ fn two_nodes(tag: &str, extra: &str) -> (Cluster, String, String) {
 
 /// Waits until `f` of the entry's and the owner's status holds.
 async fn until_status(addr: SocketAddr, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
-    eventually(Duration::from_secs(20), || status(addr).is_some_and(|s| f(&s)))
-        .await
-        .unwrap_or_else(|_| panic!("{what}: {:?}", status(addr)));
+    eventually(Duration::from_secs(20), || {
+        status(addr).is_some_and(|s| f(&s))
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: {:?}", status(addr)));
 }
 
 /// The built-in app's echo through a forwarded owner (n2) and on the
@@ -178,7 +180,9 @@ async fn websocket_echo_carries_10_mib_each_way_and_closes_from_either_side() {
     let (entry, owner) = (c.nodes[0].http, c.nodes[1].http);
     for (user, served) in [(&remote, "n2"), (&local, "n1")] {
         // Closed by the client.
-        let (ws, head) = open_ws(entry, &format!("/ws/echo?user={user}")).await.unwrap();
+        let (ws, head) = open_ws(entry, &format!("/ws/echo?user={user}"))
+            .await
+            .unwrap();
         assert!(
             head.contains(&format!("peerlb-served-by: {served}")),
             "{head:?}"
@@ -186,7 +190,9 @@ async fn websocket_echo_carries_10_mib_each_way_and_closes_from_either_side() {
         let ws = echo_10_mib(ws).await;
         client_close(ws).await;
         // Closed by the app.
-        let (ws, _) = open_ws(entry, &format!("/ws/echo?user={user}")).await.unwrap();
+        let (ws, _) = open_ws(entry, &format!("/ws/echo?user={user}"))
+            .await
+            .unwrap();
         let ws = echo_10_mib(ws).await;
         app_close(ws).await;
     }
@@ -227,8 +233,13 @@ async fn websocket_through_an_upstream_app_on_a_forwarded_owner() {
     .expect("the app listens");
     let (c, _local, remote) = two_nodes("wsup", &format!("app = \"http://{app_addr}\"\n"));
     let entry = c.nodes[0].http;
-    let (ws, head) = open_ws(entry, &format!("/ws/echo?user={remote}")).await.unwrap();
-    assert!(head.contains(&"peerlb-served-by: n2".to_owned()), "{head:?}");
+    let (ws, head) = open_ws(entry, &format!("/ws/echo?user={remote}"))
+        .await
+        .unwrap();
+    assert!(
+        head.contains(&"peerlb-served-by: n2".to_owned()),
+        "{head:?}"
+    );
     let ws = echo_10_mib(ws).await;
     app_close(ws).await;
     drop(app);
@@ -250,7 +261,9 @@ impl Drop for KillOnDrop {
 async fn an_idle_websocket_is_closed_after_the_idle_timeout() {
     let (c, _local, remote) = two_nodes("wsidle", "[limits]\nwebsocket_idle_timeout_ms = 1000\n");
     let entry = c.nodes[0].http;
-    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}")).await.unwrap();
+    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}"))
+        .await
+        .unwrap();
     // Traffic keeps it open.
     for i in 0..3 {
         ws.send(Message::text(format!("m{i}"))).await.unwrap();
@@ -279,7 +292,9 @@ async fn a_draining_entry_lets_an_open_websocket_go_on_until_the_drain_timeout()
         "[limits]\ndrain_grace_ms = 200\ndrain_timeout_ms = 4000\n",
     );
     let entry = c.nodes[0].http;
-    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}")).await.unwrap();
+    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}"))
+        .await
+        .unwrap();
     let t0 = std::time::Instant::now();
     let mut child = c.sigterm("n1");
     // The listener closes (drain grace), the WebSocket goes on.

@@ -157,11 +157,7 @@ pub(crate) fn host_from_authority(uri: &Uri, headers: &mut HeaderMap) -> bool {
 /// neither `:authority` nor `Host` fails the HTTP/1.1 Host check (400).
 /// HTTP/2 carries no connection-specific fields (section 8.2.2: the h2
 /// crate refuses a request with any), so none is left to remove.
-pub(crate) fn http2_as_http11(
-    uri: &mut Uri,
-    headers: &mut HeaderMap,
-    version: &mut http::Version,
-) {
+pub(crate) fn http2_as_http11(uri: &mut Uri, headers: &mut HeaderMap, version: &mut http::Version) {
     host_from_authority(uri, headers);
     if uri.scheme().is_some() || uri.authority().is_some() {
         *uri = uri
@@ -435,7 +431,10 @@ mod tests {
         h.insert(header::HOST, HeaderValue::from_static("h"));
         let mut v = http::Version::HTTP_2;
         http2_as_http11(&mut uri, &mut h, &mut v);
-        assert_eq!((uri.to_string().as_str(), &h[header::HOST]), ("/x", &HeaderValue::from_static("h")));
+        assert_eq!(
+            (uri.to_string().as_str(), &h[header::HOST]),
+            ("/x", &HeaderValue::from_static("h"))
+        );
     }
 
     #[test]

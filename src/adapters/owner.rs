@@ -88,10 +88,7 @@ impl ProxiedHandler for Owner {
     async fn relay(&self, peer_side: BoxIo, app: Tunnel) {
         match app.open().await {
             Ok(app_io) => {
-                self.state
-                    .tunnels
-                    .run(Role::Owner, peer_side, app_io)
-                    .await;
+                self.state.tunnels.run(Role::Owner, peer_side, app_io).await;
             }
             Err(e) => debug!(target: REQUEST_PATH, error = %e, "app side of a tunnel failed"),
         }

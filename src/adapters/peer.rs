@@ -103,11 +103,7 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
     /// Relays a tunnel: `peer_side` (the request's stream, after both
     /// heads) and the app's side `app` (from the app's 101), until it ends.
-    fn relay(
-        &self,
-        peer_side: BoxIo,
-        app: Tunnel,
-    ) -> impl std::future::Future<Output = ()> + Send;
+    fn relay(&self, peer_side: BoxIo, app: Tunnel) -> impl std::future::Future<Output = ()> + Send;
 }
 
 fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {

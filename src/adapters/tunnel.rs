@@ -177,8 +177,7 @@ pub(crate) async fn relay(
         last: last.clone(),
         epoch,
     };
-    let copy =
-        tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, RELAY_BUFFER, RELAY_BUFFER);
+    let copy = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, RELAY_BUFFER, RELAY_BUFFER);
     tokio::pin!(copy);
     let mut deadline = epoch + idle;
     loop {
@@ -307,7 +306,10 @@ mod tests {
 
     #[test]
     fn only_http11_get_websocket_upgrades_are_tunnels() {
-        let ws = hm(&[("connection", "keep-alive, Upgrade"), ("upgrade", "WebSocket")]);
+        let ws = hm(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "WebSocket"),
+        ]);
         assert!(wants_websocket(&Method::GET, Version::HTTP_11, &ws));
         assert!(!wants_websocket(&Method::POST, Version::HTTP_11, &ws));
         assert!(!wants_websocket(&Method::GET, Version::HTTP_10, &ws));
@@ -359,7 +361,11 @@ mod tests {
         let (end, _, _) = relay.await.unwrap();
         assert_eq!(end, End::Idle);
         // Ten seconds after the last byte, not after the start.
-        assert!(t0.elapsed() >= Duration::from_secs(16), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= Duration::from_secs(16),
+            "{:?}",
+            t0.elapsed()
+        );
         assert!(t0.elapsed() < Duration::from_secs(17), "{:?}", t0.elapsed());
     }
 
@@ -372,7 +378,10 @@ mod tests {
         let run = tokio::spawn(async move { t.run(Role::Entry, Box::new(a), Box::new(b)).await });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while tunnels.open(Role::Entry) == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "tunnel never counted");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "tunnel never counted"
+            );
             tokio::task::yield_now().await;
         }
         assert_eq!(tunnels.opened(Role::Entry), 1);

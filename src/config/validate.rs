@@ -69,7 +69,10 @@ impl ClusterFile {
             ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
             ("limits.send_timeout_ms", l.send_timeout_ms),
-            ("limits.websocket_idle_timeout_ms", l.websocket_idle_timeout_ms),
+            (
+                "limits.websocket_idle_timeout_ms",
+                l.websocket_idle_timeout_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -105,7 +108,10 @@ impl ClusterFile {
             ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
             ("limits.send_timeout_ms", l.send_timeout_ms),
-            ("limits.websocket_idle_timeout_ms", l.websocket_idle_timeout_ms),
+            (
+                "limits.websocket_idle_timeout_ms",
+                l.websocket_idle_timeout_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),

@@ -49,7 +49,10 @@ fn refuse(status: StatusCode, msg: &'static str) -> Response<Body> {
         let h = r.headers_mut();
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        h.insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+        h.insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        );
     }
     r
 }
@@ -65,7 +68,10 @@ pub(crate) fn answer(req: &Request<Body>) -> Response<Body> {
             "want a WebSocket upgrade (GET, Connection: Upgrade, Upgrade: websocket)\n",
         );
     }
-    if h.get(header::SEC_WEBSOCKET_VERSION).map(HeaderValue::as_bytes) != Some(b"13") {
+    if h.get(header::SEC_WEBSOCKET_VERSION)
+        .map(HeaderValue::as_bytes)
+        != Some(b"13")
+    {
         return refuse(
             StatusCode::UPGRADE_REQUIRED,
             "want Sec-WebSocket-Version: 13\n",
@@ -184,7 +190,10 @@ mod tests {
         let t = r.extensions().get::<Tunnel>().unwrap().clone();
         let io = t.open().await.unwrap();
         let mut client = WebSocketStream::from_raw_socket(io, Role::Client, None).await;
-        client.send(Message::binary(vec![7u8; 100_000])).await.unwrap();
+        client
+            .send(Message::binary(vec![7u8; 100_000]))
+            .await
+            .unwrap();
         assert_eq!(
             client.next().await.unwrap().unwrap(),
             Message::binary(vec![7u8; 100_000])

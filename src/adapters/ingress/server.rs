@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use bytes::Bytes;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -186,7 +186,8 @@ pub(crate) async fn serve_connection<H, I>(
         Protocol::Http1 => (false, Bytes::new()),
         Protocol::Http2 => (true, Bytes::new()),
         Protocol::Detect => {
-            let detect = tokio::time::timeout(ingress.header_read_timeout(), preface::detect(&mut io));
+            let detect =
+                tokio::time::timeout(ingress.header_read_timeout(), preface::detect(&mut io));
             // A connection that has sent nothing yet has no request in
             // flight: a drain closes it at once.
             let mut stop = shutdown.clone();
