@@ -19,6 +19,7 @@ pub(crate) mod owner;
 pub(crate) mod peer;
 pub(crate) mod send_timeout;
 pub mod tls;
+pub(crate) mod tunnel;
 pub(crate) mod upstream;
 pub(crate) mod wire;
 

@@ -4,9 +4,9 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -171,6 +171,9 @@ impl Node {
                 .with_slowdown(env.app_slowdown.clone())
                 .with_observer(observer.clone()),
         ));
+        state
+            .tunnels
+            .set_idle_timeout(config.ingress.websocket_idle_timeout);
         let ingress = Arc::new(Ingress::new(
             state.clone(),
             owner.clone(),
@@ -196,7 +199,6 @@ impl Node {
         }
 
         let (stop_tx, stop_rx) = watch::channel(false);
-        let graceful = Arc::new(GracefulShutdown::new());
         let mut listeners = Vec::new();
         for l in env.http_listeners {
             let addr = l.local_addr().ok();
@@ -207,7 +209,6 @@ impl Node {
                 l,
                 ingress.clone(),
                 stop_rx.clone(),
-                graceful.clone(),
             )));
         }
         // The admin listener serves through the drain (status stays
@@ -257,10 +258,19 @@ impl Node {
         for l in listeners {
             let _ = l.await;
         }
-        let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
+        // The stop signal also closed every client connection gracefully
+        // (HTTP/1.1 after its request in flight, HTTP/2 with GOAWAY after
+        // its open streams): wait for them, for the requests in flight,
+        // and for the open WebSocket tunnels.
+        let tunnels = |s: &NodeState| {
+            s.tunnels.open(crate::adapters::tunnel::Role::Entry)
+                + s.tunnels.open(crate::adapters::tunnel::Role::Owner)
+        };
         let drained = tokio::time::timeout(config.lifecycle.drain_timeout, async {
-            graceful.shutdown().await;
-            while state.inflight() > 0 {
+            while state.inflight() > 0
+                || state.counters.client_connections.load(Ordering::Relaxed) > 0
+                || tunnels(&state) > 0
+            {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
@@ -268,9 +278,12 @@ impl Node {
         if drained.is_err() {
             warn!(
                 inflight = state.inflight(),
-                "drain timeout: closing with requests in flight"
+                client_connections = state.counters.client_connections.load(Ordering::Relaxed),
+                tunnels = tunnels(&state),
+                "drain timeout: closing with requests, connections or tunnels open"
             );
         }
+        state.tunnels.close_all();
         load_task.abort();
         if let Some(t) = ramp_task {
             t.abort();

@@ -6,7 +6,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes now), `target_weight` (its configured or last `PUT` weight, which a slow start ramps to), `slow_start` (`null`, or `step`, `steps`, `remaining_ms` of the ramp in progress), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes now), `target_weight` (its configured or last `PUT` weight, which a slow start ramps to), `slow_start` (`null`, or `step`, `steps`, `remaining_ms` of the ramp in progress), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `h2` (`connections`: HTTP/2 client connections accepted, `reset_floods`: those closed for a rapid-reset flood), `websockets` (`open`, `total`: tunnels at this entry; `proxied_open`, `proxied_total`: tunnels relayed as a forwarded owner; `idle_closed`), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
 //! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `offline`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
@@ -215,6 +215,17 @@ fn status_json(state: &NodeState) -> String {
             "connections_refused": c.connections_refused.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
+        "h2": {
+            "connections": c.h2_connections.load(Ordering::Relaxed),
+            "reset_floods": c.h2_reset_floods.load(Ordering::Relaxed),
+        },
+        "websockets": {
+            "open": state.tunnels.open(super::tunnel::Role::Entry),
+            "total": state.tunnels.opened(super::tunnel::Role::Entry),
+            "proxied_open": state.tunnels.open(super::tunnel::Role::Owner),
+            "proxied_total": state.tunnels.opened(super::tunnel::Role::Owner),
+            "idle_closed": state.tunnels.idle_closed(),
+        },
         "gossip": super::gossip::admin::status(state.gossip_keys()),
     })
     .to_string()

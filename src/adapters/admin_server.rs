@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 
 use super::admin;
@@ -103,11 +102,5 @@ pub(crate) async fn serve(
     server: Arc<AdminServer>,
     shutdown: watch::Receiver<bool>,
 ) {
-    ingress::serve(
-        listener,
-        server,
-        shutdown,
-        Arc::new(GracefulShutdown::new()),
-    )
-    .await;
+    ingress::serve(listener, server, shutdown).await;
 }

@@ -9,6 +9,7 @@
 //! | `/bytes/<n>` | streams a body of `n` bytes (at most 1 GiB), in 64 KiB chunks |
 //! | `/echo` | streams the request body back |
 //! | `/delay/<ms>` | waits `ms` milliseconds (at most 60000), then answers like any other path |
+//! | `/ws/echo` | a WebSocket (RFC 6455) that echoes every text and binary message; the text message `close` makes the app close it (code 1000); 426 to a request that is not a WebSocket opening |
 //! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `request_id` (the `X-Request-Id` it received), `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
 //!
 //! Case code (H4) names a case of `docs/cases.md`: the input, the
@@ -20,7 +21,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::body::{self, Body, BodyError};
+use super::tunnel::{self, Tunnel};
 use super::upstream::{Upstream, UpstreamError};
+
+mod websocket;
 use crate::config::AppKind;
 use crate::env::{NoObserver, NodeEvent, Observer};
 use bytes::Bytes;
@@ -227,8 +231,10 @@ where
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
 
-    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+    let svc = service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let (app, name) = (app.clone(), name.clone());
+        let upgrade = tunnel::wants_websocket(req.method(), req.version(), req.headers())
+            .then(|| hyper::upgrade::on(&mut req));
         async move {
             let ctx = ServeCtx {
                 node: &name,
@@ -236,10 +242,20 @@ where
                 key: None,
                 client,
             };
-            let resp = app
+            let mut resp = app
                 .serve(req.map(body::from_incoming), ctx)
                 .await
                 .unwrap_or_else(|e| text_owned(StatusCode::BAD_GATEWAY, e.to_string()));
+            // The echo's 101: its tunnel is relayed to the client's
+            // connection once hyper hands that over.
+            if let (Some(on), Some(t)) = (upgrade, resp.extensions_mut().remove::<Tunnel>()) {
+                tokio::spawn(async move {
+                    if let (Ok(client), Ok(mut app)) = (on.await, t.open().await) {
+                        let mut client = TokioIo::new(client);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut app).await;
+                    }
+                });
+            }
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
@@ -247,6 +263,7 @@ where
         if let Err(e) = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
             .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades()
             .await
         {
             tracing::debug!(error = %e, %client, "app connection ended with an error");
@@ -262,6 +279,9 @@ fn text_owned(status: StatusCode, msg: String) -> Response<Body> {
 
 fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Response<Body> {
     let path = req.uri().path();
+    if path == websocket::PATH {
+        return websocket::answer(&req);
+    }
     if let Some(n) = path.strip_prefix("/bytes/") {
         return match n.parse::<u64>() {
             Ok(n) if n <= MAX_BYTES_BODY => bytes_response(n),
@@ -433,7 +453,15 @@ async fn upstream(
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
             .into();
     }
+    // A WebSocket opening keeps its upgrade (the only hop-by-hop fields
+    // that reach the app): the app's 101 becomes a tunnel.
+    let websocket = super::tunnel::wants_websocket(&parts.method, parts.version, &parts.headers)
+        .then(|| parts.headers.get(header::UPGRADE).cloned())
+        .flatten();
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(upgrade) = websocket {
+        set_upgrade(&mut parts.headers, upgrade);
+    }
     // One combined line, the client's own address last.
     super::client_input::append_forwarded_for(&mut parts.headers, ctx.client.ip());
     let resp = pool
@@ -444,8 +472,20 @@ async fn upstream(
             source,
         })?;
     let (mut parts, body) = resp.into_parts();
+    let upgrade = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.headers.get(header::UPGRADE).cloned())
+        .flatten();
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(upgrade) = upgrade {
+        set_upgrade(&mut parts.headers, upgrade);
+    }
     Ok(Response::from_parts(parts, body))
+}
+
+/// Puts back `Connection: Upgrade` and `upgrade` as the `Upgrade` field.
+fn set_upgrade(h: &mut http::HeaderMap, upgrade: HeaderValue) {
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, upgrade);
 }
 
 #[cfg(test)]

@@ -148,6 +148,40 @@ pub(crate) fn host_from_authority(uri: &Uri, headers: &mut HeaderMap) -> bool {
     }
 }
 
+/// An HTTP/2 request head in the HTTP/1.1 form the rest of the request
+/// path checks, routes and forwards (RFC 9113 section 8.3.1): the
+/// `:authority` becomes `Host` (it wins over a `Host` field, as an
+/// absolute-form target does in HTTP/1.1), the target becomes origin-form
+/// (`:path`), several `cookie` fields become one line joined by `"; "`
+/// (section 8.2.3), and the version becomes HTTP/1.1, so a request with
+/// neither `:authority` nor `Host` fails the HTTP/1.1 Host check (400).
+/// HTTP/2 carries no connection-specific fields (section 8.2.2: the h2
+/// crate refuses a request with any), so none is left to remove.
+pub(crate) fn http2_as_http11(uri: &mut Uri, headers: &mut HeaderMap, version: &mut http::Version) {
+    host_from_authority(uri, headers);
+    if uri.scheme().is_some() || uri.authority().is_some() {
+        *uri = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
+            .into();
+    }
+    let cookies = headers.get_all(header::COOKIE).iter().count();
+    if cookies > 1 {
+        let mut joined = Vec::new();
+        for v in headers.get_all(header::COOKIE) {
+            if !joined.is_empty() {
+                joined.extend_from_slice(b"; ");
+            }
+            joined.extend_from_slice(v.as_bytes());
+        }
+        if let Ok(v) = HeaderValue::from_bytes(&joined) {
+            headers.insert(header::COOKIE, v);
+        }
+    }
+    *version = http::Version::HTTP_11;
+}
+
 /// What a request path is to the admin check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PathClass {
@@ -375,6 +409,32 @@ mod tests {
         assert!(!host_from_authority(&uri, &mut h));
         let origin: Uri = "/x".parse().unwrap();
         assert!(!host_from_authority(&origin, &mut h));
+    }
+
+    #[test]
+    fn http2_heads_take_the_http11_form() {
+        let mut uri: Uri = "https://example.com:8443/a/b?x=1".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("other"));
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("peerlb-route=n2"));
+        let mut v = http::Version::HTTP_2;
+        http2_as_http11(&mut uri, &mut h, &mut v);
+        assert_eq!(uri, "/a/b?x=1");
+        assert_eq!(h[header::HOST], "example.com:8443");
+        assert_eq!(h.get_all(header::COOKIE).iter().count(), 1);
+        assert_eq!(h[header::COOKIE], "a=1; peerlb-route=n2");
+        assert_eq!(v, http::Version::HTTP_11);
+        // No :authority: the Host field stays (and is checked later).
+        let mut uri: Uri = "/x".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("h"));
+        let mut v = http::Version::HTTP_2;
+        http2_as_http11(&mut uri, &mut h, &mut v);
+        assert_eq!(
+            (uri.to_string().as_str(), &h[header::HOST]),
+            ("/x", &HeaderValue::from_static("h"))
+        );
     }
 
     #[test]

@@ -12,8 +12,16 @@
 //! robin, the sticky route the engine says to announce; while the node is
 //! draining, offline or leaving every answer says `Connection: close`.
 //!
+//! An HTTP/2 request (each stream of an HTTP/2 connection, routed on its
+//! own) first takes the HTTP/1.1 form ([`client_input::http2_as_http11`]),
+//! so every stage below treats it as the same request over HTTP/1.1. A
+//! WebSocket request (`Upgrade: websocket`) is routed like any request;
+//! when the owner's app answers 101, the client's connection and the
+//! owner's side are relayed as a tunnel (`tunnel`).
+//!
 //! The stages, one file each: `ingress/server` (the accept loop and the
-//! connection settings), `ingress/limits` (head limits, and the marks
+//! connection settings, HTTP/1.1 and HTTP/2), `ingress/preface` (HTTP/2
+//! prior knowledge on cleartext), `ingress/limits` (head limits, and the marks
 //! peerlb strips from requests and adds to responses), `ingress/forward`
 //! (routing, failover and replay). The owner side is `owner`, the state
 //! shared with it and the admin API is `node_state`, and errors become
@@ -34,13 +42,17 @@ use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::owner::Owner;
 use super::peer::PeerLinks;
+use super::tunnel::{self, Role, Tunnel};
 use crate::config::IngressSettings;
 use forward::{ForwardSettings, Forwarder};
 
 mod forward;
 mod limits;
+mod preface;
 mod server;
 
+// `server::{serve_connection, Protocol}` serve one connection of any IO
+// (the HTTPS listener's TLS streams).
 pub(crate) use server::{Handler, serve};
 
 /// Response header naming the entry node.
@@ -91,9 +103,18 @@ impl Ingress {
     /// statuses).
     pub(crate) async fn handle(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         client: SocketAddr,
     ) -> Response<Body> {
+        if req.version() == http::Version::HTTP_2 {
+            let (mut parts, body) = req.into_parts();
+            client_input::http2_as_http11(&mut parts.uri, &mut parts.headers, &mut parts.version);
+            req = Request::from_parts(parts, body);
+        }
+        // Taken before the request moves on: the client's connection once
+        // the app's 101 has been written.
+        let mut upgrade = tunnel::wants_websocket(req.method(), req.version(), req.headers())
+            .then(|| hyper::upgrade::on(&mut req));
         let class = limits::check(&req, self.settings.max_request_target)
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX));
         // Admin answers (the sprayer's health checks) are not client
@@ -119,11 +140,26 @@ impl Ingress {
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 let start = tokio::time::Instant::now();
-                let resp = match self.forwarder.route_and_serve(req, client).await {
+                let mut resp = match self.forwarder.route_and_serve(req, client).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(answer) => answer,
                 };
                 self.state.metrics.observe_request(start.elapsed());
+                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                    let app = resp.extensions_mut().remove::<Tunnel>();
+                    match (upgrade.take(), app) {
+                        (Some(client_side), Some(app)) => self.open_tunnel(client_side, app),
+                        // Cannot happen (an app's 101 to a request that
+                        // asked for no upgrade is refused where it is
+                        // read); a 101 must never reach a client that
+                        // did not ask for one.
+                        _ => {
+                            resp = self.state.failed(RequestError::OwnerFailed(
+                                "101 Switching Protocols without a tunnel".into(),
+                            ))
+                        }
+                    }
+                }
                 resp
             }
         };
@@ -143,6 +179,32 @@ impl Ingress {
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
+    }
+}
+
+impl Ingress {
+    /// Relays the client's connection (once hyper has written the 101 and
+    /// handed it over) and the owner's side `app` as a tunnel, in a task
+    /// of its own.
+    fn open_tunnel(&self, client_side: hyper::upgrade::OnUpgrade, app: Tunnel) {
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let client_io = match client_side.await {
+                Ok(u) => Box::new(hyper_util::rt::TokioIo::new(u)) as tunnel::BoxIo,
+                Err(e) => {
+                    tracing::debug!(target: super::REQUEST_PATH, error = %e, "client connection not upgraded: tunnel dropped");
+                    return;
+                }
+            };
+            let app_io = match app.open().await {
+                Ok(io) => io,
+                Err(e) => {
+                    tracing::debug!(target: super::REQUEST_PATH, error = %e, "owner side of a tunnel failed");
+                    return;
+                }
+            };
+            state.tunnels.run(Role::Entry, client_io, app_io).await;
+        });
     }
 }
 
@@ -179,6 +241,24 @@ impl server::Handler for Ingress {
         self.state
             .counters
             .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn h2_max_concurrent_streams(&self) -> u32 {
+        self.settings.h2_max_concurrent_streams
+    }
+
+    fn h2_connection(&self) {
+        self.state
+            .counters
+            .h2_connections
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn h2_reset_flood(&self) {
+        self.state
+            .counters
+            .h2_reset_floods
             .fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -28,6 +28,13 @@
 //! | `peerlb_client_connections_refused_total` | counter | client connections closed at accept (`limits.max_connections`) |
 //! | `peerlb_client_received_bytes_total` | counter | bytes read from client connections (heads and bodies) |
 //! | `peerlb_client_sent_bytes_total` | counter | bytes written to client connections (heads and bodies) |
+//! | `peerlb_websockets_total` | counter | WebSocket tunnels opened at this entry (the app answered 101) |
+//! | `peerlb_websockets_proxied_total` | counter | WebSocket tunnels relayed as a forwarded owner (peer stream to app) |
+//! | `peerlb_websocket_idle_closed_total` | counter | tunnels closed after `limits.websocket_idle_timeout_ms` without a byte |
+//! | `peerlb_h2_connections_total` | counter | HTTP/2 client connections accepted |
+//! | `peerlb_h2_reset_floods_total` | counter | HTTP/2 connections closed for a rapid-reset flood |
+//! | `peerlb_websockets_open` | gauge | WebSocket tunnels open at this entry |
+//! | `peerlb_websockets_proxied_open` | gauge | WebSocket tunnels open as a forwarded owner |
 //! | `peerlb_request_duration_seconds` | histogram | client request at the entry, arrival to response head |
 //! | `peerlb_hop_duration_seconds` | histogram | one forward attempt, sending the head to the owner's response head |
 //! | `peerlb_inflight_requests` | gauge | requests in flight on this node (client and proxied) |
@@ -72,6 +79,7 @@ use super::errors::{AdminError, error_response};
 use super::node_state::NodeState;
 use crate::engine::membership::{MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
+use super::tunnel::Role;
 use crate::engine::ring::Ring;
 
 /// `GET /_peerlb/metrics`.
@@ -502,6 +510,41 @@ impl Snapshot {
                 "client_sent_bytes",
                 "Bytes written to client connections (heads and bodies)",
                 Counter(m.client_bytes.sent()),
+            ),
+            Family::one(
+                "websockets",
+                "WebSocket tunnels opened at this entry (clients whose upgrade an app accepted)",
+                Counter(state.tunnels.opened(Role::Entry)),
+            ),
+            Family::one(
+                "websockets_proxied",
+                "WebSocket tunnels this node relayed as a forwarded owner (peer stream to app)",
+                Counter(state.tunnels.opened(Role::Owner)),
+            ),
+            Family::one(
+                "websocket_idle_closed",
+                "WebSocket tunnels closed after limits.websocket_idle_timeout_ms without a byte",
+                Counter(state.tunnels.idle_closed()),
+            ),
+            Family::one(
+                "h2_connections",
+                "HTTP/2 client connections accepted",
+                Counter(get(&c.h2_connections)),
+            ),
+            Family::one(
+                "h2_reset_floods",
+                "HTTP/2 client connections closed for resetting most of their streams before an answer (rapid reset)",
+                Counter(get(&c.h2_reset_floods)),
+            ),
+            Family::one(
+                "websockets_open",
+                "WebSocket tunnels open at this entry",
+                Gauge(state.tunnels.open(Role::Entry) as f64),
+            ),
+            Family::one(
+                "websockets_proxied_open",
+                "WebSocket tunnels open on this node as a forwarded owner",
+                Gauge(state.tunnels.open(Role::Owner) as f64),
             ),
             Family::one(
                 "inflight_requests",

@@ -67,6 +67,11 @@ pub(crate) struct Counters {
     pub connections_refused: AtomicU64,
     /// Client connections open now (a gauge, not monotonic).
     pub client_connections: AtomicU64,
+    /// HTTP/2 client connections accepted.
+    pub h2_connections: AtomicU64,
+    /// HTTP/2 client connections closed for a flood of streams the
+    /// client reset before their answers (rapid reset).
+    pub h2_reset_floods: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.
@@ -272,6 +277,8 @@ pub(crate) struct NodeState {
     pub counters: Counters,
     /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
     pub metrics: super::metrics::Metrics,
+    /// The WebSocket tunnels this node relays.
+    pub tunnels: super::tunnel::Tunnels,
 }
 
 impl NodeState {
@@ -313,6 +320,7 @@ impl NodeState {
             manager_token: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics: super::metrics::Metrics::default(),
+            tunnels: super::tunnel::Tunnels::default(),
         }
     }
 

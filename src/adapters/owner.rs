@@ -2,7 +2,9 @@
 //! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
 //! calls, never forwarded again: hop limit 1) or this node's own ingress
 //! is the first candidate. A peer's forwarded admin change (a state or
-//! weight change for this member) is answered by the admin API instead.
+//! weight change for this member) is answered by the admin API instead;
+//! and it relays the tunnels (WebSocket) of the proxied requests its app
+//! upgraded.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,6 +18,7 @@ use super::body::Body;
 use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::peer::ProxiedHandler;
+use super::tunnel::{BoxIo, Role, Tunnel};
 use super::wire::RequestHead;
 
 /// The local app of one node, with the node state its serve times and
@@ -74,6 +77,15 @@ impl ProxiedHandler for Owner {
             &method,
         );
         resp
+    }
+
+    async fn relay(&self, peer_side: BoxIo, app: Tunnel) {
+        match app.open().await {
+            Ok(app_io) => {
+                self.state.tunnels.run(Role::Owner, peer_side, app_io).await;
+            }
+            Err(e) => debug!(target: REQUEST_PATH, error = %e, "app side of a tunnel failed"),
+        }
     }
 }
 

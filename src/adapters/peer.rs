@@ -21,6 +21,7 @@ use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use super::body::{self, Body, QuicBody};
 use super::tls::{self, TlsMaterial};
+use super::tunnel::{BoxIo, Tunnel};
 use super::wire::{self, RequestHead, ResponseHead};
 use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
@@ -100,6 +101,9 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
         head: &RequestHead,
         req: Request<Body>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
+    /// Relays a tunnel: `peer_side` (the request's stream, after both
+    /// heads) and the app's side `app` (from the app's 101), until it ends.
+    fn relay(&self, peer_side: BoxIo, app: Tunnel) -> impl std::future::Future<Output = ()> + Send;
 }
 
 fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
@@ -236,14 +240,7 @@ pub(crate) async fn exchange(
         let resp = async {
             read_head::<ResponseHead>(&mut recv)
                 .await
-                .map_err(|e| match e {
-                    HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(
-                        code,
-                    ))) if code.into_inner() == u64::from(wire::RESET_REFUSED) => {
-                        ExchangeError::Refused(peer.clone())
-                    }
-                    e => failed(e.to_string()),
-                })
+                .map_err(|e| response_head_error(peer, e))
         };
         tokio::select! {
             biased;
@@ -254,12 +251,122 @@ pub(crate) async fn exchange(
     let resp = tokio::time::timeout(timeout, read)
         .await
         .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
-    let len = resp
-        .headers
+    let len = content_length(&resp);
+    Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
+}
+
+/// The exchange error of a response head that could not be read.
+fn response_head_error(peer: &NodeId, e: HeadError) -> ExchangeError {
+    match e {
+        HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
+            if code.into_inner() == u64::from(wire::RESET_REFUSED) =>
+        {
+            ExchangeError::Refused(peer.clone())
+        }
+        e => ExchangeError::Failed {
+            peer: peer.clone(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+fn content_length(head: &ResponseHead) -> Option<u64> {
+    head.headers
         .iter()
         .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok());
-    Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
+}
+
+/// What an owner answered to a tunnel request.
+pub(crate) enum TunnelAnswer {
+    /// `101`: the stream is the tunnel now (both directions raw bytes).
+    Tunnel(BoxIo),
+    /// Any other status: an ordinary response body.
+    Body(PeerBody),
+}
+
+/// Sends a tunnel request (a WebSocket upgrade, marked [`wire::TUNNEL`] in
+/// `head`; no body) on an opened stream and waits for the response head:
+/// on `101` the stream itself is the tunnel's owner side, else the entry
+/// ends its direction and the response body follows as in [`exchange`].
+/// See the tunnel section of [`super::wire`].
+///
+/// # Errors
+/// As [`exchange`] (no client body can fail: there is none).
+pub(crate) async fn exchange_tunnel(
+    peer: &NodeId,
+    stream: PeerStream,
+    head: Bytes,
+    timeout: Duration,
+) -> Result<(ResponseHead, TunnelAnswer), ExchangeError> {
+    let PeerStream {
+        mut send,
+        mut recv,
+        busy,
+    } = stream;
+    send.write_chunk(head)
+        .await
+        .map_err(|e| ExchangeError::Failed {
+            peer: peer.clone(),
+            reason: e.to_string(),
+        })?;
+    let resp = tokio::time::timeout(timeout, read_head::<ResponseHead>(&mut recv))
+        .await
+        .map_err(|_| ExchangeError::Timeout(peer.clone()))?
+        .map_err(|e| response_head_error(peer, e))?;
+    if resp.status == http::StatusCode::SWITCHING_PROTOCOLS.as_u16() {
+        let io = StreamTunnel {
+            io: tokio::io::join(recv, send),
+            _busy: Some(busy),
+        };
+        return Ok((resp, TunnelAnswer::Tunnel(Box::new(io))));
+    }
+    let _ = send.finish();
+    let len = content_length(&resp);
+    Ok((
+        resp,
+        TunnelAnswer::Body(PeerBody::new(QuicBody::new(recv, len), busy)),
+    ))
+}
+
+/// A request stream as a tunnel's byte stream: reads from the peer,
+/// writes to it, and its end of writes is the stream's FIN. Holds its
+/// connection busy (liveness checks on) while open, at the entry.
+struct StreamTunnel {
+    io: tokio::io::Join<quinn::RecvStream, quinn::SendStream>,
+    _busy: Option<links::Busy>,
+}
+
+impl tokio::io::AsyncRead for StreamTunnel {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for StreamTunnel {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// Polls `recv` once (never waits); true when nothing was there yet. The
@@ -436,7 +543,13 @@ async fn serve_stream<H: ProxiedHandler>(
         .uri(head.uri.as_str());
     let mut len = None;
     let mut chunked = false;
+    let mut tunnel = false;
     for (k, v) in &head.headers {
+        if k == wire::TUNNEL {
+            // peerlb's own mark: the app never sees it.
+            tunnel = true;
+            continue;
+        }
         if k == "content-length" {
             len = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
         } else if k == "transfer-encoding" {
@@ -448,10 +561,16 @@ async fn serve_stream<H: ProxiedHandler>(
     // body (HTTP/1.1), and the entry sent the FIN with the head: take it
     // now, so the app sees a known-empty body and the stream ends read to
     // its end (no STOP_SENDING when it is dropped).
-    let body = if len.is_none() && !chunked && !nothing_read_yet(&mut recv).await {
-        body::empty()
+    // A tunnel request has no body; its stream stays open for the tunnel.
+    let (body, tunnel_recv) = if tunnel {
+        (body::empty(), Some(recv))
+    } else if len.is_none() && !chunked && !nothing_read_yet(&mut recv).await {
+        (body::empty(), None)
     } else {
-        http_body_util::BodyExt::boxed_unsync(QuicBody::new(recv, len))
+        (
+            http_body_util::BodyExt::boxed_unsync(QuicBody::new(recv, len)),
+            None,
+        )
     };
     let req = match builder.body(body) {
         Ok(r) => r,
@@ -466,6 +585,9 @@ async fn serve_stream<H: ProxiedHandler>(
         debug_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     let resp = handler.serve(&head, req).instrument(span).await;
     let (mut parts, body) = resp.into_parts();
+    let app_tunnel = (parts.status == http::StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.extensions.remove::<Tunnel>())
+        .flatten();
     // A body of known size keeps its length across the hop where hyper
     // would have written it for the client on this node (`framing`), so
     // the entry answers with Content-Length, not chunked, and invents none.
@@ -494,6 +616,14 @@ async fn serve_stream<H: ProxiedHandler>(
         }
     };
     if send.write_chunk(Bytes::from(frame)).await.is_err() {
+        return;
+    }
+    if let (Some(app), Some(recv)) = (app_tunnel, tunnel_recv) {
+        let stream = StreamTunnel {
+            io: tokio::io::join(recv, send),
+            _busy: None,
+        };
+        handler.relay(Box::new(stream), app).await;
         return;
     }
     if let Err(e) = body::pump(body, &mut send).await {

@@ -30,8 +30,9 @@
 //! The app's response framing is checked before it goes further: a
 //! `Content-Length` beside a `Transfer-Encoding` is removed (RFC 9112
 //! section 6.3: the transfer coding decides the length), and a
-//! `101 Switching Protocols` is an error, as peerlb never asks the app for
-//! an upgrade.
+//! `101 Switching Protocols` is an error unless the request asked for a
+//! WebSocket: such a request goes on a connection of its own, which a
+//! `101` hands to the tunnel ([`super::tunnel`]).
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -49,6 +50,7 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use super::body::{self, Body, BodyError};
+use super::tunnel::{self, Tunnel};
 use crate::config::AppAddr;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 
@@ -81,8 +83,8 @@ pub(crate) enum UpstreamError {
     #[error("request body longer than its content-length")]
     RequestBodyTooLong,
     /// The app answered `101 Switching Protocols` to a request that asked
-    /// for no upgrade (peerlb removes `Upgrade` from every request): a
-    /// broken app; the connection is closed.
+    /// for no upgrade (peerlb removes `Upgrade` from every request but a
+    /// WebSocket's): a broken app; the connection is closed.
     #[error("answered 101 Switching Protocols to a request that asked for no upgrade")]
     SwitchingProtocols,
 }
@@ -224,6 +226,9 @@ impl Upstream {
         if !parts.headers.contains_key(header::HOST) {
             parts.headers.insert(header::HOST, self.authority.clone());
         }
+        if tunnel::wants_websocket(&parts.method, parts.version, &parts.headers) {
+            return self.send_upgrade(Request::from_parts(parts, body)).await;
+        }
         // The engine's replay rules: may the request be sent again after
         // the app may have read it, and how is its body kept?
         let plan = ReplayPlan::new(
@@ -307,7 +312,38 @@ impl Upstream {
         ))
     }
 
+    /// Sends a WebSocket request on a new connection of its own (never
+    /// pooled: it becomes the tunnel's app side). A `101` answer carries
+    /// the connection being upgraded as a [`Tunnel`] in its extensions,
+    /// with an empty body; any other answer is returned as the app sent
+    /// it.
+    async fn send_upgrade(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+        let mut sender = self.connect_for(true).await?;
+        sender.ready().await?;
+        let mut resp = sender.send_request(req).await?;
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let on = hyper::upgrade::on(&mut resp);
+            let (mut parts, _) = resp.into_parts();
+            parts.extensions.insert(Tunnel::hyper(on));
+            return Ok(Response::from_parts(parts, body::empty()));
+        }
+        let (mut parts, body) = resp.into_parts();
+        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(BodyError::Upstream).boxed_unsync(),
+        ))
+    }
+
     async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
+        self.connect_for(false).await
+    }
+
+    /// A new connection; `upgrades`: one that may be upgraded (a
+    /// WebSocket's).
+    async fn connect_for(&self, upgrades: bool) -> Result<SendRequest<Body>, UpstreamError> {
         let connecting = async {
             match &self.target {
                 Target::Tcp { host, port } => {
@@ -315,13 +351,13 @@ impl Upstream {
                         .await
                         .map_err(UpstreamError::Connect)?;
                     let _ = stream.set_nodelay(true);
-                    handshake(stream).await
+                    handshake(stream, upgrades).await
                 }
                 Target::Unix(path) => {
                     let stream = tokio::net::UnixStream::connect(path)
                         .await
                         .map_err(UpstreamError::Connect)?;
-                    handshake(stream).await
+                    handshake(stream, upgrades).await
                 }
             }
         };
@@ -331,14 +367,20 @@ impl Upstream {
     }
 }
 
-/// Sets up HTTP/1.1 on a new connection and spawns its driver.
-async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, UpstreamError>
+/// Sets up HTTP/1.1 on a new connection and spawns its driver (one that
+/// hands the connection over on a `101` when `upgrades`).
+async fn handshake<S>(stream: S, upgrades: bool) -> Result<SendRequest<Body>, UpstreamError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        let r = if upgrades {
+            conn.with_upgrades().await
+        } else {
+            conn.await
+        };
+        if let Err(e) = r {
             tracing::debug!(error = %e, "upstream app connection ended with an error");
         }
     });

@@ -13,6 +13,25 @@
 //! resets the stream ([`RESET_BODY_FAILED`]), so the other side sees an error,
 //! never a truncated body that looks complete. A head longer than
 //! [`MAX_HEAD_LEN`] or one that does not decode closes that stream only.
+//!
+//! A WebSocket request (a tunnel) is marked by the header [`TUNNEL`] in its
+//! request head (the entry strips every client-sent `peerlb-*` header
+//! first, so no client can set it; the owner removes it before the app).
+//! On such a stream the entry does not end its direction after the head:
+//!
+//! ```text
+//! entry -> owner: [head with peerlb-tunnel] ........ tunnel bytes ... FIN
+//! owner -> entry: [ResponseHead 101] tunnel bytes ........... FIN
+//! ```
+//!
+//! If the owner's head is `101`, both directions carry the tunnel's raw
+//! bytes after the heads, each ended by its FIN (a side that closes) or a
+//! reset (a side that fails); otherwise the exchange is an ordinary one:
+//! the entry ends its direction (the request has no body) and the response
+//! body follows the head as usual. A node that does not know the mark
+//! passes it to its app as an ordinary header and never answers 101
+//! (its upstream client refuses one), so the client gets the app's answer
+//! or a 502.
 
 use std::net::SocketAddr;
 
@@ -28,6 +47,10 @@ pub(crate) const RESET_BODY_FAILED: u32 = 1;
 pub(crate) const RESET_REFUSED: u32 = 2;
 /// Stream reset / stop code: a frame could not be decoded.
 pub(crate) const RESET_BAD_FRAME: u32 = 3;
+
+/// Request head header marking a tunnel (a WebSocket request): see the
+/// module doc. Its value names the protocol (`websocket`).
+pub(crate) const TUNNEL: &str = "peerlb-tunnel";
 
 /// The head of a proxied request (entry -> owner).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

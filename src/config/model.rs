@@ -201,6 +201,15 @@ pub struct LimitsSection {
     /// (5 s in uvicorn, Node.js and Apache), so peerlb closes an idle
     /// connection before the app does.
     pub upstream_idle_timeout_ms: u64,
+    /// Most streams one HTTP/2 client connection may have open at once
+    /// (default 100, as nginx and HAProxy; 1..=10000); a client that opens
+    /// more waits for a stream to end (HTTP/2 flow control, RFC 9113
+    /// section 5.1.2).
+    pub h2_max_concurrent_streams: u32,
+    /// A WebSocket tunnel that moves no byte either way this long is
+    /// closed, in ms (default 300000; nginx's `proxy_read_timeout`,
+    /// HAProxy's `timeout tunnel`).
+    pub websocket_idle_timeout_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -217,6 +226,8 @@ impl Default for LimitsSection {
             body_read_timeout_ms: 30_000,
             send_timeout_ms: 60_000,
             upstream_idle_timeout_ms: 2_000,
+            h2_max_concurrent_streams: 100,
+            websocket_idle_timeout_ms: 300_000,
         }
     }
 }

@@ -192,6 +192,12 @@ pub struct IngressSettings {
     /// Longest a write to a client may make no progress
     /// (`limits.send_timeout_ms`).
     pub send_timeout: Duration,
+    /// Most open streams per HTTP/2 client connection
+    /// (`limits.h2_max_concurrent_streams`).
+    pub h2_max_concurrent_streams: u32,
+    /// A WebSocket tunnel idle this long is closed
+    /// (`limits.websocket_idle_timeout_ms`).
+    pub websocket_idle_timeout: Duration,
 }
 
 /// Peer link (QUIC) settings.

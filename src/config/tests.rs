@@ -515,3 +515,44 @@ fn slow_start_is_off_by_default_and_its_ramp_is_validated() {
         assert!(e.contains(field), "{field}: {e}");
     }
 }
+
+#[test]
+fn http2_and_websocket_limits_are_read_and_checked() {
+    let c = validate(ONE, "n1").unwrap();
+    assert_eq!(c.ingress.h2_max_concurrent_streams, 100);
+    assert_eq!(
+        c.ingress.websocket_idle_timeout,
+        std::time::Duration::from_secs(300)
+    );
+    let c = validate(
+        &format!(
+            "[limits]\nh2_max_concurrent_streams = 7\nwebsocket_idle_timeout_ms = 1500\n{ONE}"
+        ),
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(c.ingress.h2_max_concurrent_streams, 7);
+    assert_eq!(
+        c.ingress.websocket_idle_timeout,
+        std::time::Duration::from_millis(1500)
+    );
+    for (bad, field) in [
+        (
+            "h2_max_concurrent_streams = 0",
+            "limits.h2_max_concurrent_streams",
+        ),
+        (
+            "h2_max_concurrent_streams = 10001",
+            "limits.h2_max_concurrent_streams",
+        ),
+        (
+            "websocket_idle_timeout_ms = 0",
+            "limits.websocket_idle_timeout_ms",
+        ),
+    ] {
+        match validate(&format!("[limits]\n{bad}\n{ONE}"), "n1") {
+            Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{bad}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}

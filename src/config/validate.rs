@@ -70,6 +70,10 @@ impl ClusterFile {
             ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
             ("limits.send_timeout_ms", l.send_timeout_ms),
+            (
+                "limits.websocket_idle_timeout_ms",
+                l.websocket_idle_timeout_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -78,6 +82,12 @@ impl ClusterFile {
             if v == 0 {
                 return Err(inv(name, "must be greater than 0".into()));
             }
+        }
+        if !(1..=10_000).contains(&l.h2_max_concurrent_streams) {
+            return Err(inv(
+                "limits.h2_max_concurrent_streams",
+                format!("{} is out of range 1..=10000", l.h2_max_concurrent_streams),
+            ));
         }
         if l.upstream_idle_timeout_ms > MAX_UPSTREAM_IDLE_MS {
             return Err(inv(
@@ -99,6 +109,10 @@ impl ClusterFile {
             ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
             ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
             ("limits.send_timeout_ms", l.send_timeout_ms),
+            (
+                "limits.websocket_idle_timeout_ms",
+                l.websocket_idle_timeout_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -426,6 +440,8 @@ impl ClusterFile {
                 header_read_timeout: ms(self.limits.header_read_timeout_ms),
                 body_read_timeout: ms(self.limits.body_read_timeout_ms),
                 send_timeout: ms(self.limits.send_timeout_ms),
+                h2_max_concurrent_streams: self.limits.h2_max_concurrent_streams,
+                websocket_idle_timeout: ms(self.limits.websocket_idle_timeout_ms),
             },
             peer: PeerSettings {
                 keep_alive: ms(self.peer.keep_alive_ms),

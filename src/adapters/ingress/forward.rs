@@ -25,7 +25,8 @@ use crate::adapters::body::{self, Body};
 use crate::adapters::errors::RequestError;
 use crate::adapters::node_state::{NodeState, Outstanding, track_body};
 use crate::adapters::owner::Owner;
-use crate::adapters::peer::{self, ExchangeError, PeerLinks};
+use crate::adapters::peer::{self, ExchangeError, PeerLinks, TunnelAnswer};
+use crate::adapters::tunnel::{self, Tunnel};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
@@ -213,7 +214,9 @@ impl Forwarder {
         view_version: u64,
     ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
         let me = self.state.node_id();
-        let (parts, incoming) = req.into_parts();
+        let (mut parts, incoming) = req.into_parts();
+        // A WebSocket request: its stream to a peer is a tunnel (`wire`).
+        let tunnel = tunnel::wants_websocket(&parts.method, parts.version, &parts.headers);
         let request_bytes = content_length(&parts.headers).unwrap_or(0);
         let plan = ReplayPlan::new(
             &parts.method,
@@ -289,6 +292,11 @@ impl Forwarder {
             let h = match &head {
                 Some(h) => h.clone(),
                 None => {
+                    if tunnel {
+                        parts
+                            .headers
+                            .insert(wire::TUNNEL, HeaderValue::from_static("websocket"));
+                    }
                     let uri = request_target(&parts.uri);
                     let encoded = wire::encode(&RequestHeadRef {
                         request_id,
@@ -301,6 +309,10 @@ impl Forwarder {
                         client,
                         hash_key: key,
                     });
+                    drop(uri);
+                    if tunnel {
+                        parts.headers.remove(wire::TUNNEL);
+                    }
                     match encoded {
                         Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
                         Err(e) => {
@@ -330,10 +342,22 @@ impl Forwarder {
                 .fetch_add(1, Ordering::Relaxed);
             let guard = self.state.track(cand, request_bytes);
             let sent = tokio::time::Instant::now();
-            let exchanged = peer::exchange(cand, pair, h, b, self.settings.response_timeout).await;
+            let exchanged = if tunnel {
+                peer::exchange_tunnel(cand, pair, h, self.settings.response_timeout).await
+            } else {
+                peer::exchange(cand, pair, h, b, self.settings.response_timeout)
+                    .await
+                    .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
+            };
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
-                Ok((rh, mut qb)) => {
+                Ok((rh, TunnelAnswer::Tunnel(io))) => {
+                    let served = NodeId::from(rh.served_by.as_str());
+                    let mut resp = peer::response_from_head(rh, body::empty());
+                    resp.extensions_mut().insert(Tunnel::ready(io));
+                    return Ok((resp, served, guard));
+                }
+                Ok((rh, TunnelAnswer::Body(mut qb))) => {
                     let served = NodeId::from(rh.served_by.as_str());
                     let status = http::StatusCode::from_u16(rh.status)
                         .unwrap_or(http::StatusCode::BAD_GATEWAY);

@@ -1,5 +1,7 @@
-//! The client server: the accept loop and each connection's HTTP/1.1
-//! settings (keep-alive, half-close, head read timeout, send timeout).
+//! The client server: the accept loop and each connection: HTTP/1.1
+//! (keep-alive, half-close, head read timeout, WebSocket upgrades) or
+//! HTTP/2 (prior knowledge on cleartext, [`preface`]; ALPN `h2` over TLS),
+//! the send timeout, and the HTTP/2 limits and rapid-reset defence.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -7,11 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -19,6 +22,8 @@ use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
 use crate::env::HttpListener;
+
+use super::preface::{self, Prefixed};
 
 /// Largest read buffer of a client connection, in bytes: the peer frame
 /// limit ([`crate::adapters::wire::MAX_HEAD_LEN`], 64 KiB), above peerlb's
@@ -48,6 +53,15 @@ pub(crate) trait Handler: Send + Sync + 'static {
     /// Where the bytes of its connections are counted (`None`: not
     /// counted, the admin listener).
     fn byte_counts(&self) -> Option<&Arc<crate::adapters::metrics::ByteCounts>>;
+    /// Most open streams per HTTP/2 connection (default 100).
+    fn h2_max_concurrent_streams(&self) -> u32 {
+        100
+    }
+    /// Counts an HTTP/2 connection (default: not counted).
+    fn h2_connection(&self) {}
+    /// Counts an HTTP/2 connection closed for a rapid-reset flood
+    /// (default: not counted).
+    fn h2_reset_flood(&self) {}
 }
 
 /// Holds one place under the connection cap; gives it back when dropped.
@@ -73,15 +87,15 @@ fn take_slot<H: Handler>(ingress: &Arc<H>, max: usize) -> Option<ConnSlot<H>> {
 }
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
-/// each connection is watched by `graceful` so in-flight requests finish.
+/// each connection is served by [`serve_connection`], which starts its
+/// graceful close (HTTP/1.1: after the request in flight; HTTP/2: GOAWAY,
+/// then the open streams finish) when `shutdown` turns true.
 pub(crate) async fn serve<H: Handler>(
     mut listener: Box<dyn HttpListener>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
-    graceful: Arc<GracefulShutdown>,
 ) {
     let local = listener.local_addr().ok();
-    let header_timeout = ingress.header_read_timeout();
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut last_cap_warn: Option<tokio::time::Instant> = None;
     let max_connections = ingress.max_connections();
@@ -114,43 +128,399 @@ pub(crate) async fn serve<H: Handler>(
             }
             continue;
         };
-        let ing = ingress.clone();
-        let svc = service_fn(move |req| {
-            let ing = ing.clone();
-            async move { Ok::<_, std::convert::Infallible>(ing.handle(req, client).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .keep_alive(true)
-            // A forwarded answer still reaches a client that half-closed.
-            .half_close(true)
-            // Closes connections that send no complete head in time,
-            // idle keep-alive connections included (slowloris).
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            // A connection's read buffer stops at the head limit's order
-            // (hyper's default grows to about 408 KB): a head up to
-            // READ_BUFFER_BYTES gets peerlb's own 431 (`limits::check`), a
-            // longer one hyper's bare 431.
-            .max_buf_size(READ_BUFFER_BYTES)
-            .serve_connection(
-                TokioIo::new(match ingress.byte_counts() {
-                    Some(c) => SendTimeout::new(stream, ingress.send_timeout()).counting(c.clone()),
-                    None => SendTimeout::new(stream, ingress.send_timeout()),
-                }),
-                svc,
-            );
-        let fut = graceful.watch(conn);
+        let conn = serve_connection(
+            stream,
+            client,
+            Protocol::Detect,
+            ingress.clone(),
+            shutdown.clone(),
+        );
         tokio::spawn(
             async move {
                 let _slot = slot;
-                if let Err(e) = fut.await {
-                    debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
-                }
+                conn.await;
             }
             .instrument(info_span!(target: REQUEST_PATH, "conn", %client)),
         );
     }
     if let Some(local) = local {
         debug!(target: REQUEST_PATH, %local, "listener closed");
+    }
+}
+
+/// Which HTTP a client connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    dead_code,
+    reason = "Http1 and Http2 are for TLS listeners, whose ALPN chooses"
+)]
+pub(crate) enum Protocol {
+    /// Cleartext: HTTP/2 when the client opens with the HTTP/2 preface
+    /// (prior knowledge, RFC 9113 section 3.3), else HTTP/1.x. The wait
+    /// for the first bytes counts against the head read timeout. No h2c
+    /// upgrade from HTTP/1.1 (RFC 9113 deprecated it).
+    Detect,
+    /// HTTP/1.x (TLS with ALPN `http/1.1` or none).
+    Http1,
+    /// HTTP/2 (TLS with ALPN `h2`).
+    Http2,
+}
+
+/// Serves one client connection `io` from `client` until it ends: HTTP/1.1
+/// (keep-alive, half-close, head read timeout, WebSocket upgrades) or
+/// HTTP/2 (every stream a request of its own; limits in [`h2_builder`]), as
+/// `protocol` says. Writes that make no progress for the send timeout end
+/// it. When `shutdown` turns true the connection closes gracefully: HTTP/1.1
+/// after the request in flight, HTTP/2 with GOAWAY once its open streams
+/// finish. `io` is a plain TCP stream or a TLS stream (the HTTPS listener
+/// passes [`Protocol::Http2`] when ALPN chose `h2`).
+pub(crate) async fn serve_connection<H, I>(
+    io: I,
+    client: SocketAddr,
+    protocol: Protocol,
+    ingress: Arc<H>,
+    shutdown: watch::Receiver<bool>,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut io = match ingress.byte_counts() {
+        Some(c) => SendTimeout::new(io, ingress.send_timeout()).counting(c.clone()),
+        None => SendTimeout::new(io, ingress.send_timeout()),
+    };
+    let (h2, prefix) = match protocol {
+        Protocol::Http1 => (false, Bytes::new()),
+        Protocol::Http2 => (true, Bytes::new()),
+        Protocol::Detect => {
+            let detect =
+                tokio::time::timeout(ingress.header_read_timeout(), preface::detect(&mut io));
+            // A connection that has sent nothing yet has no request in
+            // flight: a drain closes it at once.
+            let mut stop = shutdown.clone();
+            let detected = tokio::select! {
+                r = detect => r,
+                () = stopped(&mut stop) => return,
+            };
+            match detected {
+                Ok(Ok(found)) => found,
+                Ok(Err(e)) => {
+                    debug!(target: REQUEST_PATH, error = %e, "client connection failed before its first request");
+                    return;
+                }
+                Err(_) => {
+                    debug!(target: REQUEST_PATH, "client sent nothing within the head read timeout: closing");
+                    return;
+                }
+            }
+        }
+    };
+    let io = TokioIo::new(Prefixed::new(prefix, io));
+    if h2 {
+        ingress.h2_connection();
+        serve_h2(io, client, ingress, shutdown).await;
+    } else {
+        serve_h1(io, client, ingress, shutdown).await;
+    }
+}
+
+/// Resolves when `shutdown` is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// A client connection's IO as hyper reads it.
+type ClientIo<I> = TokioIo<Prefixed<SendTimeout<I>>>;
+
+async fn serve_h1<H, I>(
+    io: ClientIo<I>,
+    client: SocketAddr,
+    ingress: Arc<H>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let header_timeout = ingress.header_read_timeout();
+    let svc = service_fn(move |req| {
+        let ing = ingress.clone();
+        async move { Ok::<_, std::convert::Infallible>(ing.handle(req, client).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        // A forwarded answer still reaches a client that half-closed.
+        .half_close(true)
+        // Closes connections that send no complete head in time,
+        // idle keep-alive connections included (slowloris).
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // A connection's read buffer stops at the head limit's order
+        // (hyper's default grows to about 408 KB): a head up to
+        // READ_BUFFER_BYTES gets peerlb's own 431 (`limits::check`), a
+        // longer one hyper's bare 431.
+        .max_buf_size(READ_BUFFER_BYTES)
+        .serve_connection(io, svc)
+        // A WebSocket request's connection is handed to its tunnel once
+        // the app's 101 is written (`Ingress::handle`).
+        .with_upgrades();
+    tokio::pin!(conn);
+    let r = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stopped(&mut shutdown) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = r {
+        debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
+    }
+}
+
+/// HTTP/2 connection limits (RFC 9113 section 6.5.2 settings and the h2
+/// crate's defences), the same for every connection:
+///
+/// - `SETTINGS_MAX_CONCURRENT_STREAMS`: `limits.h2_max_concurrent_streams`
+///   (default 100, as nginx and HAProxy);
+/// - `SETTINGS_MAX_HEADER_LIST_SIZE`: [`READ_BUFFER_BYTES`] (64 KiB), the
+///   HTTP/1.1 read buffer: a header list between peerlb's head limit
+///   ([`super::limits::MAX_HEAD_BYTES`]) and this gets peerlb's own 431;
+/// - flow control: 256 KiB per stream, 1 MiB per connection (a client
+///   can have at most that much request body buffered here);
+/// - streams the client resets before hyper accepts them: at most
+///   [`H2_MAX_PENDING_ACCEPT_RESETS`] pending, else GOAWAY
+///   `ENHANCE_YOUR_CALM`; streams peerlb itself has to reset for the
+///   client's errors: at most [`H2_MAX_LOCAL_ERROR_RESETS`]; streams reset
+///   after hyper accepted them count in [`ConnStreams`] (rapid reset);
+/// - no keep-alive pings: a connection with no open stream for the head
+///   read timeout is closed with GOAWAY instead.
+fn h2_builder(max_streams: u32) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(max_streams)
+        .max_header_list_size(READ_BUFFER_BYTES as u32)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESETS)
+        .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESETS)
+        .keep_alive_interval(None);
+    b
+}
+
+/// HTTP/2 stream flow-control window, in bytes.
+pub(super) const H2_STREAM_WINDOW: u32 = 256 * 1024;
+/// HTTP/2 connection flow-control window, in bytes.
+pub(super) const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Most streams reset by the client before hyper accepted them, pending
+/// at once (the h2 crate's default).
+pub(super) const H2_MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// Most streams peerlb resets for the client's protocol errors before the
+/// connection is closed.
+pub(super) const H2_MAX_LOCAL_ERROR_RESETS: usize = 256;
+
+async fn serve_h2<H, I>(
+    io: ClientIo<I>,
+    client: SocketAddr,
+    ingress: Arc<H>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let idle = ingress.header_read_timeout();
+    let streams = Arc::new(ConnStreams::new());
+    let builder = h2_builder(ingress.h2_max_concurrent_streams());
+    let ing = ingress.clone();
+    let st = streams.clone();
+    let svc = service_fn(move |req| {
+        let ing = ing.clone();
+        let guard = StreamGuard::start(&st);
+        async move {
+            let resp = ing.handle(req, client).await;
+            guard.answer();
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let mut closing = false;
+    let mut idle_check = tokio::time::Instant::now() + idle;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
+                }
+                return;
+            }
+            () = stopped(&mut shutdown), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = streams.flood.notified() => {
+                ingress.h2_reset_flood();
+                warn!(target: REQUEST_PATH, %client, started = streams.started(), reset = streams.premature(), "http/2 client reset most of its streams before their answers (rapid reset): closing the connection");
+                return;
+            }
+            () = tokio::time::sleep_until(idle_check), if !closing => {
+                match streams.idle_until(idle) {
+                    None => {
+                        debug!(target: REQUEST_PATH, "http/2 connection idle: GOAWAY");
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    Some(at) => idle_check = at,
+                }
+            }
+        }
+    }
+}
+
+/// Streams on one HTTP/2 connection have to reach this many before the
+/// rapid-reset rule applies (Envoy's premature-reset check uses 500).
+pub(super) const RESET_MIN_STREAMS: u64 = 200;
+
+/// The rapid-reset rule (CVE-2023-44487; Envoy's premature-reset check):
+/// a connection on which more than half of at least [`RESET_MIN_STREAMS`]
+/// streams were reset by the client before peerlb answered them is a
+/// flood. `started` counts the connection's streams so far, `premature`
+/// those reset before their answer.
+pub(super) fn reset_flood(started: u64, premature: u64) -> bool {
+    started >= RESET_MIN_STREAMS && premature.saturating_mul(2) > started
+}
+
+/// Counts one HTTP/2 connection's streams: started, reset by the client
+/// before their answer (the handler's future dropped), open now, and when
+/// the last one started or ended (idle close).
+struct ConnStreams {
+    started: AtomicU64,
+    premature: AtomicU64,
+    active: AtomicU64,
+    /// Time of the last stream start or end, in ms since `epoch`.
+    last_ms: AtomicU64,
+    epoch: tokio::time::Instant,
+    /// Woken once when [`reset_flood`] first holds.
+    flood: tokio::sync::Notify,
+    /// Set when `flood` was woken.
+    flooded: std::sync::atomic::AtomicBool,
+}
+
+impl ConnStreams {
+    fn new() -> ConnStreams {
+        ConnStreams {
+            started: AtomicU64::new(0),
+            premature: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+            epoch: tokio::time::Instant::now(),
+            flood: tokio::sync::Notify::new(),
+            flooded: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    fn premature(&self) -> u64 {
+        self.premature.load(Ordering::Relaxed)
+    }
+
+    fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// `None` when no stream has been open for `idle`; else when to look
+    /// again.
+    fn idle_until(&self, idle: Duration) -> Option<tokio::time::Instant> {
+        let at = self.epoch + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle;
+        let now = tokio::time::Instant::now();
+        if self.active.load(Ordering::Relaxed) > 0 {
+            return Some(now + idle);
+        }
+        (at > now).then_some(at)
+    }
+}
+
+/// One stream's place in [`ConnStreams`], from its handler's start to its
+/// answer (or its reset: the future is dropped unanswered).
+struct StreamGuard {
+    conn: Arc<ConnStreams>,
+    answered: bool,
+}
+
+impl StreamGuard {
+    fn start(conn: &Arc<ConnStreams>) -> StreamGuard {
+        conn.started.fetch_add(1, Ordering::Relaxed);
+        conn.active.fetch_add(1, Ordering::Relaxed);
+        conn.touch();
+        StreamGuard {
+            conn: conn.clone(),
+            answered: false,
+        }
+    }
+}
+
+impl StreamGuard {
+    /// The stream's answer is ready: it ends without counting as reset.
+    fn answer(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let c = &self.conn;
+        c.active.fetch_sub(1, Ordering::Relaxed);
+        c.touch();
+        if !self.answered {
+            let premature = c.premature.fetch_add(1, Ordering::Relaxed) + 1;
+            if reset_flood(c.started(), premature) && !c.flooded.swap(true, Ordering::Relaxed) {
+                c.flood.notify_one();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rapid_reset_needs_enough_streams_and_a_majority_reset() {
+        assert!(!reset_flood(RESET_MIN_STREAMS - 1, RESET_MIN_STREAMS - 1));
+        assert!(!reset_flood(RESET_MIN_STREAMS, RESET_MIN_STREAMS / 2));
+        assert!(reset_flood(RESET_MIN_STREAMS, RESET_MIN_STREAMS / 2 + 1));
+        assert!(reset_flood(10_000, 9_000));
+        assert!(!reset_flood(10_000, 4_000));
+    }
+
+    #[tokio::test]
+    async fn dropped_unanswered_streams_wake_the_flood_check_once() {
+        let conn = Arc::new(ConnStreams::new());
+        for _ in 0..RESET_MIN_STREAMS {
+            drop(StreamGuard::start(&conn));
+        }
+        assert_eq!(conn.premature(), RESET_MIN_STREAMS);
+        // The permit is stored: the first wait returns at once.
+        tokio::time::timeout(Duration::from_secs(1), conn.flood.notified())
+            .await
+            .expect("flood noticed");
+        // Answered streams are not resets.
+        StreamGuard::start(&conn).answer();
+        assert_eq!(conn.premature(), RESET_MIN_STREAMS);
+        assert_eq!(conn.active.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_only_with_no_stream_open() {
+        let conn = Arc::new(ConnStreams::new());
+        let idle = Duration::from_secs(30);
+        let g = StreamGuard::start(&conn);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(conn.idle_until(idle).is_some(), "a stream is open");
+        drop(g);
+        assert!(conn.idle_until(idle).is_some(), "just ended");
+        tokio::time::sleep(idle).await;
+        assert!(conn.idle_until(idle).is_none());
     }
 }
