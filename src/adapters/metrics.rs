@@ -38,7 +38,6 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::body::{self, Body};
@@ -46,6 +45,9 @@ use super::errors::{AdminError, error_response};
 use super::node_state::NodeState;
 use crate::engine::membership::NodeStatus;
 use crate::engine::ring::Ring;
+use histogram::DurationHistogram;
+
+mod histogram;
 
 /// `GET /_peerlb/metrics`.
 pub(crate) const PATH: &str = "/_peerlb/metrics";
@@ -53,19 +55,14 @@ pub(crate) const PATH: &str = "/_peerlb/metrics";
 /// The content type of the text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Histogram bucket upper bounds, in seconds: 0.5 ms doubling 16 times (to
-/// about 16 s), so a local serve and a slow app both fall inside.
-fn duration_buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(0.000_5, 2.0, 16)
-}
-
 /// The metrics a node records per request (the rest is read at scrape time).
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    /// Client requests at the entry: arrival to response head.
-    request_seconds: Histogram,
+    /// Client requests at the entry: arrival to response head (lock-free:
+    /// observed on the request path).
+    request_seconds: DurationHistogram,
     /// Forward attempts: head sent to the owner's response head.
-    hop_seconds: Histogram,
+    hop_seconds: DurationHistogram,
     /// Rules reloads that put new rules in force.
     rules_reloads: AtomicU64,
     /// Rules reloads refused (the rules in force stayed).
@@ -75,8 +72,8 @@ pub(crate) struct Metrics {
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
-            request_seconds: Histogram::new(duration_buckets()),
-            hop_seconds: Histogram::new(duration_buckets()),
+            request_seconds: DurationHistogram::default(),
+            hop_seconds: DurationHistogram::default(),
             rules_reloads: AtomicU64::new(0),
             rules_reload_failures: AtomicU64::new(0),
         }
@@ -86,13 +83,13 @@ impl Default for Metrics {
 impl Metrics {
     /// Records one client request's time to its response head.
     pub(crate) fn observe_request(&self, elapsed: Duration) {
-        self.request_seconds.observe(elapsed.as_secs_f64());
+        self.request_seconds.observe(elapsed);
     }
 
     /// Records one forward attempt's time to the owner's response head (or
     /// to its failure).
     pub(crate) fn observe_hop(&self, elapsed: Duration) {
-        self.hop_seconds.observe(elapsed.as_secs_f64());
+        self.hop_seconds.observe(elapsed);
     }
 
     /// Counts one rules reload: `ok` when the new rules are in force.
