@@ -517,3 +517,28 @@ async fn serve_stream<H: ProxiedHandler>(
         debug!(error = %e, "response body to peer stopped");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both sides ask for the ACK frequency extension with the threshold:
+    /// without it, an owner acknowledges every second request at once in
+    /// ACK-only datagrams (docs/performance.md, third pass).
+    #[test]
+    fn transport_asks_peers_to_acknowledge_every_tenth_packet() {
+        let t = transport(&PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+        });
+        let debug = format!("{t:?}");
+        let ack = &debug[debug
+            .find("ack_frequency_config: Some(")
+            .unwrap_or_else(|| panic!("no ACK frequency config: {debug}"))..];
+        assert!(
+            ack.contains(&format!("ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}")),
+            "{ack}"
+        );
+    }
+}
