@@ -475,7 +475,7 @@ def measure(url, pids, app_pids, pt, duration, tmp):
     size, conns, think = pt
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
-    sends = UdpSends(pids, os.path.join(tmp, "perf-stat.txt"))
+    sends = UdpSends(bal, os.path.join(tmp, "perf-stat.txt"))
     c0, a0 = cpu_ticks(bal), cpu_ticks(app_pids)
     s0, d0 = context_switches(bal), udp_out_datagrams()
     w = wrk(url, size, conns, think, duration)
@@ -495,7 +495,7 @@ def measure(url, pids, app_pids, pt, duration, tmp):
         "rss": peak_rss_kib(bal) / 1024 if pids else float("nan"),
         "cs": (s1 - s0) / n if pids else float("nan"),
         # The balancer's own UDP sends (perf), else the machine's datagrams.
-        "dgrams": (udp_sends if udp_sends is not None else d1 - d0) / n,
+        "dgrams": (udp_sends if udp_sends is not None else d1 - d0) / n if pids else float("nan"),
         "errors": errors,
     }
 
@@ -531,7 +531,7 @@ def table(results, pt, contenders):
             f"| {med([r['p50'] for r in rs]):.2f} | {med([r['p99'] for r in rs]):.2f} "
             f"| {med([r['p999'] for r in rs]):.2f} | {fmt(med([r['cpu'] for r in rs]), '.2f')} "
             f"| {med([r['app_cpu'] for r in rs]):.2f} | {fmt(med([r['cs'] for r in rs]), '.2f')} "
-            f"| {med([r['dgrams'] for r in rs]):.2f} | {fmt(med([r['rss'] for r in rs]), '.1f')} "
+            f"| {fmt(med([r['dgrams'] for r in rs]), '.2f')} | {fmt(med([r['rss'] for r in rs]), '.1f')} "
             f"| {sum(r['errors'] for r in rs)} |"
         )
     return "\n".join(rows)
@@ -722,7 +722,7 @@ def run(args, contenders, tmp, procs):
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "
                       f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
                       f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "
-                      f"cs {fmt(m['cs'], '.2f')} dg {m['dgrams']:.2f} /req  "
+                      f"cs {fmt(m['cs'], '.2f')} udp {fmt(m['dgrams'], '.2f')} /req  "
                       f"errors {m['errors']}", flush=True)
     load1 = os.getloadavg()
     out = [
