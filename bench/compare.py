@@ -11,6 +11,21 @@ Every contender forwards the same wrk load to the same three backends
   peerlb-3   3 peerlb nodes on one SO_REUSEPORT address, node i's app is
              upstream backend i (about 2/3 of requests cross a QUIC hop)
   peerlb-1   1 peerlb node, app upstream backend 1 (entry always owns)
+  peerlb-3-builtin
+             3 peerlb nodes on one SO_REUSEPORT address, each with the
+             built-in app in process (no backend; its counterparts are
+             haproxy and nginx, in front of three built-in backends)
+  peerlb-hop 2 peerlb nodes with the built-in app, wrk to node 1 whose
+             weight is 0, so every request crosses the hop to node 2: the
+             hop-only figure (requests per CPU-second of an entry and an
+             owner, no backends)
+
+Besides req/s, latency, CPU and RSS, each measurement counts the
+balancer's context switches (voluntary + involuntary, every thread) and
+its UDP sends (sendmsg/sendmmsg calls, counted by `perf stat` on the
+syscall tracepoints; without perf, the machine's UDP datagrams from
+/proc/net/snmp, which other programs move too), both per request: figures
+that a loaded machine moves far less than req/s.
 
 All contenders stay up for the whole run; each measurement resets the
 balancer's peak RSS (/proc/PID/clear_refs 5), reads its CPU ticks from
@@ -37,8 +52,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1"]
-BEFORE = ["peerlb-3-before", "peerlb-1-before"]
+CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop"]
+PEERLB = ["peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop"]
+BEFORE = [c + "-before" for c in PEERLB]
+# Nodes of each peerlb contender (peak RSS per node).
+NODES = {"peerlb-3": 3, "peerlb-1": 1, "peerlb-3-builtin": 3, "peerlb-hop": 2}
 # A point is (response bytes, connections, think time in ms per connection).
 BASE = (200, 16, 0)  # saturation: the throughput ratios
 MODERATE = (200, 16, 5)  # fixed moderate load (<= 3,200 req/s): added p99, CPU per request
@@ -113,6 +131,70 @@ def cpu_ticks(pids):
         fields = st[st.rindex(")") + 2 :].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total
+
+
+def context_switches(pids):
+    """Voluntary + involuntary context switches of every thread of pids."""
+    total = 0
+    for p in pids:
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/status") as f:
+                    for line in f:
+                        if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                            total += int(line.split()[1])
+            except OSError:
+                pass
+    return total
+
+
+UDP_SENDS = "syscalls:sys_enter_sendmsg,syscalls:sys_enter_sendmmsg"
+
+
+class UdpSends:
+    """Counts the sendmsg/sendmmsg calls of pids while it runs, with `perf
+    stat` on the syscall tracepoints (root, or perf_event_paranoid <= -1).
+    The peerlb nodes send UDP (the QUIC hop, gossip) with sendmsg and TCP
+    with write/writev, so this is their UDP sends alone, whatever else runs
+    on the machine. None when perf is missing or refuses."""
+
+    def __init__(self, pids, path):
+        self.path, self.proc = path, None
+        if pids and shutil.which("perf"):
+            self.proc = subprocess.Popen(
+                ["perf", "stat", "-x,", "-e", UDP_SENDS, "-o", path,
+                 "-p", ",".join(str(p) for p in pids)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            time.sleep(0.1)  # perf attaches before the load starts
+
+    def stop(self):
+        if not self.proc:
+            return None
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait()
+        total, seen = 0, False
+        try:
+            with open(self.path) as f:
+                for line in f:
+                    parts = line.strip().split(",")
+                    if len(parts) > 2 and parts[2].startswith("syscalls:") and parts[0].isdigit():
+                        total += int(parts[0])
+                        seen = True
+        except OSError:
+            return None
+        return total if seen else None
+
+
+def udp_out_datagrams():
+    """The machine's UDP datagrams sent so far (/proc/net/snmp, Udp OutDatagrams)."""
+    with open("/proc/net/snmp") as f:
+        lines = [l.split() for l in f if l.startswith("Udp:")]
+    return int(lines[1][lines[0].index("OutDatagrams")])
 
 
 def reset_peak_rss(pids):
@@ -202,23 +284,28 @@ def wait_ok(url, what, procs, timeout=30):
     sys.exit(f"{what} not ready at {url}: {last}")
 
 
-def wait_serving(http, n, procs, timeout=30):
+def wait_serving(admin, n, procs, timeout=30):
     import json
 
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            _, body = get(f"http://{http}/_peerlb/status")
+            _, body = get(f"http://{admin}/_peerlb/status")
             if len(json.loads(body).get("serving", [])) == n:
                 return
         except Exception:  # noqa: BLE001
             pass
         time.sleep(0.2)
-    sys.exit(f"peerlb node {http} does not see {n} serving members; logs in {procs.logdir}")
+    sys.exit(f"peerlb node (admin {admin}) does not see {n} serving members; logs in {procs.logdir}")
 
 
-def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
-    """Writes a cluster.toml, makes certificates, starts the nodes."""
+def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, weights=None):
+    """Writes a cluster.toml, makes certificates, starts the nodes.
+
+    backends None: every node serves with the built-in app in process.
+    weights: each node's weight (default 100). Node i's ports: http
+    base_port + i, peer + 10, gossip + 20, admin http + 1000 (the default).
+    """
     lines = [
         f'name = "{name}"',
         'policy = "consistent-hash"',
@@ -239,6 +326,8 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
             f'peer_addr = "127.0.0.1:{peer}"',
             f'gossip_addr = "127.0.0.1:{gossip}"',
         ]
+        if weights:
+            lines.append(f"weight = {weights[i]}")
     lines += ["[[rules]]", 'name = "user"', 'extract = [{ query = "user" }]']
     cfg = os.path.join(tmp, f"{name}.toml")
     with open(cfg, "w") as f:
@@ -254,26 +343,68 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
     if os.environ.get("BENCH_RUST_LOG"):
         env["RUST_LOG"] = os.environ["BENCH_RUST_LOG"]
     for i, (nid, _) in enumerate(specs):
-        argv = [bin_, "node", "--config", cfg, "--node", nid,
-                "--app", f"http://{backends[i % len(backends)]}"]
-        if nodes > 1:
+        argv = [bin_, "node", "--config", cfg, "--node", nid]
+        if backends:
+            argv += ["--app", f"http://{backends[i % len(backends)]}"]
+        if listen:
             argv += ["--shared-listen", listen]
         pids.append(procs.start(nid, argv, env=env).pid)
     for _, http in specs:
-        wait_serving(f"127.0.0.1:{http}", nodes, procs)
+        wait_serving(f"127.0.0.1:{http + 1000}", nodes, procs)
     return pids
 
 
-def start_all(args, tmp, procs):
+# Each peerlb contender's block of ports above --port-base: http +0..+2,
+# peer +10.., gossip +20.., the shared client address +30, admin +1000..
+# (the nodes' default). The -before variants take the block 160 higher.
+LAYOUT = {
+    # contender: (cluster name, port offset, nodes, on the backends, weights)
+    "peerlb-3": ("p3", 30, 3, True, None),
+    "peerlb-1": ("p1", 70, 1, True, None),
+    "peerlb-3-builtin": ("i3", 110, 3, False, None),
+    # Node 1 (the entry wrk talks to) owns no key: every request is forwarded.
+    "peerlb-hop": ("h2", 150, 2, False, [0, 100]),
+}
+BEFORE_SHIFT = 160
+
+
+def contender_ports(c, b):
+    """Every port the contender c binds (to check they are free)."""
+    if c == "haproxy":
+        return [b + 10]
+    if c == "nginx":
+        return [b + 20]
+    if c not in LAYOUT and not c.endswith("-before"):
+        return []
+    base = c[: -len("-before")] if c.endswith("-before") else c
+    _, off, n, _, _ = LAYOUT[base]
+    off += BEFORE_SHIFT if c.endswith("-before") else 0
+    ports = [b + off + k * 10 + i for k in range(3) for i in range(n)]
+    ports += [b + off + 1000 + i for i in range(n)]
+    return ports + ([b + off + 30] if n > 1 else [])
+
+
+def start_peerlb(c, args, tmp, procs, backends):
+    """Starts the peerlb contender c; returns (url, pids)."""
+    b = args.port_base
+    before = c.endswith("-before")
+    base = c[: -len("-before")] if before else c
+    name, off, n, on_backends, weights = LAYOUT[base]
+    off += BEFORE_SHIFT if before else 0
+    bin_ = args.before if before else args.bin
+    shared = f"127.0.0.1:{b + off + 30}" if n > 1 and base != "peerlb-hop" else None
+    pids = peerlb_cluster(name + ("b" if before else ""), bin_, tmp, procs, b + off, n,
+                          backends if on_backends else None, shared, weights)
+    url = f"http://{shared or f'127.0.0.1:{b + off}'}"
+    wait_ok(f"{url}/bytes/200?user=x", c, procs)
+    return url, pids
+
+
+def start_all(args, tmp, procs, contenders):
     """Starts backends and contenders; returns {contender: (url, pids)} and backend pids."""
     b = args.port_base
     backends = [f"127.0.0.1:{b + 1 + i}" for i in range(3)]
-    want = [b + 1, b + 2, b + 3, b + 10, b + 20] + [b + 30 + i for i in range(3)]
-    want += [b + 40 + i for i in range(3)] + [b + 50 + i for i in range(3)]
-    want += [b + 60, b + 70, b + 80, b + 90]
-    if args.before:
-        want += [b + 100 + i for i in range(3)] + [b + 110 + i for i in range(3)]
-        want += [b + 120 + i for i in range(3)] + [b + 130, b + 140, b + 150, b + 160]
+    want = [b + 1, b + 2, b + 3] + [p for c in contenders for p in contender_ports(c, b)]
     busy = [p for p in want if not port_free(p)]
     if busy:
         sys.exit(f"ports in use: {busy} (choose another --port-base)")
@@ -289,50 +420,38 @@ def start_all(args, tmp, procs):
 
     out = {"direct": (f"http://{backends[0]}", [])}
 
-    hp = b + 10
-    with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
-        cfg = f.read().format(
-            dir=tmp,
-            listen=f"127.0.0.1:{hp}",
-            servers="\n".join(f"    server app{i + 1} {a}" for i, a in enumerate(backends)),
-        )
-    with open(os.path.join(tmp, "haproxy.cfg"), "w") as f:
-        f.write(cfg)
-    p = procs.start("haproxy", ["haproxy", "-db", "-f", os.path.join(tmp, "haproxy.cfg")])
-    wait_ok(f"http://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
-    out["haproxy"] = (f"http://127.0.0.1:{hp}", [p.pid])
+    if "haproxy" in contenders:
+        hp = b + 10
+        with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
+            cfg = f.read().format(
+                dir=tmp,
+                listen=f"127.0.0.1:{hp}",
+                servers="\n".join(f"    server app{i + 1} {a}" for i, a in enumerate(backends)),
+            )
+        with open(os.path.join(tmp, "haproxy.cfg"), "w") as f:
+            f.write(cfg)
+        p = procs.start("haproxy", ["haproxy", "-db", "-f", os.path.join(tmp, "haproxy.cfg")])
+        wait_ok(f"http://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
+        out["haproxy"] = (f"http://127.0.0.1:{hp}", [p.pid])
 
-    np_ = b + 20
-    with open(os.path.join(HERE, "nginx.conf.in")) as f:
-        cfg = f.read().format(
-            dir=tmp,
-            listen=f"127.0.0.1:{np_}",
-            servers="\n".join(f"        server {a};" for a in backends),
-        )
-    with open(os.path.join(tmp, "nginx.conf"), "w") as f:
-        f.write(cfg)
-    p = procs.start("nginx", ["nginx", "-p", tmp, "-c", os.path.join(tmp, "nginx.conf"),
-                              "-g", "daemon off;"])
-    wait_ok(f"http://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
-    out["nginx"] = (f"http://127.0.0.1:{np_}", [p.pid])
+    if "nginx" in contenders:
+        np_ = b + 20
+        with open(os.path.join(HERE, "nginx.conf.in")) as f:
+            cfg = f.read().format(
+                dir=tmp,
+                listen=f"127.0.0.1:{np_}",
+                servers="\n".join(f"        server {a};" for a in backends),
+            )
+        with open(os.path.join(tmp, "nginx.conf"), "w") as f:
+            f.write(cfg)
+        p = procs.start("nginx", ["nginx", "-p", tmp, "-c", os.path.join(tmp, "nginx.conf"),
+                                  "-g", "daemon off;"])
+        wait_ok(f"http://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
+        out["nginx"] = (f"http://127.0.0.1:{np_}", [p.pid])
 
-    shared = f"127.0.0.1:{b + 60}"
-    pids = peerlb_cluster("p3", args.bin, tmp, procs, b + 30, 3, backends, shared)
-    wait_ok(f"http://{shared}/bytes/200?user=x", "peerlb-3", procs)
-    out["peerlb-3"] = (f"http://{shared}", pids)
-
-    pids = peerlb_cluster("p1", args.bin, tmp, procs, b + 70, 1, backends, None)
-    out["peerlb-1"] = (f"http://127.0.0.1:{b + 70}", pids)
-    wait_ok(f"http://127.0.0.1:{b + 70}/bytes/200?user=x", "peerlb-1", procs)
-
-    if args.before:
-        shared = f"127.0.0.1:{b + 130}"
-        pids = peerlb_cluster("b3", args.before, tmp, procs, b + 100, 3, backends, shared)
-        wait_ok(f"http://{shared}/bytes/200?user=x", "peerlb-3-before", procs)
-        out["peerlb-3-before"] = (f"http://{shared}", pids)
-        pids = peerlb_cluster("b1", args.before, tmp, procs, b + 140, 1, backends, None)
-        out["peerlb-1-before"] = (f"http://127.0.0.1:{b + 140}", pids)
-        wait_ok(f"http://127.0.0.1:{b + 140}/bytes/200?user=x", "peerlb-1-before", procs)
+    for c in contenders:
+        if c in LAYOUT or c in BEFORE:
+            out[c] = start_peerlb(c, args, tmp, procs, backends)
     return out, app_pids
 
 
@@ -352,13 +471,17 @@ def wrk(url, size, conns, think, duration):
     sys.exit(f"wrk gave no RESULT line:\n{r.stdout}\n{r.stderr}")
 
 
-def measure(url, pids, app_pids, pt, duration):
+def measure(url, pids, app_pids, pt, duration, tmp):
     size, conns, think = pt
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
+    sends = UdpSends(bal, os.path.join(tmp, "perf-stat.txt"))
     c0, a0 = cpu_ticks(bal), cpu_ticks(app_pids)
+    s0, d0 = context_switches(bal), udp_out_datagrams()
     w = wrk(url, size, conns, think, duration)
     c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
+    s1, d1 = context_switches(bal), udp_out_datagrams()
+    udp_sends = sends.stop()
     n = max(1, w["requests"])
     secs = w["duration_us"] / 1e6
     errors = w["connect"] + w["read"] + w["write"] + w["status"] + w["timeout"]
@@ -370,6 +493,9 @@ def measure(url, pids, app_pids, pt, duration):
         "cpu": (c1 - c0) / CLK_TCK / n * 10000 if pids else float("nan"),
         "app_cpu": (a1 - a0) / CLK_TCK / n * 10000,
         "rss": peak_rss_kib(bal) / 1024 if pids else float("nan"),
+        "cs": (s1 - s0) / n if pids else float("nan"),
+        # The balancer's own UDP sends (perf), else the machine's datagrams.
+        "dgrams": (udp_sends if udp_sends is not None else d1 - d0) / n if pids else float("nan"),
         "errors": errors,
     }
 
@@ -390,8 +516,8 @@ def table(results, pt, contenders):
     rows = [
         f"### {point_label(pt)}",
         "",
-        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | peak RSS MiB | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | ctx sw/req | UDP sends/req | peak RSS MiB | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in contenders:
         rs = results.get((pt, c), [])
@@ -404,7 +530,8 @@ def table(results, pt, contenders):
             f"| {c} | {med(rps):,.0f} | {fmt(spread, '.0f')}% | {fmt(ratio, '.2f')} "
             f"| {med([r['p50'] for r in rs]):.2f} | {med([r['p99'] for r in rs]):.2f} "
             f"| {med([r['p999'] for r in rs]):.2f} | {fmt(med([r['cpu'] for r in rs]), '.2f')} "
-            f"| {med([r['app_cpu'] for r in rs]):.2f} | {fmt(med([r['rss'] for r in rs]), '.1f')} "
+            f"| {med([r['app_cpu'] for r in rs]):.2f} | {fmt(med([r['cs'] for r in rs]), '.2f')} "
+            f"| {fmt(med([r['dgrams'] for r in rs]), '.2f')} | {fmt(med([r['rss'] for r in rs]), '.1f')} "
             f"| {sum(r['errors'] for r in rs)} |"
         )
     return "\n".join(rows)
@@ -419,6 +546,99 @@ def per_round_ratio(results, pt, a, b, key):
         if y > 0:
             out.append(x / y)
     return med(out)
+
+
+def ratio_lines(results, contenders, pts):
+    """One line per ratio against HAProxy, direct and the -before binary."""
+    ratios = []
+    b, m = BASE, MODERATE
+    at_b = f"{point_label(b)}"
+    at_m = f"{point_label(m)}"
+    for p in PEERLB:
+        if p not in contenders:
+            continue
+        if "haproxy" in contenders:
+            ratios.append(f"ratio {p}/haproxy req/s = {per_round_ratio(results, b, p, 'haproxy', 'rps'):.2f}  ({at_b})")
+        if "direct" in contenders:
+            ratios.append(f"ratio {p}/direct req/s = {per_round_ratio(results, b, p, 'direct', 'rps'):.2f}  ({at_b})")
+        if "haproxy" in contenders and "direct" in contenders and m in pts:
+            added_p, added_h = added_p99(results, m, p)
+            ratio = added_p / added_h if added_h > 0 else float("nan")
+            ratios.append(
+                f"ratio {p}/haproxy added p99 = {fmt(ratio, '.2f')}  "
+                f"({p} +{added_p:.2f} ms, haproxy +{added_h:.2f} ms over direct's median p99; "
+                f"lower is better; {at_m})"
+            )
+        if "haproxy" in contenders and m in pts:
+            ratios.append(f"ratio {p}/haproxy CPU per request = {per_round_ratio(results, m, p, 'haproxy', 'cpu'):.2f}  "
+                          f"(lower is better; {at_m})")
+        q = p + "-before"
+        if q in contenders:
+            ratios.append(f"ratio {p}/{q} req/s = {per_round_ratio(results, b, p, q, 'rps'):.2f}  ({at_b})")
+            for pt in (b, m):
+                if pt in pts:
+                    for key, what in (("cpu", "CPU per request"), ("cs", "context switches per request"),
+                                      ("dgrams", "UDP sends per request")):
+                        ratios.append(f"ratio {p}/{q} {what} = {fmt(per_round_ratio(results, pt, p, q, key), '.2f')}  "
+                                      f"(lower is better; {point_label(pt)})")
+    for h in ("peerlb-hop", "peerlb-hop-before"):
+        for pt in (b, m):
+            rs = results.get((pt, h), [])
+            if rs:
+                cpu = med([r["cpu"] for r in rs])
+                ratios.append(
+                    f"hop-only {h}: {10000 / cpu if cpu > 0 else float('nan'):,.0f} requests per CPU-second "
+                    f"of the entry and the owner ({med([r['cs'] for r in rs]):.2f} context switches, "
+                    f"{med([r['dgrams'] for r in rs]):.2f} UDP sends per request; {point_label(pt)})")
+    return ratios
+
+
+def added_p99(results, pt, c):
+    """(c's, haproxy's) median p99 over direct's, in ms."""
+    p99 = {x: med([r["p99"] for r in results.get((pt, x), [])]) for x in (c, "haproxy", "direct")}
+    return p99[c] - p99["direct"], p99["haproxy"] - p99["direct"]
+
+
+# The goals of docs/performance.md ("Against the goals"): (label, figure,
+# comparison, bound).
+GOALS = [
+    ("peerlb-3 CPU per request at moderate load / HAProxy's", "cpu3", "<=", 2.0),
+    ("peerlb-1 CPU per request at moderate load / HAProxy's", "cpu1", "<=", 0.9),
+    ("peerlb-3 req/s at saturation / HAProxy's", "rps3", ">=", 0.6),
+    ("peerlb-1 req/s at saturation / HAProxy's", "rps1", ">=", 1.2),
+    ("peerlb-3-builtin req/s at saturation / HAProxy's (three built-in backends)", "rps3b", ">=", 1.0),
+    ("added p99 at moderate load, peerlb-3 / HAProxy's", "p99", "<=", 2.0),
+    ("peak RSS per node at saturation, MiB (largest of the peerlb contenders)", "rss", "<=", 32.0),
+]
+
+
+def goal_lines(results, contenders, pts):
+    """One `goal` line per goal: its figure from this run, and met or missed."""
+    b, m = BASE, MODERATE
+    have = set(contenders)
+    fig = {}
+    if "haproxy" in have:
+        if m in pts:
+            fig["cpu3"] = per_round_ratio(results, m, "peerlb-3", "haproxy", "cpu") if "peerlb-3" in have else None
+            fig["cpu1"] = per_round_ratio(results, m, "peerlb-1", "haproxy", "cpu") if "peerlb-1" in have else None
+        fig["rps3"] = per_round_ratio(results, b, "peerlb-3", "haproxy", "rps") if "peerlb-3" in have else None
+        fig["rps1"] = per_round_ratio(results, b, "peerlb-1", "haproxy", "rps") if "peerlb-1" in have else None
+        fig["rps3b"] = (per_round_ratio(results, b, "peerlb-3-builtin", "haproxy", "rps")
+                        if "peerlb-3-builtin" in have else None)
+        if "direct" in have and "peerlb-3" in have and m in pts:
+            ap, ah = added_p99(results, m, "peerlb-3")
+            fig["p99"] = ap / ah if ah > 0 else None
+    rss = [med([r["rss"] for r in results.get((b, c), [])]) / NODES[c] for c in PEERLB if c in have]
+    fig["rss"] = max(rss) if rss else None
+    out = []
+    for label, key, cmp, bound in GOALS:
+        v = fig.get(key)
+        if v is None or v != v:
+            out.append(f"goal {label}: not measured (needs its contenders and points)")
+            continue
+        ok = v <= bound if cmp == "<=" else v >= bound
+        out.append(f"goal {label} = {v:.2f} (goal {cmp} {bound:g}): {'met' if ok else 'missed'}")
+    return out
 
 
 def main():
@@ -444,7 +664,7 @@ def main():
         args.duration, args.points = 2, "base"
     contenders = [c for c in args.contenders.split(",") if c]
     if args.before:
-        contenders += [c for c in BEFORE if c not in contenders]
+        contenders += [c + "-before" for c in PEERLB if c in contenders and c + "-before" not in contenders]
     for c in contenders:
         if c not in CONTENDERS + BEFORE:
             sys.exit(f"unknown contender {c}; known: {CONTENDERS}")
@@ -476,7 +696,7 @@ def run(args, contenders, tmp, procs):
     print(f"binary: {args.bin}")
     print(f"{args.rounds} rounds x {len(pts)} points x {len(contenders)} contenders, "
           f"{args.duration} s each, wrk -t1, keys over 10000 users")
-    targets, app_pids = start_all(args, tmp, procs)
+    targets, app_pids = start_all(args, tmp, procs, contenders)
     if args.hold:
         for c, (url, pids) in targets.items():
             print(f"{c:<9} {url}  pids {' '.join(map(str, pids))}")
@@ -489,19 +709,20 @@ def run(args, contenders, tmp, procs):
     # Warm-up: connection pools, page cache, QUIC congestion windows.
     for c in contenders:
         url, pids = targets[c]
-        measure(url, pids, app_pids, BASE, 1)
+        measure(url, pids, app_pids, BASE, 1, tmp)
     results = {}
     for r in range(args.rounds):
         for pt in pts:
             k = (r + pts.index(pt)) % len(contenders)
             for c in contenders[k:] + contenders[:k]:
                 url, pids = targets[c]
-                m = measure(url, pids, app_pids, pt, args.duration)
+                m = measure(url, pids, app_pids, pt, args.duration, tmp)
                 results.setdefault((pt, c), []).append(m)
                 think = f"+{pt[2]}ms" if pt[2] else ""
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "
                       f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
                       f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "
+                      f"cs {fmt(m['cs'], '.2f')} udp {fmt(m['dgrams'], '.2f')} /req  "
                       f"errors {m['errors']}", flush=True)
     load1 = os.getloadavg()
     out = [
@@ -511,35 +732,7 @@ def run(args, contenders, tmp, procs):
     ]
     for pt in pts:
         out += [table(results, pt, contenders), ""]
-    ratios = []
-    b, m = BASE, MODERATE
-    at_b = f"{point_label(b)}"
-    at_m = f"{point_label(m)}"
-    for p in ["peerlb-3", "peerlb-1"]:
-        if p not in contenders:
-            continue
-        if "haproxy" in contenders:
-            ratios.append(f"ratio {p}/haproxy req/s = {per_round_ratio(results, b, p, 'haproxy', 'rps'):.2f}  ({at_b})")
-        if "direct" in contenders:
-            ratios.append(f"ratio {p}/direct req/s = {per_round_ratio(results, b, p, 'direct', 'rps'):.2f}  ({at_b})")
-        if "haproxy" in contenders and "direct" in contenders and m in pts:
-            p99 = {c: med([r["p99"] for r in results.get((m, c), [])]) for c in (p, "haproxy", "direct")}
-            added_p, added_h = p99[p] - p99["direct"], p99["haproxy"] - p99["direct"]
-            ratio = added_p / added_h if added_h > 0 else float("nan")
-            ratios.append(
-                f"ratio {p}/haproxy added p99 = {fmt(ratio, '.2f')}  "
-                f"({p} +{added_p:.2f} ms, haproxy +{added_h:.2f} ms over direct's median p99; "
-                f"lower is better; {at_m})"
-            )
-        if "haproxy" in contenders and m in pts:
-            ratios.append(f"ratio {p}/haproxy CPU per request = {per_round_ratio(results, m, p, 'haproxy', 'cpu'):.2f}  "
-                          f"(lower is better; {at_m})")
-        q = p + "-before"
-        if q in contenders:
-            ratios.append(f"ratio {p}/{q} req/s = {per_round_ratio(results, b, p, q, 'rps'):.2f}  ({at_b})")
-            if m in pts:
-                ratios.append(f"ratio {p}/{q} CPU per request = {per_round_ratio(results, m, p, q, 'cpu'):.2f}  "
-                              f"(lower is better; {at_m})")
+    ratios = ratio_lines(results, contenders, pts) + [""] + goal_lines(results, contenders, pts)
     text = "\n".join(out + ratios)
     print()
     print(text)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for the side-by-side benchmark (docs/performance.md):
-#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps (~9 min on 2 cores)
-#   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~1 min)
+#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps, 7 contenders (~13 min on 2 cores)
+#   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~2 min)
+#   bench/compare.sh --before OLD/peerlb   # adds the -before twin of every peerlb contender, same rounds
 #   bench/compare.sh --help     # every option (rounds, duration, contenders, binary, markdown output)
 # Needs Debian's haproxy, nginx and wrk: apt-get install -y haproxy nginx wrk
 # Not part of CI (.ci/run does not run it).

@@ -125,8 +125,25 @@ fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
+    t.ack_frequency_config(Some(ack_frequency()));
     Arc::new(t)
 }
+
+/// How often the peer acknowledges: after [`ACK_ELICITING_THRESHOLD`] + 1
+/// ack-eliciting packets at the latest (QUIC's default is every second
+/// one), else within its `max_ack_delay` (25 ms). Requests and responses
+/// carry each other's ACKs, so under load an owner that received two
+/// requests no longer sends an ACK-only datagram before its answers, which
+/// carry it anyway (draft-ietf-quic-ack-frequency; quinn negotiates it,
+/// and a peer without it keeps acknowledging every second packet).
+fn ack_frequency() -> quinn::AckFrequencyConfig {
+    let mut a = quinn::AckFrequencyConfig::default();
+    a.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
+    a
+}
+
+/// Ack-eliciting packets a peer may receive without acknowledging at once.
+const ACK_ELICITING_THRESHOLD: u32 = 9;
 
 /// Largest UDP payload a node sends (after MTU discovery) or accepts.
 ///
@@ -628,5 +645,30 @@ async fn serve_stream<H: ProxiedHandler>(
     }
     if let Err(e) = body::pump(body, &mut send).await {
         debug!(error = %e, "response body to peer stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both sides ask for the ACK frequency extension with the threshold:
+    /// without it, an owner acknowledges every second request at once in
+    /// ACK-only datagrams (docs/performance.md, third pass).
+    #[test]
+    fn transport_asks_peers_to_acknowledge_every_tenth_packet() {
+        let t = transport(&PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+        });
+        let debug = format!("{t:?}");
+        let ack = &debug[debug
+            .find("ack_frequency_config: Some(")
+            .unwrap_or_else(|| panic!("no ACK frequency config: {debug}"))..];
+        assert!(
+            ack.contains(&format!("ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}")),
+            "{ack}"
+        );
     }
 }
