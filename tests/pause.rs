@@ -140,10 +140,19 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
         wrong.is_empty(),
         "requests on the busy connection answered wrongly: {wrong:?}\n{log}"
     );
-    assert_eq!(
-        log.matches("this node was paused").count(),
-        1,
-        "one line says n1 was paused:\n{log}"
+    // One line says n1 was paused, for about as long as it was (a loaded
+    // machine may add short stalls of its own, under a second).
+    let paused: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("this node was paused"))
+        .filter_map(|l| l.split("paused_ms=").nth(1)?.split(' ').next()?.parse().ok())
+        .filter(|ms| *ms >= 1_000)
+        .collect();
+    assert_eq!(paused.len(), 1, "one pause logged: {paused:?}\n{log}");
+    assert!(
+        (2_000..=4_000).contains(&paused[0]),
+        "paused for {} ms\n{log}",
+        paused[0]
     );
     assert!(
         !log.contains("peer left routing"),

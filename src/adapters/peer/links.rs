@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::super::body::{BodyError, QuicBody};
+use super::super::pause::PauseWatch;
 use super::super::tls;
 use super::dial;
 use super::{OpenError, PeerSettings};
@@ -230,6 +231,8 @@ impl Slot {
 pub(crate) struct PeerLinks {
     /// Told of every ejection and restore.
     observer: Arc<dyn Observer>,
+    /// Holds failure decisions just after a pause of this node's own.
+    pause: Arc<PauseWatch>,
     self_id: NodeId,
     endpoint: quinn::Endpoint,
     client: quinn::ClientConfig,
@@ -258,9 +261,11 @@ impl PeerLinks {
         client: quinn::ClientConfig,
         settings: PeerSettings,
         observer: Arc<dyn Observer>,
+        pause: Arc<PauseWatch>,
     ) -> Arc<PeerLinks> {
         Arc::new(PeerLinks {
             observer,
+            pause,
             self_id,
             endpoint,
             client,
@@ -559,6 +564,14 @@ impl PeerLinks {
         let now = Instant::now();
         let slots = self.slots.lock().expect("peer slots lock");
         let slot = slots.get(id)?;
+        // Just after a pause of this node's own, a connection from before
+        // it is replaced by a new dial (its peer may have closed it while
+        // this node was away): retired, it still serves its streams.
+        if self.pause.suspected() {
+            for l in slot.links.iter().filter(|l| self.pause.predates_pause(l.established)) {
+                l.state.lock().expect("link state lock").retired = true;
+            }
+        }
         let mut usable: Vec<&Arc<Link>> = slot
             .links
             .iter()
@@ -609,6 +622,11 @@ impl PeerLinks {
                     if rx != seen {
                         seen = rx;
                         heard = last_wake;
+                    } else if self.pause.suspected() {
+                        // This node was stopped, not the peer silent:
+                        // silence counts again from now.
+                        heard = now;
+                        let _ = link.conn.send_datagram(PING);
                     } else if now.duration_since(heard) >= silent_after {
                         link.state.lock().expect("link state lock").silent = true;
                         link.conn.close(CLOSE_SILENT.into(), b"peer silent");
@@ -680,10 +698,15 @@ impl PeerLinks {
                     .expect("peer slots lock")
                     .get(peer)
                     .is_some_and(|s| s.up);
-                if !up {
+                // Just after a pause of this node's own, an ejected peer
+                // is dialled again before any request gives up on it (its
+                // connection most likely ended because this node was
+                // away).
+                let revalidate = !up && self.pause.suspected();
+                if !up && !revalidate {
                     return Err(OpenError::NotConnected(peer.clone()));
                 }
-                self.dial(peer, true)
+                self.dial(peer, !revalidate)
                     .await
                     .map_err(|reason| OpenError::Stream {
                         peer: peer.clone(),
