@@ -203,6 +203,9 @@ pub struct PeerSettings {
     /// Longest wait for a handshake or a stream to open
     /// (`limits.connect_timeout_ms`).
     pub connect_timeout: Duration,
+    /// Speak only the previous peer protocol, `peerlb/1` (`peer.protocol
+    /// = 1`): see [`crate::adapters::peer`].
+    pub only_v1: bool,
 }
 
 /// Gossip (chitchat) settings.

@@ -21,6 +21,14 @@
 //!   again (one round trip). A connection is used for a new stream only
 //!   within half that QUIC timeout of its last ping, so both ends still
 //!   hold it.
+//! - **The previous protocol.** A connection that negotiated ALPN
+//!   `peerlb/1` (a node of a release before one connection per pair, or
+//!   one configured with `peer.protocol = 1`) works as that release did:
+//!   this node opens streams only on such a connection it dialled (usable
+//!   while open: the `peerlb/1` end keeps it alive with QUIC keep-alives,
+//!   so its idle timeout means the peer is gone) and serves streams only on
+//!   one it accepted (retired from the start; it does not make the peer
+//!   routable). Such a pair holds two connections.
 //! - **Routable set.** A peer is routable once a handshake proved its
 //!   identity (dialled or accepted), until it is ejected: its connection
 //!   was lost while busy, the peer closed it, or a dial failed. A
@@ -83,6 +91,10 @@ pub(super) struct Link {
     conn: quinn::Connection,
     /// Dialled by this node (else accepted from the peer).
     dialled: bool,
+    /// Negotiated the previous protocol (ALPN `peerlb/1`): this node opens
+    /// streams on it only if it dialled it, serves them only if it
+    /// accepted it, and the peer keeps it alive (QUIC keep-alive).
+    legacy: bool,
     established: Instant,
     state: Mutex<LinkState>,
     /// Told when the first stream opens on a quiet connection.
@@ -109,11 +121,13 @@ impl Link {
 
     /// Usable for a new stream: open, not retired, and busy or quiet for
     /// less than `usable` after its last ping.
+    /// A `peerlb/1` connection is usable while open: its ends keep it
+    /// alive.
     fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
         let s = self.state.lock().expect("link state lock");
         self.conn.close_reason().is_none()
             && !s.retired
-            && (s.streams > 0 || now < s.last_busy + linger + usable)
+            && (self.legacy || s.streams > 0 || now < s.last_busy + linger + usable)
     }
 
     /// Marks a stream open on this connection until the [`Busy`] drops.
@@ -504,14 +518,20 @@ impl PeerLinks {
         dialled: bool,
     ) -> Arc<Link> {
         let now = Instant::now();
+        let legacy = negotiated_v1(&conn);
+        // The previous protocol: streams go out only on the connection
+        // this node dialled, so one it accepted is retired from the start
+        // (it is only served) and says nothing of the peer's routability.
+        let accepted_v1 = legacy && !dialled;
         let link = Arc::new(Link {
             conn,
             dialled,
+            legacy,
             established: now,
             state: Mutex::new(LinkState {
                 streams: 0,
                 last_busy: now,
-                retired: false,
+                retired: accepted_v1,
                 silent: false,
             }),
             wake: Notify::new(),
@@ -521,7 +541,7 @@ impl PeerLinks {
             let slot = slots
                 .entry(id.clone())
                 .or_insert_with(|| Slot::new(link.conn.remote_address()));
-            if !dialled {
+            if !dialled && !legacy {
                 for old in &slot.links {
                     let mut s = old.state.lock().expect("link state lock");
                     if s.streams == 0
@@ -532,18 +552,22 @@ impl PeerLinks {
                 }
             }
             slot.links.push(link.clone());
-            slot.up = true;
+            slot.up |= !accepted_v1;
         }
-        if self.routable.send_if_modified(|set| set.insert(id.clone())) {
+        if !accepted_v1 && self.routable.send_if_modified(|set| set.insert(id.clone())) {
             self.observer.observe(&NodeEvent::PeerRestored { peer: id });
         }
+        // A `peerlb/1` peer never opens streams on a connection it
+        // accepted (and a node speaking only `peerlb/1` serves none on
+        // one it dialled, as releases before one connection per pair).
+        let serve_it = !(legacy && dialled);
         let serve = {
             let mut s = self.server.lock().expect("server lock");
-            if s.serve.is_none() {
+            if s.serve.is_none() && serve_it {
                 s.unserved
                     .push((id.clone(), link.conn.clone(), link.clone()));
             }
-            s.serve.clone()
+            s.serve.clone().filter(|_| serve_it)
         };
         if let Some(serve) = serve {
             serve(id.clone(), link.conn.clone(), link.clone());
@@ -651,7 +675,9 @@ impl PeerLinks {
         let eject = !retired
             && match &why {
                 quinn::ConnectionError::LocallyClosed => silent,
-                quinn::ConnectionError::TimedOut => busy,
+                // A `peerlb/1` connection is kept alive by its ends: its
+                // idle timeout means the peer is gone.
+                quinn::ConnectionError::TimedOut => busy || link.legacy,
                 _ => true,
             };
         let mut slots = self.slots.lock().expect("peer slots lock");
@@ -749,6 +775,15 @@ impl PeerLinks {
         self.endpoint.close(0u32.into(), b"node stopping");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
     }
+}
+
+/// True when the connection negotiated the previous peer protocol (ALPN
+/// `peerlb/1`).
+fn negotiated_v1(conn: &quinn::Connection) -> bool {
+    conn.handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+        .is_some_and(|p| p == tls::ALPN_V1)
 }
 
 /// The node id an accepted connection's client certificate proves, or
