@@ -4,6 +4,9 @@
 //! concludes they are dead, and must not serve, as the only member left
 //! in its view, the requests that queued while it was stopped.
 
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::io::Write;
@@ -104,7 +107,7 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
         .map(|u| (u.clone(), queue_request(n1, u)))
         .collect();
     // The pause itself (the fault's length, not a wait for a condition).
-    std::thread::sleep(PAUSE.saturating_sub(stopped.elapsed()));
+    tokio::time::sleep(PAUSE.saturating_sub(stopped.elapsed())).await;
     signal(&c, "n1", libc::SIGCONT);
 
     let answers = tokio::task::spawn_blocking(move || {
