@@ -77,17 +77,27 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
     // pause: both of n1's peer connections are busy.
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
+    let stopped_at: Arc<std::sync::Mutex<Option<std::time::Instant>>> = Arc::default();
     let traffic = {
         let (stop, done, foreign) = (stop.clone(), done.clone(), foreign.clone());
         let owners: Vec<String> = foreign.iter().map(|u| owner(u)).collect();
+        let stopped_at = stopped_at.clone();
         tokio::spawn(async move {
             let mut wrong = Vec::new();
             let mut conn = Conn::open(n1).await.unwrap();
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let u = &foreign[i % foreign.len()];
+                let sent = std::time::Instant::now();
                 let r = conn.get(&format!("/x?user={u}"), &[]).await.unwrap();
-                if r.status != 200 || r.served_by() != owners[i % foreign.len()] {
+                // The request in flight when n1 stopped may have reached
+                // its owner over a connection the owner closed meanwhile:
+                // it is replayed on the next candidate (replay rules), so
+                // it only has to succeed. Every other one, sent before the
+                // stop or queued during it, is served by its owner.
+                let in_flight_at_stop = stopped_at.lock().unwrap().is_some_and(|t| sent <= t);
+                let owner_served = r.served_by() == owners[i % foreign.len()];
+                if r.status != 200 || !(owner_served || in_flight_at_stop) {
                     wrong.push((u.clone(), r.status, r.served_by().to_owned()));
                 }
                 done.fetch_add(1, Ordering::Relaxed);
@@ -100,6 +110,7 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
         .await
         .expect("traffic flows through n1");
 
+    *stopped_at.lock().unwrap() = Some(std::time::Instant::now());
     signal(&c, "n1", libc::SIGSTOP);
     let stopped = std::time::Instant::now();
     let queued: Vec<(String, std::net::TcpStream)> = foreign
@@ -141,7 +152,7 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
     );
     assert!(
         wrong.is_empty(),
-        "requests on the busy connection answered wrongly: {wrong:?}\n{log}"
+        "requests on the busy connection answered wrongly (key, status, served by): {wrong:?}\n{log}"
     );
     // One line says n1 was paused, for about as long as it was (a loaded
     // machine may add short stalls of its own, under a second).
