@@ -106,9 +106,11 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
             wrong
         })
     };
-    eventually(Duration::from_secs(20), || done.load(Ordering::Relaxed) >= 50)
-        .await
-        .expect("traffic flows through n1");
+    eventually(Duration::from_secs(20), || {
+        done.load(Ordering::Relaxed) >= 50
+    })
+    .await
+    .expect("traffic flows through n1");
 
     *stopped_at.lock().unwrap() = Some(std::time::Instant::now());
     signal(&c, "n1", libc::SIGSTOP);
@@ -159,7 +161,14 @@ async fn a_node_resumed_after_a_pause_forwards_its_queued_requests_to_their_owne
     let paused: Vec<u64> = log
         .lines()
         .filter(|l| l.contains("this node was paused"))
-        .filter_map(|l| l.split("paused_ms=").nth(1)?.split(' ').next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("paused_ms=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
         .filter(|ms| *ms >= 1_000)
         .collect();
     assert_eq!(paused.len(), 1, "one pause logged: {paused:?}\n{log}");

@@ -110,8 +110,7 @@ impl PauseWatch {
     /// When the current grace ends (or now plus one tick, if the ticker
     /// has not run since the pause): the moment to look again.
     pub(crate) fn look_again_at(&self) -> Instant {
-        let until = self.epoch
-            + Duration::from_millis(self.grace_until_ms.load(Ordering::Relaxed));
+        let until = self.epoch + Duration::from_millis(self.grace_until_ms.load(Ordering::Relaxed));
         until.max(Instant::now() + self.tick)
     }
 
@@ -126,8 +125,7 @@ impl PauseWatch {
             let now = Instant::now();
             let late = now.duration_since(last).saturating_sub(self.tick);
             if late >= self.threshold {
-                self.paused_since_ms
-                    .store(self.ms(last), Ordering::Relaxed);
+                self.paused_since_ms.store(self.ms(last), Ordering::Relaxed);
                 self.grace_until_ms
                     .store(self.ms(now + self.grace), Ordering::Relaxed);
                 let paused_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX);
@@ -207,7 +205,10 @@ mod tests {
         );
         run_for(Duration::from_millis(400)).await;
         assert!(!watch.suspected(), "the grace ended");
-        assert!(!watch.predates_pause(before), "nothing is held after the grace");
+        assert!(
+            !watch.predates_pause(before),
+            "nothing is held after the grace"
+        );
         assert_eq!(seen.0.lock().unwrap().len(), 1);
     }
 

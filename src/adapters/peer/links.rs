@@ -592,7 +592,11 @@ impl PeerLinks {
         // it is replaced by a new dial (its peer may have closed it while
         // this node was away): retired, it still serves its streams.
         if self.pause.suspected() {
-            for l in slot.links.iter().filter(|l| self.pause.predates_pause(l.established)) {
+            for l in slot
+                .links
+                .iter()
+                .filter(|l| self.pause.predates_pause(l.established))
+            {
                 l.state.lock().expect("link state lock").retired = true;
             }
         }
