@@ -204,7 +204,9 @@ pub struct PeerSettings {
     /// (`limits.connect_timeout_ms`).
     pub connect_timeout: Duration,
     /// Speak only the previous peer protocol, `peerlb/1` (`peer.protocol
-    /// = 1`): see [`crate::adapters::peer`].
+    /// = 1`): each node opens streams only on connections it dialled and
+    /// serves them only on those it accepted (docs/operations.md, "Rolling
+    /// upgrade").
     pub only_v1: bool,
 }
 
