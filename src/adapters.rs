@@ -16,6 +16,7 @@ pub(crate) mod ingress;
 pub(crate) mod metrics;
 pub(crate) mod node_state;
 pub(crate) mod owner;
+pub(crate) mod pause;
 pub(crate) mod peer;
 pub(crate) mod send_timeout;
 pub mod tls;

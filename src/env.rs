@@ -140,6 +140,15 @@ pub enum NodeEvent<'a> {
         /// The peer.
         peer: &'a NodeId,
     },
+    /// The node's own process was paused (a wake of its pause ticker came
+    /// late: a GC pause, a VM stall, SIGSTOP); logged as `this node was
+    /// paused`. Its failure decisions are held for a grace period while it
+    /// re-validates its peers.
+    Paused {
+        /// How long it did not run, in ms (an estimate, to the ticker's
+        /// period).
+        paused_ms: u64,
+    },
 }
 
 /// Receives a node's [`NodeEvent`]s.

@@ -25,7 +25,9 @@
 //!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path), `owner` (serving with the local app),
 //!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
-//!   owner and `admin`), `errors` (every error as an HTTP answer), `app`
+//!   owner and `admin`), `pause` (a pause of the node's own process
+//!   noticed, failure decisions held after it), `errors` (every error as
+//!   an HTTP answer), `app`
 //!   (built-in and upstream app), `tls` (identity, issuance, configs:
 //!   cluster CA, node certificates, mutual TLS).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].

@@ -16,6 +16,7 @@ use crate::adapters::gossip::{self, GossipIdentity, Published};
 use crate::adapters::ingress::{self, Ingress};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::owner::Owner;
+use crate::adapters::pause::PauseWatch;
 use crate::adapters::peer::{self, PeerLinks};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::NodeConfig;
@@ -97,7 +98,19 @@ impl Node {
         let slow_start = config.routing.slow_start;
         let ramp_began = tokio::time::Instant::now();
         let first_weight = slow_start.weight_at(me.weight, Duration::ZERO);
-        let links = PeerLinks::new(me.id.clone(), endpoint, client, settings, observer.clone());
+        let pause = Arc::new(PauseWatch::new(
+            PauseWatch::threshold_for(settings.idle_timeout),
+            PauseWatch::grace_for(settings.connect_timeout, config.gossip.interval),
+        ));
+        let pause_task = tokio::spawn(pause.clone().run(observer.clone()));
+        let links = PeerLinks::new(
+            me.id.clone(),
+            endpoint,
+            client,
+            settings,
+            observer.clone(),
+            pause.clone(),
+        );
         let gossip = gossip::start(
             &GossipIdentity {
                 cluster: config.cluster.clone(),
@@ -139,6 +152,7 @@ impl Node {
             self_member,
             config.routing.vnodes,
             observer.clone(),
+            pause,
         ));
 
         let state = Arc::new(
@@ -292,6 +306,7 @@ impl Node {
             t.abort();
         }
         view_task.abort();
+        pause_task.abort();
         links.close().await;
         peer_task.abort();
         gossip.shutdown().await;
@@ -401,6 +416,13 @@ async fn wait_for_peers(
 /// gossip says it is live AND its QUIC connection is up; this node is
 /// always in its own view. Each change is logged and reported to
 /// `observer` ([`NodeEvent::ViewChanged`]).
+///
+/// Just after a pause of this node's own ([`PauseWatch::suspected`]), a
+/// peer that leaves gossip's live set or loses its connection stays in
+/// the view (and supervised) until the grace ends: its silence is this
+/// node's absence, and a request for a key it owns is forwarded to it
+/// (dialled again) rather than served here. At the end of the grace the
+/// view is rebuilt from what gossip and the peer links say then.
 async fn maintain_view(
     mut gossip: watch::Receiver<Vec<Member>>,
     links: Arc<PeerLinks>,
@@ -408,17 +430,33 @@ async fn maintain_view(
     self_member: Member,
     vnodes: u32,
     observer: Arc<dyn Observer>,
+    pause: Arc<PauseWatch>,
 ) {
     let mut connected = links.connected();
+    // The members and routable peers of the last view built.
+    let mut last_members: Vec<Member> = Vec::new();
+    let mut last_up: BTreeSet<NodeId> = BTreeSet::new();
     loop {
-        let members = gossip.borrow_and_update().clone();
+        let mut members = gossip.borrow_and_update().clone();
+        let mut up: BTreeSet<_> = connected.borrow_and_update().clone();
+        let holding = pause.suspected();
+        if holding {
+            let held: Vec<Member> = last_members
+                .iter()
+                .filter(|m| m.id != self_member.id && !members.iter().any(|n| n.id == m.id))
+                .cloned()
+                .collect();
+            members.extend(held);
+            up.extend(last_up.iter().cloned());
+        }
+        last_members.clone_from(&members);
+        last_up.clone_from(&up);
         let peers: Vec<_> = members
             .iter()
             .filter(|m| m.id != self_member.id)
             .map(|m| (m.id.clone(), m.peer_addr, m.generation))
             .collect();
         links.sync(&peers);
-        let up: BTreeSet<_> = connected.borrow_and_update().clone();
         let mut me = self_member.clone();
         if let Some(m) = members
             .iter()
@@ -471,6 +509,8 @@ async fn maintain_view(
         tokio::select! {
             r = gossip.changed() => if r.is_err() { return },
             r = connected.changed() => if r.is_err() { return },
+            // Held peers are looked at again when the grace ends.
+            _ = tokio::time::sleep_until(pause.look_again_at()), if holding => {}
         }
     }
 }

@@ -130,3 +130,58 @@ async fn an_idle_peer_killed_leaves_every_ring_by_gossip_and_a_post_to_it_meanwh
         "n3 left every ring {took:?} after its kill"
     );
 }
+
+/// A rolling upgrade across the change to one connection per pair: a node
+/// of the previous release (here `peer.protocol = 1`, which speaks only
+/// ALPN `peerlb/1` and behaves as that release did: it opens streams only
+/// on connections it dialled and serves them only on those it accepted)
+/// in a cluster of current nodes. Every request, entering anywhere, is
+/// served by its owner; the old node holds two connections per peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_speaking_only_the_previous_peer_protocol_serves_and_is_served_in_a_current_cluster()
+{
+    let mut c = Cluster::start(
+        "rolling",
+        3,
+        "[ring]\nvnodes = 1024\n[limits]\nresponse_timeout_ms = 5000\n",
+        USER_RULES,
+    );
+    // n3 comes back as a node of the previous release (stopped cleanly:
+    // its peers close their connections to it).
+    let mut stopped = c.sigterm("n3");
+    assert!(stopped.wait().unwrap().success());
+    let current = c.config.clone();
+    let old = c.dir.join("old.toml");
+    let text = std::fs::read_to_string(&current).unwrap() + "\n[peer]\nprotocol = 1\n";
+    std::fs::write(&old, text).unwrap();
+    c.config = old;
+    c.spawn(2);
+    c.config = current;
+    c.wait_same_view(3);
+
+    let ring = ring(&["n1", "n2", "n3"], 1024);
+    let users: Vec<String> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|o| user_where(&ring, |x| x == *o))
+        .collect();
+    for round in 0..2 {
+        for entry in &c.nodes {
+            for u in &users {
+                let r = send(entry.http, "GET", &format!("/x?user={u}"))
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round} via {}: {u}: {e}", entry.id));
+                assert_eq!(
+                    (r.status, r.served_by()),
+                    (200, &**ring.owner(u).unwrap()),
+                    "round {round}, {u} entering at {}\n{}",
+                    entry.id,
+                    c.log(&entry.id)
+                );
+            }
+        }
+    }
+    // The previous protocol: one connection dialled by each end of a pair.
+    let n3 = c.node("n3").http;
+    c.wait_until(Duration::from_secs(10), || peer_connections(n3) == Some(4))
+        .unwrap_or_else(|_| panic!("n3 holds {:?} peer connections", peer_connections(n3)));
+}

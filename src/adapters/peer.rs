@@ -2,9 +2,14 @@
 //! from peers and forwarding this node's requests to their owners.
 //!
 //! - One QUIC connection in use per unordered peer pair, carrying requests
-//!   both ways (ALPN `peerlb/1`, mutual TLS with the cluster CA); liveness
+//!   both ways (ALPN `peerlb/2`, mutual TLS with the cluster CA); liveness
 //!   pings only while a connection is busy, so a quiet cluster sends
 //!   nothing on the peer layer (see [`links`]).
+//! - With a node of an older release (ALPN `peerlb/1`, negotiated when it
+//!   offers nothing else, or when this node is configured with
+//!   `peer.protocol = 1`), the previous protocol: each node opens streams
+//!   only on the connection it dialled and serves streams only on the one
+//!   it accepted, so a pair holds two connections (see [`links`]).
 //! - The set of peers that proved their identity and were not ejected
 //!   since is published on a watch channel: a peer is routable only while
 //!   it is in that set, so a connection lost while busy ejects it at once
@@ -108,8 +113,10 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
 
 fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    // No QUIC keep-alive: the link keeper pings only while busy.
-    t.keep_alive_interval(None);
+    // No QUIC keep-alive: the link keeper pings only while busy. A node
+    // speaking only `peerlb/1` keeps every connection alive, as releases
+    // before one connection per pair did.
+    t.keep_alive_interval(s.only_v1.then_some(s.keep_alive));
     t.max_idle_timeout(Some(
         quinn::IdleTimeout::try_from(links::quic_idle_timeout(s))
             .expect("idle timeout fits a QUIC varint"),
@@ -169,11 +176,25 @@ pub(crate) fn endpoint(
     seed: u64,
     clock: Arc<dyn crate::env::Clock>,
 ) -> Result<(quinn::Endpoint, quinn::ClientConfig), PeerSetupError> {
-    let mut server = tls::quinn_server_config(tls_material)?;
+    let (mut server_tls, mut client_tls) = (
+        tls::server_config(tls_material)?,
+        tls::client_config(tls_material)?,
+    );
+    if settings.only_v1 {
+        server_tls.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
+        client_tls.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
+    }
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(server_tls)
+            .map_err(|error| tls::TlsError::Quic { error })?,
+    ));
     server.transport_config(transport(settings));
     server.time_source(Arc::new(crate::env::ClockAdapter(clock)));
     admission::limit_server(&mut server);
-    let mut client = tls::quinn_client_config(tls_material)?;
+    let mut client = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(client_tls)
+            .map_err(|error| tls::TlsError::Quic { error })?,
+    ));
     client.transport_config(transport(settings));
     let mut config = quinn::EndpointConfig::default();
     config
@@ -661,6 +682,7 @@ mod tests {
             keep_alive: Duration::from_millis(200),
             idle_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(1),
+            only_v1: false,
         });
         let debug = format!("{t:?}");
         let ack = &debug[debug

@@ -58,8 +58,15 @@ pub use configs::{
 pub use identity::{node_server_name, peer_node_id, verify_peer_is};
 pub use issuance::{GeneratedCerts, ensure_local, generate};
 
-/// The ALPN protocol id of the peer wire, offered and required by both ends.
-pub const ALPN: &[u8] = b"peerlb/1";
+/// The ALPN protocol id of the peer wire: one connection per node pair,
+/// carrying requests both ways. Offered first by both ends.
+pub const ALPN: &[u8] = b"peerlb/2";
+
+/// The ALPN protocol id of the previous peer wire (releases before one
+/// connection per pair): each node opens streams only on connections it
+/// dialled. Offered and accepted after [`ALPN`], so a node of an older
+/// release can join during a rolling upgrade.
+pub const ALPN_V1: &[u8] = b"peerlb/1";
 
 /// Errors of certificate generation, loading, config building and peer
 /// identity checks. Messages name the file involved and include the cause.

@@ -318,6 +318,14 @@ pub struct PeerSection {
     /// A busy peer connection silent this long is closed and the peer
     /// ejected, in ms (default 1000); QUIC's idle timeout is 3x this.
     pub idle_timeout_ms: u64,
+    /// Peer wire protocol this node speaks (default 2). 2: ALPN
+    /// `peerlb/2`, one connection per node pair carrying requests both
+    /// ways, and `peerlb/1` with a node that offers only that. 1: only
+    /// `peerlb/1`, the protocol of releases before one connection per
+    /// pair (each node opens streams on the connection it dialled and
+    /// serves them on the one it accepted; QUIC keep-alive every
+    /// `keep_alive_ms` on every connection), e.g. to roll an upgrade back.
+    pub protocol: u8,
 }
 
 impl Default for PeerSection {
@@ -325,6 +333,7 @@ impl Default for PeerSection {
         Self {
             keep_alive_ms: 200,
             idle_timeout_ms: 1_000,
+            protocol: 2,
         }
     }
 }

@@ -213,6 +213,11 @@ pub struct PeerSettings {
     /// Longest wait for a handshake or a stream to open
     /// (`limits.connect_timeout_ms`).
     pub connect_timeout: Duration,
+    /// Speak only the previous peer protocol, `peerlb/1` (`peer.protocol
+    /// = 1`): each node opens streams only on connections it dialled and
+    /// serves them only on those it accepted (docs/operations.md, "Rolling
+    /// upgrade").
+    pub only_v1: bool,
 }
 
 /// Gossip (chitchat) settings.

@@ -125,6 +125,12 @@ impl ClusterFile {
                 ));
             }
         }
+        if !matches!(self.peer.protocol, 1 | 2) {
+            return Err(inv(
+                "peer.protocol",
+                format!("{} is not a peer protocol (1 or 2)", self.peer.protocol),
+            ));
+        }
         if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
             return Err(inv(
                 "peer.keep_alive_ms",
@@ -447,6 +453,7 @@ impl ClusterFile {
                 keep_alive: ms(self.peer.keep_alive_ms),
                 idle_timeout: ms(self.peer.idle_timeout_ms),
                 connect_timeout: ms(self.limits.connect_timeout_ms),
+                only_v1: self.peer.protocol == 1,
             },
             gossip: GossipSettings {
                 seeds,

@@ -124,6 +124,8 @@ impl crate::env::Observer for SimObserver {
                 host,
                 peer: peer.to_string(),
             },
+            // A simulated host never stops while time runs on.
+            E::Paused { .. } => return,
         };
         self.trace.0.lock().expect("trace lock").events.push(ev);
     }

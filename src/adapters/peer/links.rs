@@ -21,6 +21,14 @@
 //!   again (one round trip). A connection is used for a new stream only
 //!   within half that QUIC timeout of its last ping, so both ends still
 //!   hold it.
+//! - **The previous protocol.** A connection that negotiated ALPN
+//!   `peerlb/1` (a node of a release before one connection per pair, or
+//!   one configured with `peer.protocol = 1`) works as that release did:
+//!   this node opens streams only on such a connection it dialled (usable
+//!   while open: the `peerlb/1` end keeps it alive with QUIC keep-alives,
+//!   so its idle timeout means the peer is gone) and serves streams only on
+//!   one it accepted (retired from the start; it does not make the peer
+//!   routable). Such a pair holds two connections.
 //! - **Routable set.** A peer is routable once a handshake proved its
 //!   identity (dialled or accepted), until it is ejected: its connection
 //!   was lost while busy, the peer closed it, or a dial failed. A
@@ -45,6 +53,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::super::body::{BodyError, QuicBody};
+use super::super::pause::PauseWatch;
 use super::super::tls;
 use super::dial;
 use super::{OpenError, PeerSettings};
@@ -82,6 +91,10 @@ pub(super) struct Link {
     conn: quinn::Connection,
     /// Dialled by this node (else accepted from the peer).
     dialled: bool,
+    /// Negotiated the previous protocol (ALPN `peerlb/1`): this node opens
+    /// streams on it only if it dialled it, serves them only if it
+    /// accepted it, and the peer keeps it alive (QUIC keep-alive).
+    legacy: bool,
     established: Instant,
     state: Mutex<LinkState>,
     /// Told when the first stream opens on a quiet connection.
@@ -108,11 +121,13 @@ impl Link {
 
     /// Usable for a new stream: open, not retired, and busy or quiet for
     /// less than `usable` after its last ping.
+    /// A `peerlb/1` connection is usable while open: its ends keep it
+    /// alive.
     fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
         let s = self.state.lock().expect("link state lock");
         self.conn.close_reason().is_none()
             && !s.retired
-            && (s.streams > 0 || now < s.last_busy + linger + usable)
+            && (self.legacy || s.streams > 0 || now < s.last_busy + linger + usable)
     }
 
     /// Marks a stream open on this connection until the [`Busy`] drops.
@@ -230,6 +245,8 @@ impl Slot {
 pub(crate) struct PeerLinks {
     /// Told of every ejection and restore.
     observer: Arc<dyn Observer>,
+    /// Holds failure decisions just after a pause of this node's own.
+    pause: Arc<PauseWatch>,
     self_id: NodeId,
     endpoint: quinn::Endpoint,
     client: quinn::ClientConfig,
@@ -278,9 +295,11 @@ impl PeerLinks {
         client: quinn::ClientConfig,
         settings: PeerSettings,
         observer: Arc<dyn Observer>,
+        pause: Arc<PauseWatch>,
     ) -> Arc<PeerLinks> {
         Arc::new(PeerLinks {
             observer,
+            pause,
             self_id,
             endpoint,
             client,
@@ -552,14 +571,20 @@ impl PeerLinks {
         dialled: bool,
     ) -> Arc<Link> {
         let now = Instant::now();
+        let legacy = negotiated_v1(&conn);
+        // The previous protocol: streams go out only on the connection
+        // this node dialled, so one it accepted is retired from the start
+        // (it is only served) and says nothing of the peer's routability.
+        let accepted_v1 = legacy && !dialled;
         let link = Arc::new(Link {
             conn,
             dialled,
+            legacy,
             established: now,
             state: Mutex::new(LinkState {
                 streams: 0,
                 last_busy: now,
-                retired: false,
+                retired: accepted_v1,
                 silent: false,
             }),
             wake: Notify::new(),
@@ -569,7 +594,7 @@ impl PeerLinks {
             let slot = slots
                 .entry(id.clone())
                 .or_insert_with(|| Slot::new(link.conn.remote_address()));
-            if !dialled {
+            if !dialled && !legacy {
                 for old in &slot.links {
                     let mut s = old.state.lock().expect("link state lock");
                     if s.streams == 0
@@ -580,18 +605,22 @@ impl PeerLinks {
                 }
             }
             slot.links.push(link.clone());
-            slot.up = true;
+            slot.up |= !accepted_v1;
         }
-        if self.routable.send_if_modified(|set| set.insert(id.clone())) {
+        if !accepted_v1 && self.routable.send_if_modified(|set| set.insert(id.clone())) {
             self.observer.observe(&NodeEvent::PeerRestored { peer: id });
         }
+        // A `peerlb/1` peer never opens streams on a connection it
+        // accepted (and a node speaking only `peerlb/1` serves none on
+        // one it dialled, as releases before one connection per pair).
+        let serve_it = !(legacy && dialled);
         let serve = {
             let mut s = self.server.lock().expect("server lock");
-            if s.serve.is_none() {
+            if s.serve.is_none() && serve_it {
                 s.unserved
                     .push((id.clone(), link.conn.clone(), link.clone()));
             }
-            s.serve.clone()
+            s.serve.clone().filter(|_| serve_it)
         };
         if let Some(serve) = serve {
             serve(id.clone(), link.conn.clone(), link.clone());
@@ -612,6 +641,18 @@ impl PeerLinks {
         let now = Instant::now();
         let slots = self.slots.lock().expect("peer slots lock");
         let slot = slots.get(id)?;
+        // Just after a pause of this node's own, a connection from before
+        // it is replaced by a new dial (its peer may have closed it while
+        // this node was away): retired, it still serves its streams.
+        if self.pause.suspected() {
+            for l in slot
+                .links
+                .iter()
+                .filter(|l| self.pause.predates_pause(l.established))
+            {
+                l.state.lock().expect("link state lock").retired = true;
+            }
+        }
         let mut usable: Vec<&Arc<Link>> = slot
             .links
             .iter()
@@ -662,6 +703,11 @@ impl PeerLinks {
                     if rx != seen {
                         seen = rx;
                         heard = last_wake;
+                    } else if self.pause.suspected() {
+                        // This node was stopped, not the peer silent:
+                        // silence counts again from now.
+                        heard = now;
+                        let _ = link.conn.send_datagram(PING);
                     } else if now.duration_since(heard) >= silent_after {
                         link.state.lock().expect("link state lock").silent = true;
                         link.conn.close(CLOSE_SILENT.into(), b"peer silent");
@@ -686,7 +732,9 @@ impl PeerLinks {
         let eject = !retired
             && match &why {
                 quinn::ConnectionError::LocallyClosed => silent,
-                quinn::ConnectionError::TimedOut => busy,
+                // A `peerlb/1` connection is kept alive by its ends: its
+                // idle timeout means the peer is gone.
+                quinn::ConnectionError::TimedOut => busy || link.legacy,
                 _ => true,
             };
         let mut slots = self.slots.lock().expect("peer slots lock");
@@ -735,10 +783,15 @@ impl PeerLinks {
                     .expect("peer slots lock")
                     .get(peer)
                     .is_some_and(|s| s.up);
-                if !up {
+                // Just after a pause of this node's own, an ejected peer
+                // is dialled again before any request gives up on it (its
+                // connection most likely ended because this node was
+                // away).
+                let revalidate = !up && self.pause.suspected();
+                if !up && !revalidate {
                     return Err(OpenError::NotConnected(peer.clone()));
                 }
-                self.dial(peer, true)
+                self.dial(peer, !revalidate)
                     .await
                     .map_err(|reason| OpenError::Stream {
                         peer: peer.clone(),
@@ -781,6 +834,15 @@ impl PeerLinks {
         self.endpoint.close(0u32.into(), b"node stopping");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
     }
+}
+
+/// True when the connection negotiated the previous peer protocol (ALPN
+/// `peerlb/1`).
+fn negotiated_v1(conn: &quinn::Connection) -> bool {
+    conn.handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+        .is_some_and(|p| p == tls::ALPN_V1)
 }
 
 /// The node id an accepted connection's client certificate proves, or
