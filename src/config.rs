@@ -31,12 +31,13 @@ mod tests;
 mod validate;
 
 pub use model::{
-    BalanceSection, ClusterFile, GossipSection, HeadersSection, LimitsSection, NodeSpec, Overrides,
-    PeerSection, RingSection, StickySection, TlsSection,
+    BalanceSection, CertPairSpec, ClusterFile, GossipSection, HeadersSection, LimitsSection,
+    ListenerSection, ListenerTlsSection, NodeSpec, Overrides, PeerSection, RingSection,
+    StickySection, TlsSection,
 };
 pub use settings::{
-    ADMIN_PORT_OFFSET, AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings,
-    MetricSettings, NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
+    ADMIN_PORT_OFFSET, AppAddr, AppKind, CertFiles, GossipSettings, IngressSettings,
+    LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
     default_admin_addr,
 };
 

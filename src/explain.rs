@@ -218,6 +218,8 @@ pub fn explain(
         uri: req.uri(),
         headers: req.headers(),
         client,
+        tls: false,
+        sni: None,
     };
     let d = router.decide(&rv, &view, Duration::ZERO, &mut rng);
     let rule = match d.reason {

@@ -10,6 +10,7 @@
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
 //! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
+//! | `POST /_peerlb/tls/reload` | reads the certificate and key files of the HTTPS client listeners again and serves them to new handshakes: 200 `{"certificates": n}` (0 without HTTPS listeners); 422 naming the field whose file cannot be used (that listener keeps its certificates) |
 //! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (`gossip/admin.rs`): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}`; 400 not a key, 404 no such key, 409 ring full or the sending key, 500 the keyring file cannot be written |
 //! | `PUT /_peerlb/weight` | body: the node's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
 
@@ -31,6 +32,9 @@ pub(crate) const STATUS: &str = "/_peerlb/status";
 
 /// `POST /_peerlb/rules/reload`.
 pub(crate) const RELOAD_RULES: &str = "/_peerlb/rules/reload";
+
+/// `POST /_peerlb/tls/reload`.
+pub(crate) const RELOAD_TLS: &str = "/_peerlb/tls/reload";
 
 /// `PUT /_peerlb/weight`.
 pub(crate) const WEIGHT: &str = "/_peerlb/weight";
@@ -95,6 +99,10 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
             .await
             .map(|n| serde_json::json!({ "rules": n }).to_string())
             .map_err(AdminError::Reload),
+        (&http::Method::POST, RELOAD_TLS) => state
+            .reload_entry_certs()
+            .map(|n| serde_json::json!({ "certificates": n }).to_string())
+            .map_err(AdminError::TlsReload),
         (&http::Method::PUT, WEIGHT) => put_weight(state, req.into_body())
             .await
             .map(|(weight, previous)| {
@@ -120,7 +128,7 @@ fn allowed_method(path: &str) -> Option<&'static str> {
     match path {
         STATUS | super::metrics::PATH => Some("GET"),
         super::health::PATH => Some("GET, HEAD"),
-        RELOAD_RULES => Some("POST"),
+        RELOAD_RULES | RELOAD_TLS => Some("POST"),
         WEIGHT => Some("PUT"),
         _ => None,
     }

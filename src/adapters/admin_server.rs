@@ -4,7 +4,6 @@
 //! stats socket, it is apart from the client ports: what can reach
 //! `admin_addr` (loopback by default) is what protects the API.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -64,7 +63,7 @@ impl Handler for AdminServer {
     fn handle(
         &self,
         req: Request<Incoming>,
-        _client: SocketAddr,
+        _conn: Arc<ingress::ConnInfo>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
         self.answer(req)
     }
@@ -101,6 +100,7 @@ pub(crate) async fn serve(
 ) {
     ingress::serve(
         listener,
+        Arc::new(ingress::ListenerSetup::plain()),
         server,
         shutdown,
         Arc::new(GracefulShutdown::new()),

@@ -44,6 +44,8 @@ pub(crate) struct ServeCtx<'a> {
     pub key: Option<&'a str>,
     /// The client address the entry saw.
     pub client: SocketAddr,
+    /// The client connection's TLS facts (`None`: cleartext HTTP).
+    pub tls: Option<&'a super::wire::TlsFacts>,
 }
 
 /// The upstream app could not be reached or failed before a response head.
@@ -235,6 +237,7 @@ where
                 entry: &name,
                 key: None,
                 client,
+                tls: None,
             };
             let resp = app
                 .serve(req.map(body::from_incoming), ctx)
@@ -291,6 +294,9 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
         "path": path,
         "key": ctx.key,
         "client": ctx.client.to_string(),
+        "proto": if ctx.tls.is_some() { "https" } else { "http" },
+        "sni": ctx.tls.and_then(|t| t.sni.as_deref()),
+        "tls_version": ctx.tls.map(|t| t.version_name()),
         // Marks the node uses itself; a client must never be able to set them (H4).
         "peerlb_headers": req
             .headers()
@@ -431,6 +437,7 @@ async fn upstream(
     strip_hop_by_hop(&mut parts.headers);
     // One combined line, the client's own address last.
     super::client_input::append_forwarded_for(&mut parts.headers, ctx.client.ip());
+    super::client_input::set_forwarded_proto(&mut parts.headers, ctx.client.ip(), ctx.tls.is_some());
     let resp = pool
         .send(Request::from_parts(parts, body))
         .await
@@ -453,6 +460,7 @@ mod tests {
             entry: "n1",
             key: Some("alice"),
             client: "127.0.0.1:4000".parse().unwrap(),
+            tls: None,
         }
     }
 

@@ -12,13 +12,14 @@
 //! robin, the sticky route the engine says to announce.
 //!
 //! The stages, one file each: `ingress/server` (the accept loop and the
-//! connection settings), `ingress/limits` (head limits, and the marks
+//! connection settings), `ingress/conn` (what a connection goes through
+//! before HTTP: the PROXY header, `ingress/proxy_protocol`, and the TLS
+//! handshake), `ingress/limits` (head limits, and the marks
 //! peerlb strips from requests and adds to responses), `ingress/forward`
 //! (routing, failover and replay). The owner side is `owner`, the state
 //! shared with it and the admin API is `node_state`, and errors become
 //! HTTP answers in `errors::error_response`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -36,10 +37,13 @@ use super::peer::PeerLinks;
 use crate::config::IngressSettings;
 use forward::{ForwardSettings, Forwarder};
 
+mod conn;
 mod forward;
 mod limits;
+mod proxy_protocol;
 mod server;
 
+pub(crate) use conn::{ConnInfo, ListenerSetup};
 pub(crate) use server::{Handler, serve};
 
 /// Response header naming the entry node.
@@ -87,11 +91,7 @@ impl Ingress {
 
     /// Handles one client request end to end; never fails (errors become
     /// statuses).
-    pub(crate) async fn handle(
-        &self,
-        req: Request<Incoming>,
-        client: SocketAddr,
-    ) -> Response<Body> {
+    pub(crate) async fn handle(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Response<Body> {
         let mut resp = match limits::check(&req, self.settings.max_request_target)
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
         {
@@ -111,10 +111,13 @@ impl Ingress {
                 if !self.settings.trust_client_forwarded {
                     client_input::drop_client_forwarding(req.headers_mut());
                 }
+                // peerlb says which scheme the client used (the app layer
+                // sets it): a client's own value never reaches the app.
+                req.headers_mut().remove(client_input::FORWARDED_PROTO);
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 let start = tokio::time::Instant::now();
-                let resp = match self.forwarder.route_and_serve(req, client).await {
+                let resp = match self.forwarder.route_and_serve(req, &conn).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(e) => self.state.failed(e),
                 };
@@ -135,9 +138,9 @@ impl server::Handler for Ingress {
     fn handle(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: Arc<ConnInfo>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
-        Ingress::handle(self, req, client)
+        Ingress::handle(self, req, conn)
     }
 
     fn header_read_timeout(&self) -> Duration {

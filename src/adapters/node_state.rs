@@ -228,6 +228,9 @@ pub(crate) struct NodeState {
     /// The weight this node publishes (config, or the last `PUT
     /// /_peerlb/weight`).
     weight: AtomicU32,
+    /// The certificates of this node's HTTPS listeners, for `POST
+    /// /_peerlb/tls/reload` (set once the listeners are made).
+    entry_certs: std::sync::OnceLock<Vec<Arc<crate::adapters::tls::entry::EntryCerts>>>,
     /// Request counters.
     pub counters: Counters,
     /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
@@ -261,8 +264,43 @@ impl NodeState {
             inflight: Arc::new(AtomicU32::new(0)),
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
+            entry_certs: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics: super::metrics::Metrics::default(),
+        }
+    }
+
+    /// Records the certificates of this node's HTTPS listeners (once; a
+    /// second call changes nothing).
+    pub(crate) fn set_entry_certs(
+        &self,
+        certs: Vec<Arc<crate::adapters::tls::entry::EntryCerts>>,
+    ) {
+        let _ = self.entry_certs.set(certs);
+    }
+
+    /// Reloads the certificates of every HTTPS listener: how many were
+    /// loaded. A listener whose files cannot be used keeps its certificates.
+    ///
+    /// # Errors
+    /// The first listener's error (the others are still reloaded).
+    pub(crate) fn reload_entry_certs(
+        &self,
+    ) -> Result<usize, crate::adapters::tls::entry::EntryTlsError> {
+        let mut loaded = 0;
+        let mut first_err = None;
+        for c in self.entry_certs.get().into_iter().flatten() {
+            match c.reload() {
+                Ok(n) => loaded += n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listener certificates cannot be reloaded: the certificates in force stay");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(loaded),
         }
     }
 

@@ -32,6 +32,8 @@
 //!   (validity dates, file modes, reuse of existing files).
 //! - `configs`: loading a node's PEM files into [`TlsMaterial`] and the
 //!   rustls/quinn client and server configurations built from it.
+//! - `entry`: HTTPS at the entry (client listeners), apart from the peer
+//!   wire's trust model: certificates by SNI, reloads, ALPN.
 //!
 //! The node-id naming rules themselves are the engine's
 //! ([`crate::NodeId::new`]); every function here that takes an id checks it
@@ -47,6 +49,7 @@ use crate::engine::node_id::InvalidNodeId;
 use crate::engine::node_id::NodeId;
 
 mod configs;
+pub mod entry;
 mod identity;
 mod issuance;
 #[cfg(test)]

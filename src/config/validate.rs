@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::settings::MAX_UNIX_PATH;
 use super::{
-    AppAddr, AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
-    MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
+    AppAddr, AppKind, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
+    LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
     RoutingSettings, RulesSource, Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
@@ -108,6 +108,40 @@ impl ClusterFile {
                     name,
                     format!("{v} is out of range (at most {MAX_DURATION_MS} ms, 30 days)"),
                 ));
+            }
+        }
+        for (name, l) in [("listener", Some(&self.listener)), ("shared_listener", self.shared_listener.as_ref())] {
+            let Some(l) = l else { continue };
+            if !(1..=MAX_DURATION_MS).contains(&l.proxy_protocol_timeout_ms) {
+                return Err(inv(
+                    &format!("{name}.proxy_protocol_timeout_ms"),
+                    format!(
+                        "{} is out of range 1..={MAX_DURATION_MS}",
+                        l.proxy_protocol_timeout_ms
+                    ),
+                ));
+            }
+            if let Some(t) = &l.tls {
+                if t.reload_interval_ms > MAX_DURATION_MS {
+                    return Err(inv(
+                        &format!("{name}.tls.reload_interval_ms"),
+                        format!("{} is out of range 0..={MAX_DURATION_MS}", t.reload_interval_ms),
+                    ));
+                }
+                let pairs = std::iter::once((format!("{name}.tls"), &t.cert, &t.key)).chain(
+                    t.sni
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| (format!("{name}.tls.sni[{i}]"), &p.cert, &p.key)),
+                );
+                for (field, cert, key) in pairs {
+                    if cert.is_empty() {
+                        return Err(inv(&format!("{field}.cert"), "must not be empty".into()));
+                    }
+                    if key.is_empty() {
+                        return Err(inv(&format!("{field}.key"), "must not be empty".into()));
+                    }
+                }
             }
         }
         if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
@@ -368,6 +402,52 @@ impl ClusterFile {
         };
         let ms = Duration::from_millis;
         let rules_source = self.rules_source(src)?;
+        let listener_settings = |name: &str, l: &ListenerSection| -> Result<ListenerSettings, ConfigError> {
+            let tls = match (&l.tls, &ov.tls_cert) {
+                (None, None) => None,
+                (t, over) => {
+                    let mut certs = Vec::new();
+                    match (over, t) {
+                        (Some((cert, key)), _) => certs.push(CertFiles {
+                            cert: src.base_dir.join(cert),
+                            key: src.base_dir.join(key),
+                            field: "--tls-cert".into(),
+                        }),
+                        (None, Some(t)) => certs.push(CertFiles {
+                            cert: src.base_dir.join(&t.cert),
+                            key: src.base_dir.join(&t.key),
+                            field: format!("{name}.tls"),
+                        }),
+                        (None, None) => {}
+                    }
+                    if let Some(t) = t {
+                        for (i, p) in t.sni.iter().enumerate() {
+                            certs.push(CertFiles {
+                                cert: src.base_dir.join(&p.cert),
+                                key: src.base_dir.join(&p.key),
+                                field: format!("{name}.tls.sni[{i}]"),
+                            });
+                        }
+                    }
+                    if certs.is_empty() {
+                        return Err(inv("--tls-cert", "no certificate".into()));
+                    }
+                    Some(ListenerTls {
+                        certs,
+                        reload_interval: ms(t.as_ref().map_or(5_000, |t| t.reload_interval_ms)),
+                    })
+                }
+            };
+            Ok(ListenerSettings {
+                proxy_protocol: l.proxy_protocol.then(|| ms(l.proxy_protocol_timeout_ms)),
+                tls,
+            })
+        };
+        let listener = listener_settings("listener", &self.listener)?;
+        let shared_listener = match &self.shared_listener {
+            Some(l) => listener_settings("shared_listener", l)?,
+            None => listener.clone(),
+        };
         Ok(NodeConfig {
             cluster: self.name.clone(),
             node: me,
@@ -403,6 +483,8 @@ impl ClusterFile {
                 body_read_timeout: ms(self.limits.body_read_timeout_ms),
                 send_timeout: ms(self.limits.send_timeout_ms),
             },
+            listener,
+            shared_listener,
             peer: PeerSettings {
                 keep_alive: ms(self.peer.keep_alive_ms),
                 idle_timeout: ms(self.peer.idle_timeout_ms),

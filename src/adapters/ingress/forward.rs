@@ -4,7 +4,6 @@
 //! reads the body, serves locally or opens the peer streams, and applies
 //! the sticky route the engine announces.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tracing::{Instrument, debug, debug_span, warn};
 
+use super::conn::ConnInfo;
 use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::app::ServeCtx;
@@ -94,9 +94,10 @@ impl Forwarder {
     pub(super) async fn route_and_serve(
         &self,
         mut req: Request<Incoming>,
-        client: SocketAddr,
+        conn: &ConnInfo,
     ) -> Result<(Response<Body>, Option<Outstanding>), RequestError> {
         strip_peerlb_headers(req.headers_mut());
+        let client = conn.client;
         let view = self.state.view();
         let now = self.epoch.elapsed();
         let (EntryDecision { decision, sticky }, request_id) = {
@@ -105,6 +106,8 @@ impl Forwarder {
                 uri: req.uri(),
                 headers: req.headers(),
                 client,
+                tls: conn.tls.is_some(),
+                sni: conn.tls.as_ref().and_then(|t| t.sni.as_deref()),
             };
             let mut rng = self.rng.lock().expect("rng lock");
             let d = self.state.decide(&rv, &view, now, &mut *rng);
@@ -120,7 +123,7 @@ impl Forwarder {
         let (mut resp, served_by, guard) = self
             .serve_candidates(
                 req,
-                client,
+                conn,
                 decision.candidates(&view),
                 decision.key.as_deref(),
                 request_id,
@@ -152,7 +155,7 @@ impl Forwarder {
     async fn serve_candidates(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: &ConnInfo,
         candidates: impl Iterator<Item = &NodeId>,
         key: Option<&str>,
         request_id: u128,
@@ -195,7 +198,8 @@ impl Forwarder {
                     node: me,
                     entry: me,
                     key,
-                    client,
+                    client: conn.client,
+                    tls: conn.tls.as_ref(),
                 };
                 self.state
                     .counters
@@ -244,8 +248,9 @@ impl Forwarder {
                         method: parts.method.as_str(),
                         uri: &uri,
                         headers: &parts.headers,
-                        client,
+                        client: conn.client,
                         hash_key: key,
+                        tls: conn.tls.as_ref(),
                     });
                     match encoded {
                         Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),

@@ -1,8 +1,11 @@
-//! The client server: the accept loop and each connection's HTTP/1.1
-//! settings (keep-alive, half-close, head read timeout, send timeout).
+//! The client server: the accept loop, which hands each accepted socket
+//! to its own task, where `conn::open` reads the PROXY header and makes
+//! the TLS handshake the listener asks for; then [`serve_connection`]
+//! serves HTTP on the resulting stream with the connection's facts
+//! ([`ConnInfo`]) and its HTTP/1.1 settings (keep-alive, half-close, head
+//! read timeout, send timeout).
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,10 +14,11 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::conn::{self, ClientIo, ConnInfo, ListenerSetup};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
@@ -28,12 +32,12 @@ pub(super) const READ_BUFFER_BYTES: usize = crate::adapters::wire::MAX_HEAD_LEN;
 
 /// What the client server calls: the request path (`Ingress`).
 pub(crate) trait Handler: Send + Sync + 'static {
-    /// Answers one client request from `client`; never fails (errors
-    /// become statuses).
+    /// Answers one client request on the connection `conn` describes;
+    /// never fails (errors become statuses).
     fn handle(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: Arc<ConnInfo>,
     ) -> impl Future<Output = Response<Body>> + Send;
     /// Longest wait for a complete request head, idle keep-alive included.
     fn header_read_timeout(&self) -> Duration;
@@ -70,9 +74,11 @@ fn take_slot<H: Handler>(ingress: &Arc<H>, max: usize) -> Option<ConnSlot<H>> {
 }
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
-/// each connection is watched by `graceful` so in-flight requests finish.
+/// each goes through `setup` (PROXY header, TLS) in its own task, then is
+/// served and watched by `graceful` so in-flight requests finish.
 pub(crate) async fn serve<H: Handler>(
     mut listener: Box<dyn HttpListener>,
+    setup: Arc<ListenerSetup>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
     graceful: Arc<GracefulShutdown>,
@@ -111,40 +117,62 @@ pub(crate) async fn serve<H: Handler>(
             }
             continue;
         };
-        let ing = ingress.clone();
-        let svc = service_fn(move |req| {
-            let ing = ing.clone();
-            async move { Ok::<_, std::convert::Infallible>(ing.handle(req, client).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .keep_alive(true)
-            // A forwarded answer still reaches a client that half-closed.
-            .half_close(true)
-            // Closes connections that send no complete head in time,
-            // idle keep-alive connections included (slowloris).
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            // A connection's read buffer stops at the head limit's order
-            // (hyper's default grows to about 408 KB): a head up to
-            // READ_BUFFER_BYTES gets peerlb's own 431 (`limits::check`), a
-            // longer one hyper's bare 431.
-            .max_buf_size(READ_BUFFER_BYTES)
-            .serve_connection(
-                TokioIo::new(SendTimeout::new(stream, ingress.send_timeout())),
-                svc,
-            );
-        let fut = graceful.watch(conn);
+        let (ing, setup, watcher) = (ingress.clone(), setup.clone(), graceful.watcher());
+        let span = info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                if let Err(e) = fut.await {
-                    debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
+                let (io, info) = match conn::open(stream, client, &setup).await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        debug!(target: REQUEST_PATH, error = %e, "client connection closed before http");
+                        return;
+                    }
+                };
+                if info.client != info.peer {
+                    tracing::Span::current().record("client", tracing::field::display(info.client));
                 }
+                serve_connection(io, Arc::new(info), ing, header_timeout, watcher).await;
             }
-            .instrument(info_span!(target: REQUEST_PATH, "conn", %client)),
+            .instrument(span),
         );
     }
     if let Some(local) = local {
         debug!(target: REQUEST_PATH, %local, "listener closed");
+    }
+}
+
+/// Serves HTTP/1.1 on one client connection's stream `io` (after the PROXY
+/// header and the TLS handshake), every request with the connection's
+/// facts `info`, until the connection closes or `watcher`'s shutdown has
+/// let its in-flight request finish.
+async fn serve_connection<H: Handler>(
+    io: ClientIo,
+    info: Arc<ConnInfo>,
+    ingress: Arc<H>,
+    header_timeout: Duration,
+    watcher: Watcher,
+) {
+    let send_timeout = ingress.send_timeout();
+    let svc = service_fn(move |req| {
+        let (ing, info) = (ingress.clone(), info.clone());
+        async move { Ok::<_, std::convert::Infallible>(ing.handle(req, info).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        // A forwarded answer still reaches a client that half-closed.
+        .half_close(true)
+        // Closes connections that send no complete head in time,
+        // idle keep-alive connections included (slowloris).
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // A connection's read buffer stops at the head limit's order
+        // (hyper's default grows to about 408 KB): a head up to
+        // READ_BUFFER_BYTES gets peerlb's own 431 (`limits::check`), a
+        // longer one hyper's bare 431.
+        .max_buf_size(READ_BUFFER_BYTES)
+        .serve_connection(TokioIo::new(SendTimeout::new(io, send_timeout)), svc);
+    if let Err(e) = watcher.watch(conn).await {
+        debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
     }
 }
