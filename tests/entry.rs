@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
+use peerlb::Ring;
 use support::*;
 
 /// HAProxy, or `None` (with the skip explained) on a developer machine
@@ -140,4 +141,311 @@ fn a_forged_proxy_header_on_a_plain_listener_is_a_bad_request() {
     );
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
     assert!(!out.contains("203.0.113.9"), "{out}");
+}
+
+/// Writes a self-signed certificate for `names` and its key as
+/// `<stem>.pem` / `<stem>.key` in `dir`: (cert, key).
+fn self_signed(dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let (c, k) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key")));
+    // Written beside and renamed, as a certificate manager replaces files:
+    // a reader never sees half a file.
+    for (path, text) in [(&c, cert.pem()), (&k, key.serialize_pem())] {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+    (c, k)
+}
+
+/// curl, or a panic saying how to get it (.ci/run installs it).
+fn curl() -> PathBuf {
+    which("curl").expect("curl is needed for the HTTPS tests (apt-get install -y curl)")
+}
+
+/// `curl https://<name>:<port><target>` resolved to 127.0.0.1 and trusting
+/// only `ca`: Ok((status, headers text, body)) or Err(curl's exit code and
+/// message).
+fn curl_https(
+    name: &str,
+    addr: SocketAddr,
+    target: &str,
+    ca: &Path,
+    extra: &[&str],
+) -> Result<(u16, String, String), (i32, String)> {
+    let out = Command::new(curl())
+        .args(["-sS", "--http1.1", "--max-time", "10", "-D", "-", "--resolve"])
+        .arg(format!("{name}:{}:127.0.0.1", addr.port()))
+        .arg("--cacert")
+        .arg(ca)
+        .args(extra)
+        .arg(format!("https://{name}:{}{target}", addr.port()))
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Ok((status, head.to_ascii_lowercase(), body.to_owned()))
+}
+
+// HTTPS at the entry: curl over HTTP/1.1 gets the default certificate for
+// localhost and the SNI certificate for a.example (each trusted alone, so
+// the other one fails); the SNI name reaches the rules (`when = { sni }`)
+// and, in the forwarded head, the owner's app (`proto`, `sni`).
+#[test]
+fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
+    let certs = temp_dir("https-certs");
+    let (site, site_key) = self_signed(&certs, "site", &["localhost"]);
+    let (a, a_key) = self_signed(&certs, "a", &["a.example"]);
+    let head = format!(
+        "[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\nsni = [{{ cert = {a:?}, key = {a_key:?} }}]\n"
+    );
+    let rules = format!(
+        "[[rules]]\nname = \"a-site\"\nwhen = {{ sni = \"a.example\" }}\nextract = [{{ query = \"user\", prefix = \"a:\" }}]\n\n{USER_RULES}"
+    );
+    let c = Cluster::start("https", 2, &head, &rules);
+    let entry = c.nodes[0].http;
+    let r: Ring = ring(&["n1", "n2"], peerlb::config::RingSection::default().vnodes);
+    let user = user_where(&r, |o| o == "n2");
+    let (status, head, body) =
+        curl_https("localhost", entry, &format!("/?user={user}"), &site, &[]).unwrap();
+    assert_eq!(status, 200, "{head}");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("peerlb-served-by: n2"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["proxied"], true, "{v}");
+    assert_eq!(v["proto"], "https", "{v}");
+    assert_eq!(v["sni"], "localhost", "{v}");
+    assert_eq!(v["key"], user, "{v}");
+    // The default certificate is not valid for a.example, and a.example's
+    // is not the one localhost gets.
+    let e = curl_https("a.example", entry, "/", &site, &[]).unwrap_err();
+    assert_eq!(e.0, 60, "curl: {}", e.1);
+    let e = curl_https("localhost", entry, "/", &a, &[]).unwrap_err();
+    assert_eq!(e.0, 60, "curl: {}", e.1);
+    let (status, _, body) =
+        curl_https("a.example", entry, &format!("/?user={user}"), &a, &["--tlsv1.2", "--tls-max", "1.2"]).unwrap();
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["sni"], "a.example", "{v}");
+    assert_eq!(v["tls_version"], "TLSv1.2", "{v}");
+    assert_eq!(v["key"], format!("a:{user}"), "the sni rule: {v}");
+    // Cleartext on an HTTPS listener is not served as HTTP.
+    let (out, _) = raw_exchange(entry, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(!out.starts_with("HTTP/1.1 200"), "{out}");
+    std::fs::remove_dir_all(certs).ok();
+}
+
+/// An upstream app answering, as JSON, the forwarding headers it got.
+async fn echo_app() -> SocketAddr {
+    use hyper::service::service_fn;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let lines = |n: &str| -> Vec<String> {
+                        req.headers()
+                            .get_all(n)
+                            .iter()
+                            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                            .collect()
+                    };
+                    let v = serde_json::json!({
+                        "x-forwarded-proto": lines("x-forwarded-proto"),
+                        "forwarded": lines("forwarded"),
+                        "x-forwarded-for": lines("x-forwarded-for"),
+                    });
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                        Bytes::from(v.to_string()),
+                    )))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+// The app behind an HTTPS entry is told `X-Forwarded-Proto: https` and a
+// `Forwarded` element with `proto=https`, on a forwarded request too; a
+// client's own X-Forwarded-Proto never reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_app_sees_x_forwarded_proto_https_on_a_forwarded_request() {
+    let app = echo_app().await;
+    let certs = temp_dir("https-xfp-certs");
+    let (site, site_key) = self_signed(&certs, "site", &["localhost"]);
+    let head = format!(
+        "app = \"http://{app}\"\n[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\n"
+    );
+    let c = Cluster::start("https-xfp", 2, &head, USER_RULES);
+    let entry = c.nodes[0].http;
+    let r = ring(&["n1", "n2"], peerlb::config::RingSection::default().vnodes);
+    for owner in ["n1", "n2"] {
+        let user = user_where(&r, |o| o == owner);
+        let (status, head, body) = tokio::task::spawn_blocking({
+            let site = site.clone();
+            move || {
+                curl_https(
+                    "localhost",
+                    entry,
+                    &format!("/?user={user}"),
+                    &site,
+                    &["-H", "X-Forwarded-Proto: gopher"],
+                )
+                .unwrap()
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{head}");
+        assert!(head.contains(&format!("peerlb-served-by: {owner}")), "{head}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["x-forwarded-proto"], serde_json::json!(["https"]), "{v}");
+        assert_eq!(
+            v["forwarded"],
+            serde_json::json!(["for=127.0.0.1;proto=https"]),
+            "{v}"
+        );
+    }
+    std::fs::remove_dir_all(certs).ok();
+}
+
+/// Whether a TLS client trusting only `ca` completes a handshake with
+/// `addr` for SNI `name` (and gets an answer): `ca` is the certificate
+/// served.
+fn served_cert_matches(name: &str, addr: SocketAddr, ca: &Path) -> bool {
+    curl_https(name, addr, "/_peerlb/health", ca, &[]).is_ok()
+}
+
+// A certificate replaced on disk is served to new handshakes without a
+// restart (the files are polled); one replaced by garbage keeps the one
+// in force; `POST /_peerlb/tls/reload` reloads at once and names the
+// field whose file is bad.
+#[test]
+fn a_replaced_certificate_is_served_without_a_restart() {
+    let certs = temp_dir("https-reload-certs");
+    let (site, site_key) = self_signed(&certs, "site", &["localhost"]);
+    let first = std::fs::read(&site).unwrap();
+    let trust = |tag: &str| -> PathBuf {
+        let p = certs.join(format!("trust-{tag}.pem"));
+        std::fs::copy(&site, &p).unwrap();
+        p
+    };
+    let first_ca = trust("first");
+    let head = format!(
+        "[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\nreload_interval_ms = 200\n"
+    );
+    let c = Cluster::start("https-reload", 1, &head, "");
+    let entry = c.nodes[0].http;
+    assert!(served_cert_matches("localhost", entry, &first_ca));
+
+    self_signed(&certs, "site", &["localhost"]);
+    assert_ne!(std::fs::read(&site).unwrap(), first);
+    let second_ca = trust("second");
+    poll(Duration::from_secs(15), || {
+        served_cert_matches("localhost", entry, &second_ca)
+    })
+    .expect("the replaced certificate is served");
+    assert!(!served_cert_matches("localhost", entry, &first_ca));
+
+    // Garbage: the poll and the admin API both refuse it; the second
+    // certificate stays.
+    std::fs::write(&site, "not a certificate").unwrap();
+    let admin = admin_of(entry);
+    let (out, _) = raw_exchange(
+        admin,
+        b"POST /_peerlb/tls/reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert!(out.starts_with("HTTP/1.1 422"), "{out}");
+    assert!(out.contains("listener.tls.cert"), "{out}");
+    assert!(served_cert_matches("localhost", entry, &second_ca));
+
+    self_signed(&certs, "site", &["localhost"]);
+    let third_ca = trust("third");
+    let (out, _) = raw_exchange(
+        admin,
+        b"POST /_peerlb/tls/reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("{\"certificates\":1}"), "{out}");
+    assert!(served_cert_matches("localhost", entry, &third_ca));
+    assert!(c.log("n1").contains("cannot"), "the bad file is logged");
+    std::fs::remove_dir_all(certs).ok();
+}
+
+// A missing or bad certificate or key file is a configuration error: exit
+// 64 naming the field, before any socket is bound.
+#[test]
+fn bad_or_missing_certificate_files_exit_64_naming_the_field() {
+    let dir = temp_dir("https-bad");
+    let (site, site_key) = self_signed(&dir, "site", &["localhost"]);
+    let (_, other_key) = self_signed(&dir, "other", &["localhost"]);
+    let http = free_port();
+    let node = |tls: &str| {
+        let text = format!(
+            "{tls}\n[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            free_port(),
+            free_port()
+        );
+        let config = write(&dir, "cluster.toml", &text);
+        let out = Command::new(bin())
+            .args(["certs", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let out = Command::new(bin())
+            .args(["node", "--node", "n1", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let missing = dir.join("missing.pem");
+    for (tls, field) in [
+        (
+            format!("[listener.tls]\ncert = {missing:?}\nkey = {site_key:?}"),
+            "listener.tls.cert",
+        ),
+        (
+            format!("[listener.tls]\ncert = {site:?}\nkey = {other_key:?}"),
+            "listener.tls.key",
+        ),
+        (
+            format!(
+                "[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\nsni = [{{ cert = {site_key:?}, key = {site_key:?} }}]"
+            ),
+            "listener.tls.sni[0].cert",
+        ),
+    ] {
+        let (code, err) = node(&tls);
+        assert_eq!(code, Some(64), "{tls}: {err}");
+        assert!(err.contains(field), "{field}: {err}");
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", http)).is_ok(),
+            "the client port stayed free"
+        );
+    }
 }
