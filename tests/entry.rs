@@ -449,3 +449,72 @@ fn bad_or_missing_certificate_files_exit_64_naming_the_field() {
         );
     }
 }
+
+// `peerlb up --https` serves the local cluster over HTTPS with a generated
+// certificate for localhost that a client trusts once (`--cacert`); every
+// node's listener (its own and the shared one) serves it.
+#[test]
+fn up_https_serves_the_local_cluster_with_a_generated_certificate() {
+    use std::io::{BufRead, BufReader};
+    let dir = temp_dir("up-https");
+    let sprayer: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut text =
+        format!("name = \"up-https\"\nsprayer_addr = \"{sprayer}\"\n[gossip]\ninterval_ms = 100\n");
+    let mut https = Vec::new();
+    for i in 1..=2 {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        https.push(http);
+        text += &format!(
+            "[[nodes]]\nid = \"n{i}\"\nhttp_addr = \"{http}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+            free_port(),
+            free_port()
+        );
+    }
+    let cfg = write(&dir, "cluster.toml", &text);
+    let mut up = Command::new(bin())
+        .args(["up", "--https", "--config"])
+        .arg(&cfg)
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the `up` process this test started.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = up.stdout.take().unwrap();
+    let _up = Stop(up);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut hint = false;
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("peerlb up reports the cluster ready within 30 s");
+        hint |= line.contains("https://localhost:");
+        if line.starts_with("press Ctrl-C") {
+            break;
+        }
+    }
+    assert!(hint, "up prints an https:// hint");
+    let cert = dir.join("certs/entry.pem");
+    assert!(cert.is_file(), "up --https creates certs/entry.pem");
+    for addr in https.iter().chain([&sprayer]) {
+        let (status, head, body) = curl_https("localhost", *addr, "/x", &cert, &[]).unwrap();
+        assert_eq!(status, 200, "{addr}: {head}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["proto"], "https", "{v}");
+    }
+}

@@ -59,7 +59,7 @@ pub use configs::{
     TlsMaterial, client_config, quinn_client_config, quinn_server_config, server_config,
 };
 pub use identity::{node_server_name, peer_node_id, verify_peer_is};
-pub use issuance::{GeneratedCerts, ensure_local, generate};
+pub use issuance::{GeneratedCerts, LOCAL_HTTPS_STEM, ensure_local, ensure_local_https, generate};
 
 /// The ALPN protocol id of the peer wire, offered and required by both ends.
 pub const ALPN: &[u8] = b"peerlb/1";
