@@ -382,4 +382,73 @@ mod tests {
         assert_ne!(leaf(&certs.pick(None)), before);
         std::fs::remove_dir_all(d).unwrap();
     }
+
+    /// One handshake of a client using `client` against `server` over an
+    /// in-memory pipe: whether it resumed a session, and the ALPN
+    /// protocol negotiated.
+    async fn handshake(
+        server: Arc<ServerConfig>,
+        client: Arc<rustls::ClientConfig>,
+    ) -> (rustls::HandshakeKind, Option<Vec<u8>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let srv = tokio::spawn(async move {
+            let mut s = tokio_rustls::TlsAcceptor::from(server).accept(b).await.unwrap();
+            // The client reads one byte: TLS 1.3 tickets come after the
+            // handshake, with the first data.
+            s.write_all(b"x").await.unwrap();
+            s.flush().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+        });
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let mut c = tokio_rustls::TlsConnector::from(client)
+            .connect(name, a)
+            .await
+            .unwrap();
+        let mut one = [0u8; 1];
+        c.read_exact(&mut one).await.unwrap();
+        let (_, conn) = c.get_ref();
+        let out = (
+            conn.handshake_kind().unwrap(),
+            conn.alpn_protocol().map(<[u8]>::to_vec),
+        );
+        c.shutdown().await.unwrap();
+        drop(c);
+        srv.await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn sessions_resume_over_tls_1_3_and_1_2_and_alpn_is_http_1_1() {
+        let d = dir("resume");
+        let files = write_cert(&d, "site", &["localhost"]);
+        let certs = EntryCerts::load(&ListenerTls {
+            certs: vec![files.clone()],
+            reload_interval: Duration::ZERO,
+        })
+        .unwrap();
+        let server = server_config(certs).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&files.cert).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+            client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            let client = Arc::new(client);
+            let (first, alpn) = handshake(server.clone(), client.clone()).await;
+            assert_eq!(first, rustls::HandshakeKind::Full, "{version:?}");
+            assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "{version:?}");
+            let (second, _) = handshake(server.clone(), client).await;
+            assert_eq!(second, rustls::HandshakeKind::Resumed, "{version:?}");
+        }
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
