@@ -114,7 +114,10 @@ fn a_proxy_listener_refuses_a_bare_request_and_takes_v1_and_v2_local() {
     let c = Cluster::start("pp-raw", 1, "[listener]\nproxy_protocol = true\n", "");
     let entry = c.nodes[0].http;
     let (out, closed) = raw_exchange(entry, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-    assert!(closed && out.is_empty(), "answered without a header: {out:?}");
+    assert!(
+        closed && out.is_empty(),
+        "answered without a header: {out:?}"
+    );
 
     let (out, _) = raw_exchange(
         entry,
@@ -124,7 +127,8 @@ fn a_proxy_listener_refuses_a_bare_request_and_takes_v1_and_v2_local() {
     assert!(out.contains("\"client\":\"203.0.113.9:4000\""), "{out}");
 
     let mut local = b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00".to_vec();
-    local.extend_from_slice(b"GET /_peerlb/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    local
+        .extend_from_slice(b"GET /_peerlb/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     let (out, _) = raw_exchange(entry, &local);
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }
@@ -151,7 +155,10 @@ fn self_signed(dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
         rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
             .unwrap();
     let cert = params.self_signed(&key).unwrap();
-    let (c, k) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key")));
+    let (c, k) = (
+        dir.join(format!("{stem}.pem")),
+        dir.join(format!("{stem}.key")),
+    );
     // Written beside and renamed, as a certificate manager replaces files:
     // a reader never sees half a file.
     for (path, text) in [(&c, cert.pem()), (&k, key.serialize_pem())] {
@@ -178,7 +185,15 @@ fn curl_https(
     extra: &[&str],
 ) -> Result<(u16, String, String), (i32, String)> {
     let out = Command::new(curl())
-        .args(["-sS", "--http1.1", "--max-time", "10", "-D", "-", "--resolve"])
+        .args([
+            "-sS",
+            "--http1.1",
+            "--max-time",
+            "10",
+            "-D",
+            "-",
+            "--resolve",
+        ])
         .arg(format!("{name}:{}:127.0.0.1", addr.port()))
         .arg("--cacert")
         .arg(ca)
@@ -237,8 +252,14 @@ fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
     assert_eq!(e.0, 60, "curl: {}", e.1);
     let e = curl_https("localhost", entry, "/", &a, &[]).unwrap_err();
     assert_eq!(e.0, 60, "curl: {}", e.1);
-    let (status, _, body) =
-        curl_https("a.example", entry, &format!("/?user={user}"), &a, &["--tlsv1.2", "--tls-max", "1.2"]).unwrap();
+    let (status, _, body) = curl_https(
+        "a.example",
+        entry,
+        &format!("/?user={user}"),
+        &a,
+        &["--tlsv1.2", "--tls-max", "1.2"],
+    )
+    .unwrap();
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["sni"], "a.example", "{v}");
@@ -272,9 +293,9 @@ async fn echo_app() -> SocketAddr {
                         "forwarded": lines("forwarded"),
                         "x-forwarded-for": lines("x-forwarded-for"),
                     });
-                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                        Bytes::from(v.to_string()),
-                    )))
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                        v.to_string(),
+                    ))))
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(s), svc)
@@ -293,9 +314,8 @@ async fn the_app_sees_x_forwarded_proto_https_on_a_forwarded_request() {
     let app = echo_app().await;
     let certs = temp_dir("https-xfp-certs");
     let (site, site_key) = self_signed(&certs, "site", &["localhost"]);
-    let head = format!(
-        "app = \"http://{app}\"\n[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\n"
-    );
+    let head =
+        format!("app = \"http://{app}\"\n[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\n");
     let c = Cluster::start("https-xfp", 2, &head, USER_RULES);
     let entry = c.nodes[0].http;
     let r = ring(&["n1", "n2"], peerlb::config::RingSection::default().vnodes);
@@ -317,7 +337,10 @@ async fn the_app_sees_x_forwarded_proto_https_on_a_forwarded_request() {
         .await
         .unwrap();
         assert_eq!(status, 200, "{head}");
-        assert!(head.contains(&format!("peerlb-served-by: {owner}")), "{head}");
+        assert!(
+            head.contains(&format!("peerlb-served-by: {owner}")),
+            "{head}"
+        );
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["x-forwarded-proto"], serde_json::json!(["https"]), "{v}");
         assert_eq!(
@@ -351,9 +374,8 @@ fn a_replaced_certificate_is_served_without_a_restart() {
         p
     };
     let first_ca = trust("first");
-    let head = format!(
-        "[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\nreload_interval_ms = 200\n"
-    );
+    let head =
+        format!("[listener.tls]\ncert = {site:?}\nkey = {site_key:?}\nreload_interval_ms = 200\n");
     let c = Cluster::start("https-reload", 1, &head, "");
     let entry = c.nodes[0].http;
     assert!(served_cert_matches("localhost", entry, &first_ca));

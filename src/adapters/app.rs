@@ -437,7 +437,11 @@ async fn upstream(
     strip_hop_by_hop(&mut parts.headers);
     // One combined line, the client's own address last.
     super::client_input::append_forwarded_for(&mut parts.headers, ctx.client.ip());
-    super::client_input::set_forwarded_proto(&mut parts.headers, ctx.client.ip(), ctx.tls.is_some());
+    super::client_input::set_forwarded_proto(
+        &mut parts.headers,
+        ctx.client.ip(),
+        ctx.tls.is_some(),
+    );
     let resp = pool
         .send(Request::from_parts(parts, body))
         .await

@@ -91,7 +91,11 @@ impl Ingress {
 
     /// Handles one client request end to end; never fails (errors become
     /// statuses).
-    pub(crate) async fn handle(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Response<Body> {
+    pub(crate) async fn handle(
+        &self,
+        req: Request<Incoming>,
+        conn: Arc<ConnInfo>,
+    ) -> Response<Body> {
         let mut resp = match limits::check(&req, self.settings.max_request_target)
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX))
         {

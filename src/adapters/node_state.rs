@@ -272,10 +272,7 @@ impl NodeState {
 
     /// Records the certificates of this node's HTTPS listeners (once; a
     /// second call changes nothing).
-    pub(crate) fn set_entry_certs(
-        &self,
-        certs: Vec<Arc<crate::adapters::tls::entry::EntryCerts>>,
-    ) {
+    pub(crate) fn set_entry_certs(&self, certs: Vec<Arc<crate::adapters::tls::entry::EntryCerts>>) {
         let _ = self.entry_certs.set(certs);
     }
 

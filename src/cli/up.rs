@@ -241,12 +241,17 @@ fn print_hints(front: &str, first: &NodeAddrs) {
 /// What to try once the cluster serves HTTPS (`up --https`).
 fn print_https_hints(front: &str, cert: &Path) {
     let port = front.rsplit_once(':').map_or(front, |(_, p)| p);
-    println!("\ntry (HTTPS, the certificate {} trusted once):", cert.display());
+    println!(
+        "\ntry (HTTPS, the certificate {} trusted once):",
+        cert.display()
+    );
     println!(
         "  curl -si --cacert {} 'https://localhost:{port}/hello?user=alice'",
         cert.display()
     );
-    println!("  curl -sik 'https://localhost:{port}/hello?user=bob'   # -k: without checking the certificate");
+    println!(
+        "  curl -sik 'https://localhost:{port}/hello?user=bob'   # -k: without checking the certificate"
+    );
     println!("press Ctrl-C to stop every node\n");
 }
 

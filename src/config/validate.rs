@@ -10,8 +10,9 @@ use std::time::Duration;
 use super::settings::MAX_UNIX_PATH;
 use super::{
     AppAddr, AppKind, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
-    LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
-    RoutingSettings, RulesSource, Source, StickySection, TlsPaths, UpstreamApp,
+    LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT,
+    MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
+    Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
@@ -110,7 +111,10 @@ impl ClusterFile {
                 ));
             }
         }
-        for (name, l) in [("listener", Some(&self.listener)), ("shared_listener", self.shared_listener.as_ref())] {
+        for (name, l) in [
+            ("listener", Some(&self.listener)),
+            ("shared_listener", self.shared_listener.as_ref()),
+        ] {
             let Some(l) = l else { continue };
             if !(1..=MAX_DURATION_MS).contains(&l.proxy_protocol_timeout_ms) {
                 return Err(inv(
@@ -125,7 +129,10 @@ impl ClusterFile {
                 if t.reload_interval_ms > MAX_DURATION_MS {
                     return Err(inv(
                         &format!("{name}.tls.reload_interval_ms"),
-                        format!("{} is out of range 0..={MAX_DURATION_MS}", t.reload_interval_ms),
+                        format!(
+                            "{} is out of range 0..={MAX_DURATION_MS}",
+                            t.reload_interval_ms
+                        ),
                     ));
                 }
                 let pairs = std::iter::once((format!("{name}.tls"), &t.cert, &t.key)).chain(
@@ -402,47 +409,48 @@ impl ClusterFile {
         };
         let ms = Duration::from_millis;
         let rules_source = self.rules_source(src)?;
-        let listener_settings = |name: &str, l: &ListenerSection| -> Result<ListenerSettings, ConfigError> {
-            let tls = match (&l.tls, &ov.tls_cert) {
-                (None, None) => None,
-                (t, over) => {
-                    let mut certs = Vec::new();
-                    match (over, t) {
-                        (Some((cert, key)), _) => certs.push(CertFiles {
-                            cert: src.base_dir.join(cert),
-                            key: src.base_dir.join(key),
-                            field: "--tls-cert".into(),
-                        }),
-                        (None, Some(t)) => certs.push(CertFiles {
-                            cert: src.base_dir.join(&t.cert),
-                            key: src.base_dir.join(&t.key),
-                            field: format!("{name}.tls"),
-                        }),
-                        (None, None) => {}
-                    }
-                    if let Some(t) = t {
-                        for (i, p) in t.sni.iter().enumerate() {
-                            certs.push(CertFiles {
-                                cert: src.base_dir.join(&p.cert),
-                                key: src.base_dir.join(&p.key),
-                                field: format!("{name}.tls.sni[{i}]"),
-                            });
+        let listener_settings =
+            |name: &str, l: &ListenerSection| -> Result<ListenerSettings, ConfigError> {
+                let tls = match (&l.tls, &ov.tls_cert) {
+                    (None, None) => None,
+                    (t, over) => {
+                        let mut certs = Vec::new();
+                        match (over, t) {
+                            (Some((cert, key)), _) => certs.push(CertFiles {
+                                cert: src.base_dir.join(cert),
+                                key: src.base_dir.join(key),
+                                field: "--tls-cert".into(),
+                            }),
+                            (None, Some(t)) => certs.push(CertFiles {
+                                cert: src.base_dir.join(&t.cert),
+                                key: src.base_dir.join(&t.key),
+                                field: format!("{name}.tls"),
+                            }),
+                            (None, None) => {}
                         }
+                        if let Some(t) = t {
+                            for (i, p) in t.sni.iter().enumerate() {
+                                certs.push(CertFiles {
+                                    cert: src.base_dir.join(&p.cert),
+                                    key: src.base_dir.join(&p.key),
+                                    field: format!("{name}.tls.sni[{i}]"),
+                                });
+                            }
+                        }
+                        if certs.is_empty() {
+                            return Err(inv("--tls-cert", "no certificate".into()));
+                        }
+                        Some(ListenerTls {
+                            certs,
+                            reload_interval: ms(t.as_ref().map_or(5_000, |t| t.reload_interval_ms)),
+                        })
                     }
-                    if certs.is_empty() {
-                        return Err(inv("--tls-cert", "no certificate".into()));
-                    }
-                    Some(ListenerTls {
-                        certs,
-                        reload_interval: ms(t.as_ref().map_or(5_000, |t| t.reload_interval_ms)),
-                    })
-                }
+                };
+                Ok(ListenerSettings {
+                    proxy_protocol: l.proxy_protocol.then(|| ms(l.proxy_protocol_timeout_ms)),
+                    tls,
+                })
             };
-            Ok(ListenerSettings {
-                proxy_protocol: l.proxy_protocol.then(|| ms(l.proxy_protocol_timeout_ms)),
-                tls,
-            })
-        };
         let listener = listener_settings("listener", &self.listener)?;
         let shared_listener = match &self.shared_listener {
             Some(l) => listener_settings("shared_listener", l)?,

@@ -522,9 +522,7 @@ fn compile_rule(i: usize, spec: &RuleSpec, budget: &mut RegexBudget) -> Result<R
         sni: c
             .sni
             .as_deref()
-            .map(|v| {
-                nonempty(".when.sni", v.trim_end_matches('.')).map(|v| v.to_ascii_lowercase())
-            })
+            .map(|v| nonempty(".when.sni", v.trim_end_matches('.')).map(|v| v.to_ascii_lowercase()))
             .transpose()?,
     };
 

@@ -111,9 +111,7 @@ pub(crate) async fn open(
     let (_, session) = tls.get_ref();
     let facts = TlsFacts {
         sni: session.server_name().map(str::to_owned),
-        version: session
-            .protocol_version()
-            .map_or(0, |v| u16::from(v)),
+        version: session.protocol_version().map_or(0, u16::from),
         alpn: session.alpn_protocol().map(<[u8]>::to_vec),
     };
     Ok((
@@ -225,7 +223,10 @@ mod tests {
         );
         let mut rest = String::new();
         io.read_to_string(&mut rest).await.unwrap();
-        assert!(rest.starts_with("PROXY TCP4"), "the header is left to HTTP: {rest}");
+        assert!(
+            rest.starts_with("PROXY TCP4"),
+            "the header is left to HTTP: {rest}"
+        );
     }
 
     #[tokio::test]

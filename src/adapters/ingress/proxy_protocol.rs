@@ -366,11 +366,26 @@ mod tests {
         let mut bad_version = v2(1, 0x11, &body4);
         bad_version[12] = 0x11;
         assert!(matches!(parse(&bad_version), Err(ProxyError::V2(_))));
-        assert!(matches!(parse(&v2(2, 0x11, &body4)), Err(ProxyError::V2(_))));
-        assert!(matches!(parse(&v2(1, 0x11, &[0; 11])), Err(ProxyError::V2(_))));
-        assert!(matches!(parse(&v2(1, 0x21, &[0; 35])), Err(ProxyError::V2(_))));
-        assert!(matches!(parse(&v2(1, 0x41, &body4)), Err(ProxyError::V2(_))));
-        assert!(matches!(parse(&v2(1, 0x13, &body4)), Err(ProxyError::V2(_))));
+        assert!(matches!(
+            parse(&v2(2, 0x11, &body4)),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x11, &[0; 11])),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x21, &[0; 35])),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x41, &body4)),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x13, &body4)),
+            Err(ProxyError::V2(_))
+        ));
     }
 
     #[tokio::test]
@@ -393,11 +408,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn read_header_times_out_and_sees_an_early_close() {
         let (_a, mut b) = tokio::io::duplex(64);
-        let e = read_header(&mut b, Duration::from_secs(3)).await.unwrap_err();
+        let e = read_header(&mut b, Duration::from_secs(3))
+            .await
+            .unwrap_err();
         assert_eq!(e, ProxyError::Timeout(Duration::from_secs(3)));
         let (a, mut b) = tokio::io::duplex(64);
         drop(a);
-        let e = read_header(&mut b, Duration::from_secs(3)).await.unwrap_err();
+        let e = read_header(&mut b, Duration::from_secs(3))
+            .await
+            .unwrap_err();
         assert_eq!(e, ProxyError::Closed);
     }
 }

@@ -65,7 +65,9 @@ struct CertSet {
 type Stamp = Option<(Option<std::time::SystemTime>, u64)>;
 
 fn stamp(p: &Path) -> Stamp {
-    std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()))
+    std::fs::metadata(p)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len()))
 }
 
 /// The certificates of one HTTPS listener: loaded from the files
@@ -181,8 +183,8 @@ fn load_pair(files: &CertFiles) -> Result<(CertifiedKey, Vec<String>), EntryTlsE
         field: format!("{}.key", files.field),
         message,
     };
-    let cert_text =
-        std::fs::read(&files.cert).map_err(|e| cert_err(format!("{}: {e}", files.cert.display())))?;
+    let cert_text = std::fs::read(&files.cert)
+        .map_err(|e| cert_err(format!("{}: {e}", files.cert.display())))?;
     let chain = CertificateDer::pem_slice_iter(&cert_text)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| cert_err(format!("{}: {e}", files.cert.display())))?;
@@ -274,7 +276,10 @@ mod tests {
             rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
         let cert = params.self_signed(&key).unwrap();
-        let (c, k) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key")));
+        let (c, k) = (
+            dir.join(format!("{stem}.pem")),
+            dir.join(format!("{stem}.key")),
+        );
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
         CertFiles {
@@ -376,7 +381,10 @@ mod tests {
         assert!(certs.changed());
         assert!(certs.reload().is_err());
         assert_eq!(leaf(&certs.pick(None)), before);
-        assert!(!certs.changed(), "a failed reload is not retried until the files change again");
+        assert!(
+            !certs.changed(),
+            "a failed reload is not retried until the files change again"
+        );
         write_cert(&d, "site", &["localhost"]);
         assert_eq!(certs.reload(), Ok(1));
         assert_ne!(leaf(&certs.pick(None)), before);
@@ -393,7 +401,10 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (a, b) = tokio::io::duplex(64 * 1024);
         let srv = tokio::spawn(async move {
-            let mut s = tokio_rustls::TlsAcceptor::from(server).accept(b).await.unwrap();
+            let mut s = tokio_rustls::TlsAcceptor::from(server)
+                .accept(b)
+                .await
+                .unwrap();
             // The client reads one byte: TLS 1.3 tickets come after the
             // handshake, with the first data.
             s.write_all(b"x").await.unwrap();

@@ -199,10 +199,12 @@ pub fn ensure_local_https(dir: &Path) -> Result<(PathBuf, PathBuf, bool), TlsErr
     dn.push(DnType::CommonName, "peerlb local https");
     params.distinguished_name = dn;
     set_validity(&mut params, LOCAL_HTTPS_YEARS);
-    let cert = params.self_signed(&key).map_err(|error| TlsError::Generate {
-        what: "the local https certificate".into(),
-        error,
-    })?;
+    let cert = params
+        .self_signed(&key)
+        .map_err(|error| TlsError::Generate {
+            what: "the local https certificate".into(),
+            error,
+        })?;
     write_new(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
     write_new(&cert_path, cert.pem().as_bytes(), 0o644)?;
     Ok((cert_path, key_path, true))

@@ -627,5 +627,8 @@ fn tls_and_sni_conditions_match_the_connection_facts() {
     assert_eq!(key(&r, &no_sni), None);
     let other = request("GET", "/?user=ann", &[]).tls(Some("www.example.com"));
     assert_eq!(key(&r, &other), None);
-    assert!(compile_err("[[rules]]\nwhen = { sni = \"\" }\nextract = [{ query = \"u\" }]").contains("when.sni"));
+    assert!(
+        compile_err("[[rules]]\nwhen = { sni = \"\" }\nextract = [{ query = \"u\" }]")
+            .contains("when.sni")
+    );
 }
