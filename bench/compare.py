@@ -19,6 +19,15 @@ balancer's peak RSS (/proc/PID/clear_refs 5), reads its CPU ticks from
 rotates every round) so drift on a shared machine spreads over all of them;
 the tables give medians over rounds, and the ratios are medians of the
 per-round ratios (each taken from measurements seconds apart).
+
+With --https, HAProxy, nginx and peerlb terminate TLS with one generated
+certificate (ECDSA P-256, TLS 1.3 negotiated by wrk's OpenSSL) and wrk
+speaks HTTPS to them (direct stays cleartext: the backend's limit). The
+points are then the base and moderate-load points on keep-alive
+connections (one handshake per connection: the cost of TLS records) and
+a new-connection point, where every request carries `Connection: close`
+so each costs a TCP connection and a TLS handshake (whether wrk resumes
+sessions is up to its OpenSSL client): handshakes per second.
 """
 
 import argparse
@@ -42,12 +51,16 @@ BEFORE = ["peerlb-3-before", "peerlb-1-before"]
 # A point is (response bytes, connections, think time in ms per connection).
 BASE = (200, 16, 0)  # saturation: the throughput ratios
 MODERATE = (200, 16, 5)  # fixed moderate load (<= 3,200 req/s): added p99, CPU per request
+# HTTPS only: a new connection (and TLS handshake) for every request.
+NEW_CONN = (200, 16, 0, "close")
 SIZES = [200, 16 * 1024, 1024 * 1024]
 CONNS = [1, 16, 128]
 
 
 def points(which):
     """The base point, the moderate-load point, then the size and concurrency sweeps."""
+    if which == "https":
+        return [BASE, MODERATE, NEW_CONN]
     if which == "base":
         return [BASE, MODERATE]
     if which == "sizes":
@@ -63,10 +76,12 @@ def points(which):
 
 
 def point_label(pt):
-    size, conns, think = pt
+    size, conns, think = pt[:3]
     s = f"{size_label(size)} responses, {conns} connection{'s' if conns > 1 else ''}"
     if think:
         s += f", {think} ms think time (moderate load)"
+    if len(pt) > 3:
+        s += ", a new connection per request"
     return s
 
 
@@ -181,7 +196,15 @@ def port_free(port):
 
 
 def get(url, timeout=2):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    # The --https contenders serve a generated self-signed certificate.
+    ctx = None
+    if url.startswith("https://"):
+        import ssl
+
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
         return r.status, r.read()
 
 
@@ -203,12 +226,17 @@ def wait_ok(url, what, procs, timeout=30):
 
 
 def wait_serving(http, n, procs, timeout=30):
+    """Waits until the node on client address `http` sees `n` serving
+    members: its status on the admin address (client port + 1000, the
+    default; the client port answers no admin path but the health check)."""
     import json
 
+    host, port = http.rsplit(":", 1)
+    admin = f"{host}:{int(port) + 1000}"
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            _, body = get(f"http://{http}/_peerlb/status")
+            _, body = get(f"http://{admin}/_peerlb/status")
             if len(json.loads(body).get("serving", [])) == n:
                 return
         except Exception:  # noqa: BLE001
@@ -217,8 +245,9 @@ def wait_serving(http, n, procs, timeout=30):
     sys.exit(f"peerlb node {http} does not see {n} serving members; logs in {procs.logdir}")
 
 
-def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
-    """Writes a cluster.toml, makes certificates, starts the nodes."""
+def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, tls=None):
+    """Writes a cluster.toml, makes certificates, starts the nodes; with
+    `tls` (cert, key) the client listeners serve HTTPS."""
     lines = [
         f'name = "{name}"',
         'policy = "consistent-hash"',
@@ -228,6 +257,8 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
         "[limits]",
         "drain_grace_ms = 100",
     ]
+    if tls:
+        lines += ["[listener.tls]", f'cert = "{tls[0]}"', f'key = "{tls[1]}"']
     specs = []
     for i in range(nodes):
         http, peer, gossip = base_port + i, base_port + 10 + i, base_port + 20 + i
@@ -264,9 +295,27 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen):
     return pids
 
 
+def https_cert(tmp):
+    """A self-signed ECDSA P-256 certificate for localhost and 127.0.0.1:
+    (cert, key, cert+key PEM for HAProxy's crt)."""
+    cert, key, both = (os.path.join(tmp, f) for f in ("bench.pem", "bench.key", "bench-haproxy.pem"))
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", key, "-out", cert],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    with open(both, "w") as f:
+        f.write(open(cert).read() + open(key).read())
+    return cert, key, both
+
+
 def start_all(args, tmp, procs):
     """Starts backends and contenders; returns {contender: (url, pids)} and backend pids."""
     b = args.port_base
+    tls = https_cert(tmp) if args.https else None
+    scheme = "https" if tls else "http"
     backends = [f"127.0.0.1:{b + 1 + i}" for i in range(3)]
     want = [b + 1, b + 2, b + 3, b + 10, b + 20] + [b + 30 + i for i in range(3)]
     want += [b + 40 + i for i in range(3)] + [b + 50 + i for i in range(3)]
@@ -293,37 +342,40 @@ def start_all(args, tmp, procs):
     with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
         cfg = f.read().format(
             dir=tmp,
-            listen=f"127.0.0.1:{hp}",
+            listen=f"127.0.0.1:{hp}" + (f" ssl crt {tls[2]} alpn http/1.1" if tls else ""),
             servers="\n".join(f"    server app{i + 1} {a}" for i, a in enumerate(backends)),
         )
     with open(os.path.join(tmp, "haproxy.cfg"), "w") as f:
         f.write(cfg)
     p = procs.start("haproxy", ["haproxy", "-db", "-f", os.path.join(tmp, "haproxy.cfg")])
-    wait_ok(f"http://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
-    out["haproxy"] = (f"http://127.0.0.1:{hp}", [p.pid])
+    wait_ok(f"{scheme}://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
+    out["haproxy"] = (f"{scheme}://127.0.0.1:{hp}", [p.pid])
 
     np_ = b + 20
     with open(os.path.join(HERE, "nginx.conf.in")) as f:
         cfg = f.read().format(
             dir=tmp,
             listen=f"127.0.0.1:{np_}",
+            listen_tls=" ssl" if tls else "",
+            tls=(f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]}; "
+                 "ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;") if tls else "",
             servers="\n".join(f"        server {a};" for a in backends),
         )
     with open(os.path.join(tmp, "nginx.conf"), "w") as f:
         f.write(cfg)
     p = procs.start("nginx", ["nginx", "-p", tmp, "-c", os.path.join(tmp, "nginx.conf"),
                               "-g", "daemon off;"])
-    wait_ok(f"http://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
-    out["nginx"] = (f"http://127.0.0.1:{np_}", [p.pid])
+    wait_ok(f"{scheme}://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
+    out["nginx"] = (f"{scheme}://127.0.0.1:{np_}", [p.pid])
 
     shared = f"127.0.0.1:{b + 60}"
-    pids = peerlb_cluster("p3", args.bin, tmp, procs, b + 30, 3, backends, shared)
-    wait_ok(f"http://{shared}/bytes/200?user=x", "peerlb-3", procs)
-    out["peerlb-3"] = (f"http://{shared}", pids)
+    pids = peerlb_cluster("p3", args.bin, tmp, procs, b + 30, 3, backends, shared, tls)
+    wait_ok(f"{scheme}://{shared}/bytes/200?user=x", "peerlb-3", procs)
+    out["peerlb-3"] = (f"{scheme}://{shared}", pids)
 
-    pids = peerlb_cluster("p1", args.bin, tmp, procs, b + 70, 1, backends, None)
-    out["peerlb-1"] = (f"http://127.0.0.1:{b + 70}", pids)
-    wait_ok(f"http://127.0.0.1:{b + 70}/bytes/200?user=x", "peerlb-1", procs)
+    pids = peerlb_cluster("p1", args.bin, tmp, procs, b + 70, 1, backends, None, tls)
+    out["peerlb-1"] = (f"{scheme}://127.0.0.1:{b + 70}", pids)
+    wait_ok(f"{scheme}://127.0.0.1:{b + 70}/bytes/200?user=x", "peerlb-1", procs)
 
     if args.before:
         shared = f"127.0.0.1:{b + 130}"
@@ -339,8 +391,9 @@ def start_all(args, tmp, procs):
 # ------------------------------------------------------------------ wrk ----
 
 
-def wrk(url, size, conns, think, duration):
-    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}", BENCH_DELAY_MS=str(think))
+def wrk(url, size, conns, think, duration, close=False):
+    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}", BENCH_DELAY_MS=str(think),
+               BENCH_CLOSE="1" if close else "0")
     r = subprocess.run(
         ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
          "-s", os.path.join(HERE, "keys.lua"), url + "/"],
@@ -353,11 +406,11 @@ def wrk(url, size, conns, think, duration):
 
 
 def measure(url, pids, app_pids, pt, duration):
-    size, conns, think = pt
+    size, conns, think = pt[:3]
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
     c0, a0 = cpu_ticks(bal), cpu_ticks(app_pids)
-    w = wrk(url, size, conns, think, duration)
+    w = wrk(url, size, conns, think, duration, close=len(pt) > 3)
     c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
     n = max(1, w["requests"])
     secs = w["duration_us"] / 1e6
@@ -427,9 +480,13 @@ def main():
                     help="2 s runs, base and moderate-load points only (about 1 minute)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5, help="seconds per measurement")
-    ap.add_argument("--points", choices=["all", "base", "sizes"], default="all",
+    ap.add_argument("--points", choices=["all", "base", "sizes", "https"], default="all",
                     help="all: base, moderate load, size and concurrency sweeps; base: the first two; "
-                         "sizes: the size sweep only")
+                         "sizes: the size sweep only; https: base, moderate load and a new "
+                         "connection per request (the default with --https)")
+    ap.add_argument("--https", action="store_true",
+                    help="HAProxy, nginx and peerlb terminate TLS with one generated certificate "
+                         "and wrk speaks HTTPS to them (direct stays cleartext)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "peerlb"))
     ap.add_argument("--before", metavar="BIN",
@@ -442,6 +499,8 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.duration, args.points = 2, "base"
+    if args.https and args.points == "all":
+        args.points = "https"
     contenders = [c for c in args.contenders.split(",") if c]
     if args.before:
         contenders += [c for c in BEFORE if c not in contenders]
@@ -450,7 +509,7 @@ def main():
             sys.exit(f"unknown contender {c}; known: {CONTENDERS}")
         if c in BEFORE and not args.before:
             sys.exit(f"{c} needs --before BIN")
-    for tool in ["wrk", "haproxy", "nginx"]:
+    for tool in ["wrk", "haproxy", "nginx"] + (["openssl"] if args.https else []):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: apt-get install -y haproxy nginx wrk")
     if not os.access(args.bin, os.X_OK):
@@ -475,7 +534,8 @@ def run(args, contenders, tmp, procs):
     print(f"machine: {os.cpu_count()} cores, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     print(f"binary: {args.bin}")
     print(f"{args.rounds} rounds x {len(pts)} points x {len(contenders)} contenders, "
-          f"{args.duration} s each, wrk -t1, keys over 10000 users")
+          f"{args.duration} s each, wrk -t1, keys over 10000 users"
+          + (", HTTPS at the balancers" if args.https else ""))
     targets, app_pids = start_all(args, tmp, procs)
     if args.hold:
         for c, (url, pids) in targets.items():
@@ -498,7 +558,7 @@ def run(args, contenders, tmp, procs):
                 url, pids = targets[c]
                 m = measure(url, pids, app_pids, pt, args.duration)
                 results.setdefault((pt, c), []).append(m)
-                think = f"+{pt[2]}ms" if pt[2] else ""
+                think = f"+{pt[2]}ms" if pt[2] else ("new" if len(pt) > 3 else "")
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "
                       f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
                       f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "
@@ -534,6 +594,12 @@ def run(args, contenders, tmp, procs):
         if "haproxy" in contenders and m in pts:
             ratios.append(f"ratio {p}/haproxy CPU per request = {per_round_ratio(results, m, p, 'haproxy', 'cpu'):.2f}  "
                           f"(lower is better; {at_m})")
+        if "haproxy" in contenders and NEW_CONN in pts:
+            ratios.append(f"ratio {p}/haproxy new connections/s = "
+                          f"{per_round_ratio(results, NEW_CONN, p, 'haproxy', 'rps'):.2f}  ({point_label(NEW_CONN)})")
+            ratios.append(f"ratio {p}/haproxy CPU per new connection = "
+                          f"{per_round_ratio(results, NEW_CONN, p, 'haproxy', 'cpu'):.2f}  "
+                          f"(lower is better; {point_label(NEW_CONN)})")
         q = p + "-before"
         if q in contenders:
             ratios.append(f"ratio {p}/{q} req/s = {per_round_ratio(results, b, p, q, 'rps'):.2f}  ({at_b})")

@@ -2,6 +2,7 @@
 # One command for the side-by-side benchmark (docs/performance.md):
 #   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps (~9 min on 2 cores)
 #   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~1 min)
+#   bench/compare.sh --https    # TLS at every balancer (one certificate): keep-alive points and a new connection per request
 #   bench/compare.sh --help     # every option (rounds, duration, contenders, binary, markdown output)
 # Needs Debian's haproxy, nginx and wrk: apt-get install -y haproxy nginx wrk
 # Not part of CI (.ci/run does not run it).
