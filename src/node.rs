@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hyper_util::server::graceful::GracefulShutdown;
@@ -249,7 +250,17 @@ impl Node {
             }
             if let Some((_, certs)) = &setup.tls {
                 entry_certs.push(certs.clone());
-                cert_watches.push(tokio::spawn(tls::entry::watch_files(certs.clone())));
+                let st = state.clone();
+                cert_watches.push(tokio::spawn(tls::entry::watch_files(
+                    certs.clone(),
+                    move |r| {
+                        let c = &st.counters;
+                        match r {
+                            Ok(_) => c.tls_reloads.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => c.tls_reload_failures.fetch_add(1, Ordering::Relaxed),
+                        };
+                    },
+                )));
             }
             listeners.push(tokio::spawn(ingress::serve(
                 l,

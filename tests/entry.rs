@@ -147,6 +147,14 @@ fn a_forged_proxy_header_on_a_plain_listener_is_a_bad_request() {
     assert!(!out.contains("203.0.113.9"), "{out}");
 }
 
+/// Counter `name` of the node whose client address is `addr` (its status
+/// on the admin address), 0 when unreadable.
+fn counter_of(addr: SocketAddr, name: &str) -> u64 {
+    status(addr)
+        .and_then(|s| s["counters"][name].as_u64())
+        .unwrap_or(0)
+}
+
 /// Writes a self-signed certificate for `names` and its key as
 /// `<stem>.pem` / `<stem>.key` in `dir`: (cert, key).
 fn self_signed(dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
@@ -266,8 +274,13 @@ fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
     assert_eq!(v["tls_version"], "TLSv1.2", "{v}");
     assert_eq!(v["key"], format!("a:{user}"), "the sni rule: {v}");
     // Cleartext on an HTTPS listener is not served as HTTP.
+    let failed = counter_of(entry, "tls_handshake_failed");
     let (out, _) = raw_exchange(entry, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(!out.starts_with("HTTP/1.1 200"), "{out}");
+    poll(Duration::from_secs(5), || {
+        counter_of(entry, "tls_handshake_failed") > failed
+    })
+    .expect("the failed handshake is counted");
     std::fs::remove_dir_all(certs).ok();
 }
 
@@ -411,6 +424,9 @@ fn a_replaced_certificate_is_served_without_a_restart() {
     assert!(out.contains("{\"certificates\":1}"), "{out}");
     assert!(served_cert_matches("localhost", entry, &third_ca));
     assert!(c.log("n1").contains("cannot"), "the bad file is logged");
+    // The poll's reload and the endpoint's second one, the refused one.
+    assert!(counter_of(entry, "tls_reloads") >= 2);
+    assert!(counter_of(entry, "tls_reload_failures") >= 1);
     std::fs::remove_dir_all(certs).ok();
 }
 

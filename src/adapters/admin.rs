@@ -6,7 +6,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`; `proxy_header_refused` and `tls_handshake_failed`: client connections closed before HTTP for want of a valid PROXY header or a TLS handshake; `tls_reloads` and `tls_reload_failures`: certificate reloads of the HTTPS listeners), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
 //! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
@@ -201,6 +201,10 @@ fn status_json(state: &NodeState) -> String {
             "proxied_disagree": c.proxied_disagree.load(Ordering::Relaxed),
             "errors": c.errors.load(Ordering::Relaxed),
             "connections_refused": c.connections_refused.load(Ordering::Relaxed),
+            "proxy_header_refused": c.proxy_header_refused.load(Ordering::Relaxed),
+            "tls_handshake_failed": c.tls_handshake_failed.load(Ordering::Relaxed),
+            "tls_reloads": c.tls_reloads.load(Ordering::Relaxed),
+            "tls_reload_failures": c.tls_reload_failures.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "gossip": super::gossip::admin::status(state.gossip_keys()),

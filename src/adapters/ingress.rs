@@ -56,6 +56,11 @@ pub(crate) struct Ingress {
     settings: IngressSettings,
     /// This node's id as a header value (`peerlb-entry`), made once.
     id_header: Option<HeaderValue>,
+    /// When this ingress was made: the clock of `proxy_warned`.
+    epoch: tokio::time::Instant,
+    /// Seconds after `epoch` of the last warning about a missing PROXY
+    /// header (0: none yet).
+    proxy_warned: std::sync::atomic::AtomicU64,
 }
 
 impl Ingress {
@@ -86,6 +91,8 @@ impl Ingress {
             ),
             state,
             settings,
+            epoch: tokio::time::Instant::now(),
+            proxy_warned: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -168,5 +175,30 @@ impl server::Handler for Ingress {
             .counters
             .connections_refused
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed_before_http(&self, error: &conn::OpenError) {
+        let c = &self.state.counters;
+        match error {
+            conn::OpenError::Proxy(e) => {
+                c.proxy_header_refused.fetch_add(1, Ordering::Relaxed);
+                // A sprayer that does not send the header is a setup
+                // mistake worth seeing at info; once in 10 s, not per
+                // connection.
+                let now = self.epoch.elapsed().as_secs();
+                let last = self.proxy_warned.load(Ordering::Relaxed);
+                if (last == 0 || now >= last + 10)
+                    && self
+                        .proxy_warned
+                        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(target: super::REQUEST_PATH, error = %e, "closed a client connection without a valid PROXY header (listener proxy_protocol = true): is the sprayer sending it?");
+                }
+            }
+            conn::OpenError::Handshake(_) | conn::OpenError::HandshakeTimeout(_) => {
+                c.tls_handshake_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }

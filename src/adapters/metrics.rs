@@ -29,6 +29,8 @@
 //! | `peerlb_member_load{node}` | gauge | each member's published load figure (the policy's metric) |
 //! | `peerlb_member_inflight{node}` | gauge | each member's published requests in flight |
 //! | `peerlb_rules_reloads_total{result}` | counter | rules reloads: `ok`, `error` (the old rules stay) |
+//! | `peerlb_connections_closed_before_http_total{reason}` | counter | client connections closed before HTTP: `proxy_header` (no valid PROXY header), `tls_handshake` (failed or timed out) |
+//! | `peerlb_tls_reloads_total{result}` | counter | certificate reloads of the HTTPS listeners: `ok`, `error` (the old certificates stay) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -172,6 +174,10 @@ struct Snapshot {
     members: [(NodeStatus, u64); 3],
     dropped: [(&'static str, u64); 3],
     reloads: [(&'static str, u64); 2],
+    /// Client connections closed before HTTP, by reason.
+    before_http: [(&'static str, u64); 2],
+    /// Certificate reloads of the HTTPS listeners, by result.
+    tls_reloads: [(&'static str, u64); 2],
     /// (node id, load, inflight) of every member.
     per_member: Vec<(String, f64, f64)>,
 }
@@ -267,6 +273,14 @@ impl Snapshot {
                 ("ok", get(&state.metrics.rules_reloads)),
                 ("error", get(&state.metrics.rules_reload_failures)),
             ],
+            before_http: [
+                ("proxy_header", get(&c.proxy_header_refused)),
+                ("tls_handshake", get(&c.tls_handshake_failed)),
+            ],
+            tls_reloads: [
+                ("ok", get(&c.tls_reloads)),
+                ("error", get(&c.tls_reload_failures)),
+            ],
             per_member: view
                 .members()
                 .map(|m| (m.id.to_string(), f64::from(m.load), f64::from(m.inflight)))
@@ -318,6 +332,28 @@ impl Collector for Snapshot {
                 counter_type,
             )?;
             for (result, n) in &self.reloads {
+                ConstCounter::new(*n).encode(family.encode_family(&[("result", *result)])?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "connections_closed_before_http",
+                "Client connections closed before HTTP, by reason",
+                None,
+                counter_type,
+            )?;
+            for (reason, n) in &self.before_http {
+                ConstCounter::new(*n).encode(family.encode_family(&[("reason", *reason)])?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "tls_reloads",
+                "Certificate reloads of the HTTPS listeners, by result (error: the old certificates stayed)",
+                None,
+                counter_type,
+            )?;
+            for (result, n) in &self.tls_reloads {
                 ConstCounter::new(*n).encode(family.encode_family(&[("result", *result)])?)?;
             }
         }

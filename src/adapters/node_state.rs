@@ -47,6 +47,17 @@ pub(crate) struct Counters {
     pub connections_refused: AtomicU64,
     /// Client connections open now (a gauge, not monotonic).
     pub client_connections: AtomicU64,
+    /// Client connections closed before HTTP on a listener that expects
+    /// the PROXY protocol: no valid header in time.
+    pub proxy_header_refused: AtomicU64,
+    /// Client connections closed before HTTP on an HTTPS listener: the
+    /// TLS handshake failed or timed out.
+    pub tls_handshake_failed: AtomicU64,
+    /// Certificate reloads of the HTTPS listeners that put new
+    /// certificates in force (file change or `POST /_peerlb/tls/reload`).
+    pub tls_reloads: AtomicU64,
+    /// Certificate reloads refused (bad files: the old certificates stay).
+    pub tls_reload_failures: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.
@@ -288,8 +299,14 @@ impl NodeState {
         let mut first_err = None;
         for c in self.entry_certs.get().into_iter().flatten() {
             match c.reload() {
-                Ok(n) => loaded += n,
+                Ok(n) => {
+                    loaded += n;
+                    self.counters.tls_reloads.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e) => {
+                    self.counters
+                        .tls_reload_failures
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "listener certificates cannot be reloaded: the certificates in force stay");
                     first_err.get_or_insert(e);
                 }

@@ -18,7 +18,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::conn::{self, ClientIo, ConnInfo, ListenerSetup};
+use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
@@ -49,6 +49,11 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn connections(&self) -> &AtomicU64;
     /// Counts a connection closed at accept because of the cap.
     fn connection_refused(&self);
+    /// Counts a connection closed before HTTP: its PROXY header or TLS
+    /// handshake failed (`conn::open`). Nothing by default.
+    fn closed_before_http(&self, error: &OpenError) {
+        let _ = error;
+    }
 }
 
 /// Holds one place under the connection cap; gives it back when dropped.
@@ -126,6 +131,7 @@ pub(crate) async fn serve<H: Handler>(
                     Ok(x) => x,
                     Err(e) => {
                         debug!(target: REQUEST_PATH, error = %e, "client connection closed before http");
+                        ing.closed_before_http(&e);
                         return;
                     }
                 };

@@ -243,9 +243,12 @@ pub fn server_config(certs: Arc<EntryCerts>) -> Result<Arc<ServerConfig>, rustls
 }
 
 /// Checks `certs`' files every [`EntryCerts::reload_interval`] and reloads
-/// them when one changed; runs until the task is aborted (returns at once
-/// for a zero interval).
-pub async fn watch_files(certs: Arc<EntryCerts>) {
+/// them when one changed, telling `report` each reload's result; runs
+/// until the task is aborted (returns at once for a zero interval).
+pub async fn watch_files(
+    certs: Arc<EntryCerts>,
+    report: impl Fn(&Result<usize, EntryTlsError>) + Send,
+) {
     let every = certs.reload_interval();
     if every.is_zero() {
         return;
@@ -257,7 +260,9 @@ pub async fn watch_files(certs: Arc<EntryCerts>) {
         if !certs.changed() {
             continue;
         }
-        match certs.reload() {
+        let result = certs.reload();
+        report(&result);
+        match result {
             Ok(n) => info!(certificates = n, "listener certificates changed: reloaded"),
             Err(e) => {
                 warn!(error = %e, "listener certificate files changed but cannot be used: the certificates in force stay")
