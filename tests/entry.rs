@@ -556,3 +556,29 @@ fn up_https_serves_the_local_cluster_with_a_generated_certificate() {
         assert_eq!(v["proto"], "https", "{v}");
     }
 }
+
+// A connection still waiting for its PROXY header when the node drains
+// has no request to finish: the node exits after its drain grace, not
+// after the header timeout (60 s here) or the drain timeout (30 s).
+#[test]
+fn a_connection_without_its_proxy_header_does_not_hold_up_a_drain() {
+    let mut c = Cluster::start(
+        "pp-drain",
+        1,
+        "[listener]\nproxy_protocol = true\nproxy_protocol_timeout_ms = 60000\n[limits]\ndrain_grace_ms = 200\n",
+        "",
+    );
+    let entry = c.nodes[0].http;
+    let _silent = std::net::TcpStream::connect(entry).unwrap();
+    poll(Duration::from_secs(5), || {
+        status(entry).is_some_and(|s| s["client_connections"].as_u64() == Some(1))
+    })
+    .expect("the silent connection is open");
+    let started = std::time::Instant::now();
+    let mut child = c.sigterm("n1");
+    let exited = poll(Duration::from_secs(15), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    let _ = child.kill();
+    exited.unwrap_or_else(|()| panic!("still running {:?} after SIGTERM", started.elapsed()));
+}

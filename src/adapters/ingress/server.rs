@@ -123,11 +123,20 @@ pub(crate) async fn serve<H: Handler>(
             continue;
         };
         let (ing, setup, watcher) = (ingress.clone(), setup.clone(), graceful.watcher());
+        let mut stop = shutdown.clone();
         let span = info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                let (io, info) = match conn::open(stream, client, &setup).await {
+                // A connection still in its PROXY header or TLS handshake
+                // when the listener closes has no request to finish: it
+                // is dropped rather than holding up the drain.
+                let opened = tokio::select! {
+                    biased;
+                    r = conn::open(stream, client, &setup) => r,
+                    _ = stop.wait_for(|stopped| *stopped) => return,
+                };
+                let (io, info) = match opened {
                     Ok(x) => x,
                     Err(e) => {
                         debug!(target: REQUEST_PATH, error = %e, "client connection closed before http");
