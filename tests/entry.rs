@@ -121,7 +121,10 @@ async fn a_proxy_listener_refuses_a_bare_request_and_takes_v1_and_v2_local() {
     );
     let entry = c.nodes[0].http;
     let (out, closed) = raw_exchange(entry, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-    assert!(closed && out.is_empty(), "answered without a header: {out:?}");
+    assert!(
+        closed && out.is_empty(),
+        "answered without a header: {out:?}"
+    );
     poll(Duration::from_secs(5), || {
         counter_of(entry, "proxy_header_refused") >= 1
     })
@@ -134,7 +137,11 @@ async fn a_proxy_listener_refuses_a_bare_request_and_takes_v1_and_v2_local() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(v["x-forwarded-for"], serde_json::json!(["203.0.113.9"]), "{v}");
+    assert_eq!(
+        v["x-forwarded-for"],
+        serde_json::json!(["203.0.113.9"]),
+        "{v}"
+    );
     assert_eq!(
         v["forwarded"],
         serde_json::json!(["for=203.0.113.9;proto=http"]),
@@ -142,7 +149,8 @@ async fn a_proxy_listener_refuses_a_bare_request_and_takes_v1_and_v2_local() {
     );
 
     let mut local = b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00".to_vec();
-    local.extend_from_slice(b"GET /_peerlb/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    local
+        .extend_from_slice(b"GET /_peerlb/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     let (out, _) = raw_exchange(entry, &local);
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }
