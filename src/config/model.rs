@@ -267,8 +267,11 @@ pub struct ListenerTlsSection {
     pub reload_interval_ms: u64,
 }
 
+/// Default `reload_interval_ms` of `[listener.tls]`.
+pub(crate) const DEFAULT_TLS_RELOAD_MS: u64 = 5_000;
+
 fn default_tls_reload_ms() -> u64 {
-    5_000
+    DEFAULT_TLS_RELOAD_MS
 }
 
 /// One certificate and its key (`[[listener.tls.sni]]`).

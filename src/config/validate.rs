@@ -409,51 +409,10 @@ impl ClusterFile {
         };
         let ms = Duration::from_millis;
         let rules_source = self.rules_source(src)?;
-        let listener_settings =
-            |name: &str, l: &ListenerSection| -> Result<ListenerSettings, ConfigError> {
-                let tls = match (&l.tls, &ov.tls_cert) {
-                    (None, None) => None,
-                    (t, over) => {
-                        let mut certs = Vec::new();
-                        match (over, t) {
-                            (Some((cert, key)), _) => certs.push(CertFiles {
-                                cert: src.base_dir.join(cert),
-                                key: src.base_dir.join(key),
-                                field: "--tls-cert".into(),
-                            }),
-                            (None, Some(t)) => certs.push(CertFiles {
-                                cert: src.base_dir.join(&t.cert),
-                                key: src.base_dir.join(&t.key),
-                                field: format!("{name}.tls"),
-                            }),
-                            (None, None) => {}
-                        }
-                        if let Some(t) = t {
-                            for (i, p) in t.sni.iter().enumerate() {
-                                certs.push(CertFiles {
-                                    cert: src.base_dir.join(&p.cert),
-                                    key: src.base_dir.join(&p.key),
-                                    field: format!("{name}.tls.sni[{i}]"),
-                                });
-                            }
-                        }
-                        if certs.is_empty() {
-                            return Err(inv("--tls-cert", "no certificate".into()));
-                        }
-                        Some(ListenerTls {
-                            certs,
-                            reload_interval: ms(t.as_ref().map_or(5_000, |t| t.reload_interval_ms)),
-                        })
-                    }
-                };
-                Ok(ListenerSettings {
-                    proxy_protocol: l.proxy_protocol.then(|| ms(l.proxy_protocol_timeout_ms)),
-                    tls,
-                })
-            };
-        let listener = listener_settings("listener", &self.listener)?;
+        let tls_cert = ov.tls_cert.as_ref();
+        let listener = listener_settings("listener", &self.listener, tls_cert, &src.base_dir);
         let shared_listener = match &self.shared_listener {
-            Some(l) => listener_settings("shared_listener", l)?,
+            Some(l) => listener_settings("shared_listener", l, tls_cert, &src.base_dir),
             None => listener.clone(),
         };
         Ok(NodeConfig {
@@ -525,6 +484,49 @@ impl ClusterFile {
             (None, Some(p)) => Ok(RulesSource::Toml(p.clone())),
             (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
         }
+    }
+}
+
+/// The settings of the client listener `[name]` (`listener` or
+/// `shared_listener`): paths relative to `base`; `--tls-cert` (`tls_cert`)
+/// replaces the default certificate, or makes the listener HTTPS with it
+/// alone.
+fn listener_settings(
+    name: &str,
+    l: &ListenerSection,
+    tls_cert: Option<&(String, String)>,
+    base: &std::path::Path,
+) -> ListenerSettings {
+    let pair = |cert: &str, key: &str, field: String| CertFiles {
+        cert: base.join(cert),
+        key: base.join(key),
+        field,
+    };
+    let default = match (tls_cert, &l.tls) {
+        (Some((cert, key)), _) => Some(pair(cert, key, "--tls-cert".into())),
+        (None, Some(t)) => Some(pair(&t.cert, &t.key, format!("{name}.tls"))),
+        (None, None) => None,
+    };
+    let tls = default.map(|d| {
+        let sni = l.tls.iter().flat_map(|t| t.sni.iter()).enumerate();
+        ListenerTls {
+            certs: std::iter::once(d)
+                .chain(sni.map(|(i, p)| pair(&p.cert, &p.key, format!("{name}.tls.sni[{i}]"))))
+                .collect(),
+            reload_interval: Duration::from_millis(
+                l.tls
+                    .as_ref()
+                    .map_or(super::model::DEFAULT_TLS_RELOAD_MS, |t| {
+                        t.reload_interval_ms
+                    }),
+            ),
+        }
+    });
+    ListenerSettings {
+        proxy_protocol: l
+            .proxy_protocol
+            .then(|| Duration::from_millis(l.proxy_protocol_timeout_ms)),
+        tls,
     }
 }
 
