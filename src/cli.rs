@@ -16,6 +16,7 @@ pub(crate) mod certs;
 pub(crate) mod check_config;
 pub(crate) mod keyring;
 pub(crate) mod log_limit;
+pub(crate) mod members;
 pub(crate) mod node;
 pub(crate) mod route;
 pub(crate) mod up;
@@ -89,4 +90,35 @@ pub(crate) async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: leaving the cluster"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving the cluster"),
     }
+}
+
+/// One admin request over HTTP/1.0 (`body` sent with a `Content-Length`):
+/// (status, body). Connects within 2 s and reads the answer within 10 s.
+///
+/// # Errors
+/// The connection or the read failed.
+pub(crate) fn admin_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let b = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{b}",
+        b.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let text = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Ok((status, text))
 }

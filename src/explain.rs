@@ -35,7 +35,7 @@ fn arg_err(arg: &'static str, message: impl Into<String>) -> ArgError {
 
 /// Parses `--members`: comma-separated ids, each optionally followed by
 /// `=` and `/`-separated attributes: `weight:N`, `load:N` (0..=100, 100
-/// idle), `inflight:N`, `down` (left out), `draining`, `leaving`.
+/// idle), `inflight:N`, `down` (left out), `draining`, `leaving`, `offline`.
 /// Example: `n1,n2=weight:200/load:40,n3=down`.
 ///
 /// # Errors
@@ -85,9 +85,10 @@ pub fn parse_members(spec: &str) -> Result<Vec<Member>, ArgError> {
                 None if a == "down" => down = true,
                 None if a == "draining" => m.status = NodeStatus::Draining,
                 None if a == "leaving" => m.status = NodeStatus::Leaving,
+                None if a == "offline" => m.status = NodeStatus::Offline,
                 _ => {
                     return Err(bad(
-                        "unknown attribute (weight:N, load:N, inflight:N, down, draining, leaving)",
+                        "unknown attribute (weight:N, load:N, inflight:N, down, draining, leaving, offline)",
                     ));
                 }
             }

@@ -1,5 +1,5 @@
 //! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`,
-//! `app`, `keyring`. This file parses the command line and dispatches; each command
+//! `app`, `keyring`, `status`, `drain`, `undrain`, `offline`. This file parses the command line and dispatches; each command
 //! lives in its own file under `cli/`, the helpers they share in `cli.rs`.
 
 use std::process::ExitCode;
@@ -35,11 +35,24 @@ enum Cmd {
     /// Gossip key rotation on the nodes of this host (admin API): new,
     /// list, install KEY, use FINGERPRINT, remove FINGERPRINT.
     Keyring(cli::keyring::KeyringArgs),
+    /// The cluster as one node sees it, as a table: members, status,
+    /// weight, load, in flight, ring share (admin API).
+    Status(cli::members::StatusArgs),
+    /// Drain a member: no new sticky sessions or ring keys; the sessions
+    /// bound to it finish there (admin API, forwarded to the member).
+    Drain(cli::members::ChangeArgs),
+    /// Put a draining or offline member back to serving.
+    Undrain(cli::members::ChangeArgs),
+    /// Take a member offline: no traffic, still a member.
+    Offline(cli::members::ChangeArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Route(_) | Cmd::CheckConfig(_)) {
+    if matches!(
+        cli.cmd,
+        Cmd::Route(_) | Cmd::CheckConfig(_) | Cmd::Status(_)
+    ) {
         // Printing commands end quietly when their reader goes away
         // (`peerlb route ... | head`), like other Unix tools.
         // SAFETY: restoring the default disposition of one signal before
@@ -55,6 +68,10 @@ fn main() -> ExitCode {
         Cmd::Route(a) => cli::route::run(a),
         Cmd::App(a) => cli::app::run(a),
         Cmd::Keyring(a) => cli::keyring::run(a),
+        Cmd::Status(a) => cli::members::status(a),
+        Cmd::Drain(a) => cli::members::change(a, "draining"),
+        Cmd::Undrain(a) => cli::members::change(a, "serving"),
+        Cmd::Offline(a) => cli::members::change(a, "offline"),
     };
     match code {
         Ok(c) => ExitCode::from(c),

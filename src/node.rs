@@ -310,7 +310,8 @@ impl Node {
 
         shutdown.await;
         info!(grace = ?config.lifecycle.drain_grace, "draining: published leaving, still serving");
-        gossip.publisher().set_status(NodeStatus::Leaving).await;
+        // From here every client answer says `Connection: close`.
+        let _ = state.set_status(NodeStatus::Leaving).await;
         tokio::time::sleep(config.lifecycle.drain_grace).await;
         state.stop_accepting();
         let _ = stop_tx.send(true);
@@ -379,7 +380,8 @@ async fn watch_rules(state: Arc<NodeState>, file: std::path::PathBuf) {
 /// when they change. `inflight` counts the requests this node's app serves
 /// (client requests served here plus proxied ones), never the requests it
 /// only forwards: it is the load bounded-load hashing and `least-load`
-/// compare, the same on every node.
+/// compare, the same on every node. It also ends a drain whose timeout
+/// has passed (`NodeState::end_timed_out_drain`).
 async fn publish_load(
     state: Arc<NodeState>,
     publisher: gossip::Publisher,
@@ -397,6 +399,7 @@ async fn publish_load(
         last_busy_us = busy_us;
         let serving = state.serving();
         let load = smoother.observe(raw_metric(serving, capacity, delta));
+        state.end_timed_out_drain().await;
         if last != Some((load, serving)) {
             publisher.set_load(load, serving).await;
             last = Some((load, serving));

@@ -746,7 +746,10 @@ async fn a_weight_put_on_the_admin_api_reaches_every_ring_and_bad_weights_are_re
     // n1 to 3 shares: it says so at once, and every node's ring takes it.
     let (status_code, v) = put_weight(n1, "300\n").await;
     assert_eq!(status_code, 200, "{v}");
-    assert_eq!(v, serde_json::json!({ "weight": 300, "previous": 100 }));
+    assert_eq!(
+        v,
+        serde_json::json!({ "node": "n1", "weight": 300, "previous": 100 })
+    );
     assert_eq!(status(n1).unwrap()["weight"], 300);
     c.wait_until(Duration::from_secs(10), || {
         c.nodes

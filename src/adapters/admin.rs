@@ -6,23 +6,29 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`; `proxy_header_refused` and `tls_handshake_failed`: client connections closed before HTTP for want of a valid PROXY header or a TLS handshake; `tls_reloads` and `tls_reload_failures`: certificate reloads of the HTTPS listeners), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`; `proxy_header_refused` and `tls_handshake_failed`: client connections closed before HTTP for want of a valid PROXY header or a TLS handshake; `tls_reloads` and `tls_reload_failures`: certificate reloads of the HTTPS listeners), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
-//! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `leaving` or `stopping` (`health.rs`) |
+//! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `offline`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
 //! | `POST /_peerlb/tls/reload` | reads the certificate and key files of the HTTPS client listeners again and serves them to new handshakes: 200 `{"certificates": n}` (0 without HTTPS listeners); 422 naming the field whose file cannot be used (that listener keeps its certificates) |
 //! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (`gossip/admin.rs`): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}`; 400 not a key, 404 no such key, 409 ring full or the sending key, 500 the keyring file cannot be written |
-//! | `PUT /_peerlb/weight` | body: the node's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
+//! | `POST /_peerlb/state` | body `serving`, `draining` or `offline`; `?node=ID` for another member (`members.rs`: forwarded over the peer link), `?timeout_ms=N` with `draining` to go offline after N ms. Publishes it in gossip: 200 `{"node", "state", "previous"}`; 400 another body or a bad timeout, 409 the node is leaving, 404 no such member, 502 the member is unreachable |
+//! | `GET /_peerlb/manager`, `POST /_peerlb/manager` | the balancer-manager page and its forms (`manager.rs`) |
+//! | `PUT /_peerlb/weight` | `?node=ID` for another member, as for the state. Body: the member's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"node": id, "weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
 
 use std::sync::atomic::Ordering;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::body::Body;
-use super::errors::{AdminError, WeightError, error_response, json_response};
+use super::errors::{AdminError, StateError, WeightError, error_response, json_response};
 use super::node_state::NodeState;
+use crate::engine::sticky::percent_decode;
+
+pub(crate) mod manager;
+pub(crate) mod members;
 
 /// Path prefix reserved for the admin API.
 pub(crate) const PREFIX: &str = "/_peerlb/";
@@ -39,8 +45,31 @@ pub(crate) const RELOAD_TLS: &str = "/_peerlb/tls/reload";
 /// `PUT /_peerlb/weight`.
 pub(crate) const WEIGHT: &str = "/_peerlb/weight";
 
-/// Longest `PUT /_peerlb/weight` body read, in bytes.
-const WEIGHT_BODY_LIMIT: usize = 64;
+/// `POST /_peerlb/state`.
+pub(crate) const STATE: &str = "/_peerlb/state";
+
+/// `GET`/`POST /_peerlb/manager`.
+pub(crate) const MANAGER: &str = "/_peerlb/manager";
+
+/// The member a state or weight change is for: the query's `node`
+/// parameter (percent-decoded), `None` for this node.
+fn target_node(uri: &Uri) -> Option<String> {
+    uri.query()?
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| *k == "node")
+        .map(|(_, v)| percent_decode(v, true).into_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Reads a change's body (at most [`members::BODY_LIMIT`] bytes).
+async fn read_small(body: Incoming) -> Result<bytes::Bytes, String> {
+    http_body_util::Limited::new(body, members::BODY_LIMIT)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| e.to_string())
+}
 
 /// True when `path` belongs to the admin API (answered by [`answer`], never
 /// routed).
@@ -103,12 +132,21 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
             .reload_entry_certs()
             .map(|n| serde_json::json!({ "certificates": n }).to_string())
             .map_err(AdminError::TlsReload),
-        (&http::Method::PUT, WEIGHT) => put_weight(state, req.into_body())
-            .await
-            .map(|(weight, previous)| {
-                serde_json::json!({ "weight": weight, "previous": previous }).to_string()
-            })
-            .map_err(AdminError::Weight),
+        (&http::Method::PUT, WEIGHT) | (&http::Method::POST, STATE) => {
+            let node = target_node(req.uri());
+            let query = req.uri().query().map(str::to_owned);
+            let change = match read_small(req.into_body()).await {
+                Ok(bytes) => members::parse_change(&path, query.as_deref(), &bytes),
+                Err(e) if path == WEIGHT => Err(WeightError::Body(e).into()),
+                Err(e) => Err(StateError::Body(e).into()),
+            };
+            return match change {
+                Ok(c) => members::apply(state, node.as_deref(), &c).await,
+                Err(e) => error_response(&e.into(), state.node_id()),
+            };
+        }
+        (&http::Method::GET, MANAGER) => return manager::page(state, req.uri()).await,
+        (&http::Method::POST, MANAGER) => return manager::act(state, req).await,
         (m, p) if super::gossip::admin::is_keyring(p) => {
             super::gossip::admin::answer(state.gossip_keys(), m, p, req.into_body()).await
         }
@@ -128,43 +166,16 @@ fn allowed_method(path: &str) -> Option<&'static str> {
     match path {
         STATUS | super::metrics::PATH => Some("GET"),
         super::health::PATH => Some("GET, HEAD"),
-        RELOAD_RULES | RELOAD_TLS => Some("POST"),
+        RELOAD_RULES | RELOAD_TLS | STATE => Some("POST"),
         WEIGHT => Some("PUT"),
+        MANAGER => Some("GET, POST"),
         _ => None,
     }
 }
 
-/// Reads the new weight from `body` (a decimal integer, surrounding ASCII
-/// whitespace allowed, at most [`WEIGHT_BODY_LIMIT`] bytes) and puts it in
-/// force: (new, previous).
-async fn put_weight(state: &NodeState, body: Incoming) -> Result<(u32, u32), WeightError> {
-    let bytes = http_body_util::Limited::new(body, WEIGHT_BODY_LIMIT)
-        .collect()
-        .await
-        .map_err(|e| WeightError::Body(e.to_string()))?
-        .to_bytes();
-    let weight = parse_weight(&bytes)?;
-    let previous = state.set_weight(weight).await?;
-    Ok((state.weight(), previous))
-}
-
-/// Parses a weight body: ASCII digits, optionally surrounded by ASCII
-/// whitespace. The range is checked by [`NodeState::set_weight`].
-///
-/// # Errors
-/// [`WeightError::NotANumber`] quoting the body (lossy UTF-8).
-fn parse_weight(body: &[u8]) -> Result<u64, WeightError> {
-    let text = String::from_utf8_lossy(body);
-    let t = text.trim_matches(|c: char| c.is_ascii_whitespace());
-    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(WeightError::NotANumber(text.into_owned()));
-    }
-    // Digits only: the one failure left is overflow, which is out of range.
-    Ok(t.parse().unwrap_or(u64::MAX))
-}
-
 fn status_json(state: &NodeState) -> String {
     let view = state.view();
+    let shares = view.ring_shares();
     let c = &state.counters;
     let members: Vec<_> = view
         .members()
@@ -176,6 +187,7 @@ fn status_json(state: &NodeState) -> String {
                 "weight": m.weight,
                 "load": m.load,
                 "inflight": m.inflight,
+                "ring_share": shares.get(&m.id).copied().unwrap_or(0.0),
                 "peer_addr": m.peer_addr.to_string(),
                 "http_addr": m.http_addr.to_string(),
             })
@@ -185,6 +197,8 @@ fn status_json(state: &NodeState) -> String {
     serde_json::json!({
         "node": &**state.node_id(),
         "pid": std::process::id(),
+        "state": state.status().as_str(),
+        "policy": state.policy_state(),
         "weight": state.weight(),
         "view_version": view.version(),
         // jq 1.6 reads numbers as doubles: compare this text instead.
@@ -222,6 +236,8 @@ mod tests {
             STATUS,
             RELOAD_RULES,
             WEIGHT,
+            STATE,
+            MANAGER,
             "/_peerlb/keyring",
             "/_peerlb/nope",
         ] {
@@ -230,33 +246,11 @@ mod tests {
     }
 
     #[test]
-    fn weight_bodies() {
-        assert_eq!(parse_weight(b"300").unwrap(), 300);
-        assert_eq!(parse_weight(b" 0\n").unwrap(), 0);
-        assert_eq!(parse_weight(b"10000\r\n").unwrap(), 10_000);
-        // Digits beyond u64 are out of range, not "not a number".
-        assert_eq!(parse_weight(b"99999999999999999999999").unwrap(), u64::MAX);
-        for bad in [
-            &b""[..],
-            b"  ",
-            b"-1",
-            b"+5",
-            b"1.5",
-            b"3e2",
-            b"abc",
-            b"1 2",
-            b"0x10",
-        ] {
-            let e = parse_weight(bad).unwrap_err();
-            assert!(matches!(e, WeightError::NotANumber(_)), "{bad:?}");
-        }
-        assert_eq!(
-            parse_weight(b"abc").unwrap_err().to_string(),
-            "the body must be a decimal integer weight 0..=10000, got \"abc\""
-        );
-        assert_eq!(
-            WeightError::OutOfRange(10_001).to_string(),
-            "weight 10001 is out of range 0..=10000"
-        );
+    fn the_member_a_change_is_for_comes_from_the_query() {
+        let q = |uri: &str| target_node(&uri.parse().unwrap());
+        assert_eq!(q("/_peerlb/state"), None);
+        assert_eq!(q("/_peerlb/state?node=n2").as_deref(), Some("n2"));
+        assert_eq!(q("/_peerlb/state?x=1&node=a%2Fb").as_deref(), Some("a/b"));
+        assert_eq!(q("/_peerlb/state?node="), None);
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Request-path errors ([`RequestError`]) become a `text/plain` body with
 //! the cause and `peerlb-error-from: <node id>`; admin API errors
-//! ([`AdminError`], wrapping [`ReloadError`] and [`WeightError`]) become a
+//! ([`AdminError`], wrapping [`ReloadError`], [`WeightError`] and
+//! [`StateError`]) become a
 //! JSON body `{"error": "<cause>"}`.
 
 use super::gossip::keyring::KeyringError;
@@ -110,6 +111,27 @@ pub(crate) enum WeightError {
     Body(String),
 }
 
+/// Why `POST /_peerlb/state` (or the manager page's drain, offline and
+/// serve actions) was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StateError {
+    /// The body is not a state an operator can set (400). Send `serving`,
+    /// `draining` or `offline`; `leaving` is SIGTERM's.
+    #[error("the body must be serving, draining or offline, got {0:?}")]
+    NotAState(String),
+    /// `timeout_ms` is not a decimal number of milliseconds, or comes with
+    /// another state than `draining` (400).
+    #[error("timeout_ms wants a decimal number of milliseconds and the state draining, got {0:?}")]
+    BadTimeout(String),
+    /// The node is leaving (SIGTERM): it stays leaving until it stops (409).
+    #[error("the node is leaving (SIGTERM) and stays so until it stops")]
+    Leaving,
+    /// The request body could not be read (longer than 64 bytes, or the
+    /// connection failed).
+    #[error("reading the body: {0}")]
+    Body(String),
+}
+
 /// Why the admin API refused a request.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdminError {
@@ -153,6 +175,29 @@ pub(crate) enum AdminError {
     /// be used (422); its certificates in force stay.
     #[error(transparent)]
     TlsReload(#[from] super::tls::entry::EntryTlsError),
+    /// `POST /_peerlb/state` was refused (400 not a state, 409 leaving).
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// `?node=` names no member of this node's view (404).
+    #[error("no member {0:?} in this node's view")]
+    UnknownMember(String),
+    /// A change for another member could not be delivered over the peer
+    /// link (no authenticated connection, or no answer in time) (502). The
+    /// member's state is unknown: read its status.
+    #[error("member {node}: the change could not be delivered over the peer link: {reason}")]
+    Forward {
+        /// The member the change was for.
+        node: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A manager page form without the page's token, or with another (403):
+    /// a form that did not come from this node's page.
+    #[error("the form's token does not match this node's manager page: reload the page")]
+    Csrf,
+    /// A manager page form that is not one of the page's actions (400).
+    #[error("bad manager form: {0}")]
+    BadForm(String),
     /// The metrics encoder refused a metric (500).
     #[error("metrics could not be encoded")]
     Metrics(std::fmt::Error),
@@ -204,6 +249,14 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
             AdminError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             AdminError::TlsReload(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            AdminError::State(
+                StateError::NotAState(_) | StateError::Body(_) | StateError::BadTimeout(_),
+            )
+            | AdminError::BadForm(_) => StatusCode::BAD_REQUEST,
+            AdminError::State(StateError::Leaving) => StatusCode::CONFLICT,
+            AdminError::UnknownMember(_) => StatusCode::NOT_FOUND,
+            AdminError::Forward { .. } => StatusCode::BAD_GATEWAY,
+            AdminError::Csrf => StatusCode::FORBIDDEN,
             AdminError::Keyring(k) => match k {
                 KeyringError::BadKey { .. } => StatusCode::BAD_REQUEST,
                 KeyringError::Unknown(_) => StatusCode::NOT_FOUND,
@@ -301,6 +354,19 @@ mod tests {
             (AdminError::Weight(WeightError::Body("x".into())), 400),
             (AdminError::Weight(WeightError::OutOfRange(10_001)), 422),
             (AdminError::Weight(WeightError::AllZero), 409),
+            (AdminError::State(StateError::NotAState("x".into())), 400),
+            (AdminError::State(StateError::Leaving), 409),
+            (AdminError::State(StateError::BadTimeout("x".into())), 400),
+            (AdminError::UnknownMember("x".into()), 404),
+            (
+                AdminError::Forward {
+                    node: "n2".into(),
+                    reason: "x".into(),
+                },
+                502,
+            ),
+            (AdminError::Csrf, 403),
+            (AdminError::BadForm("x".into()), 400),
             (
                 AdminError::Keyring(KeyringError::BadKey {
                     line: 0,

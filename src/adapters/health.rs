@@ -7,7 +7,7 @@
 //! | state | answer |
 //! | --- | --- |
 //! | serving (this node's own member is `serving` in its view and it accepts requests) | 200, body `serving` |
-//! | draining, leaving (SIGTERM: published `leaving`, still answering during `drain_grace`) | 503, body the state |
+//! | draining, offline (an operator's `POST /_peerlb/state`, `peerlb drain`, the manager page), leaving (SIGTERM: published `leaving`, still answering during `drain_grace`) | 503, body the state |
 //!
 //! While a node starts it does not accept client connections at all: its
 //! listeners open only once every live peer is connected (or after
@@ -26,12 +26,19 @@ pub(crate) const PATH: &str = "/_peerlb/health";
 
 /// The node's health as the sprayer sees it: `Ok(state)` when it should
 /// get new connections (`"serving"`), `Err(state)` when not (`"draining"`,
-/// `"leaving"`, or `"stopping"` once it refuses proxied requests).
+/// `"offline"`, `"leaving"`, or `"stopping"` once it refuses proxied
+/// requests).
 pub(crate) fn health(state: &NodeState) -> Result<&'static str, &'static str> {
+    // The status this node publishes counts at once; its own view takes it
+    // only after a gossip round.
+    let published = state.status();
     let view = state.view();
-    let status = view
-        .get(state.node_id())
-        .map_or(NodeStatus::Leaving, |m| m.status);
+    let status = match published {
+        NodeStatus::Serving => view
+            .get(state.node_id())
+            .map_or(NodeStatus::Leaving, |m| m.status),
+        s => s,
+    };
     match status {
         _ if !state.accepting() => Err("stopping"),
         NodeStatus::Serving => Ok(status.as_str()),

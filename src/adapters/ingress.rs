@@ -9,7 +9,8 @@
 //! entry serves it itself or forwards it over QUIC, trying the next
 //! candidate as the engine's replay plan allows; (5) the response streams
 //! back with `peerlb-served-by` / `peerlb-entry` and, under sticky round
-//! robin, the sticky route the engine says to announce.
+//! robin, the sticky route the engine says to announce; while the node is
+//! draining, offline or leaving every answer says `Connection: close`.
 //!
 //! The stages, one file each: `ingress/server` (the accept loop and the
 //! connection settings), `ingress/conn` (what a connection goes through
@@ -140,6 +141,13 @@ impl Ingress {
             && let Some(v) = &self.id_header
         {
             resp.headers_mut().insert(ENTRY, v.clone());
+        }
+        // Draining, offline or leaving: the client reconnects through the
+        // sprayer, which no longer picks this node, before the listener
+        // closes (hyper closes the connection after this answer).
+        if self.state.closing() {
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

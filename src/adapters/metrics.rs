@@ -21,7 +21,7 @@
 //! | `peerlb_inflight_requests` | gauge | requests in flight on this node (client and proxied) |
 //! | `peerlb_serving_requests` | gauge | requests the local app is serving (the load this node publishes) |
 //! | `peerlb_peer_connections` | gauge | open QUIC connections to peers |
-//! | `peerlb_members{status}` | gauge | members in this node's view by status (`serving`, `draining`, `leaving`) |
+//! | `peerlb_members{status}` | gauge | members in this node's view by status (`serving`, `draining`, `offline`, `leaving`) |
 //! | `peerlb_gossip_dropped_datagrams_total{reason}` | counter | gossip datagrams dropped: `unauthenticated`, `out_of_bounds`, `oversize` |
 //! | `peerlb_view_version` | gauge | version of this node's membership view (changes when the ring changes) |
 //! | `peerlb_ring_share_ratio` | gauge | share of the ring's slots this node owns, `0..=1` |
@@ -171,7 +171,7 @@ fn ring_share(ring: &Ring, id: &str) -> f64 {
 struct Snapshot {
     counters: [(&'static str, &'static str, u64); 6],
     gauges: [(&'static str, &'static str, f64); 6],
-    members: [(NodeStatus, u64); 3],
+    members: [(NodeStatus, u64); NodeStatus::ALL.len()],
     dropped: [(&'static str, u64); 3],
     reloads: [(&'static str, u64); 2],
     /// Client connections closed before HTTP, by reason.
@@ -188,11 +188,7 @@ impl Snapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let view = state.view();
         let g = &state.gossip_keys().counters;
-        let mut members = [
-            (NodeStatus::Serving, 0),
-            (NodeStatus::Draining, 0),
-            (NodeStatus::Leaving, 0),
-        ];
+        let mut members = NodeStatus::ALL.map(|s| (s, 0));
         for m in view.members() {
             if let Some(slot) = members.iter_mut().find(|(s, _)| *s == m.status) {
                 slot.1 += 1;

@@ -18,11 +18,11 @@ use tracing::{debug, info};
 
 use super::REQUEST_PATH;
 use super::body::{self, Body};
-use super::errors::{ReloadError, RequestError, WeightError, error_response};
+use super::errors::{ReloadError, RequestError, StateError, WeightError, error_response};
 use super::gossip::Publisher;
 use crate::config::{MAX_WEIGHT, RulesSource};
 use crate::engine::balance::PolicyKind;
-use crate::engine::membership::MembershipView;
+use crate::engine::membership::{MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::{EntryDecision, Router};
 use crate::engine::rules::RequestView;
@@ -232,6 +232,18 @@ pub(crate) struct NodeState {
     /// node publishes as `inflight`.
     serving: Arc<AtomicU32>,
     accepting: AtomicBool,
+    /// The status this node publishes (`serving`, `draining`, `offline`,
+    /// `leaving`): set at once by [`NodeState::set_status`], before gossip
+    /// brings it back into this node's own view; with the time a drain
+    /// turns `offline` by itself, if it was given a timeout.
+    status: std::sync::Mutex<(NodeStatus, Option<tokio::time::Instant>)>,
+    /// The status above is `serving` (read on every client answer without
+    /// the lock: [`NodeState::closing`]).
+    publishes_serving: AtomicBool,
+    /// Ids of the admin changes this node forwards to peers.
+    forwarded_changes: AtomicU64,
+    /// The manager page's form token, made on the page's first request.
+    manager_token: std::sync::OnceLock<String>,
     /// Publishes this node's state (`weight`) into gossip.
     publisher: Publisher,
     /// The peer links (their connection count, for the status).
@@ -276,6 +288,10 @@ impl NodeState {
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
             entry_certs: std::sync::OnceLock::new(),
+            status: std::sync::Mutex::new((NodeStatus::Serving, None)),
+            publishes_serving: AtomicBool::new(true),
+            forwarded_changes: AtomicU64::new(0),
+            manager_token: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics: super::metrics::Metrics::default(),
         }
@@ -427,6 +443,113 @@ impl NodeState {
     /// called when the node closes its listeners on shutdown.
     pub(crate) fn stop_accepting(&self) {
         self.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// The status this node publishes now.
+    pub(crate) fn status(&self) -> NodeStatus {
+        self.status.lock().expect("status lock").0
+    }
+
+    /// True while every answer to a client should say `Connection: close`:
+    /// the node is draining, offline or leaving, or has stopped accepting,
+    /// so kept-alive clients reconnect through the sprayer (which no longer
+    /// picks this node) before its listener closes.
+    pub(crate) fn closing(&self) -> bool {
+        !self.publishes_serving.load(Ordering::Relaxed) || !self.accepting()
+    }
+
+    /// Publishes `to` as this node's status (gossip key `status`): every
+    /// node's view, this one's included, takes it within about a gossip
+    /// round per hop. `serving`, `draining` and `offline` are an operator's
+    /// (`POST /_peerlb/state`); `leaving` is SIGTERM's, and once leaving the
+    /// node stays so. Not persisted: a restart publishes `serving`. Returns
+    /// the previous status.
+    ///
+    /// # Errors
+    /// [`StateError::Leaving`] when the node is leaving and `to` is not.
+    pub(crate) async fn set_status(&self, to: NodeStatus) -> Result<NodeStatus, StateError> {
+        self.set_status_until(to, None).await
+    }
+
+    /// [`NodeState::set_status`]; with `offline_after` (only for
+    /// `draining`), the drain ends by itself: the node turns `offline` once
+    /// that long has passed, unless its status changed before
+    /// ([`NodeState::end_timed_out_drain`], called every gossip interval).
+    /// The sessions bound to a draining node reach it until then.
+    ///
+    /// # Errors
+    /// As [`NodeState::set_status`].
+    pub(crate) async fn set_status_until(
+        &self,
+        to: NodeStatus,
+        offline_after: Option<Duration>,
+    ) -> Result<NodeStatus, StateError> {
+        let deadline = offline_after
+            .filter(|_| to == NodeStatus::Draining)
+            .map(|d| tokio::time::Instant::now() + d);
+        let previous = {
+            let mut s = self.status.lock().expect("status lock");
+            if s.0 == NodeStatus::Leaving && to != NodeStatus::Leaving {
+                return Err(StateError::Leaving);
+            }
+            self.publishes_serving
+                .store(to == NodeStatus::Serving, Ordering::Relaxed);
+            std::mem::replace(&mut *s, (to, deadline)).0
+        };
+        self.publisher.set_status(to).await;
+        info!(target: REQUEST_PATH, status = %to, %previous, offline_after_ms = offline_after.map(|d| d.as_millis() as u64), "status changed: published in gossip");
+        Ok(previous)
+    }
+
+    /// Takes a draining node whose drain timeout has passed offline; true
+    /// when it did.
+    pub(crate) async fn end_timed_out_drain(&self) -> bool {
+        let due = {
+            let s = self.status.lock().expect("status lock");
+            s.0 == NodeStatus::Draining && s.1.is_some_and(|d| tokio::time::Instant::now() >= d)
+        };
+        if !due {
+            return false;
+        }
+        info!(target: REQUEST_PATH, "drain timeout: going offline");
+        self.set_status(NodeStatus::Offline).await.is_ok()
+    }
+
+    /// The balancing policy's name and its state per member of the view
+    /// ([`Router::policy_figure`]): `{"name": "weighted-round-robin",
+    /// "figure": "lbstatus", "members": {"n1": 100, ...}}`; `figure` is null
+    /// and `members` empty for a policy that keeps no per-member state.
+    pub(crate) fn policy_state(&self) -> serde_json::Value {
+        let view = self.view();
+        let router = self.router.lock().expect("router lock");
+        let mut figure = None;
+        let mut members = serde_json::Map::new();
+        for m in view.members() {
+            if let Some((name, v)) = router.policy_figure(&m.id) {
+                figure = Some(name);
+                members.insert(m.id.to_string(), v.into());
+            }
+        }
+        serde_json::json!({
+            "name": router.policy_spec().to_string(),
+            "figure": figure,
+            "members": members,
+        })
+    }
+
+    /// The next id of an admin change forwarded to a peer.
+    pub(crate) fn next_change_id(&self) -> u64 {
+        self.forwarded_changes.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The peer links (forwarding an admin change to another member).
+    pub(crate) fn links(&self) -> &Arc<PeerLinks> {
+        &self.links
+    }
+
+    /// The manager page's form token (`make` runs once, on the first call).
+    pub(crate) fn manager_token(&self, make: impl FnOnce() -> String) -> &str {
+        self.manager_token.get_or_init(make)
     }
 
     /// Reads and compiles the rules again and puts them in force for new

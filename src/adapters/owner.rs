@@ -1,7 +1,8 @@
 //! The owner side of the request path: serving a request with the local
 //! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
 //! calls, never forwarded again: hop limit 1) or this node's own ingress
-//! is the first candidate.
+//! is the first candidate. A peer's forwarded admin change (a state or
+//! weight change for this member) is answered by the admin API instead.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -59,6 +60,15 @@ impl ProxiedHandler for Owner {
 
     async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
         let state = &self.state;
+        // An admin change a peer's admin API forwarded (only a peer can
+        // send the header: entries strip client-sent `peerlb-*` headers).
+        if head
+            .headers
+            .iter()
+            .any(|(k, _)| k == super::admin::members::ADMIN_HEADER)
+        {
+            return super::admin::members::answer_peer(state, head, req.into_body()).await;
+        }
         let inflight = state.enter_proxied();
         if let Some(k) = &head.hash_key {
             let view = state.view();

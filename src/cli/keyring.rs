@@ -2,10 +2,7 @@
 //! admin API of each node (its `admin_addr`, loopback by default, so on
 //! several machines run it on each with `--node`).
 
-use std::io::{Read as _, Write as _};
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use peerlb::keyring::GossipKey;
@@ -73,7 +70,8 @@ pub(crate) fn run(a: KeyringArgs) -> anyhow::Result<u8> {
         if !a.nodes.is_empty() && !a.nodes.iter().any(|x| **x == *n.id) {
             continue;
         }
-        match request(n.admin_addr, path, body) {
+        let method = if body.is_some() { "POST" } else { "GET" };
+        match super::admin_request(n.admin_addr, method, path, body) {
             Ok((200, text)) => println!("{}: {}", n.id, text.trim()),
             Ok((status, text)) => {
                 println!("{}: {status} {}", n.id, text.trim());
@@ -86,28 +84,4 @@ pub(crate) fn run(a: KeyringArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(code)
-}
-
-/// One admin request over HTTP/1.0 (GET without a body, POST with one):
-/// (status, body).
-fn request(addr: SocketAddr, path: &str, body: Option<&str>) -> std::io::Result<(u16, String)> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    match body {
-        None => write!(s, "GET {path} HTTP/1.0\r\nhost: localhost\r\n\r\n")?,
-        Some(b) => write!(
-            s,
-            "POST {path} HTTP/1.0\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{b}",
-            b.len()
-        )?,
-    }
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let text = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
-    Ok((status, text))
 }

@@ -24,27 +24,47 @@ use super::ring::Ring;
 pub enum NodeStatus {
     /// Accepts new requests; on the ring.
     Serving,
-    /// Finishing in-flight requests; receives no new ones (off the ring).
+    /// Finishing what is bound to it: off the ring and out of every
+    /// policy's picks (no new hash keys, no new sticky sessions), but a
+    /// request whose sticky route names it still reaches it
+    /// ([`MembershipView::sticky_target`]), so its sessions finish there.
     Draining,
     /// Shutting down (SIGTERM received); receives no new requests.
     Leaving,
+    /// Taken out by an operator (httpd's Stopped, HAProxy's maint): no
+    /// traffic at all, sticky routes included, but still a member (it
+    /// gossips, stays connected, and can return to `serving`).
+    Offline,
 }
 
 impl NodeStatus {
-    /// The gossip/wire spelling: `"serving"`, `"draining"` or `"leaving"`.
+    /// Every status, in the order status tables list them.
+    pub const ALL: [NodeStatus; 4] = [
+        NodeStatus::Serving,
+        NodeStatus::Draining,
+        NodeStatus::Offline,
+        NodeStatus::Leaving,
+    ];
+
+    /// The gossip/wire spelling: `"serving"`, `"draining"`, `"leaving"` or
+    /// `"offline"`.
     pub fn as_str(self) -> &'static str {
         match self {
             NodeStatus::Serving => "serving",
             NodeStatus::Draining => "draining",
             NodeStatus::Leaving => "leaving",
+            NodeStatus::Offline => "offline",
         }
     }
 
+    /// A status's code in the view checksum. `offline` came last and takes
+    /// the next code, so the versions of views without it are unchanged.
     fn code(self) -> u8 {
         match self {
             NodeStatus::Serving => 0,
             NodeStatus::Draining => 1,
             NodeStatus::Leaving => 2,
+            NodeStatus::Offline => 3,
         }
     }
 }
@@ -55,9 +75,10 @@ impl fmt::Display for NodeStatus {
     }
 }
 
-/// A status string that is not `serving`, `draining` or `leaving`.
+/// A status string that is not `serving`, `draining`, `leaving` or
+/// `offline`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown node status {0:?} (expected serving, draining or leaving)")]
+#[error("unknown node status {0:?} (expected serving, draining, leaving or offline)")]
 pub struct ParseStatusError(pub String);
 
 impl FromStr for NodeStatus {
@@ -74,6 +95,7 @@ impl FromStr for NodeStatus {
             "serving" => Ok(NodeStatus::Serving),
             "draining" => Ok(NodeStatus::Draining),
             "leaving" => Ok(NodeStatus::Leaving),
+            "offline" => Ok(NodeStatus::Offline),
             other => Err(ParseStatusError(other.to_owned())),
         }
     }
@@ -138,6 +160,8 @@ pub struct MembershipView {
     self_id: NodeId,
     members: BTreeMap<NodeId, Member>,
     serving: Vec<NodeId>,
+    /// Serving and draining members, sorted: what a sticky route may name.
+    sticky_targets: Vec<NodeId>,
     ring: Arc<Ring>,
     version: u64,
 }
@@ -183,6 +207,11 @@ impl MembershipView {
             .filter(|m| m.status == NodeStatus::Serving)
             .map(|m| m.id.clone())
             .collect();
+        let sticky_targets: Vec<NodeId> = by_id
+            .values()
+            .filter(|m| matches!(m.status, NodeStatus::Serving | NodeStatus::Draining))
+            .map(|m| m.id.clone())
+            .collect();
         let ring_input: Vec<(NodeId, u32)> = by_id
             .values()
             .filter(|m| m.status == NodeStatus::Serving && m.weight > 0)
@@ -214,6 +243,7 @@ impl MembershipView {
             self_id,
             members: by_id,
             serving,
+            sticky_targets,
             ring,
             version: h.digest(),
         }
@@ -245,6 +275,16 @@ impl MembershipView {
         &self.serving
     }
 
+    /// The member a sticky route naming `id` reaches: `id` itself while it
+    /// is serving or draining (a draining node finishes the sessions bound
+    /// to it), `None` otherwise (unknown, leaving, offline).
+    pub fn sticky_target(&self, id: &str) -> Option<&NodeId> {
+        self.sticky_targets
+            .binary_search_by(|m| (**m).cmp(id))
+            .ok()
+            .map(|i| &self.sticky_targets[i])
+    }
+
     /// The consistent-hash ring of the serving members with weight > 0.
     pub fn ring(&self) -> &Ring {
         &self.ring
@@ -257,6 +297,29 @@ impl MembershipView {
     /// do not change it. Carried on proxied requests to detect skew (C5).
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Each ring member's share of the ring's slots, `0..=1` (they sum to
+    /// 1 on a non-empty ring; members off the ring are absent). One pass
+    /// over the table (`256 * vnodes` slots, rounded up to a power of two).
+    pub fn ring_shares(&self) -> BTreeMap<NodeId, f64> {
+        let ring = self.ring();
+        let slots = ring.len();
+        let mut counts: BTreeMap<NodeId, u64> = BTreeMap::new();
+        if slots == 0 {
+            return BTreeMap::new();
+        }
+        let bits = slots.trailing_zeros();
+        for s in 0..slots as u64 {
+            let point = if bits == 0 { 0 } else { s << (64 - bits) };
+            if let Some(o) = ring.owner_of_point(point) {
+                *counts.entry(o.clone()).or_insert(0) += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .map(|(id, n)| (id, n as f64 / slots as f64))
+            .collect()
     }
 
     /// Number of members (any status).
@@ -298,17 +361,13 @@ pub(crate) mod tests {
 
     #[test]
     fn status_roundtrip() {
-        for s in [
-            NodeStatus::Serving,
-            NodeStatus::Draining,
-            NodeStatus::Leaving,
-        ] {
+        for s in NodeStatus::ALL {
             assert_eq!(s.as_str().parse::<NodeStatus>(), Ok(s));
             assert_eq!(s.to_string(), s.as_str());
         }
         assert_eq!(
             "Serving".parse::<NodeStatus>().unwrap_err().to_string(),
-            "unknown node status \"Serving\" (expected serving, draining or leaving)"
+            "unknown node status \"Serving\" (expected serving, draining, leaving or offline)"
         );
     }
 
@@ -335,8 +394,40 @@ pub(crate) mod tests {
         assert!(!v.is_serving("zz"));
         assert_eq!(v.get("d").map(|m| m.status), Some(Leaving));
         assert_eq!(v.ring().node_count(), 2);
+        // A sticky route reaches serving and draining members only.
+        assert_eq!(v.sticky_target("a").map(|s| &**s), Some("a"));
+        assert_eq!(v.sticky_target("b").map(|s| &**s), Some("b"));
+        assert_eq!(v.sticky_target("d"), None);
+        assert_eq!(v.sticky_target("zz"), None);
         // vnodes 64: a table of 256 * 64 slots.
         assert_eq!(v.ring().len(), 16384);
+        let shares = v.ring_shares();
+        assert_eq!(shares.keys().map(|k| &**k).collect::<Vec<_>>(), ["a", "c"]);
+        assert!(
+            (shares.values().sum::<f64>() - 1.0).abs() < 1e-9,
+            "{shares:?}"
+        );
+        assert!(
+            shares.values().all(|s| (0.4..0.6).contains(s)),
+            "{shares:?}"
+        );
+    }
+
+    #[test]
+    fn an_offline_member_stays_a_member_off_the_ring_and_unreachable_by_sticky_routes() {
+        use NodeStatus::*;
+        let v = view("a", &[("a", Serving), ("b", Offline), ("c", Draining)]);
+        assert_eq!(v.len(), 3);
+        assert_eq!(v.get("b").map(|m| m.status), Some(Offline));
+        let serving: Vec<&str> = v.serving_ids().iter().map(|s| &**s).collect();
+        assert_eq!(serving, ["a"]);
+        assert_eq!(v.ring().node_count(), 1);
+        assert_eq!(v.sticky_target("b"), None);
+        assert_eq!(v.sticky_target("c").map(|s| &**s), Some("c"));
+        // Offline is its own state in the version.
+        let off = view("a", &[("a", Serving), ("b", Offline), ("c", Serving)]);
+        let left = view("a", &[("a", Serving), ("b", Leaving), ("c", Serving)]);
+        assert_ne!(off.version(), left.version());
     }
 
     #[test]

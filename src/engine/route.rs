@@ -58,7 +58,8 @@ use super::sticky::{Session, route_from_request};
 /// `peerlb-reason` debug header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
-    /// The request's sticky route named a serving member.
+    /// The request's sticky route named a serving member, or a draining
+    /// one (it finishes its sessions).
     StickyRoute,
     /// Consistent hash on the key from data-centric rule `n` (0-based).
     Rule(usize),
@@ -356,6 +357,25 @@ impl Router {
         }
     }
 
+    /// The policy's own state for member `node`, for operators (status,
+    /// manager page): `("lbstatus", n)` under `weighted-round-robin` and
+    /// `metric` (mod_proxy_balancer's lbstatus: the pick goes to the
+    /// largest), `("bytes", n)` under `by-traffic` (bytes counted, before
+    /// normalising by lbfactor); `None` for the policies that keep no
+    /// per-member state.
+    pub fn policy_figure(&self, node: &str) -> Option<(&'static str, i64)> {
+        match self.effective() {
+            Effective::WeightedRoundRobin | Effective::Metric => {
+                Some(("lbstatus", self.byrequests.lbstatus(node)))
+            }
+            Effective::ByTraffic => Some((
+                "bytes",
+                i64::try_from(self.bytraffic.bytes(node)).unwrap_or(i64::MAX),
+            )),
+            _ => None,
+        }
+    }
+
     /// Bytes [`Router::record_bytes`] counted for `node` (0 unless by-traffic).
     #[cfg(test)]
     pub(crate) fn recorded_bytes(&self, node: &str) -> u64 {
@@ -421,9 +441,8 @@ impl Router {
         rng: &mut impl Rng,
         local: &impl Fn(&str) -> u32,
     ) -> EntryDecision {
-        let serving = view.serving_ids();
         let route = route_from_request(req.headers, req.uri, &self.route_cookie, |r| {
-            serving.binary_search_by(|id| (**id).cmp(r)).is_ok()
+            view.sticky_target(r).is_some()
         });
         let sticky = self.is_sticky().then(|| Session {
             route: route.clone(),
@@ -456,7 +475,9 @@ impl Router {
             let published = view.get(id).map_or(0, |m| m.inflight);
             u64::from(published) + u64::from(local(id))
         };
-        let sticky = route.and_then(|r| serving.binary_search_by(|id| (**id).cmp(r)).ok());
+        // A route to a serving member, or to a draining one (its sessions
+        // finish there: `MembershipView::sticky_target`).
+        let sticky = route.and_then(|r| view.sticky_target(r));
         let effective = self.effective();
 
         if effective == Effective::Hash && !view.ring().is_empty() {
@@ -467,7 +488,7 @@ impl Router {
             let point = hash_key(&key);
             let ring = view.ring();
             let (owner, reason) = match (sticky, self.balance_factor_pct) {
-                (Some(i), _) => (&serving[i], Reason::StickyRoute),
+                (Some(id), _) => (id, Reason::StickyRoute),
                 (None, Some(pct)) => {
                     let (owner, skipped) = ring
                         .bounded_owner(point, pct, |id| figure(id))
@@ -498,8 +519,15 @@ impl Router {
             reason: Reason::RoundRobin,
         };
         let decision = |d: Decision, reason| Decision { reason, ..d };
-        if let Some(i) = sticky {
-            return decision(rotation(i), Reason::StickyRoute);
+        if let Some(id) = sticky {
+            // Failover from a sticky owner goes on in id order, from
+            // after it (a draining owner is not in `serving` itself).
+            return Decision {
+                owner: id.clone(),
+                failover: Failover::Rotation,
+                key: None,
+                reason: Reason::StickyRoute,
+            };
         }
         let weight = |id: &NodeId| view.get(id).map_or(0, |m| m.weight);
         let metric = |id: &NodeId| view.get(id).map_or(0, |m| effective_metric(m.load));

@@ -17,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use peerlb::{NodeId, Ring};
 
 pub mod forge;
+pub mod haproxy;
 
 /// Peer links that survive a loaded machine's stalls, for tests that are
 /// not about failure detection: with the default 1 s QUIC idle timeout, a

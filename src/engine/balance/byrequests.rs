@@ -70,7 +70,6 @@ impl ByRequests {
     }
 
     /// The lbstatus of `id` (0 if never seen).
-    #[cfg(test)]
     pub(crate) fn lbstatus(&self, id: &str) -> i64 {
         self.lbstatus.get(id).copied().unwrap_or(0)
     }

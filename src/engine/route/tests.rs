@@ -202,9 +202,19 @@ fn sticky_route_wins_under_consistent_hash() {
 
 #[test]
 fn h4_forged_or_non_serving_route_is_ignored() {
-    let v = view("n1", &[("n1", Serving), ("n2", Draining), ("n3", Serving)]);
+    // Offline and leaving members take no sticky request (a draining one
+    // does: `a_draining_member_keeps_its_sticky_sessions_and_gets_no_new_ones`).
+    let v = view(
+        "n1",
+        &[
+            ("n1", Serving),
+            ("n2", Offline),
+            ("n3", Serving),
+            ("n4", Leaving),
+        ],
+    );
     for policy in PolicyKind::ALL {
-        for route in ["ghost", "n2", "", "n1%00"] {
+        for route in ["ghost", "n2", "n4", "", "n1%00"] {
             let rules = if policy == PolicyKind::ConsistentHash {
                 user_rules()
             } else {
@@ -230,10 +240,53 @@ fn h4_forged_or_non_serving_route_is_ignored() {
                 let got = decide(&mut b, forged, &v);
                 assert_eq!(got, want, "{policy} {route:?}");
                 assert_ne!(got.reason, Reason::StickyRoute);
-                assert!(!got.candidates(&v).any(|c| &**c == "n2"));
+                assert!(!got.candidates(&v).any(|c| &**c == "n2" || &**c == "n4"));
             }
         }
     }
+}
+
+#[test]
+fn a_draining_member_keeps_its_sticky_sessions_and_gets_no_new_ones() {
+    let v = view("n1", &[("n1", Serving), ("n2", Draining), ("n3", Serving)]);
+    for policy in PolicyKind::ALL {
+        let rules = if policy == PolicyKind::ConsistentHash {
+            user_rules()
+        } else {
+            Rules::default()
+        };
+        let mut r = Router::new(policy, rules);
+        // A request bound to n2 by its sticky route still reaches it, with
+        // the serving members as failover candidates after it.
+        let bound = request("/x?user=u", Some("peerlb-route=n2"), "192.0.2.1:1000");
+        let d = decide(&mut r, &bound, &v);
+        assert_eq!(
+            (&*d.owner, d.reason),
+            ("n2", Reason::StickyRoute),
+            "{policy}"
+        );
+        let c = ids(&d, &v);
+        assert_eq!(c[0], "n2", "{policy}");
+        assert_eq!(c.len(), 3, "{policy}: {c:?}");
+        // Any other request goes elsewhere: no new session, no ring key.
+        for i in 0..200 {
+            let fresh = request(
+                &format!("/x?user=u{i}"),
+                None,
+                &format!("192.0.2.1:{}", 1000 + i),
+            );
+            let d = decide(&mut r, &fresh, &v);
+            assert_ne!(&*d.owner, "n2", "{policy} request {i}");
+            assert_ne!(d.reason, Reason::StickyRoute);
+        }
+    }
+    // Offline: the same route is ignored.
+    let off = view("n1", &[("n1", Serving), ("n2", Offline), ("n3", Serving)]);
+    let mut r = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
+    let bound = request("/x", Some("peerlb-route=n2"), "192.0.2.1:1000");
+    let d = decide(&mut r, &bound, &off);
+    assert_ne!(&*d.owner, "n2");
+    assert!(!ids(&d, &off).contains(&"n2"));
 }
 
 #[test]
@@ -417,6 +470,22 @@ fn a1_weighted_round_robin_skips_a_down_member() {
     let v = MembershipView::new("a".into(), v, 64);
     let mut r = Router::new(PolicyKind::WeightedRoundRobin, Rules::default());
     assert_eq!(owners(&mut r, &v, 6), ["a", "c", "d", "a", "c", "d"]);
+}
+
+#[test]
+fn policy_figures_show_lbstatus_and_bytes() {
+    let v = weighted("a", &[("a", 100, 100, 0), ("b", 300, 100, 0)]);
+    let mut r = Router::new(PolicyKind::WeightedRoundRobin, Rules::default());
+    // byrequests: each pick adds lbfactor to every worker's lbstatus and
+    // takes the total from the winner's: b wins the first pick.
+    assert_eq!(owners(&mut r, &v, 1), ["b"]);
+    assert_eq!(r.policy_figure("a"), Some(("lbstatus", 100)));
+    assert_eq!(r.policy_figure("b"), Some(("lbstatus", -100)));
+    let mut r = Router::new(PolicyKind::ByTraffic, Rules::default());
+    r.record_bytes("a", 700);
+    assert_eq!(r.policy_figure("a"), Some(("bytes", 700)));
+    let r = Router::new(PolicyKind::RoundRobin, Rules::default());
+    assert_eq!(r.policy_figure("a"), None);
 }
 
 #[test]
@@ -710,10 +779,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// Every decision of every policy: owner first, candidates distinct
-    /// and serving.
+    /// and serving; only a sticky owner may be draining (its sessions
+    /// finish there), never offline or leaving.
     #[test]
     fn candidates_are_distinct_and_serving(
-        statuses in proptest::collection::vec(0u8..3, 1..8),
+        statuses in proptest::collection::vec(0u8..4, 1..8),
         weights in proptest::collection::vec(0u32..300, 8),
         inflight in proptest::collection::vec(0u32..50, 8),
         policy in 0usize..PolicyKind::ALL.len(),
@@ -725,7 +795,7 @@ proptest! {
     ) {
         let names: Vec<String> = (0..statuses.len()).map(|i| format!("n{i}")).collect();
         let members = names.iter().enumerate().map(|(i, n)| {
-            let mut m = member(n, 1, [Serving, Draining, Leaving][statuses[i] as usize]);
+            let mut m = member(n, 1, [Serving, Draining, Leaving, Offline][statuses[i] as usize]);
             m.weight = weights[i];
             m.inflight = inflight[i];
             m.load = (weights[i] % 101) as u8;
@@ -747,9 +817,12 @@ proptest! {
             if d.reason == Reason::NoMembers {
                 prop_assert!(v.serving_ids().is_empty());
             } else {
-                prop_assert!(c.iter().all(|c| v.is_serving(c)));
+                let draining_owner = v.get(&d.owner).is_some_and(|m| m.status == Draining);
+                prop_assert!(!draining_owner || d.reason == Reason::StickyRoute);
+                let rest = if draining_owner { &c[1..] } else { &c[..] };
+                prop_assert!(rest.iter().all(|c| v.is_serving(c)));
                 if d.key.is_none() {
-                    prop_assert_eq!(c.len(), v.serving_ids().len());
+                    prop_assert_eq!(rest.len(), v.serving_ids().len());
                 } else {
                     // Hash: the ring's nodes (weight > 0), plus a sticky owner.
                     prop_assert!(c.len() >= v.ring().node_count());
