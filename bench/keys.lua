@@ -1,16 +1,20 @@
 -- wrk script for bench/compare.py: GET $BENCH_PATH?user=u<k> with k uniform
--- over 10,000 users, on keep-alive connections. The requests are formatted
+-- over 10,000 users, on keep-alive connections (or one per request). The requests are formatted
 -- once in init (wrk.format), so a request costs one table lookup.
 -- done() prints one machine-readable RESULT line.
 
 local path = os.getenv("BENCH_PATH") or "/bytes/200"
 local users = tonumber(os.getenv("BENCH_USERS") or "10000")
+-- BENCH_CLOSE=1: every request asks for `Connection: close`, so each one
+-- opens a new connection (a new TLS handshake over HTTPS).
+local close = os.getenv("BENCH_CLOSE") == "1"
 local reqs = {}
 
 function init(args)
   math.randomseed(os.time() + math.floor(os.clock() * 1e6))
   for k = 1, users do
-    reqs[k] = wrk.format("GET", path .. "?user=u" .. k)
+    local headers = close and { ["Connection"] = "close" } or nil
+    reqs[k] = wrk.format("GET", path .. "?user=u" .. k, headers)
   end
 end
 

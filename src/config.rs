@@ -31,13 +31,14 @@ mod tests;
 mod validate;
 
 pub use model::{
-    BalanceSection, ClusterFile, GossipSection, HeadersSection, LimitsSection, NodeSpec, Overrides,
-    PeerSection, RingSection, StickySection, TlsSection,
+    BalanceSection, CertPairSpec, ClusterFile, GossipSection, HeadersSection, LimitsSection,
+    ListenerSection, ListenerTlsSection, NodeSpec, Overrides, PeerSection, RingSection,
+    StickySection, TlsSection,
 };
 pub use settings::{
-    ADMIN_PORT_OFFSET, AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings,
-    MetricSettings, NodeAddrs, NodeConfig, PeerSettings, RoutingSettings, TlsPaths, UpstreamApp,
-    default_admin_addr,
+    ADMIN_PORT_OFFSET, AppAddr, AppKind, CertFiles, GossipSettings, IngressSettings,
+    LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs, NodeConfig,
+    PeerSettings, RoutingSettings, TlsPaths, UpstreamApp, default_admin_addr,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1

@@ -181,6 +181,18 @@ pub struct Setup {
     pub seed: u64,
 }
 
+/// Who sends the request to explain: the client's address as the entry
+/// sees it and its connection's TLS facts (`--from`, `--tls`, `--sni`).
+#[derive(Debug, Clone)]
+pub struct ClientFacts {
+    /// The client address (the default hash key's source).
+    pub addr: SocketAddr,
+    /// The connection is TLS (HTTPS at the entry); implied by `sni`.
+    pub tls: bool,
+    /// The SNI name of the TLS handshake.
+    pub sni: Option<String>,
+}
+
 /// Decides `req` from `client` under `setup`, then `count` more times for
 /// the sequence of picks.
 ///
@@ -197,7 +209,7 @@ pub struct Setup {
 pub fn explain(
     setup: Setup,
     req: &http::Request<()>,
-    client: SocketAddr,
+    client: &ClientFacts,
     count: usize,
     load_step: u32,
 ) -> Result<Explanation, ArgError> {
@@ -218,7 +230,9 @@ pub fn explain(
         method: req.method(),
         uri: req.uri(),
         headers: req.headers(),
-        client,
+        client: client.addr,
+        tls: client.tls || client.sni.is_some(),
+        sni: client.sni.as_deref(),
     };
     let d = router.decide(&rv, &view, Duration::ZERO, &mut rng);
     let rule = match d.reason {
@@ -293,7 +307,11 @@ mod tests {
                 seed: 1,
             },
             &req,
-            "10.1.2.3:5555".parse().unwrap(),
+            &ClientFacts {
+                addr: "10.1.2.3:5555".parse().unwrap(),
+                tls: false,
+                sni: None,
+            },
             count,
             0,
         )
@@ -357,5 +375,44 @@ mod tests {
                 .starts_with("--request")
         );
         assert!(parse_request("GET /", &["nocolon".into()], &[]).is_err());
+    }
+
+    #[test]
+    fn the_sni_of_the_client_reaches_the_rules() {
+        let specs: Vec<crate::engine::rules::RuleSpec> = vec![
+            toml::from_str(
+                "name = \"api\"\nwhen = { sni = \"api.example\" }\nextract = [{ query = \"user\", prefix = \"api:\" }]",
+            )
+            .unwrap(),
+        ];
+        let req = parse_request("GET /?user=ann", &[], &[]).unwrap();
+        let go = |sni: Option<&str>| {
+            explain(
+                Setup {
+                    policy: "consistent-hash".parse().unwrap(),
+                    rules: Rules::compile(&specs).unwrap(),
+                    options: RouterOptions::default(),
+                    vnodes: 1024,
+                    members: parse_members("a,b").unwrap(),
+                    entry: "a".into(),
+                    seed: 1,
+                },
+                &req,
+                &ClientFacts {
+                    addr: "10.1.2.3:5555".parse().unwrap(),
+                    tls: false,
+                    sni: sni.map(str::to_owned),
+                },
+                0,
+                0,
+            )
+            .unwrap()
+        };
+        let e = go(Some("api.example"));
+        assert_eq!(e.rule, Some(0));
+        assert_eq!(e.key.as_deref(), Some("api:ann"));
+        let e = go(None);
+        assert_eq!(e.rule, None);
+        assert_eq!(e.key.as_deref(), Some("10.1.2.3:5555"));
     }
 }

@@ -23,13 +23,15 @@
 //! - `adapters/` (I/O): `gossip` (chitchat over a transport sealed with
 //!   the cluster [`keyring`], bounds on what gossip may say), `peer` (quinn
 //!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
-//!   server and the request path), `owner` (serving with the local app),
+//!   server and the request path; before HTTP, the PROXY protocol header
+//!   and the TLS handshake a client listener asks for), `owner` (serving with the local app),
 //!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
 //!   owner and `admin`), `pause` (a pause of the node's own process
 //!   noticed, failure decisions held after it), `errors` (every error as
 //!   an HTTP answer), `app`
 //!   (built-in and upstream app), `tls` (identity, issuance, configs:
-//!   cluster CA, node certificates, mutual TLS).
+//!   cluster CA, node certificates, mutual TLS; `tls::entry`: HTTPS at the
+//!   entry, certificates by SNI, reloads).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
 //! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.

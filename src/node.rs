@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::adapters::admin_server::{self, AdminServer};
 use crate::adapters::app::App;
 use crate::adapters::gossip::{self, GossipIdentity, Published};
-use crate::adapters::ingress::{self, Ingress};
+use crate::adapters::ingress::{self, Ingress, ListenerSetup};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::owner::Owner;
 use crate::adapters::pause::PauseWatch;
@@ -25,6 +25,31 @@ use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::Router;
 use crate::env::{Env, NodeEvent, Observer};
+
+/// What a client listener configured by `l` does before HTTP: the PROXY
+/// header it expects, and the TLS acceptor with its certificates.
+///
+/// # Errors
+/// [`NodeError::EntryTls`] when a certificate or key cannot be used.
+fn listener_setup(
+    l: &crate::config::ListenerSettings,
+    ingress: &crate::config::IngressSettings,
+) -> Result<ListenerSetup, NodeError> {
+    let tls = match &l.tls {
+        Some(t) => {
+            let certs = tls::entry::EntryCerts::load(t)?;
+            let config =
+                tls::entry::server_config(certs.clone()).map_err(NodeError::EntryTlsConfig)?;
+            Some((tokio_rustls::TlsAcceptor::from(config), certs))
+        }
+        None => None,
+    };
+    Ok(ListenerSetup {
+        proxy_protocol: l.proxy_protocol,
+        tls,
+        handshake_timeout: ingress.header_read_timeout,
+    })
+}
 
 /// A node could not be built or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +72,13 @@ pub enum NodeError {
     /// A listener could not be registered with the runtime.
     #[error("listener: {0}")]
     Listener(std::io::Error),
+    /// A client listener's certificate or key cannot be used (`peerlb
+    /// node` checks them before binding, so this is a file changed since).
+    #[error(transparent)]
+    EntryTls(#[from] tls::entry::EntryTlsError),
+    /// A client listener's TLS configuration could not be made.
+    #[error("listener tls: {0}")]
+    EntryTlsConfig(rustls::Error),
 }
 
 /// One peerlb node, built but not running.
@@ -54,6 +86,9 @@ pub struct Node {
     config: NodeConfig,
     env: Env,
     tls: TlsMaterial,
+    /// What each client listener does before HTTP, in the order of
+    /// `env.http_listeners` (`http_addr`, then the shared address).
+    setups: Vec<Arc<ListenerSetup>>,
 }
 
 impl Node {
@@ -70,7 +105,21 @@ impl Node {
         .with_time_provider(Arc::new(crate::env::ClockAdapter(env.clock.clone())));
         // A node handed another node's files must not start under a false name.
         tls::verify_peer_is(tls.cert_chain(), &config.node.id)?;
-        Ok(Node { config, env, tls })
+        let mut setups = Vec::new();
+        for i in 0..env.http_listeners.len() {
+            let l = if i == 0 {
+                &config.listener
+            } else {
+                &config.shared_listener
+            };
+            setups.push(Arc::new(listener_setup(l, &config.ingress)?));
+        }
+        Ok(Node {
+            config,
+            env,
+            tls,
+            setups,
+        })
     }
 
     /// Serves until `shutdown` resolves, then drains: publishes `leaving`,
@@ -81,7 +130,12 @@ impl Node {
     /// # Errors
     /// [`NodeError`] when the endpoint, gossip or listeners cannot start.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
-        let Node { config, env, tls } = self;
+        let Node {
+            config,
+            env,
+            tls,
+            setups,
+        } = self;
         let me = config.node.clone();
         let settings = config.peer.clone();
         let (endpoint, client) = peer::endpoint(
@@ -214,17 +268,35 @@ impl Node {
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut listeners = Vec::new();
-        for l in env.http_listeners {
+        let mut cert_watches = Vec::new();
+        let mut entry_certs = Vec::new();
+        for (l, setup) in env.http_listeners.into_iter().zip(setups) {
             let addr = l.local_addr().ok();
             if let Some(addr) = addr {
-                info!(%addr, "listening for clients");
+                info!(%addr, proxy_protocol = setup.proxy_protocol.is_some(), https = setup.tls.is_some(), "listening for clients");
+            }
+            if let Some((_, certs)) = &setup.tls {
+                entry_certs.push(certs.clone());
+                let st = state.clone();
+                cert_watches.push(tokio::spawn(tls::entry::watch_files(
+                    certs.clone(),
+                    move |r| {
+                        let c = &st.counters;
+                        match r {
+                            Ok(_) => c.tls_reloads.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => c.tls_reload_failures.fetch_add(1, Ordering::Relaxed),
+                        };
+                    },
+                )));
             }
             listeners.push(tokio::spawn(ingress::serve(
                 l,
+                setup,
                 ingress.clone(),
                 stop_rx.clone(),
             )));
         }
+        state.set_entry_certs(entry_certs);
         // The admin listener serves through the drain (status stays
         // readable) and closes last.
         let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
@@ -303,6 +375,9 @@ impl Node {
             t.abort();
         }
         if let Some(t) = rules_task {
+            t.abort();
+        }
+        for t in cert_watches {
             t.abort();
         }
         view_task.abort();

@@ -467,7 +467,13 @@ async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undraine
         eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
         return;
     };
-    let c = Cluster::start("drain-haproxy", 3, STEADY, "");
+    let c = Cluster::start(
+        "drain-haproxy",
+        3,
+        // The documented HAProxy example sends the PROXY protocol v2.
+        &format!("{STEADY}[listener]\nproxy_protocol = true\n"),
+        "",
+    );
     let socket = c.dir.join("haproxy.sock");
     let front = free_port();
     let cfg = haproxy_example(front, &c.nodes, &socket);
@@ -555,7 +561,13 @@ async fn a_rolling_restart_behind_haproxy_under_keep_alive_load_loses_no_request
         eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
         return;
     };
-    let mut c = Cluster::start("drain-rolling", 3, STEADY, "");
+    let mut c = Cluster::start(
+        "drain-rolling",
+        3,
+        // The documented HAProxy example sends the PROXY protocol v2.
+        &format!("{STEADY}[listener]\nproxy_protocol = true\n"),
+        "",
+    );
     let socket = c.dir.join("haproxy.sock");
     let front: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let cfg = haproxy_example(front.port(), &c.nodes, &socket);

@@ -239,7 +239,11 @@ async fn absolute_form_authority_is_the_host_the_app_sees_and_one_xff_line() {
             "{owner}"
         );
         assert_eq!(v["x-real-ip"], serde_json::json!(["10.0.0.2"]));
-        assert_eq!(v["forwarded"], serde_json::json!(["for=10.0.0.3"]));
+        // peerlb's own Forwarded element comes last, with the scheme.
+        assert_eq!(
+            v["forwarded"],
+            serde_json::json!(["for=10.0.0.3, for=127.0.0.1;proto=http"])
+        );
     }
 }
 
@@ -272,7 +276,10 @@ async fn untrusted_client_forwarding_headers_are_dropped_at_the_entry() {
             "{owner}"
         );
         assert_eq!(v["x-real-ip"], serde_json::json!([]));
-        assert_eq!(v["forwarded"], serde_json::json!([]));
+        assert_eq!(
+            v["forwarded"],
+            serde_json::json!(["for=127.0.0.1;proto=http"])
+        );
     }
 }
 

@@ -16,12 +16,23 @@ use support::*;
 /// `method path` on a fresh connection (`Connection: close`): the status
 /// code and the body, or `None` when the node does not answer.
 fn exchange(addr: SocketAddr, method: &str, path: &str) -> Option<(u16, String)> {
+    exchange_after(addr, "", method, path)
+}
+
+/// [`exchange`] with `prefix` written before the request (a PROXY
+/// protocol header, for a listener that expects one).
+fn exchange_after(
+    addr: SocketAddr,
+    prefix: &str,
+    method: &str,
+    path: &str,
+) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+        "{prefix}{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
     )
     .ok()?;
     let mut buf = Vec::new();
@@ -320,7 +331,14 @@ async fn the_documented_haproxy_check_marks_a_leaving_node_down_before_its_liste
         eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
         return;
     };
-    let mut c = Cluster::start("hapcheck", 2, "[limits]\ndrain_grace_ms = 5000\n", "");
+    // The documented example sends the PROXY protocol v2 (its health
+    // checks too, as the v2 LOCAL command), so the nodes expect it.
+    let mut c = Cluster::start(
+        "hapcheck",
+        2,
+        "[limits]\ndrain_grace_ms = 5000\n[listener]\nproxy_protocol = true\n",
+        "",
+    );
     let socket = c.dir.join("haproxy.sock");
     let cfg = haproxy_example(free_port(), &c.nodes, &socket);
     let cfg_path = write(&c.dir, "haproxy.cfg", &cfg);
@@ -347,7 +365,12 @@ async fn the_documented_haproxy_check_marks_a_leaving_node_down_before_its_liste
         up(&[("n1", "DOWN"), ("n2", "UP")])
     });
     // Still within the grace: the listener is open and says leaving.
-    let still_open = exchange(n1, "GET", "/_peerlb/health");
+    let still_open = exchange_after(
+        n1,
+        "PROXY TCP4 127.0.0.1 127.0.0.1 1 2\r\n",
+        "GET",
+        "/_peerlb/health",
+    );
     let status = haproxy_status(&socket);
     let _ = hap.kill();
     let _ = hap.wait();

@@ -6,10 +6,11 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes now), `target_weight` (its configured or last `PUT` weight, which a slow start ramps to), `slow_start` (`null`, or `step`, `steps`, `remaining_ms` of the ramp in progress), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `h2` (`connections`: HTTP/2 client connections accepted, `reset_floods`: those closed for a rapid-reset flood), `websockets` (`open`, `total`: tunnels at this entry; `proxied_open`, `proxied_total`: tunnels relayed as a forwarded owner; `idle_closed`), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes now), `target_weight` (its configured or last `PUT` weight, which a slow start ramps to), `slow_start` (`null`, or `step`, `steps`, `remaining_ms` of the ramp in progress), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `h2` (`connections`: HTTP/2 client connections accepted, `reset_floods`: those closed for a rapid-reset flood), `websockets` (`open`, `total`: tunnels at this entry; `proxied_open`, `proxied_total`: tunnels relayed as a forwarded owner; `idle_closed`), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`; `proxy_header_refused` and `tls_handshake_failed`: client connections closed before HTTP for want of a valid PROXY header or a TLS handshake; `tls_reloads` and `tls_reload_failures`: certificate reloads of the HTTPS listeners), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
 //! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `offline`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
+//! | `POST /_peerlb/tls/reload` | reads the certificate and key files of the HTTPS client listeners again and serves them to new handshakes: 200 `{"certificates": n}` (0 without HTTPS listeners); 422 naming the field whose file cannot be used (that listener keeps its certificates) |
 //! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (`gossip/admin.rs`): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}`; 400 not a key, 404 no such key, 409 ring full or the sending key, 500 the keyring file cannot be written |
 //! | `POST /_peerlb/state` | body `serving`, `draining` or `offline`; `?node=ID` for another member (`members.rs`: forwarded over the peer link), `?timeout_ms=N` with `draining` to go offline after N ms. Publishes it in gossip: 200 `{"node", "state", "previous"}`; 400 another body or a bad timeout, 409 the node is leaving, 404 no such member, 502 the member is unreachable |
 //! | `GET /_peerlb/manager`, `POST /_peerlb/manager` | the balancer-manager page and its forms (`manager.rs`) |
@@ -37,6 +38,9 @@ pub(crate) const STATUS: &str = "/_peerlb/status";
 
 /// `POST /_peerlb/rules/reload`.
 pub(crate) const RELOAD_RULES: &str = "/_peerlb/rules/reload";
+
+/// `POST /_peerlb/tls/reload`.
+pub(crate) const RELOAD_TLS: &str = "/_peerlb/tls/reload";
 
 /// `PUT /_peerlb/weight`.
 pub(crate) const WEIGHT: &str = "/_peerlb/weight";
@@ -124,6 +128,10 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
             .await
             .map(|n| serde_json::json!({ "rules": n }).to_string())
             .map_err(AdminError::Reload),
+        (&http::Method::POST, RELOAD_TLS) => state
+            .reload_entry_certs()
+            .map(|n| serde_json::json!({ "certificates": n }).to_string())
+            .map_err(AdminError::TlsReload),
         (&http::Method::PUT, WEIGHT) | (&http::Method::POST, STATE) => {
             let node = target_node(req.uri());
             let query = req.uri().query().map(str::to_owned);
@@ -158,7 +166,7 @@ fn allowed_method(path: &str) -> Option<&'static str> {
     match path {
         STATUS | super::metrics::PATH => Some("GET"),
         super::health::PATH => Some("GET, HEAD"),
-        RELOAD_RULES | STATE => Some("POST"),
+        RELOAD_RULES | RELOAD_TLS | STATE => Some("POST"),
         WEIGHT => Some("PUT"),
         MANAGER => Some("GET, POST"),
         _ => None,
@@ -213,6 +221,10 @@ fn status_json(state: &NodeState) -> String {
             "proxied_disagree": c.proxied_disagree.load(Ordering::Relaxed),
             "errors": c.errors.load(Ordering::Relaxed),
             "connections_refused": c.connections_refused.load(Ordering::Relaxed),
+            "proxy_header_refused": c.proxy_header_refused.load(Ordering::Relaxed),
+            "tls_handshake_failed": c.tls_handshake_failed.load(Ordering::Relaxed),
+            "tls_reloads": c.tls_reloads.load(Ordering::Relaxed),
+            "tls_reload_failures": c.tls_reload_failures.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "h2": {

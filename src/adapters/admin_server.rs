@@ -4,7 +4,6 @@
 //! stats socket, it is apart from the client ports: what can reach
 //! `admin_addr` (loopback by default) is what protects the API.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -63,7 +62,7 @@ impl Handler for AdminServer {
     fn handle(
         &self,
         req: Request<Incoming>,
-        _client: SocketAddr,
+        _conn: Arc<ingress::ConnInfo>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
         self.answer(req)
     }
@@ -102,5 +101,11 @@ pub(crate) async fn serve(
     server: Arc<AdminServer>,
     shutdown: watch::Receiver<bool>,
 ) {
-    ingress::serve(listener, server, shutdown).await;
+    ingress::serve(
+        listener,
+        Arc::new(ingress::ListenerSetup::plain()),
+        server,
+        shutdown,
+    )
+    .await;
 }

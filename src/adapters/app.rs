@@ -48,6 +48,8 @@ pub(crate) struct ServeCtx<'a> {
     pub key: Option<&'a str>,
     /// The client address the entry saw.
     pub client: SocketAddr,
+    /// The client connection's TLS facts (`None`: cleartext HTTP).
+    pub tls: Option<&'a super::wire::TlsFacts>,
 }
 
 /// The upstream app could not be reached or failed before a response head.
@@ -241,6 +243,7 @@ where
                 entry: &name,
                 key: None,
                 client,
+                tls: None,
             };
             let mut resp = app
                 .serve(req.map(body::from_incoming), ctx)
@@ -316,6 +319,9 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
             .headers()
             .get("x-request-id")
             .and_then(|v| v.to_str().ok()),
+        "proto": if ctx.tls.is_some() { "https" } else { "http" },
+        "sni": ctx.tls.and_then(|t| t.sni.as_deref()),
+        "tls_version": ctx.tls.map(|t| t.version_name()),
         // Marks the node uses itself; a client must never be able to set them (H4).
         "peerlb_headers": req
             .headers()
@@ -464,6 +470,11 @@ async fn upstream(
     }
     // One combined line, the client's own address last.
     super::client_input::append_forwarded_for(&mut parts.headers, ctx.client.ip());
+    super::client_input::set_forwarded_proto(
+        &mut parts.headers,
+        ctx.client.ip(),
+        ctx.tls.is_some(),
+    );
     let resp = pool
         .send(Request::from_parts(parts, body))
         .await
@@ -498,6 +509,7 @@ mod tests {
             entry: "n1",
             key: Some("alice"),
             client: "127.0.0.1:4000".parse().unwrap(),
+            tls: None,
         }
     }
 

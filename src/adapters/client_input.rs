@@ -12,6 +12,10 @@ use super::errors::{AdminError, RequestError};
 /// `headers.trust_client_forwarded` is false.
 pub(crate) const CLIENT_FORWARDING: [&str; 3] = ["x-forwarded-for", "x-real-ip", "forwarded"];
 
+/// `X-Forwarded-Proto`: the scheme the client used, as peerlb tells the
+/// app (`http` or `https`); a client-sent one is dropped at the entry.
+pub(crate) const FORWARDED_PROTO: &str = "x-forwarded-proto";
+
 /// Checks the request-target's form and the `Host` value (RFC 9112
 /// sections 3.2 and 3.2.1-3.2.4): authority-form is for CONNECT only (which
 /// peerlb refuses before this), asterisk-form for OPTIONS only, absolute-form
@@ -343,6 +347,34 @@ pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr
     // Made of header values and an IP address: always a valid value.
     if let Ok(v) = HeaderValue::from_bytes(&combined) {
         headers.insert("x-forwarded-for", v);
+    }
+}
+
+/// Tells the app the scheme the client used: `X-Forwarded-Proto` set to
+/// `https` or `http` (replacing any value), and a `Forwarded` element
+/// (RFC 7239) `for=<client>;proto=<scheme>` appended as the last one, so
+/// an app reading the last element reads peerlb's (client-sent elements,
+/// when `headers.trust_client_forwarded` keeps them, come before it).
+pub(crate) fn set_forwarded_proto(headers: &mut HeaderMap, client: std::net::IpAddr, tls: bool) {
+    let proto = if tls { "https" } else { "http" };
+    headers.insert(FORWARDED_PROTO, HeaderValue::from_static(proto));
+    // RFC 7239 section 6: an IPv6 address is bracketed and quoted.
+    let node = match client.to_canonical() {
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+        std::net::IpAddr::V6(ip) => format!("\"[{ip}]\""),
+    };
+    let mut combined: Vec<u8> = Vec::new();
+    for v in headers.get_all(header::FORWARDED) {
+        let v = v.as_bytes().trim_ascii();
+        if v.is_empty() {
+            continue;
+        }
+        combined.extend_from_slice(v);
+        combined.extend_from_slice(b", ");
+    }
+    combined.extend_from_slice(format!("for={node};proto={proto}").as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&combined) {
+        headers.insert(header::FORWARDED, v);
     }
 }
 

@@ -187,6 +187,10 @@ pub(crate) enum AdminError {
     /// keyring in force stays.
     #[error(transparent)]
     Keyring(#[from] KeyringError),
+    /// `POST /_peerlb/tls/reload`: a listener's certificate or key cannot
+    /// be used (422); its certificates in force stay.
+    #[error(transparent)]
+    TlsReload(#[from] super::tls::entry::EntryTlsError),
     /// `POST /_peerlb/state` was refused (400 not a state, 409 leaving).
     #[error(transparent)]
     State(#[from] StateError),
@@ -251,6 +255,7 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             AdminError::Weight(WeightError::OutOfRange(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
             AdminError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            AdminError::TlsReload(_) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::State(
                 StateError::NotAState(_) | StateError::Body(_) | StateError::BadTimeout(_),
             )
@@ -345,6 +350,13 @@ mod tests {
             (AdminError::UnknownPath, 404),
             (AdminError::MethodNotAllowed { allow: "GET" }, 405),
             (AdminError::Reload(ReloadError::Embedded), 409),
+            (
+                AdminError::TlsReload(crate::adapters::tls::entry::EntryTlsError {
+                    field: "listener.tls.cert".into(),
+                    message: "x".into(),
+                }),
+                422,
+            ),
             (AdminError::Weight(WeightError::NotANumber("x".into())), 400),
             (AdminError::Weight(WeightError::Body("x".into())), 400),
             (AdminError::Weight(WeightError::OutOfRange(10_001)), 422),

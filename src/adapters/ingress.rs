@@ -20,14 +20,15 @@
 //! owner's side are relayed as a tunnel (`tunnel`).
 //!
 //! The stages, one file each: `ingress/server` (the accept loop and the
-//! connection settings, HTTP/1.1 and HTTP/2), `ingress/preface` (HTTP/2
-//! prior knowledge on cleartext), `ingress/limits` (head limits, and the marks
+//! connection settings, HTTP/1.1 and HTTP/2), `ingress/conn` (what a
+//! connection goes through before HTTP: the PROXY header,
+//! `ingress/proxy_protocol`, and the TLS handshake), `ingress/preface`
+//! (HTTP/2 prior knowledge on cleartext), `ingress/limits` (head limits, and the marks
 //! peerlb strips from requests and adds to responses), `ingress/forward`
 //! (routing, failover and replay). The owner side is `owner`, the state
 //! shared with it and the admin API is `node_state`, and errors become
 //! HTTP answers in `errors::error_response`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -46,13 +47,14 @@ use super::tunnel::{self, Role, Tunnel};
 use crate::config::IngressSettings;
 use forward::{ForwardSettings, Forwarder};
 
+mod conn;
 mod forward;
 mod limits;
 mod preface;
+mod proxy_protocol;
 mod server;
 
-// `server::{serve_connection, Protocol}` serve one connection of any IO
-// (the HTTPS listener's TLS streams).
+pub(crate) use conn::{ConnInfo, ListenerSetup};
 pub(crate) use server::{Handler, serve};
 
 /// Response header naming the entry node.
@@ -65,6 +67,11 @@ pub(crate) struct Ingress {
     settings: IngressSettings,
     /// This node's id as a header value (`peerlb-entry`), made once.
     id_header: Option<HeaderValue>,
+    /// When this ingress was made: the clock of `proxy_warned`.
+    epoch: tokio::time::Instant,
+    /// Seconds after `epoch` of the last warning about a missing PROXY
+    /// header (0: none yet).
+    proxy_warned: std::sync::atomic::AtomicU64,
 }
 
 impl Ingress {
@@ -96,6 +103,8 @@ impl Ingress {
             ),
             state,
             settings,
+            epoch: tokio::time::Instant::now(),
+            proxy_warned: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -104,7 +113,7 @@ impl Ingress {
     pub(crate) async fn handle(
         &self,
         mut req: Request<Incoming>,
-        client: SocketAddr,
+        conn: Arc<ConnInfo>,
     ) -> Response<Body> {
         if req.version() == http::Version::HTTP_2 {
             let (mut parts, body) = req.into_parts();
@@ -137,10 +146,13 @@ impl Ingress {
                 if !self.settings.trust_client_forwarded {
                     client_input::drop_client_forwarding(req.headers_mut());
                 }
+                // peerlb says which scheme the client used (the app layer
+                // sets it): a client's own value never reaches the app.
+                req.headers_mut().remove(client_input::FORWARDED_PROTO);
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 let start = tokio::time::Instant::now();
-                let mut resp = match self.forwarder.route_and_serve(req, client).await {
+                let mut resp = match self.forwarder.route_and_serve(req, &conn).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(answer) => answer,
                 };
@@ -212,9 +224,9 @@ impl server::Handler for Ingress {
     fn handle(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: Arc<ConnInfo>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
-        Ingress::handle(self, req, client)
+        Ingress::handle(self, req, conn)
     }
 
     fn header_read_timeout(&self) -> Duration {
@@ -260,5 +272,30 @@ impl server::Handler for Ingress {
             .counters
             .h2_reset_floods
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed_before_http(&self, error: &conn::OpenError) {
+        let c = &self.state.counters;
+        match error {
+            conn::OpenError::Proxy(e) => {
+                c.proxy_header_refused.fetch_add(1, Ordering::Relaxed);
+                // A sprayer that does not send the header is a setup
+                // mistake worth seeing at info; once in 10 s, not per
+                // connection.
+                let now = self.epoch.elapsed().as_secs();
+                let last = self.proxy_warned.load(Ordering::Relaxed);
+                if (last == 0 || now >= last + 10)
+                    && self
+                        .proxy_warned
+                        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(target: super::REQUEST_PATH, error = %e, "closed a client connection without a valid PROXY header (listener proxy_protocol = true): is the sprayer sending it?");
+                }
+            }
+            conn::OpenError::Handshake(_) | conn::OpenError::HandshakeTimeout(_) => {
+                c.tls_handshake_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }

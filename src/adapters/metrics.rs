@@ -60,6 +60,8 @@
 //! | `peerlb_lbstatus{node}` | gauge | `weighted-round-robin` only: each node's lbstatus (mod_proxy_balancer byrequests) at this entry |
 //! | `peerlb_by_traffic_bytes{node}` | gauge | `by-traffic` only: the bytes this entry counted per node (bytraffic) |
 //! | `peerlb_rules_reloads_total{result}` | counter | rules reloads: `ok`, `error` (the old rules stay) |
+//! | `peerlb_connections_closed_before_http_total{reason}` | counter | client connections closed before HTTP: `proxy_header` (no valid PROXY header), `tls_handshake` (failed or timed out) |
+//! | `peerlb_tls_reloads_total{result}` | counter | certificate reloads of the HTTPS listeners: `ok`, `error` (the old certificates stay) |
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -545,6 +547,24 @@ impl Snapshot {
                 "websockets_proxied_open",
                 "WebSocket tunnels open on this node as a forwarded owner",
                 Gauge(state.tunnels.open(Role::Owner) as f64),
+            ),
+            Family::labelled(
+                "connections_closed_before_http",
+                "Client connections closed before HTTP, by reason",
+                "reason",
+                [
+                    ("proxy_header".to_owned(), Counter(get(&c.proxy_header_refused))),
+                    ("tls_handshake".to_owned(), Counter(get(&c.tls_handshake_failed))),
+                ],
+            ),
+            Family::labelled(
+                "tls_reloads",
+                "Certificate reloads of the HTTPS listeners, by result (error: the old certificates stayed)",
+                "result",
+                [
+                    ("ok".to_owned(), Counter(get(&c.tls_reloads))),
+                    ("error".to_owned(), Counter(get(&c.tls_reload_failures))),
+                ],
             ),
             Family::one(
                 "inflight_requests",

@@ -72,6 +72,17 @@ pub(crate) struct Counters {
     /// HTTP/2 client connections closed for a flood of streams the
     /// client reset before their answers (rapid reset).
     pub h2_reset_floods: AtomicU64,
+    /// Client connections closed before HTTP on a listener that expects
+    /// the PROXY protocol: no valid header in time.
+    pub proxy_header_refused: AtomicU64,
+    /// Client connections closed before HTTP on an HTTPS listener: the
+    /// TLS handshake failed or timed out.
+    pub tls_handshake_failed: AtomicU64,
+    /// Certificate reloads of the HTTPS listeners that put new
+    /// certificates in force (file change or `POST /_peerlb/tls/reload`).
+    pub tls_reloads: AtomicU64,
+    /// Certificate reloads refused (bad files: the old certificates stay).
+    pub tls_reload_failures: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.
@@ -273,6 +284,9 @@ pub(crate) struct NodeState {
     /// The weight this node publishes now: [`NodeState::weight`] scaled by
     /// the slow-start step in force.
     published_weight: AtomicU32,
+    /// The certificates of this node's HTTPS listeners, for `POST
+    /// /_peerlb/tls/reload` (set once the listeners are made).
+    entry_certs: std::sync::OnceLock<Vec<Arc<crate::adapters::tls::entry::EntryCerts>>>,
     /// Request counters.
     pub counters: Counters,
     /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
@@ -314,6 +328,7 @@ impl NodeState {
             inflight: Arc::new(AtomicU32::new(0)),
             serving: Arc::new(AtomicU32::new(0)),
             accepting: AtomicBool::new(true),
+            entry_certs: std::sync::OnceLock::new(),
             status: std::sync::Mutex::new((NodeStatus::Serving, None)),
             publishes_serving: AtomicBool::new(true),
             forwarded_changes: AtomicU64::new(0),
@@ -350,6 +365,43 @@ impl NodeState {
     /// Peers ejected from routing since start (metrics).
     pub(crate) fn peer_ejections(&self) -> u64 {
         self.links.ejections()
+    }
+
+    /// Records the certificates of this node's HTTPS listeners (once; a
+    /// second call changes nothing).
+    pub(crate) fn set_entry_certs(&self, certs: Vec<Arc<crate::adapters::tls::entry::EntryCerts>>) {
+        let _ = self.entry_certs.set(certs);
+    }
+
+    /// Reloads the certificates of every HTTPS listener: how many were
+    /// loaded. A listener whose files cannot be used keeps its certificates.
+    ///
+    /// # Errors
+    /// The first listener's error (the others are still reloaded).
+    pub(crate) fn reload_entry_certs(
+        &self,
+    ) -> Result<usize, crate::adapters::tls::entry::EntryTlsError> {
+        let mut loaded = 0;
+        let mut first_err = None;
+        for c in self.entry_certs.get().into_iter().flatten() {
+            match c.reload() {
+                Ok(n) => {
+                    loaded += n;
+                    self.counters.tls_reloads.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.counters
+                        .tls_reload_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "listener certificates cannot be reloaded: the certificates in force stay");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(loaded),
+        }
     }
 
     /// Open QUIC connections to peers (`peer_connections` in the status).

@@ -120,6 +120,7 @@ impl Owner {
             entry: &head.entry,
             key: head.hash_key.as_deref(),
             client: head.client,
+            tls: head.tls.as_ref(),
         };
         match self.serve_app(req, ctx).await {
             Ok(r) => track_body(r, None, inflight),

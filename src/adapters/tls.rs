@@ -32,6 +32,8 @@
 //!   (validity dates, file modes, reuse of existing files).
 //! - `configs`: loading a node's PEM files into [`TlsMaterial`] and the
 //!   rustls/quinn client and server configurations built from it.
+//! - `entry`: HTTPS at the entry (client listeners), apart from the peer
+//!   wire's trust model: certificates by SNI, reloads, ALPN.
 //!
 //! The node-id naming rules themselves are the engine's
 //! ([`crate::NodeId::new`]); every function here that takes an id checks it
@@ -47,6 +49,7 @@ use crate::engine::node_id::InvalidNodeId;
 use crate::engine::node_id::NodeId;
 
 mod configs;
+pub mod entry;
 mod identity;
 mod issuance;
 #[cfg(test)]
@@ -56,7 +59,7 @@ pub use configs::{
     TlsMaterial, client_config, quinn_client_config, quinn_server_config, server_config,
 };
 pub use identity::{node_server_name, peer_node_id, verify_peer_is};
-pub use issuance::{GeneratedCerts, ensure_local, generate};
+pub use issuance::{GeneratedCerts, LOCAL_HTTPS_STEM, ensure_local, ensure_local_https, generate};
 
 /// The ALPN protocol id of the peer wire: one connection per node pair,
 /// carrying requests both ways. Offered first by both ends.

@@ -74,6 +74,33 @@ pub(crate) struct RequestHead {
     pub client: SocketAddr,
     /// The hash key the entry routed on, if any.
     pub hash_key: Option<String>,
+    /// The client connection's TLS facts; `None` for cleartext HTTP.
+    pub tls: Option<TlsFacts>,
+}
+
+/// What the entry knows of a client's TLS connection: forwarded to the
+/// owner in [`RequestHead::tls`], told to the app (`X-Forwarded-Proto`)
+/// and seen by the rules (`when = { tls = true, sni = "..." }`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TlsFacts {
+    /// The SNI name the client sent, as sent.
+    pub sni: Option<String>,
+    /// The protocol version's code point (0x0303 TLS 1.2, 0x0304 TLS 1.3).
+    pub version: u16,
+    /// The ALPN protocol negotiated, if any (`http/1.1`).
+    pub alpn: Option<Vec<u8>>,
+}
+
+impl TlsFacts {
+    /// The version as OpenSSL and nginx write it (`TLSv1.3`), or `TLS`
+    /// for a code point peerlb does not offer.
+    pub(crate) fn version_name(&self) -> &'static str {
+        match self.version {
+            0x0304 => "TLSv1.3",
+            0x0303 => "TLSv1.2",
+            _ => "TLS",
+        }
+    }
 }
 
 /// The head of a proxied response (owner -> entry).
@@ -112,6 +139,8 @@ pub(crate) struct RequestHeadRef<'a> {
     pub client: SocketAddr,
     /// See [`RequestHead::hash_key`].
     pub hash_key: Option<&'a str>,
+    /// See [`RequestHead::tls`].
+    pub tls: Option<&'a TlsFacts>,
 }
 
 /// A [`ResponseHead`] encoded straight from borrowed parts (the owner's
@@ -290,6 +319,11 @@ mod tests {
             headers: vec![("x-user".into(), b"\xffbin".to_vec())],
             client: "127.0.0.1:5555".parse().unwrap(),
             hash_key: Some("x".into()),
+            tls: Some(TlsFacts {
+                sni: Some("a.example".into()),
+                version: 0x0304,
+                alpn: Some(b"http/1.1".to_vec()),
+            }),
         }
     }
 
@@ -320,6 +354,11 @@ mod tests {
             headers: vec![("x-user".into(), b"\xffbin".to_vec())],
             client: "127.0.0.1:5555".parse().unwrap(),
             hash_key: Some("x".into()),
+            tls: Some(TlsFacts {
+                sni: Some("a".into()),
+                version: 0x0304,
+                alpn: None,
+            }),
         };
         #[rustfmt::skip]
         let body: &[u8] = &[
@@ -344,6 +383,8 @@ mod tests {
             0x00, 0x7f, 0x00, 0x00, 0x01, 0xfb, 0xb3, 0x15,
             // hash_key: Some("x")
             0x01, 0x01, b'x',
+            // tls: Some { sni: Some("a"), version 0x0304 (251, u16 LE), alpn: None }
+            0x01, 0x01, 0x01, b'a', 0xfb, 0x04, 0x03, 0x00,
         ];
         let mut golden = (body.len() as u32).to_be_bytes().to_vec();
         golden.extend_from_slice(body);
@@ -387,6 +428,7 @@ mod tests {
             headers: &map,
             client: h.client,
             hash_key: h.hash_key.as_deref(),
+            tls: h.tls.as_ref(),
         };
         let frame = encode(&borrowed).unwrap();
         assert_eq!(frame, encode(&owned).unwrap());

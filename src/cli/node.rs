@@ -38,6 +38,13 @@ pub(crate) struct NodeArgs {
     /// Also accept clients on this address, shared with SO_REUSEPORT.
     #[arg(long, env = "PEERLB_SHARED_LISTEN")]
     shared_listen: Option<String>,
+    /// Serve HTTPS on every client listener with this PEM certificate
+    /// chain (with --tls-key), replacing [listener.tls]'s default one.
+    #[arg(long, env = "PEERLB_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "PEERLB_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<String>,
 }
 
 /// Validates the node's configuration and TLS files (exit 64 when they are
@@ -56,6 +63,7 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         weight: a.weight,
         app: a.app,
         shared_listen: a.shared_listen,
+        tls_cert: a.tls_cert.zip(a.tls_key),
     };
     let mut config = match file.validate(&src, &a.node, &ov) {
         Ok(c) => c,
@@ -68,6 +76,13 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         return Ok(config_error(format!(
             "tls: {e} (create the certificates with `peerlb certs`)"
         )));
+    }
+    for l in [&config.listener, &config.shared_listener] {
+        if let Some(t) = &l.tls
+            && let Err(e) = tls::entry::EntryCerts::load(t)
+        {
+            return Ok(config_error(e));
+        }
     }
     let keyring = match peerlb::keyring::Keyring::load(&config.tls.gossip_keyring) {
         Ok(k) => k,

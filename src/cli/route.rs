@@ -27,6 +27,13 @@ pub(crate) struct RouteArgs {
     /// The client address the entry node sees.
     #[arg(long, default_value = "127.0.0.1:40000")]
     from: std::net::SocketAddr,
+    /// The request came over HTTPS (rules' `when = { tls = true }`).
+    #[arg(long)]
+    tls: bool,
+    /// The SNI name of the client's TLS handshake (implies --tls; rules'
+    /// `when = { sni = "..." }`).
+    #[arg(long)]
+    sni: Option<String>,
     /// The members in view: "n1,n2=weight:200/load:40/inflight:3,n3=down"
     /// (default: every node of the config, serving, with its weight).
     #[arg(long)]
@@ -103,7 +110,12 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         entry,
         seed: a.seed,
     };
-    let e = match explain::explain(setup, &req, a.from, a.count, a.load_step) {
+    let from = explain::ClientFacts {
+        addr: a.from,
+        tls: a.tls,
+        sni: a.sni,
+    };
+    let e = match explain::explain(setup, &req, &from, a.count, a.load_step) {
         Ok(e) => e,
         Err(e) => return Ok(usage(&e)),
     };

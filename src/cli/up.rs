@@ -35,6 +35,11 @@ pub(crate) struct UpArgs {
     /// cluster.toml to use (default: the embedded local 3-node cluster).
     #[arg(long, env = "PEERLB_CONFIG")]
     config: Option<PathBuf>,
+    /// Serve clients over HTTPS with a self-signed certificate for
+    /// localhost (`<tls dir>/entry.pem`, created when missing): every
+    /// node's client listeners take it (`peerlb node --tls-cert`).
+    #[arg(long)]
+    https: bool,
 }
 
 /// One node started by `up`.
@@ -60,6 +65,15 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
     for p in &g.created {
         println!("created {}", p.display());
     }
+    let https = if a.https {
+        let (cert, key, created) = tls::ensure_local_https(&c.tls.dir)?;
+        if created {
+            println!("created {} and {}", cert.display(), key.display());
+        }
+        Some((cert, key))
+    } else {
+        None
+    };
     let sprayer = file.sprayer_addr.clone();
     let exe = std::env::current_exe().context("locating the peerlb binary")?;
     runtime()?.block_on(async move {
@@ -69,6 +83,7 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
                 &exe,
                 config,
                 sprayer.as_deref(),
+                https.as_ref(),
                 n,
                 (log_format, access_log),
             )?);
@@ -88,7 +103,10 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
                 println!("\nwarning: the nodes do not all see each other yet (see the logs above)")
             }
         }
-        print_hints(&front, &started[0].spec);
+        match &https {
+            Some((cert, _)) => print_https_hints(&front, cert),
+            None => print_hints(&front, &started[0].spec),
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut waits = JoinSet::new();
         for s in started {
@@ -108,8 +126,9 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
 }
 
 /// Starts node `n` as a child (`peerlb node --node <id>`, with the same
-/// config and the sprayer as shared listen address) and forwards its stdout
-/// and stderr, each line prefixed with `[<id>]`.
+/// config, the sprayer as shared listen address, and the HTTPS certificate
+/// and key when `https` gives them) and forwards its stdout and stderr,
+/// each line prefixed with `[<id>]`.
 ///
 /// # Errors
 /// The process could not be started.
@@ -117,6 +136,7 @@ fn spawn(
     exe: &Path,
     config: Option<&Path>,
     sprayer: Option<&str>,
+    https: Option<&(PathBuf, PathBuf)>,
     n: &NodeAddrs,
     (log_format, access_log): (super::LogFormat, bool),
 ) -> anyhow::Result<Started> {
@@ -133,6 +153,15 @@ fn spawn(
     }
     if let Some(s) = sprayer {
         cmd.arg("--shared-listen").arg(s);
+    }
+    if let Some((cert, key)) = https {
+        // Absolute: the node resolves relative paths against the config's
+        // directory, `up` against the current one.
+        let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+        cmd.arg("--tls-cert")
+            .arg(abs(cert))
+            .arg("--tls-key")
+            .arg(abs(key));
     }
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -221,6 +250,23 @@ fn print_hints(front: &str, first: &NodeAddrs) {
     );
     println!(
         "  kill -9 <pid of the node named in alice's peerlb-served-by>   # her requests fail over"
+    );
+    println!("press Ctrl-C to stop every node\n");
+}
+
+/// What to try once the cluster serves HTTPS (`up --https`).
+fn print_https_hints(front: &str, cert: &Path) {
+    let port = front.rsplit_once(':').map_or(front, |(_, p)| p);
+    println!(
+        "\ntry (HTTPS, the certificate {} trusted once):",
+        cert.display()
+    );
+    println!(
+        "  curl -si --cacert {} 'https://localhost:{port}/hello?user=alice'",
+        cert.display()
+    );
+    println!(
+        "  curl -sik 'https://localhost:{port}/hello?user=bob'   # -k: without checking the certificate"
     );
     println!("press Ctrl-C to stop every node\n");
 }

@@ -57,6 +57,14 @@ pub struct ClusterFile {
     /// Peer (QUIC) link parameters.
     #[serde(default)]
     pub peer: PeerSection,
+    /// The client listener on each node's `http_addr`: PROXY protocol and
+    /// HTTPS.
+    #[serde(default)]
+    pub listener: ListenerSection,
+    /// The shared client listener (`--shared-listen`, what `peerlb up`
+    /// binds on `sprayer_addr`); default: the same as `[listener]`.
+    #[serde(default)]
+    pub shared_listener: Option<ListenerSection>,
     /// The nodes of the cluster.
     #[serde(default)]
     pub nodes: Vec<NodeSpec>,
@@ -232,6 +240,71 @@ impl Default for LimitsSection {
     }
 }
 
+/// `[listener]` / `[shared_listener]`: what a client listener expects
+/// before the HTTP request.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerSection {
+    /// Every connection starts with a PROXY protocol header (v1 or v2)
+    /// from the sprayer, whose address is then the client's (default
+    /// false). A connection without a valid header is closed; a listener
+    /// without this setting never reads one.
+    pub proxy_protocol: bool,
+    /// Longest wait for a connection's complete PROXY header, in ms
+    /// (default 5000).
+    pub proxy_protocol_timeout_ms: u64,
+    /// Serve HTTPS on this listener (`[listener.tls]`); unset: cleartext.
+    pub tls: Option<ListenerTlsSection>,
+}
+
+impl Default for ListenerSection {
+    fn default() -> Self {
+        Self {
+            proxy_protocol: false,
+            proxy_protocol_timeout_ms: 5_000,
+            tls: None,
+        }
+    }
+}
+
+/// `[listener.tls]`: the certificates a client listener serves. Paths are
+/// relative to the directory of the config file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsSection {
+    /// The default certificate: a PEM file with the leaf certificate
+    /// first, then its chain.
+    pub cert: String,
+    /// The default certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
+    /// More certificates, chosen by the client's SNI name among each
+    /// certificate's DNS names (subject alternative names, `*.` wildcards
+    /// included); a name none of them has gets the default certificate.
+    #[serde(default)]
+    pub sni: Vec<CertPairSpec>,
+    /// How often the certificate and key files are checked for changes,
+    /// in ms (default 5000; 0: only `POST /_peerlb/tls/reload` reloads).
+    #[serde(default = "default_tls_reload_ms")]
+    pub reload_interval_ms: u64,
+}
+
+/// Default `reload_interval_ms` of `[listener.tls]`.
+pub(crate) const DEFAULT_TLS_RELOAD_MS: u64 = 5_000;
+
+fn default_tls_reload_ms() -> u64 {
+    DEFAULT_TLS_RELOAD_MS
+}
+
+/// One certificate and its key (`[[listener.tls.sni]]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertPairSpec {
+    /// PEM certificate chain, leaf first.
+    pub cert: String,
+    /// PEM private key.
+    pub key: String,
+}
+
 /// `[headers]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -383,4 +456,9 @@ pub struct Overrides {
     /// `--shared-listen` / `PEERLB_SHARED_LISTEN`: also listen for clients on
     /// this address with SO_REUSEPORT (what `peerlb up` passes).
     pub shared_listen: Option<String>,
+    /// `--tls-cert` / `PEERLB_TLS_CERT` with `--tls-key` /
+    /// `PEERLB_TLS_KEY`: serve HTTPS with this certificate and key on every
+    /// client listener (what `peerlb up --https` passes), replacing
+    /// `[listener.tls]`'s default certificate.
+    pub tls_cert: Option<(String, String)>,
 }

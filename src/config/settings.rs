@@ -128,6 +128,10 @@ pub struct NodeConfig {
     pub metric: MetricSettings,
     /// The client side of the request path (`[limits]`, `[headers]`).
     pub ingress: IngressSettings,
+    /// The listener on `http_addr` (`[listener]`).
+    pub listener: ListenerSettings,
+    /// The shared listener, if any (`[shared_listener]`, else `[listener]`).
+    pub shared_listener: ListenerSettings,
     /// Peer links (`[peer]`, `limits.connect_timeout_ms`).
     pub peer: PeerSettings,
     /// Gossip (`seeds`, `[gossip]`).
@@ -198,6 +202,37 @@ pub struct IngressSettings {
     /// A WebSocket tunnel idle this long is closed
     /// (`limits.websocket_idle_timeout_ms`).
     pub websocket_idle_timeout: Duration,
+}
+
+/// What one client listener expects before the HTTP request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListenerSettings {
+    /// Expect a PROXY protocol header, read within this time
+    /// (`proxy_protocol`, `proxy_protocol_timeout_ms`); `None`: never read one.
+    pub proxy_protocol: Option<Duration>,
+    /// Serve HTTPS (`tls`); `None`: cleartext HTTP.
+    pub tls: Option<ListenerTls>,
+}
+
+/// The certificates of an HTTPS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// The default certificate first, then the SNI ones, in order.
+    pub certs: Vec<CertFiles>,
+    /// How often the files are checked for changes; zero: never.
+    pub reload_interval: Duration,
+}
+
+/// One certificate and key, and the config field that named them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// The field path of this pair (`listener.tls`, `listener.tls.sni[1]`,
+    /// `--tls-cert`), for errors.
+    pub field: String,
 }
 
 /// Peer link (QUIC) settings.

@@ -1,6 +1,7 @@
 //! Validation errors name their field; the embedded default is valid.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::*;
 use crate::engine::balance::Policy;
@@ -555,5 +556,70 @@ fn http2_and_websocket_limits_are_read_and_checked() {
             Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{bad}"),
             other => panic!("{bad}: {other:?}"),
         }
+    }
+}
+
+#[test]
+fn listener_settings_resolve_paths_and_the_shared_listener_follows_by_default() {
+    let text = format!(
+        "[listener]\nproxy_protocol = true\nproxy_protocol_timeout_ms = 700\n[listener.tls]\ncert = \"tls/site.pem\"\nkey = \"/abs/site.key\"\nsni = [{{ cert = \"a.pem\", key = \"a.key\" }}]\n{ONE}"
+    );
+    let c = validate(&text, "n1").unwrap();
+    assert_eq!(c.listener.proxy_protocol, Some(Duration::from_millis(700)));
+    let tls = c.listener.tls.clone().unwrap();
+    assert_eq!(tls.reload_interval, Duration::from_secs(5));
+    assert_eq!(tls.certs.len(), 2);
+    assert_eq!(tls.certs[0].cert, PathBuf::from("/etc/peerlb/tls/site.pem"));
+    assert_eq!(tls.certs[0].key, PathBuf::from("/abs/site.key"));
+    assert_eq!(tls.certs[0].field, "listener.tls");
+    assert_eq!(tls.certs[1].field, "listener.tls.sni[0]");
+    assert_eq!(c.shared_listener, c.listener);
+
+    // A [shared_listener] of its own; no PROXY header by default.
+    let text = format!("[shared_listener]\nproxy_protocol = true\n{ONE}");
+    let c = validate(&text, "n1").unwrap();
+    assert_eq!(c.listener, ListenerSettings::default());
+    assert_eq!(
+        c.shared_listener.proxy_protocol,
+        Some(Duration::from_secs(5))
+    );
+
+    // --tls-cert replaces the default certificate on every listener.
+    let s = src(ONE);
+    let ov = Overrides {
+        tls_cert: Some(("/c.pem".into(), "/c.key".into())),
+        ..Overrides::default()
+    };
+    let c = s.parse().unwrap().validate(&s, "n1", &ov).unwrap();
+    let tls = c.shared_listener.tls.unwrap();
+    assert_eq!(tls.certs[0].cert, PathBuf::from("/c.pem"));
+    assert_eq!(tls.certs[0].field, "--tls-cert");
+}
+
+#[test]
+fn bad_listener_values_name_the_field() {
+    for (section, field) in [
+        (
+            "[listener]\nproxy_protocol_timeout_ms = 0\n",
+            "listener.proxy_protocol_timeout_ms",
+        ),
+        (
+            "[shared_listener]\nproxy_protocol_timeout_ms = 0\n",
+            "shared_listener.proxy_protocol_timeout_ms",
+        ),
+        (
+            "[listener.tls]\ncert = \"\"\nkey = \"k\"\n",
+            "listener.tls.cert",
+        ),
+        (
+            "[listener.tls]\ncert = \"c\"\nkey = \"k\"\nsni = [{ cert = \"c\", key = \"\" }]\n",
+            "listener.tls.sni[0].key",
+        ),
+        ("[listener.tls]\ncert = \"c\"\n", "key"),
+    ] {
+        let e = validate(&format!("{section}{ONE}"), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{field}: {e}");
     }
 }

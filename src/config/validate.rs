@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use super::settings::MAX_UNIX_PATH;
 use super::{
-    AppAddr, AppKind, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
-    MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
-    RoutingSettings, RulesSource, Source, StickySection, TlsPaths, UpstreamApp,
+    AppAddr, AppKind, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
+    LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT,
+    MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
+    Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
@@ -130,6 +131,46 @@ impl ClusterFile {
                 "peer.protocol",
                 format!("{} is not a peer protocol (1 or 2)", self.peer.protocol),
             ));
+        }
+        for (name, l) in [
+            ("listener", Some(&self.listener)),
+            ("shared_listener", self.shared_listener.as_ref()),
+        ] {
+            let Some(l) = l else { continue };
+            if !(1..=MAX_DURATION_MS).contains(&l.proxy_protocol_timeout_ms) {
+                return Err(inv(
+                    &format!("{name}.proxy_protocol_timeout_ms"),
+                    format!(
+                        "{} is out of range 1..={MAX_DURATION_MS}",
+                        l.proxy_protocol_timeout_ms
+                    ),
+                ));
+            }
+            if let Some(t) = &l.tls {
+                if t.reload_interval_ms > MAX_DURATION_MS {
+                    return Err(inv(
+                        &format!("{name}.tls.reload_interval_ms"),
+                        format!(
+                            "{} is out of range 0..={MAX_DURATION_MS}",
+                            t.reload_interval_ms
+                        ),
+                    ));
+                }
+                let pairs = std::iter::once((format!("{name}.tls"), &t.cert, &t.key)).chain(
+                    t.sni
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| (format!("{name}.tls.sni[{i}]"), &p.cert, &p.key)),
+                );
+                for (field, cert, key) in pairs {
+                    if cert.is_empty() {
+                        return Err(inv(&format!("{field}.cert"), "must not be empty".into()));
+                    }
+                    if key.is_empty() {
+                        return Err(inv(&format!("{field}.key"), "must not be empty".into()));
+                    }
+                }
+            }
         }
         if self.peer.keep_alive_ms >= self.peer.idle_timeout_ms {
             return Err(inv(
@@ -408,6 +449,12 @@ impl ClusterFile {
         };
         let ms = Duration::from_millis;
         let rules_source = self.rules_source(src)?;
+        let tls_cert = ov.tls_cert.as_ref();
+        let listener = listener_settings("listener", &self.listener, tls_cert, &src.base_dir);
+        let shared_listener = match &self.shared_listener {
+            Some(l) => listener_settings("shared_listener", l, tls_cert, &src.base_dir),
+            None => listener.clone(),
+        };
         Ok(NodeConfig {
             cluster: self.name.clone(),
             node: me,
@@ -449,6 +496,8 @@ impl ClusterFile {
                 h2_max_concurrent_streams: self.limits.h2_max_concurrent_streams,
                 websocket_idle_timeout: ms(self.limits.websocket_idle_timeout_ms),
             },
+            listener,
+            shared_listener,
             peer: PeerSettings {
                 keep_alive: ms(self.peer.keep_alive_ms),
                 idle_timeout: ms(self.peer.idle_timeout_ms),
@@ -482,6 +531,49 @@ impl ClusterFile {
             (None, Some(p)) => Ok(RulesSource::Toml(p.clone())),
             (None, None) => Ok(RulesSource::Inline(Box::new(src.clone()))),
         }
+    }
+}
+
+/// The settings of the client listener `[name]` (`listener` or
+/// `shared_listener`): paths relative to `base`; `--tls-cert` (`tls_cert`)
+/// replaces the default certificate, or makes the listener HTTPS with it
+/// alone.
+fn listener_settings(
+    name: &str,
+    l: &ListenerSection,
+    tls_cert: Option<&(String, String)>,
+    base: &std::path::Path,
+) -> ListenerSettings {
+    let pair = |cert: &str, key: &str, field: String| CertFiles {
+        cert: base.join(cert),
+        key: base.join(key),
+        field,
+    };
+    let default = match (tls_cert, &l.tls) {
+        (Some((cert, key)), _) => Some(pair(cert, key, "--tls-cert".into())),
+        (None, Some(t)) => Some(pair(&t.cert, &t.key, format!("{name}.tls"))),
+        (None, None) => None,
+    };
+    let tls = default.map(|d| {
+        let sni = l.tls.iter().flat_map(|t| t.sni.iter()).enumerate();
+        ListenerTls {
+            certs: std::iter::once(d)
+                .chain(sni.map(|(i, p)| pair(&p.cert, &p.key, format!("{name}.tls.sni[{i}]"))))
+                .collect(),
+            reload_interval: Duration::from_millis(
+                l.tls
+                    .as_ref()
+                    .map_or(super::model::DEFAULT_TLS_RELOAD_MS, |t| {
+                        t.reload_interval_ms
+                    }),
+            ),
+        }
+    });
+    ListenerSettings {
+        proxy_protocol: l
+            .proxy_protocol
+            .then(|| Duration::from_millis(l.proxy_protocol_timeout_ms)),
+        tls,
     }
 }
 

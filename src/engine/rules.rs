@@ -39,6 +39,10 @@
 //! ] }
 //! ```
 //!
+//! Conditions (`when`) are the method, host, path prefix or regex, a
+//! header or cookie present or absent, and the client connection's TLS
+//! facts: `tls = true` (HTTPS at the entry) and `sni = "api.example.com"`.
+//!
 //! A nested rule may also have `when` conditions, checked first. Rules are
 //! tried in order; the first rule yielding a non-empty key wins. With no
 //! rule yielding a key the router uses [`default_key`] (case H2).
@@ -120,6 +124,15 @@ pub struct Condition {
     /// No cookie of this name is present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cookie_absent: Option<String>,
+    /// The client connection is (true) or is not (false) TLS: HTTPS at the
+    /// entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bool>,
+    /// The SNI name the client sent in its TLS handshake, ASCII
+    /// case-insensitive (a trailing dot ignored); a cleartext connection
+    /// or one without SNI never matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
 }
 
 /// One key extractor: exactly one source, plus an optional prefix.
@@ -268,8 +281,13 @@ pub struct RequestView<'a> {
     pub uri: &'a Uri,
     /// Request headers (after the ingress stripped client-sent `peerlb-*`).
     pub headers: &'a HeaderMap,
-    /// The client's address as seen by the entry node.
+    /// The client's address as seen by the entry node (the PROXY
+    /// protocol's source address on a listener that expects one).
     pub client: SocketAddr,
+    /// Whether the client's connection is TLS (HTTPS at the entry).
+    pub tls: bool,
+    /// The SNI name of the client's TLS handshake, if it sent one.
+    pub sni: Option<&'a str>,
 }
 
 /// The default hash key for HTTP when no rule yields one (case H2): the
@@ -312,6 +330,9 @@ struct When {
     header_absent: Option<HeaderName>,
     cookie_present: Option<String>,
     cookie_absent: Option<String>,
+    tls: Option<bool>,
+    /// Lowercase, without a trailing dot.
+    sni: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -497,6 +518,12 @@ fn compile_rule(i: usize, spec: &RuleSpec, budget: &mut RegexBudget) -> Result<R
             .as_deref()
             .map(|v| nonempty(".when.cookie_absent", v))
             .transpose()?,
+        tls: c.tls,
+        sni: c
+            .sni
+            .as_deref()
+            .map(|v| nonempty(".when.sni", v.trim_end_matches('.')).map(|v| v.to_ascii_lowercase()))
+            .transpose()?,
     };
 
     if let Some(key) = &spec.key {
@@ -587,6 +614,11 @@ impl When {
                 .cookie_absent
                 .as_deref()
                 .is_none_or(|c| !cookies(req.headers).any(|(n, _)| n == c))
+            && self.tls.is_none_or(|t| t == req.tls)
+            && self.sni.as_deref().is_none_or(|want| {
+                req.sni
+                    .is_some_and(|s| s.trim_end_matches('.').eq_ignore_ascii_case(want))
+            })
     }
 }
 

@@ -30,6 +30,10 @@ pub struct TestRequest {
     pub headers: HeaderMap,
     /// The client's address as the entry node sees it.
     pub client: SocketAddr,
+    /// Whether the client connection is TLS (default false).
+    pub tls: bool,
+    /// The client's SNI name (default none).
+    pub sni: Option<String>,
 }
 
 impl TestRequest {
@@ -50,6 +54,8 @@ impl TestRequest {
                 .unwrap_or_else(|e| panic!("test uri {uri:?}: {e}")),
             headers: HeaderMap::new(),
             client: DEFAULT_CLIENT.parse().expect("valid default client"),
+            tls: false,
+            sni: None,
         }
     }
 
@@ -106,6 +112,14 @@ impl TestRequest {
         self
     }
 
+    /// Marks the request as received over TLS with SNI name `sni` (none
+    /// when `None`).
+    pub fn tls(mut self, sni: Option<&str>) -> TestRequest {
+        self.tls = true;
+        self.sni = sni.map(str::to_owned);
+        self
+    }
+
     /// The borrowed view the engine decides on.
     pub fn view(&self) -> RequestView<'_> {
         RequestView {
@@ -113,6 +127,8 @@ impl TestRequest {
             uri: &self.uri,
             headers: &self.headers,
             client: self.client,
+            tls: self.tls,
+            sni: self.sni.as_deref(),
         }
     }
 }

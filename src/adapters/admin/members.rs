@@ -269,6 +269,7 @@ async fn ask_peer(
         headers: &headers,
         client: SocketAddr::from(([0, 0, 0, 0], 0)),
         hash_key: None,
+        tls: None,
     })
     .map_err(|e| e.to_string())?;
     let stream = state

@@ -4,7 +4,6 @@
 //! reads the body, serves locally or opens the peer streams, and applies
 //! the sticky route the engine announces.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tracing::{Instrument, debug, debug_span, warn};
 
+use super::conn::ConnInfo;
 use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::access;
@@ -104,10 +104,11 @@ impl Forwarder {
     pub(super) async fn route_and_serve(
         &self,
         mut req: Request<Incoming>,
-        client: SocketAddr,
+        conn: &ConnInfo,
     ) -> Result<(Response<Body>, Option<Outstanding>), Response<Body>> {
         let start = tokio::time::Instant::now();
         strip_peerlb_headers(req.headers_mut());
+        let client = conn.client;
         let view = self.state.view();
         let now = self.epoch.elapsed();
         let (EntryDecision { decision, sticky }, random_id) = {
@@ -116,6 +117,8 @@ impl Forwarder {
                 uri: req.uri(),
                 headers: req.headers(),
                 client,
+                tls: conn.tls.is_some(),
+                sni: conn.tls.as_ref().and_then(|t| t.sni.as_deref()),
             };
             let mut rng = self.rng.lock().expect("rng lock");
             let d = self.state.decide(&rv, &view, now, &mut *rng);
@@ -129,7 +132,7 @@ impl Forwarder {
         let method = req.method().clone();
         let reason = decision.reason.as_str();
         let served = self
-            .serve_decided(req, client, &view, decision, sticky, request_id)
+            .serve_decided(req, conn, &view, decision, sticky, request_id)
             .await;
         let (status, owner) = match &served {
             Ok((resp, _, owner)) => (resp.status(), owner),
@@ -158,7 +161,7 @@ impl Forwarder {
     async fn serve_decided(
         &self,
         mut req: Request<Incoming>,
-        client: SocketAddr,
+        conn: &ConnInfo,
         view: &MembershipView,
         decision: Decision,
         sticky: Option<Session>,
@@ -174,7 +177,7 @@ impl Forwarder {
         let (mut resp, served_by, guard) = self
             .serve_candidates(
                 req,
-                client,
+                conn,
                 decision.candidates(view),
                 decision.key.as_deref(),
                 request_id,
@@ -207,7 +210,7 @@ impl Forwarder {
     async fn serve_candidates(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: &ConnInfo,
         candidates: impl Iterator<Item = &NodeId>,
         key: Option<&str>,
         request_id: u128,
@@ -252,7 +255,8 @@ impl Forwarder {
                     node: me,
                     entry: me,
                     key,
-                    client,
+                    client: conn.client,
+                    tls: conn.tls.as_ref(),
                 };
                 self.state
                     .counters
@@ -306,8 +310,9 @@ impl Forwarder {
                         method: parts.method.as_str(),
                         uri: &uri,
                         headers: &parts.headers,
-                        client,
+                        client: conn.client,
                         hash_key: key,
+                        tls: conn.tls.as_ref(),
                     });
                     drop(uri);
                     if tunnel {

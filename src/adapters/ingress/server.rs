@@ -1,10 +1,13 @@
-//! The client server: the accept loop and each connection: HTTP/1.1
-//! (keep-alive, half-close, head read timeout, WebSocket upgrades) or
-//! HTTP/2 (prior knowledge on cleartext, [`preface`]; ALPN `h2` over TLS),
-//! the send timeout, and the HTTP/2 limits and rapid-reset defence.
+//! The client server: the accept loop, which hands each accepted socket
+//! to its own task, where `conn::open` reads the PROXY header and makes
+//! the TLS handshake the listener asks for; then [`serve_connection`]
+//! serves the resulting stream with the connection's facts ([`ConnInfo`]):
+//! HTTP/1.1 (keep-alive, half-close, head read timeout, WebSocket
+//! upgrades) or HTTP/2 (prior knowledge on cleartext, [`preface`]; ALPN
+//! `h2` over TLS), the send timeout, and the HTTP/2 limits and rapid-reset
+//! defence.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -18,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
@@ -33,12 +37,12 @@ pub(super) const READ_BUFFER_BYTES: usize = crate::adapters::wire::MAX_HEAD_LEN;
 
 /// What the client server calls: the request path (`Ingress`).
 pub(crate) trait Handler: Send + Sync + 'static {
-    /// Answers one client request from `client`; never fails (errors
-    /// become statuses).
+    /// Answers one client request on the connection `conn` describes;
+    /// never fails (errors become statuses).
     fn handle(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: Arc<ConnInfo>,
     ) -> impl Future<Output = Response<Body>> + Send;
     /// Longest wait for a complete request head, idle keep-alive included.
     fn header_read_timeout(&self) -> Duration;
@@ -62,6 +66,11 @@ pub(crate) trait Handler: Send + Sync + 'static {
     /// Counts an HTTP/2 connection closed for a rapid-reset flood
     /// (default: not counted).
     fn h2_reset_flood(&self) {}
+    /// Counts a connection closed before HTTP: its PROXY header or TLS
+    /// handshake failed (`conn::open`). Nothing by default.
+    fn closed_before_http(&self, error: &OpenError) {
+        let _ = error;
+    }
 }
 
 /// Holds one place under the connection cap; gives it back when dropped.
@@ -87,11 +96,13 @@ fn take_slot<H: Handler>(ingress: &Arc<H>, max: usize) -> Option<ConnSlot<H>> {
 }
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
-/// each connection is served by [`serve_connection`], which starts its
-/// graceful close (HTTP/1.1: after the request in flight; HTTP/2: GOAWAY,
-/// then the open streams finish) when `shutdown` turns true.
+/// each goes through `setup` (PROXY header, TLS) in its own task, then is
+/// served by [`serve_connection`], which starts its graceful close
+/// (HTTP/1.1: after the request in flight; HTTP/2: GOAWAY, then the open
+/// streams finish) when `shutdown` turns true.
 pub(crate) async fn serve<H: Handler>(
     mut listener: Box<dyn HttpListener>,
+    setup: Arc<ListenerSetup>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -128,19 +139,41 @@ pub(crate) async fn serve<H: Handler>(
             }
             continue;
         };
-        let conn = serve_connection(
-            stream,
-            client,
-            Protocol::Detect,
-            ingress.clone(),
-            shutdown.clone(),
-        );
+        let (ing, setup) = (ingress.clone(), setup.clone());
+        let mut stop = shutdown.clone();
+        let conn_shutdown = shutdown.clone();
+        let span = info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                conn.await;
+                // A connection still in its PROXY header or TLS handshake
+                // when the listener closes has no request to finish: it
+                // is dropped rather than holding up the drain.
+                let opened = tokio::select! {
+                    biased;
+                    r = conn::open(stream, client, &setup) => r,
+                    _ = stop.wait_for(|stopped| *stopped) => return,
+                };
+                let (io, info) = match opened {
+                    Ok(x) => x,
+                    Err(e) => {
+                        debug!(target: REQUEST_PATH, error = %e, "client connection closed before http");
+                        ing.closed_before_http(&e);
+                        return;
+                    }
+                };
+                if info.client != info.peer {
+                    tracing::Span::current().record("client", tracing::field::display(info.client));
+                }
+                let protocol = match &info.tls {
+                    // ALPN chose (no ALPN: HTTP/1.1, RFC 7301).
+                    Some(t) if t.alpn.as_deref() == Some(b"h2".as_slice()) => Protocol::Http2,
+                    Some(_) => Protocol::Http1,
+                    None => Protocol::Detect,
+                };
+                serve_connection::<H, ClientIo>(io, Arc::new(info), protocol, ing, conn_shutdown).await;
             }
-            .instrument(info_span!(target: REQUEST_PATH, "conn", %client)),
+            .instrument(span),
         );
     }
     if let Some(local) = local {
@@ -150,10 +183,6 @@ pub(crate) async fn serve<H: Handler>(
 
 /// Which HTTP a client connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(
-    dead_code,
-    reason = "Http1 and Http2 are for TLS listeners, whose ALPN chooses"
-)]
 pub(crate) enum Protocol {
     /// Cleartext: HTTP/2 when the client opens with the HTTP/2 preface
     /// (prior knowledge, RFC 9113 section 3.3), else HTTP/1.x. The wait
@@ -176,7 +205,7 @@ pub(crate) enum Protocol {
 /// passes [`Protocol::Http2`] when ALPN chose `h2`).
 pub(crate) async fn serve_connection<H, I>(
     io: I,
-    client: SocketAddr,
+    info: Arc<ConnInfo>,
     protocol: Protocol,
     ingress: Arc<H>,
     shutdown: watch::Receiver<bool>,
@@ -217,9 +246,9 @@ pub(crate) async fn serve_connection<H, I>(
     let io = TokioIo::new(Prefixed::new(prefix, io));
     if h2 {
         ingress.h2_connection();
-        serve_h2(io, client, ingress, shutdown).await;
+        serve_h2(io, info, ingress, shutdown).await;
     } else {
-        serve_h1(io, client, ingress, shutdown).await;
+        serve_h1(io, info, ingress, shutdown).await;
     }
 }
 
@@ -229,11 +258,11 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 }
 
 /// A client connection's IO as hyper reads it.
-type ClientIo<I> = TokioIo<Prefixed<SendTimeout<I>>>;
+type HyperIo<I> = TokioIo<Prefixed<SendTimeout<I>>>;
 
 async fn serve_h1<H, I>(
-    io: ClientIo<I>,
-    client: SocketAddr,
+    io: HyperIo<I>,
+    info: Arc<ConnInfo>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -242,8 +271,8 @@ async fn serve_h1<H, I>(
 {
     let header_timeout = ingress.header_read_timeout();
     let svc = service_fn(move |req| {
-        let ing = ingress.clone();
-        async move { Ok::<_, std::convert::Infallible>(ing.handle(req, client).await) }
+        let (ing, info) = (ingress.clone(), info.clone());
+        async move { Ok::<_, std::convert::Infallible>(ing.handle(req, info).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
@@ -317,8 +346,8 @@ pub(super) const H2_MAX_PENDING_ACCEPT_RESETS: usize = 20;
 pub(super) const H2_MAX_LOCAL_ERROR_RESETS: usize = 256;
 
 async fn serve_h2<H, I>(
-    io: ClientIo<I>,
-    client: SocketAddr,
+    io: HyperIo<I>,
+    info: Arc<ConnInfo>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -330,11 +359,12 @@ async fn serve_h2<H, I>(
     let builder = h2_builder(ingress.h2_max_concurrent_streams());
     let ing = ingress.clone();
     let st = streams.clone();
+    let client = info.client;
     let svc = service_fn(move |req| {
-        let ing = ing.clone();
+        let (ing, info) = (ing.clone(), info.clone());
         let guard = StreamGuard::start(&st);
         async move {
-            let resp = ing.handle(req, client).await;
+            let resp = ing.handle(req, info).await;
             guard.answer();
             Ok::<_, std::convert::Infallible>(resp)
         }

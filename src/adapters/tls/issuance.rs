@@ -160,6 +160,56 @@ pub fn ensure_local(
     generate(dir, cluster_name, node_ids)
 }
 
+/// File stem of the self-signed HTTPS certificate `peerlb up --https`
+/// serves clients with (`entry.pem`, `entry.key`).
+pub const LOCAL_HTTPS_STEM: &str = "entry";
+/// Validity of the local HTTPS certificate, in years from generation.
+const LOCAL_HTTPS_YEARS: i32 = 1;
+
+/// Makes sure `dir` holds a self-signed certificate for the client
+/// listeners of a local cluster (`peerlb up --https`): `entry.pem` and
+/// `entry.key`, valid for `localhost`, `127.0.0.1` and `::1`, created only
+/// when missing (a client can trust `entry.pem` once, `curl --cacert`).
+/// Returns (certificate, key, whether they were created now).
+///
+/// # Errors
+/// [`TlsError`] when only one of the two files exists, or they cannot be
+/// generated or written.
+pub fn ensure_local_https(dir: &Path) -> Result<(PathBuf, PathBuf, bool), TlsError> {
+    let cert_path = dir.join(format!("{LOCAL_HTTPS_STEM}.pem"));
+    let key_path = dir.join(format!("{LOCAL_HTTPS_STEM}.key"));
+    if pair_exists(&cert_path, &key_path)? {
+        return Ok((cert_path, key_path, false));
+    }
+    create_private_dir(dir)?;
+    let key = new_key("the local https key")?;
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).map_err(|error| {
+        TlsError::Generate {
+            what: "the local https certificate".into(),
+            error,
+        }
+    })?;
+    for ip in [
+        std::net::IpAddr::from([127, 0, 0, 1]),
+        std::net::Ipv6Addr::LOCALHOST.into(),
+    ] {
+        params.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
+    }
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "peerlb local https");
+    params.distinguished_name = dn;
+    set_validity(&mut params, LOCAL_HTTPS_YEARS);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|error| TlsError::Generate {
+            what: "the local https certificate".into(),
+            error,
+        })?;
+    write_new(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+    write_new(&cert_path, cert.pem().as_bytes(), 0o644)?;
+    Ok((cert_path, key_path, true))
+}
+
 /// The CA used to issue node certificates in one [`generate`] call.
 pub(super) struct Ca {
     pub(super) key: KeyPair,

@@ -602,3 +602,33 @@ fn flat_rule_regexes_share_the_rule_set_budget() {
         compile_err(src)
     );
 }
+
+#[test]
+fn tls_and_sni_conditions_match_the_connection_facts() {
+    let r = rules(
+        r#"
+        [[rules]]
+        name = "api over https"
+        when = { sni = "API.example.com.", tls = true }
+        extract = [{ query = "user", prefix = "api:" }]
+
+        [[rules]]
+        name = "cleartext"
+        when = { tls = false }
+        extract = [{ query = "user", prefix = "plain:" }]
+        "#,
+    );
+    let plain = request("GET", "/?user=ann", &[]);
+    assert_eq!(key(&r, &plain), Some((1, "plain:ann".into())));
+    let api = request("GET", "/?user=ann", &[]).tls(Some("api.EXAMPLE.com"));
+    assert_eq!(key(&r, &api), Some((0, "api:ann".into())));
+    // TLS without SNI, or with another name: neither rule holds.
+    let no_sni = request("GET", "/?user=ann", &[]).tls(None);
+    assert_eq!(key(&r, &no_sni), None);
+    let other = request("GET", "/?user=ann", &[]).tls(Some("www.example.com"));
+    assert_eq!(key(&r, &other), None);
+    assert!(
+        compile_err("[[rules]]\nwhen = { sni = \"\" }\nextract = [{ query = \"u\" }]")
+            .contains("when.sni")
+    );
+}
