@@ -276,6 +276,21 @@ fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
     assert_eq!(v["proto"], "https", "{v}");
     assert_eq!(v["sni"], "localhost", "{v}");
     assert_eq!(v["key"], user, "{v}");
+    // A client offering HTTP/2 in ALPN gets it, and the same answer from
+    // the same owner.
+    let (status, head, body) = curl_https(
+        "localhost",
+        entry,
+        &format!("/?user={user}"),
+        &site,
+        &["--http2"],
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{head}");
+    assert!(head.starts_with("http/2 200"), "{head}");
+    assert!(head.contains("peerlb-served-by: n2"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["proto"].as_str(), v["key"].as_str()), (Some("https"), Some(user.as_str())), "{v}");
     // The default certificate is not valid for a.example, and a.example's
     // is not the one localhost gets.
     let e = curl_https("a.example", entry, "/", &site, &[]).unwrap_err();

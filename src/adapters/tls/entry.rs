@@ -437,7 +437,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sessions_resume_over_tls_1_3_and_1_2_and_alpn_is_http_1_1() {
+    async fn sessions_resume_over_tls_1_3_and_1_2_and_alpn_prefers_h2() {
         let d = dir("resume");
         let files = write_cert(&d, "site", &["localhost"]);
         let certs = EntryCerts::load(&ListenerTls {
@@ -458,13 +458,19 @@ mod tests {
             .unwrap()
             .with_root_certificates(roots.clone())
             .with_no_client_auth();
+            // A client offering both gets HTTP/2 ...
+            let mut h1_only = client.clone();
             client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
             let client = Arc::new(client);
             let (first, alpn) = handshake(server.clone(), client.clone()).await;
             assert_eq!(first, rustls::HandshakeKind::Full, "{version:?}");
-            assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "{version:?}");
+            assert_eq!(alpn.as_deref(), Some(&b"h2"[..]), "{version:?}");
             let (second, _) = handshake(server.clone(), client).await;
             assert_eq!(second, rustls::HandshakeKind::Resumed, "{version:?}");
+            // ... one offering only HTTP/1.1 gets that.
+            h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let (_, alpn) = handshake(server.clone(), Arc::new(h1_only)).await;
+            assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "{version:?}");
         }
         std::fs::remove_dir_all(d).unwrap();
     }
