@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::engine::rules::{MAX_RULES_FILE_BYTES, Rules};
 
 mod model;
+mod session;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -32,7 +33,7 @@ mod validate;
 
 pub use model::{
     BalanceSection, ClusterFile, GossipSection, HeadersSection, LimitsSection, NodeSpec, Overrides,
-    PeerSection, RingSection, StickySection, TlsSection,
+    PeerSection, RingSection, SessionSection, StickySection, TlsSection,
 };
 pub use settings::{
     ADMIN_PORT_OFFSET, AppAddr, AppKind, GossipSettings, IngressSettings, LifecycleSettings,

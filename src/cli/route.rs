@@ -102,6 +102,8 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         members,
         entry,
         seed: a.seed,
+        route_cookie: c.ingress.route_cookie.name.clone(),
+        session_route: c.routing.session_route.clone(),
     };
     let e = match explain::explain(setup, &req, a.from, a.count, a.load_step) {
         Ok(e) => e,

@@ -252,6 +252,36 @@ pub struct StickySection {
     /// Mark the cookie `Secure` (default false): set it when clients reach
     /// peerlb through HTTPS terminated in front of it.
     pub cookie_secure: bool,
+    /// `[sticky.session]`: route by the servers named inside the app's own
+    /// session id (passive routes; absent: off).
+    pub session: Option<SessionSection>,
+}
+
+/// `[sticky.session]`: where the app's session id is read and how it names
+/// the servers holding the session (WebLogic, httpd mod_proxy_balancer
+/// `stickysession`, or a regex). peerlb never rewrites it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSection {
+    /// The app's session cookie, e.g. `JSESSIONID` (an RFC 6265 token).
+    #[serde(default)]
+    pub cookie: Option<String>,
+    /// The path parameter of the last path segment, e.g. `jsessionid` for
+    /// `;jsessionid=...` (a token). At least one of `cookie` and
+    /// `path_param` is required.
+    #[serde(default)]
+    pub path_param: Option<String>,
+    /// `weblogic` (`id!primary!secondary`), `httpd` (`id.route`) or
+    /// `regex` (named captures `primary` and optional `secondary`).
+    pub format: String,
+    /// With `format = "regex"`: the regex (Rust `regex` syntax), with a
+    /// named capture `primary`.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Server id (as written in the session id) -> node id, for app servers
+    /// not named like their nodes; an id not listed is the node id itself.
+    #[serde(default)]
+    pub servers: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for StickySection {
@@ -261,6 +291,7 @@ impl Default for StickySection {
             cookie_path: "/".to_owned(),
             cookie_same_site: "Lax".to_owned(),
             cookie_secure: false,
+            session: None,
         }
     }
 }

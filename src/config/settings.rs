@@ -146,6 +146,9 @@ pub struct RoutingSettings {
     pub rules: Rules,
     /// Ring resolution (`ring.vnodes`).
     pub vnodes: u32,
+    /// Routing by the app's own session id (`[sticky.session]`); `None`:
+    /// off.
+    pub session_route: Option<crate::engine::session_id::SessionRoute>,
 }
 
 /// The load metric a node publishes in gossip (mod_oc4j's metric with

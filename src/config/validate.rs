@@ -45,6 +45,7 @@ impl ClusterFile {
             ));
         }
         route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?;
+        super::session::session_route(&self.sticky).map_err(|(f, m)| inv(&f, m))?;
         if self.tls.dir.is_empty() {
             return Err(inv("tls.dir", "must not be empty".into()));
         }
@@ -382,6 +383,8 @@ impl ClusterFile {
                 },
                 rules: rules_source.load()?,
                 vnodes: self.ring.vnodes,
+                session_route: super::session::session_route(&self.sticky)
+                    .map_err(|(f, m)| inv(&f, m))?,
             },
             metric: MetricSettings {
                 history: self.balance.metric_history,
