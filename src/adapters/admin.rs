@@ -6,7 +6,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections`), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `weight` (the weight this node publishes), `view_version`, `members` (id, generation, status, weight, load, inflight, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections` with every connection busy; `connections_refused_source`: closed at accept because their source address held its share, `limits.max_connections_per_source_percent`; `connections_closed_idle`: idle connections closed at the cap to admit a new one), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`metrics.rs` lists every metric) |
 //! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `leaving` or `stopping` (`health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
@@ -193,6 +193,8 @@ fn status_json(state: &NodeState) -> String {
             "proxied_disagree": c.proxied_disagree.load(Ordering::Relaxed),
             "errors": c.errors.load(Ordering::Relaxed),
             "connections_refused": c.connections_refused.load(Ordering::Relaxed),
+            "connections_refused_source": c.connections_refused_source.load(Ordering::Relaxed),
+            "connections_closed_idle": c.connections_closed_idle.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "gossip": super::gossip::admin::status(state.gossip_keys()),

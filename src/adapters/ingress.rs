@@ -36,11 +36,13 @@ use super::peer::PeerLinks;
 use crate::config::IngressSettings;
 use forward::{ForwardSettings, Forwarder};
 
+mod conns;
 mod forward;
 mod limits;
 mod server;
 
-pub(crate) use server::{Handler, serve};
+pub(crate) use conns::{ConnTable, Refusal};
+pub(crate) use server::{ConnEvent, Handler, serve};
 
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";
@@ -52,6 +54,8 @@ pub(crate) struct Ingress {
     settings: IngressSettings,
     /// This node's id as a header value (`peerlb-entry`), made once.
     id_header: Option<HeaderValue>,
+    /// The open client connections, under the cap and the per-source cap.
+    conns: Arc<ConnTable>,
 }
 
 impl Ingress {
@@ -71,6 +75,10 @@ impl Ingress {
             header_served_by: settings.header_served_by,
         };
         Ingress {
+            conns: ConnTable::new(
+                settings.max_connections,
+                settings.max_connections_per_source(),
+            ),
             id_header: HeaderValue::from_str(state.node_id()).ok(),
             forwarder: Forwarder::new(
                 state.clone(),
@@ -148,18 +156,21 @@ impl server::Handler for Ingress {
         self.settings.send_timeout
     }
 
-    fn max_connections(&self) -> usize {
-        self.settings.max_connections
+    fn conn_table(&self) -> &Arc<ConnTable> {
+        &self.conns
     }
 
     fn connections(&self) -> &std::sync::atomic::AtomicU64 {
         &self.state.counters.client_connections
     }
 
-    fn connection_refused(&self) {
-        self.state
-            .counters
-            .connections_refused
-            .fetch_add(1, Ordering::Relaxed);
+    fn connection_event(&self, event: ConnEvent) {
+        let c = &self.state.counters;
+        match event {
+            ConnEvent::Refused(Refusal::Full) => &c.connections_refused,
+            ConnEvent::Refused(Refusal::SourceFull) => &c.connections_refused_source,
+            ConnEvent::ClosedIdle => &c.connections_closed_idle,
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
 }

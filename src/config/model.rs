@@ -157,10 +157,18 @@ pub struct LimitsSection {
     /// Longest request-target accepted, in bytes; longer gets 414 (default 8192).
     pub max_request_target: usize,
     /// Most client connections open at once per node (default 10000, at
-    /// most 1000000); a connection accepted beyond it is closed at once
-    /// (nginx's `worker_connections`, HAProxy's `maxconn`). Lowered at
-    /// start to the open file limit less 256 when that is smaller.
+    /// most 1000000; nginx's `worker_connections`, HAProxy's `maxconn`).
+    /// At the cap the connection idle longest is closed to admit a new
+    /// one; with every connection busy the new one is closed at once.
+    /// Lowered at start to the open file limit less 256 when that is
+    /// smaller.
     pub max_connections: usize,
+    /// The share of `max_connections` one client IP address may hold, in
+    /// percent (default 50, 1..=100; 100: no per-source cap). A source at
+    /// its share gets new connections closed at accept (nginx `limit_conn`,
+    /// HAProxy `src_conn_cur`). Set 100 when every client arrives from one
+    /// address (a sprayer that does not keep client addresses).
+    pub max_connections_per_source_percent: u32,
     /// Time to wait for an owner's response head, in ms (default 30000); 504 after.
     pub response_timeout_ms: u64,
     /// Time to open a peer stream before trying the next candidate, in ms (default 1000).
@@ -198,6 +206,7 @@ impl Default for LimitsSection {
         Self {
             max_request_target: 8192,
             max_connections: 10_000,
+            max_connections_per_source_percent: 50,
             response_timeout_ms: 30_000,
             connect_timeout_ms: 1_000,
             drain_grace_ms: 1_500,

@@ -168,6 +168,10 @@ pub struct IngressSettings {
     pub max_request_target: usize,
     /// Most client connections open at once (`limits.max_connections`).
     pub max_connections: usize,
+    /// Most client connections open at once from one IP address:
+    /// `max_connections` x `limits.max_connections_per_source_percent` /
+    /// 100, at least 1 (see [`IngressSettings::max_connections_per_source`]).
+    pub max_connections_per_source_percent: u32,
     /// Longest wait for an owner's response head (`limits.response_timeout_ms`).
     pub response_timeout: Duration,
     /// Add `peerlb-served-by` (`headers.served_by`).
@@ -191,6 +195,15 @@ pub struct IngressSettings {
     /// Longest a write to a client may make no progress
     /// (`limits.send_timeout_ms`).
     pub send_timeout: Duration,
+}
+
+impl IngressSettings {
+    /// The per-source connection cap: `max_connections` x
+    /// `max_connections_per_source_percent` / 100, rounded down, at least 1.
+    pub fn max_connections_per_source(&self) -> usize {
+        let pct = self.max_connections_per_source_percent.clamp(1, 100) as usize;
+        (self.max_connections.saturating_mul(pct) / 100).max(1)
+    }
 }
 
 /// Peer link (QUIC) settings.

@@ -57,6 +57,15 @@ impl ClusterFile {
                 format!("{} is out of range 64..=65534", l.max_request_target),
             ));
         }
+        if !(1..=100).contains(&l.max_connections_per_source_percent) {
+            return Err(inv(
+                "limits.max_connections_per_source_percent",
+                format!(
+                    "{} is out of range 1..=100",
+                    l.max_connections_per_source_percent
+                ),
+            ));
+        }
         if !(1..=1_000_000).contains(&l.max_connections) {
             return Err(inv(
                 "limits.max_connections",
@@ -393,6 +402,9 @@ impl ClusterFile {
             ingress: IngressSettings {
                 max_request_target: self.limits.max_request_target,
                 max_connections: self.limits.max_connections,
+                max_connections_per_source_percent: self
+                    .limits
+                    .max_connections_per_source_percent,
                 response_timeout: ms(self.limits.response_timeout_ms),
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,

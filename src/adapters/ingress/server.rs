@@ -15,6 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::conns::{Closable, ConnTable, Refusal, Tracked};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
@@ -39,34 +40,38 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn header_read_timeout(&self) -> Duration;
     /// Longest a write to a client may make no progress.
     fn send_timeout(&self) -> Duration;
-    /// Most client connections open at once (over every listener).
-    fn max_connections(&self) -> usize;
+    /// The open client connections (shared by every listener): the cap,
+    /// the per-source cap, idle-first closing.
+    fn conn_table(&self) -> &Arc<ConnTable>;
     /// The gauge of open client connections (shared by every listener).
     fn connections(&self) -> &AtomicU64;
-    /// Counts a connection closed at accept because of the cap.
-    fn connection_refused(&self);
+    /// Counts a connection refused at accept, or an idle one closed.
+    fn connection_event(&self, event: ConnEvent);
 }
 
-/// Holds one place under the connection cap; gives it back when dropped.
+/// What the connection cap did ([`Handler::connection_event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnEvent {
+    /// A new connection was closed at accept.
+    Refused(Refusal),
+    /// An idle connection was closed to admit a new one.
+    ClosedIdle,
+}
+
+/// Counts one open connection in the gauge while it lives.
 struct ConnSlot<H: Handler>(Arc<H>);
+
+impl<H: Handler> ConnSlot<H> {
+    fn new(ingress: &Arc<H>) -> Self {
+        ingress.connections().fetch_add(1, Ordering::Relaxed);
+        ConnSlot(ingress.clone())
+    }
+}
 
 impl<H: Handler> Drop for ConnSlot<H> {
     fn drop(&mut self) {
         self.0.connections().fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// Takes a place under the cap (`max`), or `None` when `max` connections
-/// are open.
-fn take_slot<H: Handler>(ingress: &Arc<H>, max: usize) -> Option<ConnSlot<H>> {
-    let max = max as u64;
-    ingress
-        .connections()
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n < max).then_some(n + 1)
-        })
-        .ok()
-        .map(|_| ConnSlot(ingress.clone()))
 }
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
@@ -81,7 +86,9 @@ pub(crate) async fn serve<H: Handler>(
     let header_timeout = ingress.header_read_timeout();
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut last_cap_warn: Option<tokio::time::Instant> = None;
-    let max_connections = ingress.max_connections();
+    let table = ingress.conn_table().clone();
+    let max_connections = table.max();
+    let per_source = table.per_source();
     loop {
         let (stream, client) = tokio::select! {
             r = listener.accept() => match r {
@@ -99,22 +106,44 @@ pub(crate) async fn serve<H: Handler>(
             },
             _ = shutdown.changed() => break,
         };
-        // At the cap the new connection is closed at once: accepted, so it
-        // leaves the kernel's backlog and the client sees a close instead
-        // of a handshake that hangs.
-        let Some(slot) = take_slot(&ingress, max_connections) else {
-            drop(stream);
-            ingress.connection_refused();
-            if last_cap_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached: closing new client connections (limits.max_connections)");
+        // A refused connection is closed at once: accepted, so it leaves
+        // the kernel's backlog and the client sees a close instead of a
+        // handshake that hangs. At the cap the connection idle longest is
+        // closed instead when there is one (conns.rs).
+        let cap_warn = last_cap_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        let admitted = match table.admit(client.ip()) {
+            Ok(a) => a,
+            Err(why) => {
+                drop(stream);
+                ingress.connection_event(ConnEvent::Refused(why));
+                if cap_warn {
+                    match why {
+                        Refusal::Full => warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached, every connection busy: closing new client connections (limits.max_connections)"),
+                        Refusal::SourceFull => warn!(target: REQUEST_PATH, per_source, %client, "per-source connection cap reached: closing new client connections from this address (limits.max_connections_per_source_percent)"),
+                    }
+                    last_cap_warn = Some(tokio::time::Instant::now());
+                }
+                continue;
+            }
+        };
+        if let Some(evicted) = admitted.evicted {
+            ingress.connection_event(ConnEvent::ClosedIdle);
+            if cap_warn {
+                warn!(target: REQUEST_PATH, max_connections, %client, %evicted, "connection cap reached: closing the idle connection idle longest to admit a new one (limits.max_connections)");
                 last_cap_warn = Some(tokio::time::Instant::now());
             }
-            continue;
-        };
+        }
+        let slot = ConnSlot::new(&ingress);
         let ing = ingress.clone();
+        let (busy_table, conn) = (table.clone(), admitted.state.clone());
         let svc = service_fn(move |req| {
             let ing = ing.clone();
-            async move { Ok::<_, std::convert::Infallible>(ing.handle(req, client).await) }
+            // Busy until the response body is written (idle-first closing).
+            let busy = busy_table.busy(&conn);
+            async move {
+                let resp = ing.handle(req, client).await;
+                Ok::<_, std::convert::Infallible>(resp.map(|b| Tracked::new(b, busy)))
+            }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
@@ -130,13 +159,16 @@ pub(crate) async fn serve<H: Handler>(
             // longer one hyper's bare 431.
             .max_buf_size(READ_BUFFER_BYTES)
             .serve_connection(
-                TokioIo::new(SendTimeout::new(stream, ingress.send_timeout())),
+                TokioIo::new(Closable::new(
+                    SendTimeout::new(stream, ingress.send_timeout()),
+                    admitted.state.clone(),
+                )),
                 svc,
             );
         let fut = graceful.watch(conn);
         tokio::spawn(
             async move {
-                let _slot = slot;
+                let _slot = (slot, admitted);
                 if let Err(e) = fut.await {
                     debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
                 }
