@@ -44,6 +44,8 @@ mod adapters;
 pub mod config;
 mod engine;
 pub mod env;
+#[cfg(test)]
+mod fuzz;
 pub mod explain;
 pub mod node;
 #[cfg(feature = "sim")]
