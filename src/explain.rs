@@ -402,7 +402,11 @@ mod tests {
         assert!(parse_request("GET /", &["nocolon".into()], &[]).is_err());
     }
 
-    fn explain_with(setup_route: (&str, Option<SessionRoute>), members: &str, cookies: &[&str]) -> Explanation {
+    fn explain_with(
+        setup_route: (&str, Option<SessionRoute>),
+        members: &str,
+        cookies: &[&str],
+    ) -> Explanation {
         let cookies: Vec<String> = cookies.iter().map(|c| c.to_string()).collect();
         let req = parse_request("GET /cart", &[], &cookies).unwrap();
         explain(
@@ -444,15 +448,27 @@ mod tests {
             "a,b,c",
             &["JSESSIONID=xyz!ms2!c"],
         );
-        assert_eq!((e.owner.as_str(), e.reason.as_str()), ("b", "session-primary"));
+        assert_eq!(
+            (e.owner.as_str(), e.reason.as_str()),
+            ("b", "session-primary")
+        );
         assert_eq!(e.candidates, ["b", "c", "a"]);
-        assert_eq!(e.session_ids, ["xyz!ms2!c: primary ms2 -> b, secondary c -> c"]);
-        assert!(e.to_string().contains("session id  xyz!ms2!c: primary ms2 -> b"));
+        assert_eq!(
+            e.session_ids,
+            ["xyz!ms2!c: primary ms2 -> b, secondary c -> c"]
+        );
+        assert!(
+            e.to_string()
+                .contains("session id  xyz!ms2!c: primary ms2 -> b")
+        );
         let e = explain_with(
             ("peerlb-route", Some(route)),
             "a,b=down,c",
             &["JSESSIONID=xyz!ms2!c"],
         );
-        assert_eq!((e.owner.as_str(), e.reason.as_str()), ("c", "session-secondary"));
+        assert_eq!(
+            (e.owner.as_str(), e.reason.as_str()),
+            ("c", "session-secondary")
+        );
     }
 }

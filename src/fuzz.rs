@@ -99,7 +99,10 @@ fn head_strategy() -> impl Strategy<Value = wire::RequestHead> {
         any::<u64>(),
         "[A-Z]{0,8}",
         "\\PC{0,40}",
-        prop::collection::vec(("[a-z-]{0,10}", prop::collection::vec(any::<u8>(), 0..20)), 0..6),
+        prop::collection::vec(
+            ("[a-z-]{0,10}", prop::collection::vec(any::<u8>(), 0..20)),
+            0..6,
+        ),
         any::<std::net::SocketAddr>(),
         prop::option::of("\\PC{0,20}"),
     )
@@ -183,10 +186,16 @@ fn xml_strategy() -> impl Strategy<Value = String> {
         "x",
     ]);
     let attr = (
-        prop::sample::select(vec!["name", "value", "id", "variable", "pattern", "when", "to"]),
+        prop::sample::select(vec![
+            "name", "value", "id", "variable", "pattern", "when", "to",
+        ]),
         "[^\"<&]{0,12}",
     );
-    let leaf = (names.clone(), prop::collection::vec(attr.clone(), 0..3), "[^<&]{0,10}")
+    let leaf = (
+        names.clone(),
+        prop::collection::vec(attr.clone(), 0..3),
+        "[^<&]{0,10}",
+    )
         .prop_map(|(n, attrs, text)| {
             let a: String = attrs.iter().map(|(k, v)| format!(" {k}=\"{v}\"")).collect();
             format!("<{n}{a}>{text}</{n}>")
@@ -238,12 +247,10 @@ fn toml_strategy() -> impl Strategy<Value = String> {
         Just("true".to_owned()),
     ];
     let pair = (key.clone(), value).prop_map(|(k, v)| format!("{k} = {v}"));
-    let inline = pair
-        .clone()
-        .prop_recursive(6, 40, 4, move |inner| {
-            (key.clone(), prop::collection::vec(inner, 0..4))
-                .prop_map(|(k, kids)| format!("{k} = {{ {} }}", kids.join(", ")))
-        });
+    let inline = pair.clone().prop_recursive(6, 40, 4, move |inner| {
+        (key.clone(), prop::collection::vec(inner, 0..4))
+            .prop_map(|(k, kids)| format!("{k} = {{ {} }}", kids.join(", ")))
+    });
     prop_oneof![
         4 => prop::collection::vec(prop::collection::vec(inline, 0..5), 0..4).prop_map(|rules| {
             rules
@@ -289,36 +296,41 @@ fn fuzz_route_cookie_and_path_parameter() {
         path_text(),
         "\\PC{0,20}",
     );
-    fuzz("route cookie and path parameter", input, |(cookies, path, node)| {
-        let mut headers = HeaderMap::new();
-        for c in &cookies {
-            if let Ok(v) = HeaderValue::from_bytes(c) {
-                headers.append(http::header::COOKIE, v);
+    fuzz(
+        "route cookie and path parameter",
+        input,
+        |(cookies, path, node)| {
+            let mut headers = HeaderMap::new();
+            for c in &cookies {
+                if let Ok(v) = HeaderValue::from_bytes(c) {
+                    headers.append(http::header::COOKIE, v);
+                }
             }
-        }
-        let Ok(uri) = path.parse::<Uri>() else {
-            return;
-        };
-        let _ = sticky::route_from_request(&headers, &uri, "peerlb-route", |r| r.len() % 2 == 0);
-        let stripped = sticky::strip_route_param(uri.path());
-        assert_eq!(sticky::strip_route_param(&stripped), stripped, "idempotent");
-        let with = sticky::with_route_param(&path, &node);
-        // The route written into a URL reads back as the same node.
-        if let Ok(u) = with.parse::<Uri>()
-            && u.path().ends_with(&sticky::encode_route_param(&node))
-        {
+            let Ok(uri) = path.parse::<Uri>() else {
+                return;
+            };
+            let _ =
+                sticky::route_from_request(&headers, &uri, "peerlb-route", |r| r.len() % 2 == 0);
+            let stripped = sticky::strip_route_param(uri.path());
+            assert_eq!(sticky::strip_route_param(&stripped), stripped, "idempotent");
+            let with = sticky::with_route_param(&path, &node);
+            // The route written into a URL reads back as the same node.
+            if let Ok(u) = with.parse::<Uri>()
+                && u.path().ends_with(&sticky::encode_route_param(&node))
+            {
+                assert_eq!(
+                    sticky::route_from_request(&HeaderMap::new(), &u, "peerlb-route", |_| true)
+                        .as_deref(),
+                    (!node.is_empty()).then_some(node.as_str())
+                );
+            }
             assert_eq!(
-                sticky::route_from_request(&HeaderMap::new(), &u, "peerlb-route", |_| true)
-                    .as_deref(),
-                (!node.is_empty()).then_some(node.as_str())
+                sticky::percent_decode(&sticky::percent_encode(&node), false),
+                node
             );
-        }
-        assert_eq!(
-            sticky::percent_decode(&sticky::percent_encode(&node), false),
-            node
-        );
-        let _ = sticky::percent_decode(&path, true);
-    });
+            let _ = sticky::percent_decode(&path, true);
+        },
+    );
 }
 
 #[test]

@@ -44,9 +44,9 @@ mod adapters;
 pub mod config;
 mod engine;
 pub mod env;
+pub mod explain;
 #[cfg(test)]
 mod fuzz;
-pub mod explain;
 pub mod node;
 #[cfg(feature = "sim")]
 pub mod sim;

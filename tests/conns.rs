@@ -117,7 +117,9 @@ async fn at_the_cap_the_connection_idle_longest_is_closed_to_admit_a_new_one() {
     let c = Cluster::start(
         "conns-idle",
         1,
-        &format!("[limits]\nmax_connections = 4\nmax_connections_per_source_percent = 100\n{STEADY}"),
+        &format!(
+            "[limits]\nmax_connections = 4\nmax_connections_per_source_percent = 100\n{STEADY}"
+        ),
         "",
     );
     let entry = c.nodes[0].http;
@@ -144,7 +146,8 @@ async fn at_the_cap_the_connection_idle_longest_is_closed_to_admit_a_new_one() {
     assert_eq!(counter(entry, "connections_closed_idle"), 1);
     assert_eq!(counter(entry, "connections_refused"), 0);
     assert!(
-        c.log("n1").contains("closing the idle connection idle longest"),
+        c.log("n1")
+            .contains("closing the idle connection idle longest"),
         "{}",
         c.log("n1")
     );

@@ -477,8 +477,7 @@ async fn an_oversized_head_is_answered_431_without_buffering_it_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_cap_are_closed_when_every_one_is_busy_and_said_in_log_and_status()
-{
+async fn connections_beyond_the_cap_are_closed_when_every_one_is_busy_and_said_in_log_and_status() {
     use std::io::Write;
     use std::net::TcpStream;
     let c = Cluster::start(
@@ -496,8 +495,10 @@ async fn connections_beyond_the_cap_are_closed_when_every_one_is_busy_and_said_i
     let mut busy: Vec<TcpStream> = (0..5)
         .map(|_| {
             let mut s = TcpStream::connect(entry).unwrap();
-            s.write_all(b"GET /delay/8000 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .unwrap();
+            s.write_all(
+                b"GET /delay/8000 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            )
+            .unwrap();
             s
         })
         .collect();
@@ -521,7 +522,8 @@ async fn connections_beyond_the_cap_are_closed_when_every_one_is_busy_and_said_i
     })
     .unwrap_or_else(|_| panic!("connections_refused counted: {:?}", status(entry)));
     assert!(
-        c.log("n1").contains("connection cap reached, every connection busy"),
+        c.log("n1")
+            .contains("connection cap reached, every connection busy"),
         "{}",
         c.log("n1")
     );

@@ -55,8 +55,7 @@ async fn start_app() -> SocketAddr {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_weblogic_session_id_keeps_its_node_from_every_entry_then_fails_over_to_the_secondary()
-{
+async fn a_weblogic_session_id_keeps_its_node_from_every_entry_then_fails_over_to_the_secondary() {
     let app = start_app().await;
     let mut c = Cluster::start(
         "sessions-weblogic",
@@ -69,7 +68,10 @@ async fn a_weblogic_session_id_keeps_its_node_from_every_entry_then_fails_over_t
     // The app starts the session; peerlb passes its cookie on untouched.
     let login = get(c.nodes[0].http, "/login", &[]).await;
     assert_eq!(login.status, 200);
-    assert_eq!(login.set_cookies(), [format!("JSESSIONID={SESSION}; Path=/")]);
+    assert_eq!(
+        login.set_cookies(),
+        [format!("JSESSIONID={SESSION}; Path=/")]
+    );
 
     // From every entry, several times each (round robin would spread
     // them): the primary, n2. By cookie and by path parameter.
@@ -102,7 +104,12 @@ async fn a_weblogic_session_id_keeps_its_node_from_every_entry_then_fails_over_t
     // Without a session id the policy still spreads requests.
     let mut served = std::collections::BTreeSet::new();
     for _ in 0..4 {
-        served.insert(get(c.node("n1").http, "/cart", &[]).await.served_by().to_owned());
+        served.insert(
+            get(c.node("n1").http, "/cart", &[])
+                .await
+                .served_by()
+                .to_owned(),
+        );
     }
     assert_eq!(served.len(), 2, "{served:?}");
 }
@@ -115,10 +122,19 @@ fn peerlb_route_explains_a_session_id_and_check_config_names_a_bad_regex() {
     let good = write(
         &dir,
         "good.toml",
-        &format!("policy = \"round-robin\"\n[sticky.session]\ncookie = \"SID\"\nformat = \"httpd\"\n{nodes}"),
+        &format!(
+            "policy = \"round-robin\"\n[sticky.session]\ncookie = \"SID\"\nformat = \"httpd\"\n{nodes}"
+        ),
     );
     let out = std::process::Command::new(bin())
-        .args(["route", "--request", "GET /a", "--cookie", "SID=f00.n2", "--config"])
+        .args([
+            "route",
+            "--request",
+            "GET /a",
+            "--cookie",
+            "SID=f00.n2",
+            "--config",
+        ])
         .arg(&good)
         .output()
         .unwrap();
@@ -126,12 +142,17 @@ fn peerlb_route_explains_a_session_id_and_check_config_names_a_bad_regex() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("reason      session-primary"), "{text}");
     assert!(text.contains("owner       n2"), "{text}");
-    assert!(text.contains("session id  f00.n2: primary n2 -> n2"), "{text}");
+    assert!(
+        text.contains("session id  f00.n2: primary n2 -> n2"),
+        "{text}"
+    );
 
     let bad = write(
         &dir,
         "bad.toml",
-        &format!("[sticky.session]\ncookie = \"SID\"\nformat = \"regex\"\nregex = \"!(\\\\w+)!\"\n{nodes}"),
+        &format!(
+            "[sticky.session]\ncookie = \"SID\"\nformat = \"regex\"\nregex = \"!(\\\\w+)!\"\n{nodes}"
+        ),
     );
     let out = std::process::Command::new(bin())
         .args(["check-config", "--config"])

@@ -67,10 +67,7 @@ pub(super) fn session_route(s: &StickySection) -> Result<Option<SessionRoute>, (
             SessionIdForm::Regex(re)
         }
         (f, _) => {
-            return err(
-                "format",
-                format!("{f:?} is not weblogic, httpd or regex"),
-            );
+            return err("format", format!("{f:?} is not weblogic, httpd or regex"));
         }
     };
     for (server, node) in &s.servers {
@@ -130,7 +127,9 @@ mod tests {
         assert_eq!(s.path_param.as_deref(), Some("jsessionid"));
         assert_eq!(s.form, SessionIdForm::WebLogic);
         assert_eq!(s.node_of("-1503376427"), "n1");
-        let s = session("cookie = \"JSESSIONID\"\nformat = \"httpd\"").unwrap().unwrap();
+        let s = session("cookie = \"JSESSIONID\"\nformat = \"httpd\"")
+            .unwrap()
+            .unwrap();
         assert_eq!(s.form, SessionIdForm::Httpd);
         let s = session("path_param = \"sid\"\nformat = \"regex\"\nregex = \"^(?<primary>\\\\w+)-(?<secondary>\\\\w+)-\"")
             .unwrap()
@@ -142,7 +141,11 @@ mod tests {
         );
         // Absent: off.
         let src = src(ONE);
-        let c = src.parse().unwrap().validate(&src, "n1", &Default::default()).unwrap();
+        let c = src
+            .parse()
+            .unwrap()
+            .validate(&src, "n1", &Default::default())
+            .unwrap();
         assert_eq!(c.routing.session_route, None);
     }
 
@@ -150,18 +153,45 @@ mod tests {
     fn a_bad_session_section_names_its_field() {
         for (body, field) in [
             ("format = \"weblogic\"", "sticky.session.cookie"),
-            ("cookie = \"a b\"\nformat = \"weblogic\"", "sticky.session.cookie"),
-            ("path_param = \"a=b\"\nformat = \"weblogic\"", "sticky.session.path_param"),
-            ("cookie = \"J\"\nformat = \"tomcat\"", "sticky.session.format"),
+            (
+                "cookie = \"a b\"\nformat = \"weblogic\"",
+                "sticky.session.cookie",
+            ),
+            (
+                "path_param = \"a=b\"\nformat = \"weblogic\"",
+                "sticky.session.path_param",
+            ),
+            (
+                "cookie = \"J\"\nformat = \"tomcat\"",
+                "sticky.session.format",
+            ),
             ("cookie = \"J\"\nformat = \"regex\"", "sticky.session.regex"),
-            ("cookie = \"J\"\nformat = \"httpd\"\nregex = \"x\"", "sticky.session.regex"),
-            ("cookie = \"J\"\nformat = \"regex\"\nregex = \"(\"", "sticky.session.regex"),
+            (
+                "cookie = \"J\"\nformat = \"httpd\"\nregex = \"x\"",
+                "sticky.session.regex",
+            ),
+            (
+                "cookie = \"J\"\nformat = \"regex\"\nregex = \"(\"",
+                "sticky.session.regex",
+            ),
             // No named capture `primary`.
-            ("cookie = \"J\"\nformat = \"regex\"\nregex = \"!(\\\\w+)!\"", "sticky.session.regex"),
-            ("cookie = \"J\"\nformat = \"regex\"\nregex = \"!(?<prim>\\\\w+)\"", "sticky.session.regex"),
+            (
+                "cookie = \"J\"\nformat = \"regex\"\nregex = \"!(\\\\w+)!\"",
+                "sticky.session.regex",
+            ),
+            (
+                "cookie = \"J\"\nformat = \"regex\"\nregex = \"!(?<prim>\\\\w+)\"",
+                "sticky.session.regex",
+            ),
             // Compiles past the size limit.
-            ("cookie = \"J\"\nformat = \"regex\"\nregex = \"(?<primary>\\\\w{500})\"", "sticky.session.regex"),
-            ("cookie = \"J\"\nformat = \"weblogic\"\n[sticky.session.servers]\nms1 = \"no such id\"", "sticky.session.servers.ms1"),
+            (
+                "cookie = \"J\"\nformat = \"regex\"\nregex = \"(?<primary>\\\\w{500})\"",
+                "sticky.session.regex",
+            ),
+            (
+                "cookie = \"J\"\nformat = \"weblogic\"\n[sticky.session.servers]\nms1 = \"no such id\"",
+                "sticky.session.servers.ms1",
+            ),
         ] {
             let e = session(body).unwrap_err();
             assert!(e.contains(&format!(": {field}: ")), "{body}: {e}");

@@ -402,9 +402,7 @@ impl ClusterFile {
             ingress: IngressSettings {
                 max_request_target: self.limits.max_request_target,
                 max_connections: self.limits.max_connections,
-                max_connections_per_source_percent: self
-                    .limits
-                    .max_connections_per_source_percent,
+                max_connections_per_source_percent: self.limits.max_connections_per_source_percent,
                 response_timeout: ms(self.limits.response_timeout_ms),
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,

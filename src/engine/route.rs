@@ -234,9 +234,9 @@ impl<'a> Iterator for Rest<'a> {
         match self {
             Rest::Ring(c) => c.next(),
             Rest::Listed(l) => l.next(),
-            Rest::Then { first, skip, rest } => first
-                .take()
-                .or_else(|| rest.find(|id| *id != *skip)),
+            Rest::Then { first, skip, rest } => {
+                first.take().or_else(|| rest.find(|id| *id != *skip))
+            }
         }
     }
 }

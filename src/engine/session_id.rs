@@ -207,8 +207,8 @@ impl SessionRoute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::{COOKIE, HeaderValue};
     use http::Uri;
+    use http::header::{COOKIE, HeaderValue};
 
     fn regex(p: &str) -> SessionIdForm {
         SessionIdForm::Regex(regex::Regex::new(p).unwrap())
@@ -349,10 +349,16 @@ mod tests {
         s.servers.insert("1294721354".into(), "n2".into());
         let uri = Uri::from_static("/");
         let p = s
-            .pick(&with_cookie("JSESSIONID=x!-1503376427!1294721354"), &uri, all_up)
+            .pick(
+                &with_cookie("JSESSIONID=x!-1503376427!1294721354"),
+                &uri,
+                all_up,
+            )
             .unwrap();
         assert_eq!((p.node.as_str(), p.next.as_deref()), ("n1", Some("n2")));
-        let p = s.pick(&with_cookie("JSESSIONID=x!n3"), &uri, all_up).unwrap();
+        let p = s
+            .pick(&with_cookie("JSESSIONID=x!n3"), &uri, all_up)
+            .unwrap();
         assert_eq!(p.node, "n3");
     }
 
@@ -360,7 +366,9 @@ mod tests {
     fn a_secondary_equal_to_the_primary_is_no_failover_target() {
         let s = weblogic();
         let uri = Uri::from_static("/");
-        let p = s.pick(&with_cookie("JSESSIONID=x!n1!n1"), &uri, all_up).unwrap();
+        let p = s
+            .pick(&with_cookie("JSESSIONID=x!n1!n1"), &uri, all_up)
+            .unwrap();
         assert_eq!(p.next, None);
     }
 }
@@ -405,8 +413,11 @@ mod router_tests {
     }
 
     /// (owner, reason, candidates) of `req` on `v`.
-    fn decide(r: &mut Router, req: &TestRequest, v: &crate::engine::membership::MembershipView)
-    -> (String, Reason, Vec<String>) {
+    fn decide(
+        r: &mut Router,
+        req: &TestRequest,
+        v: &crate::engine::membership::MembershipView,
+    ) -> (String, Reason, Vec<String>) {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
         let d = r.decide(&req.view(), v, Duration::ZERO, &mut rng);
         let c = d.candidates(v).map(|c| c.to_string()).collect();
@@ -417,10 +428,15 @@ mod router_tests {
     fn the_session_primary_wins_over_the_route_cookie_and_the_rules() {
         let v = view(
             "n1",
-            &[("n1", Serving), ("n2", Serving), ("n3", Serving), ("n4", Serving)],
+            &[
+                ("n1", Serving),
+                ("n2", Serving),
+                ("n3", Serving),
+                ("n4", Serving),
+            ],
         );
-        let req = TestRequest::get("/cart?user=alice")
-            .cookie("peerlb-route=n1; JSESSIONID=abc!n3!n2");
+        let req =
+            TestRequest::get("/cart?user=alice").cookie("peerlb-route=n1; JSESSIONID=abc!n3!n2");
         for policy in [
             PolicyKind::ConsistentHash,
             PolicyKind::RoundRobin,
@@ -450,7 +466,11 @@ mod router_tests {
     #[test]
     fn a_malformed_or_dead_session_id_goes_to_the_policy() {
         let v = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Leaving)]);
-        for cookie in ["JSESSIONID=abc", "JSESSIONID=abc!n3!NONE", "JSESSIONID=abc!!n2"] {
+        for cookie in [
+            "JSESSIONID=abc",
+            "JSESSIONID=abc!n3!NONE",
+            "JSESSIONID=abc!!n2",
+        ] {
             let mut r = router(PolicyKind::StickyRoundRobin, Rules::default());
             let req = TestRequest::get("/").cookie(cookie);
             let (_, reason, _) = decide(&mut r, &req, &v);

@@ -206,7 +206,12 @@ pub(crate) struct BusyGuard {
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        let tick = self.table.inner.lock().expect("conn table lock").next_tick();
+        let tick = self
+            .table
+            .inner
+            .lock()
+            .expect("conn table lock")
+            .next_tick();
         self.conn.idle_since.store(tick, Ordering::Relaxed);
         self.conn.busy.fetch_sub(1, Ordering::AcqRel);
     }
@@ -222,10 +227,7 @@ pub(crate) struct Tracked<B> {
 impl<B> Tracked<B> {
     /// `inner`, keeping `busy` until it ends.
     pub(crate) fn new(inner: B, busy: BusyGuard) -> Self {
-        Tracked {
-            inner,
-            _busy: busy,
-        }
+        Tracked { inner, _busy: busy }
     }
 }
 
@@ -278,8 +280,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let closed = self.conn.closed.load(Ordering::Acquire)
-            || self.notified.as_mut().poll(cx).is_ready();
+        let closed =
+            self.conn.closed.load(Ordering::Acquire) || self.notified.as_mut().poll(cx).is_ready();
         // A request that arrived after the connection was picked finishes:
         // only an idle connection is cut.
         if closed && self.conn.busy.load(Ordering::Acquire) == 0 {

@@ -118,8 +118,12 @@ pub(crate) async fn serve<H: Handler>(
                 ingress.connection_event(ConnEvent::Refused(why));
                 if cap_warn {
                     match why {
-                        Refusal::Full => warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached, every connection busy: closing new client connections (limits.max_connections)"),
-                        Refusal::SourceFull => warn!(target: REQUEST_PATH, per_source, %client, "per-source connection cap reached: closing new client connections from this address (limits.max_connections_per_source_percent)"),
+                        Refusal::Full => {
+                            warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached, every connection busy: closing new client connections (limits.max_connections)")
+                        }
+                        Refusal::SourceFull => {
+                            warn!(target: REQUEST_PATH, per_source, %client, "per-source connection cap reached: closing new client connections from this address (limits.max_connections_per_source_percent)")
+                        }
                     }
                     last_cap_warn = Some(tokio::time::Instant::now());
                 }
