@@ -17,6 +17,7 @@ pub(crate) mod check_config;
 pub(crate) mod keyring;
 pub(crate) mod log_limit;
 pub(crate) mod members;
+pub(crate) mod memory;
 pub(crate) mod node;
 pub(crate) mod route;
 pub(crate) mod up;

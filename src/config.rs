@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::engine::rules::{MAX_RULES_FILE_BYTES, Rules};
 
 mod model;
+mod session;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -33,7 +34,7 @@ mod validate;
 pub use model::{
     BalanceSection, CertPairSpec, ClusterFile, GossipSection, HeadersSection, LimitsSection,
     ListenerSection, ListenerTlsSection, NodeSpec, Overrides, PeerSection, RingSection,
-    StickySection, TlsSection,
+    SessionSection, StickySection, TlsSection,
 };
 pub use settings::{
     ADMIN_PORT_OFFSET, AppAddr, AppKind, CertFiles, GossipSettings, IngressSettings,

@@ -19,6 +19,9 @@
 //!   `or` / `and` / `if` expressions.
 //! - `sticky`: the sticky route cookie and `;peerlb-route=` path parameter,
 //!   and when a response announces a new route (`Session::announce`).
+//! - `session_id`: passive sticky routes, the servers named inside the
+//!   app's own session id (WebLogic `id!primary!secondary`, httpd
+//!   `id.route`, or a regex).
 //! - `balance`: policies as pure state machines and the `Policy` name
 //!   (`kind[:local]`): round robin, random, weighted random; `balance/`
 //!   holds mod_proxy_balancer's byrequests and bytraffic, mod_oc4j's metric
@@ -43,6 +46,7 @@ pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
 pub(crate) mod slow_start;
+pub(crate) mod session_id;
 pub(crate) mod sticky;
 
 pub(crate) use sticky::{RouteCookie, SameSite};

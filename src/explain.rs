@@ -15,6 +15,7 @@ use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::{Reason, Router, RouterOptions};
 use crate::engine::rules::{RequestView, Rules};
+use crate::engine::session_id::SessionRoute;
 
 /// An error in the `route` command's arguments (exit status 64).
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +160,10 @@ pub struct Explanation {
     pub candidates: Vec<String>,
     /// Owners of `count` identical requests in a row (empty unless asked).
     pub picks: Vec<String>,
+    /// With `[sticky.session]`: the session id values the request carries
+    /// and the servers each names (`where value: primary -> node, secondary
+    /// -> node`, or `names no server`).
+    pub session_ids: Vec<String>,
 }
 
 /// What `route` is asked: the engine's configuration and the membership
@@ -179,6 +184,10 @@ pub struct Setup {
     pub entry: String,
     /// Randomness for random policies.
     pub seed: u64,
+    /// The sticky route cookie's name (`[sticky] cookie`).
+    pub route_cookie: String,
+    /// Routing by the app's session id (`[sticky.session]`).
+    pub session_route: Option<SessionRoute>,
 }
 
 /// Who sends the request to explain: the client's address as the entry
@@ -221,10 +230,18 @@ pub fn explain(
         members,
         entry,
         seed,
+        route_cookie,
+        session_route,
     } = setup;
     let view = MembershipView::new(NodeId::from(entry.as_str()), members, vnodes);
-    let mut router = Router::with_options(policy, rules, options)
-        .map_err(|e| arg_err("--policy", e.to_string()))?;
+    let new_router = |rules: Rules| {
+        let mut r = Router::with_options(policy, rules, options)
+            .map_err(|e| arg_err("--policy", e.to_string()))?;
+        r.set_route_cookie(&route_cookie);
+        r.set_session_route(session_route.clone());
+        Ok::<_, ArgError>(r)
+    };
+    let mut router = new_router(rules)?;
     let mut rng = SmallRng::seed_from_u64(seed);
     let rv = RequestView {
         method: req.method(),
@@ -243,8 +260,7 @@ pub fn explain(
     let mut picks = Vec::with_capacity(count);
     if count > 0 {
         // A fresh router: the sequence starts where a new node's would.
-        let mut router = Router::with_options(policy, router.rules().clone(), options)
-            .map_err(|e| arg_err("--policy", e.to_string()))?;
+        let mut router = new_router(router.rules().clone())?;
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut added: BTreeMap<NodeId, u32> = BTreeMap::new();
         for i in 0..count {
@@ -267,7 +283,30 @@ pub fn explain(
         owner: d.owner.to_string(),
         candidates: d.candidates(&view).map(|c| c.to_string()).collect(),
         picks,
+        session_ids: session_route
+            .as_ref()
+            .map(|s| session_ids(s, req))
+            .unwrap_or_default(),
     })
+}
+
+/// Each session id value `req` carries, and what it names under `s`.
+fn session_ids(s: &SessionRoute, req: &http::Request<()>) -> Vec<String> {
+    s.values(req.headers(), req.uri())
+        .map(|v| match s.form.parse(&v) {
+            Some(n) => {
+                let secondary = n
+                    .secondary
+                    .map_or("none".to_owned(), |x| format!("{x} -> {}", s.node_of(x)));
+                format!(
+                    "{v}: primary {} -> {}, secondary {secondary}",
+                    n.primary,
+                    s.node_of(n.primary)
+                )
+            }
+            None => format!("{v}: names no server"),
+        })
+        .collect()
 }
 
 impl std::fmt::Display for Explanation {
@@ -279,6 +318,9 @@ impl std::fmt::Display for Explanation {
             (None, _) => writeln!(f, "rule        none matched")?,
         }
         writeln!(f, "hash key    {}", self.key.as_deref().unwrap_or("-"))?;
+        for s in &self.session_ids {
+            writeln!(f, "session id  {s}")?;
+        }
         writeln!(f, "reason      {}", self.reason)?;
         writeln!(f, "owner       {}", self.owner)?;
         writeln!(f, "failover    {}", self.candidates.join(" -> "))?;
@@ -305,6 +347,8 @@ mod tests {
                 members: parse_members(members).unwrap(),
                 entry: "a".into(),
                 seed: 1,
+                route_cookie: "peerlb-route".into(),
+                session_route: None,
             },
             &req,
             &ClientFacts {
@@ -396,6 +440,8 @@ mod tests {
                     members: parse_members("a,b").unwrap(),
                     entry: "a".into(),
                     seed: 1,
+                    route_cookie: "peerlb-route".into(),
+                    session_route: None,
                 },
                 &req,
                 &ClientFacts {
@@ -414,5 +460,79 @@ mod tests {
         let e = go(None);
         assert_eq!(e.rule, None);
         assert_eq!(e.key.as_deref(), Some("10.1.2.3:5555"));
+    }
+
+    fn explain_with(
+        setup_route: (&str, Option<SessionRoute>),
+        members: &str,
+        cookies: &[&str],
+    ) -> Explanation {
+        let cookies: Vec<String> = cookies.iter().map(|c| c.to_string()).collect();
+        let req = parse_request("GET /cart", &[], &cookies).unwrap();
+        explain(
+            Setup {
+                policy: "round-robin".parse().unwrap(),
+                rules: Rules::compile(&[]).unwrap(),
+                options: RouterOptions::default(),
+                vnodes: 64,
+                members: parse_members(members).unwrap(),
+                entry: "a".into(),
+                seed: 1,
+                route_cookie: setup_route.0.into(),
+                session_route: setup_route.1,
+            },
+            &req,
+            &ClientFacts {
+                addr: "10.1.2.3:5555".parse().unwrap(),
+                tls: false,
+                sni: None,
+            },
+            0,
+            0,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_configured_route_cookie_name_is_read() {
+        let e = explain_with(("lb", None), "a,b,c", &["peerlb-route=b", "lb=c"]);
+        assert_eq!((e.owner.as_str(), e.reason.as_str()), ("c", "sticky-route"));
+    }
+
+    #[test]
+    fn a_session_id_route_is_explained() {
+        let route = SessionRoute {
+            cookie: Some("JSESSIONID".into()),
+            path_param: None,
+            form: crate::engine::session_id::SessionIdForm::WebLogic,
+            servers: [("ms2".to_owned(), "b".to_owned())].into(),
+        };
+        let e = explain_with(
+            ("peerlb-route", Some(route.clone())),
+            "a,b,c",
+            &["JSESSIONID=xyz!ms2!c"],
+        );
+        assert_eq!(
+            (e.owner.as_str(), e.reason.as_str()),
+            ("b", "session-primary")
+        );
+        assert_eq!(e.candidates, ["b", "c", "a"]);
+        assert_eq!(
+            e.session_ids,
+            ["xyz!ms2!c: primary ms2 -> b, secondary c -> c"]
+        );
+        assert!(
+            e.to_string()
+                .contains("session id  xyz!ms2!c: primary ms2 -> b")
+        );
+        let e = explain_with(
+            ("peerlb-route", Some(route)),
+            "a,b=down,c",
+            &["JSESSIONID=xyz!ms2!c"],
+        );
+        assert_eq!(
+            (e.owner.as_str(), e.reason.as_str()),
+            ("c", "session-secondary")
+        );
     }
 }

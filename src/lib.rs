@@ -49,6 +49,8 @@ pub mod config;
 mod engine;
 pub mod env;
 pub mod explain;
+#[cfg(test)]
+mod fuzz;
 pub mod node;
 #[cfg(feature = "sim")]
 pub mod sim;
@@ -64,6 +66,7 @@ pub use engine::ring::Ring;
 pub use engine::route::{Decision, Reason, Router};
 pub use engine::rules::{RequestView, RuleSpec, Rules};
 pub use engine::slow_start::SlowStart;
+pub use engine::session_id::{NamedServers, SessionIdForm, SessionPick, SessionRoute};
 pub use engine::sticky::{RouteCookie, SameSite};
 #[doc(hidden)]
 pub use engine::testing;

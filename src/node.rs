@@ -220,6 +220,7 @@ impl Node {
                 )
                 .map(|mut r| {
                     r.set_route_cookie(&config.ingress.route_cookie.name);
+                    r.set_session_route(config.routing.session_route.clone());
                     r
                 })
                 .map_err(NodeError::Router)?,

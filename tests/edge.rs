@@ -484,40 +484,53 @@ async fn an_oversized_head_is_answered_431_without_buffering_it_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_cap_are_closed_and_said_in_log_and_status() {
+async fn connections_beyond_the_cap_are_closed_when_every_one_is_busy_and_said_in_log_and_status() {
     use std::io::Write;
     use std::net::TcpStream;
-    let c = Cluster::start("edge-cap", 1, "[limits]\nmax_connections = 5\n", "");
+    let c = Cluster::start(
+        "edge-cap",
+        1,
+        "[limits]\nmax_connections = 5\nmax_connections_per_source_percent = 100\n",
+        "",
+    );
     let entry = c.nodes[0].http;
     let log = c.log("n1");
     assert!(log.contains("open file limit"), "{log}");
-    // Five idle connections fill the cap (the status requests go to the
-    // admin address, which has a cap of its own).
-    let mut idle: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(entry).unwrap()).collect();
+    // Five busy connections fill the cap (the status requests go to the
+    // admin address, which has a cap of its own); an idle one would be
+    // closed to admit the sixth (tests/conns.rs).
+    let mut busy: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut s = TcpStream::connect(entry).unwrap();
+            s.write_all(
+                b"GET /delay/8000 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            )
+            .unwrap();
+            s
+        })
+        .collect();
     poll(std::time::Duration::from_secs(20), || {
-        status(entry).is_some_and(|s| s["client_connections"] == 5)
+        status(entry).is_some_and(|s| s["client_connections"] == 5 && s["inflight"] == 5)
     })
-    .expect("five idle connections are open");
+    .unwrap_or_else(|_| panic!("five busy connections are open: {:?}", status(entry)));
     // The sixth is closed at accept, with nothing written.
     let mut extra = TcpStream::connect(entry).unwrap();
     let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     let (text, closed) = read_until_closed(&mut extra);
     assert!(closed && text.is_empty(), "{text:?}");
-    // The connections under the cap still serve.
-    let mut first = idle.remove(0);
-    first
-        .write_all(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let (text, _) = read_until_closed(&mut first);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
-    drop(first);
-    // Once a place is free the status says the cap was hit, and the log too.
+    // The connections under the cap are still served.
+    for s in &mut busy {
+        let (text, _) = read_until_closed(s);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    }
+    // The status says the cap was hit, and the log too.
     poll(std::time::Duration::from_secs(20), || {
         status(entry).is_some_and(|s| s["counters"]["connections_refused"].as_u64() >= Some(1))
     })
-    .expect("connections_refused counted");
+    .unwrap_or_else(|_| panic!("connections_refused counted: {:?}", status(entry)));
     assert!(
-        c.log("n1").contains("connection cap reached"),
+        c.log("n1")
+            .contains("connection cap reached, every connection busy"),
         "{}",
         c.log("n1")
     );

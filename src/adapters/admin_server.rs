@@ -26,6 +26,8 @@ pub(crate) struct AdminServer {
     send_timeout: Duration,
     /// Open admin connections (under [`ADMIN_MAX_CONNECTIONS`]).
     connections: AtomicU64,
+    /// The admin connections (no per-source cap: loopback only).
+    conns: Arc<crate::adapters::ingress::ConnTable>,
 }
 
 /// Most admin connections open at once: operators and scrapers, not
@@ -46,6 +48,10 @@ impl AdminServer {
             header_read_timeout,
             send_timeout,
             connections: AtomicU64::new(0),
+            conns: crate::adapters::ingress::ConnTable::new(
+                ADMIN_MAX_CONNECTIONS,
+                ADMIN_MAX_CONNECTIONS,
+            ),
         }
     }
 
@@ -75,8 +81,8 @@ impl Handler for AdminServer {
         self.send_timeout
     }
 
-    fn max_connections(&self) -> usize {
-        ADMIN_MAX_CONNECTIONS
+    fn conn_table(&self) -> &Arc<crate::adapters::ingress::ConnTable> {
+        &self.conns
     }
 
     fn connections(&self) -> &AtomicU64 {
@@ -87,10 +93,11 @@ impl Handler for AdminServer {
         None
     }
 
-    fn connection_refused(&self) {
+    fn connection_event(&self, event: crate::adapters::ingress::ConnEvent) {
         tracing::debug!(
             max = ADMIN_MAX_CONNECTIONS,
-            "admin connection closed at accept: too many open"
+            ?event,
+            "admin connection cap reached"
         );
     }
 }

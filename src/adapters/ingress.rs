@@ -48,6 +48,7 @@ use crate::config::IngressSettings;
 use forward::{ForwardSettings, Forwarder};
 
 mod conn;
+mod conns;
 mod forward;
 mod limits;
 mod preface;
@@ -55,7 +56,8 @@ mod proxy_protocol;
 mod server;
 
 pub(crate) use conn::{ConnInfo, ListenerSetup};
-pub(crate) use server::{Handler, serve};
+pub(crate) use conns::{ConnTable, Refusal};
+pub(crate) use server::{ConnEvent, Handler, serve};
 
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";
@@ -72,6 +74,8 @@ pub(crate) struct Ingress {
     /// Seconds after `epoch` of the last warning about a missing PROXY
     /// header (0: none yet).
     proxy_warned: std::sync::atomic::AtomicU64,
+    /// The open client connections, under the cap and the per-source cap.
+    conns: Arc<ConnTable>,
 }
 
 impl Ingress {
@@ -92,6 +96,10 @@ impl Ingress {
             keep_client_request_id: settings.trust_client_forwarded,
         };
         Ingress {
+            conns: ConnTable::new(
+                settings.max_connections,
+                settings.max_connections_per_source(),
+            ),
             id_header: HeaderValue::from_str(state.node_id()).ok(),
             forwarder: Forwarder::new(
                 state.clone(),
@@ -237,8 +245,8 @@ impl server::Handler for Ingress {
         self.settings.send_timeout
     }
 
-    fn max_connections(&self) -> usize {
-        self.settings.max_connections
+    fn conn_table(&self) -> &Arc<ConnTable> {
+        &self.conns
     }
 
     fn connections(&self) -> &std::sync::atomic::AtomicU64 {
@@ -249,11 +257,14 @@ impl server::Handler for Ingress {
         Some(&self.state.metrics.client_bytes)
     }
 
-    fn connection_refused(&self) {
-        self.state
-            .counters
-            .connections_refused
-            .fetch_add(1, Ordering::Relaxed);
+    fn connection_event(&self, event: ConnEvent) {
+        let c = &self.state.counters;
+        match event {
+            ConnEvent::Refused(Refusal::Full) => &c.connections_refused,
+            ConnEvent::Refused(Refusal::SourceFull) => &c.connections_refused_source,
+            ConnEvent::ClosedIdle => &c.connections_closed_idle,
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
 
     fn h2_max_concurrent_streams(&self) -> u32 {

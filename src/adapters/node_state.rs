@@ -63,8 +63,13 @@ pub(crate) struct Counters {
     /// Requests answered with an error status by this node.
     pub errors: AtomicU64,
     /// Client connections closed at accept because `limits.max_connections`
-    /// were open.
+    /// were open and every one was busy.
     pub connections_refused: AtomicU64,
+    /// Client connections closed at accept because their source address
+    /// held its share (`limits.max_connections_per_source_percent`).
+    pub connections_refused_source: AtomicU64,
+    /// Idle client connections closed at the cap to admit a new one.
+    pub connections_closed_idle: AtomicU64,
     /// Client connections open now (a gauge, not monotonic).
     pub client_connections: AtomicU64,
     /// HTTP/2 client connections accepted.

@@ -92,7 +92,10 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
     rt.block_on(async move {
         let env = Env::bind(&config, keyring)?;
         let node = Node::build(config, env)?;
+        // Gives a spike's memory back to the OS once it has passed.
+        let trim = tokio::spawn(super::memory::run());
         node.run(shutdown_signal()).await?;
+        trim.abort();
         anyhow::Ok(0)
     })
 }

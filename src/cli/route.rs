@@ -109,6 +109,8 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         members,
         entry,
         seed: a.seed,
+        route_cookie: c.ingress.route_cookie.name.clone(),
+        session_route: c.routing.session_route.clone(),
     };
     let from = explain::ClientFacts {
         addr: a.from,

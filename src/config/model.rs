@@ -175,10 +175,18 @@ pub struct LimitsSection {
     /// Longest request-target accepted, in bytes; longer gets 414 (default 8192).
     pub max_request_target: usize,
     /// Most client connections open at once per node (default 10000, at
-    /// most 1000000); a connection accepted beyond it is closed at once
-    /// (nginx's `worker_connections`, HAProxy's `maxconn`). Lowered at
-    /// start to the open file limit less 256 when that is smaller.
+    /// most 1000000; nginx's `worker_connections`, HAProxy's `maxconn`).
+    /// At the cap the connection idle longest is closed to admit a new
+    /// one; with every connection busy the new one is closed at once.
+    /// Lowered at start to the open file limit less 256 when that is
+    /// smaller.
     pub max_connections: usize,
+    /// The share of `max_connections` one client IP address may hold, in
+    /// percent (default 50, 1..=100; 100: no per-source cap). A source at
+    /// its share gets new connections closed at accept (nginx `limit_conn`,
+    /// HAProxy `src_conn_cur`). Set 100 when every client arrives from one
+    /// address (a sprayer that does not keep client addresses).
+    pub max_connections_per_source_percent: u32,
     /// Time to wait for an owner's response head, in ms (default 30000); 504 after.
     pub response_timeout_ms: u64,
     /// Time to open a peer stream before trying the next candidate, in ms (default 1000).
@@ -225,6 +233,7 @@ impl Default for LimitsSection {
         Self {
             max_request_target: 8192,
             max_connections: 10_000,
+            max_connections_per_source_percent: 50,
             response_timeout_ms: 30_000,
             connect_timeout_ms: 1_000,
             drain_grace_ms: 1_500,
@@ -346,6 +355,36 @@ pub struct StickySection {
     /// Mark the cookie `Secure` (default false): set it when clients reach
     /// peerlb through HTTPS terminated in front of it.
     pub cookie_secure: bool,
+    /// `[sticky.session]`: route by the servers named inside the app's own
+    /// session id (passive routes; absent: off).
+    pub session: Option<SessionSection>,
+}
+
+/// `[sticky.session]`: where the app's session id is read and how it names
+/// the servers holding the session (WebLogic, httpd mod_proxy_balancer
+/// `stickysession`, or a regex). peerlb never rewrites it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSection {
+    /// The app's session cookie, e.g. `JSESSIONID` (an RFC 6265 token).
+    #[serde(default)]
+    pub cookie: Option<String>,
+    /// The path parameter of the last path segment, e.g. `jsessionid` for
+    /// `;jsessionid=...` (a token). At least one of `cookie` and
+    /// `path_param` is required.
+    #[serde(default)]
+    pub path_param: Option<String>,
+    /// `weblogic` (`id!primary!secondary`), `httpd` (`id.route`) or
+    /// `regex` (named captures `primary` and optional `secondary`).
+    pub format: String,
+    /// With `format = "regex"`: the regex (Rust `regex` syntax), with a
+    /// named capture `primary`.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Server id (as written in the session id) -> node id, for app servers
+    /// not named like their nodes; an id not listed is the node id itself.
+    #[serde(default)]
+    pub servers: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for StickySection {
@@ -355,6 +394,7 @@ impl Default for StickySection {
             cookie_path: "/".to_owned(),
             cookie_same_site: "Lax".to_owned(),
             cookie_secure: false,
+            session: None,
         }
     }
 }

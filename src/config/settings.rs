@@ -154,6 +154,9 @@ pub struct RoutingSettings {
     /// The weight ramp of this node after it starts
     /// (`balance.slow_start_ms`, `balance.slow_start_steps`).
     pub slow_start: SlowStart,
+    /// Routing by the app's own session id (`[sticky.session]`); `None`:
+    /// off.
+    pub session_route: Option<crate::engine::session_id::SessionRoute>,
 }
 
 /// The load metric a node publishes in gossip (mod_oc4j's metric with
@@ -173,6 +176,10 @@ pub struct IngressSettings {
     pub max_request_target: usize,
     /// Most client connections open at once (`limits.max_connections`).
     pub max_connections: usize,
+    /// Most client connections open at once from one IP address:
+    /// `max_connections` x `limits.max_connections_per_source_percent` /
+    /// 100, at least 1 (see [`IngressSettings::max_connections_per_source`]).
+    pub max_connections_per_source_percent: u32,
     /// Longest wait for an owner's response head (`limits.response_timeout_ms`).
     pub response_timeout: Duration,
     /// Add `peerlb-served-by` (`headers.served_by`).
@@ -233,6 +240,15 @@ pub struct CertFiles {
     /// The field path of this pair (`listener.tls`, `listener.tls.sni[1]`,
     /// `--tls-cert`), for errors.
     pub field: String,
+}
+
+impl IngressSettings {
+    /// The per-source connection cap: `max_connections` x
+    /// `max_connections_per_source_percent` / 100, rounded down, at least 1.
+    pub fn max_connections_per_source(&self) -> usize {
+        let pct = self.max_connections_per_source_percent.clamp(1, 100) as usize;
+        (self.max_connections.saturating_mul(pct) / 100).max(1)
+    }
 }
 
 /// Peer link (QUIC) settings.

@@ -47,6 +47,7 @@ impl ClusterFile {
             ));
         }
         route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?;
+        super::session::session_route(&self.sticky).map_err(|(f, m)| inv(&f, m))?;
         if self.tls.dir.is_empty() {
             return Err(inv("tls.dir", "must not be empty".into()));
         }
@@ -56,6 +57,15 @@ impl ClusterFile {
             return Err(inv(
                 "limits.max_request_target",
                 format!("{} is out of range 64..=65534", l.max_request_target),
+            ));
+        }
+        if !(1..=100).contains(&l.max_connections_per_source_percent) {
+            return Err(inv(
+                "limits.max_connections_per_source_percent",
+                format!(
+                    "{} is out of range 1..=100",
+                    l.max_connections_per_source_percent
+                ),
             ));
         }
         if !(1..=1_000_000).contains(&l.max_connections) {
@@ -473,6 +483,8 @@ impl ClusterFile {
                     ms(self.balance.slow_start_ms),
                     self.balance.slow_start_steps,
                 ),
+                session_route: super::session::session_route(&self.sticky)
+                    .map_err(|(f, m)| inv(&f, m))?,
             },
             metric: MetricSettings {
                 history: self.balance.metric_history,
@@ -481,6 +493,7 @@ impl ClusterFile {
             ingress: IngressSettings {
                 max_request_target: self.limits.max_request_target,
                 max_connections: self.limits.max_connections,
+                max_connections_per_source_percent: self.limits.max_connections_per_source_percent,
                 response_timeout: ms(self.limits.response_timeout_ms),
                 header_served_by: self.headers.served_by,
                 header_entry: self.headers.entry,

@@ -4,7 +4,10 @@
 //! Order of precedence (docs/architecture.md, "What the policies mean exactly"):
 //!
 //! 1. No serving member at all: the entry node serves the request itself.
-//! 2. A sticky route (cookie or `;peerlb-route=` parameter) naming a
+//! 2. The app's own session id (`[sticky.session]`, [`SessionRoute`]):
+//!    its primary server while that serves, else its secondary; a value
+//!    naming no serving node (malformed, or both down) falls through.
+//!    Then a sticky route (cookie or `;peerlb-route=` parameter) naming a
 //!    *serving* member wins; one naming an unknown or non-serving node is
 //!    ignored (H4: forged routes gain nothing; C7: a dead node's sessions
 //!    fail over).
@@ -52,6 +55,7 @@ use super::membership::MembershipView;
 use super::node_id::NodeId;
 use super::ring::hash_key;
 use super::rules::{RequestView, Rules, default_key};
+use super::session_id::{SessionPick, SessionRoute};
 use super::sticky::{Session, route_from_request};
 
 /// Why a [`Decision`] picked its owner (for logs, metrics and the
@@ -61,6 +65,12 @@ pub enum Reason {
     /// The request's sticky route named a serving member, or a draining
     /// one (it finishes its sessions).
     StickyRoute,
+    /// The app's session id ([`SessionRoute`]) named this node as the
+    /// primary server of the session, and it serves.
+    SessionPrimary,
+    /// The app's session id named this node as the secondary (replica)
+    /// server of the session, and its primary does not serve.
+    SessionSecondary,
     /// Consistent hash on the key from data-centric rule `n` (0-based).
     Rule(usize),
     /// Consistent hash on the default key (client host:port): rules are
@@ -95,7 +105,8 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Stable lowercase name: `sticky-route`, `rule`, `default-key`,
+    /// Stable lowercase name: `sticky-route`, `session-primary`,
+    /// `session-secondary`, `rule`, `default-key`,
     /// `bounded-load`, `round-robin`, `random`, `weighted-random`,
     /// `weighted-round-robin`, `by-traffic`, `metric`, `least-load`, `local`,
     /// `no-members` (the rule index is in [`Reason::Rule`] and in `Display`,
@@ -103,6 +114,8 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::StickyRoute => "sticky-route",
+            Reason::SessionPrimary => "session-primary",
+            Reason::SessionSecondary => "session-secondary",
             Reason::Rule(_) => "rule",
             Reason::DefaultKey => "default-key",
             Reason::BoundedLoad { .. } => "bounded-load",
@@ -157,6 +170,12 @@ enum Failover {
     },
     /// The serving ids after the owner, ascending, wrapping.
     Rotation,
+    /// `next` (a session's serving secondary), then [`Failover::Rotation`]
+    /// without it.
+    Then {
+        /// The first candidate after the owner.
+        next: NodeId,
+    },
     /// An order the policy ranked already (`least-load`: by load figure).
     Listed(Vec<NodeId>),
     /// No other candidate ([`Reason::NoMembers`]).
@@ -181,6 +200,15 @@ impl Decision {
                 let start = serving.partition_point(|id| *id <= self.owner);
                 Rest::Listed(serving[start..].iter().chain(&serving[..start]))
             }
+            Failover::Then { next } => {
+                let serving = view.serving_ids();
+                let start = serving.partition_point(|id| *id <= self.owner);
+                Rest::Then {
+                    first: Some(next),
+                    skip: next,
+                    rest: serving[start..].iter().chain(&serving[..start]),
+                }
+            }
             Failover::Listed(order) => Rest::Listed(order.iter().chain(&[])),
             Failover::Only => Rest::Listed([].iter().chain(&[])),
         };
@@ -192,6 +220,12 @@ impl Decision {
 enum Rest<'a> {
     Ring(super::ring::Candidates<'a>),
     Listed(std::iter::Chain<std::slice::Iter<'a, NodeId>, std::slice::Iter<'a, NodeId>>),
+    /// `first` (until taken), then `rest` without `skip` (the same node).
+    Then {
+        first: Option<&'a NodeId>,
+        skip: &'a NodeId,
+        rest: std::iter::Chain<std::slice::Iter<'a, NodeId>, std::slice::Iter<'a, NodeId>>,
+    },
 }
 
 impl<'a> Iterator for Rest<'a> {
@@ -201,6 +235,9 @@ impl<'a> Iterator for Rest<'a> {
         match self {
             Rest::Ring(c) => c.next(),
             Rest::Listed(l) => l.next(),
+            Rest::Then { first, skip, rest } => {
+                first.take().or_else(|| rest.find(|id| *id != *skip))
+            }
         }
     }
 }
@@ -260,6 +297,8 @@ pub struct Router {
     least_load: LeastLoad,
     /// Name of the sticky route cookie read from requests.
     route_cookie: std::sync::Arc<str>,
+    /// Where the app's session id names its servers (`[sticky.session]`).
+    session_route: Option<std::sync::Arc<SessionRoute>>,
 }
 
 /// The policy as it actually runs.
@@ -288,7 +327,19 @@ impl Router {
             bytraffic: ByTraffic::new(),
             least_load: LeastLoad::new(),
             route_cookie: std::sync::Arc::from(super::sticky::ROUTE_COOKIE),
+            session_route: None,
         }
+    }
+
+    /// Routes requests by the server ids in the app's own session id
+    /// (`[sticky.session]`) from now on; `None` turns it off (the default).
+    pub fn set_session_route(&mut self, route: Option<SessionRoute>) {
+        self.session_route = route.map(std::sync::Arc::new);
+    }
+
+    /// The session-id routing in force ([`Router::set_session_route`]).
+    pub fn session_route(&self) -> Option<&SessionRoute> {
+        self.session_route.as_deref()
     }
 
     /// Reads sticky routes from the cookie `name` (`sticky.cookie`; default
@@ -481,11 +532,19 @@ impl Router {
         let sticky = self.is_sticky().then(|| Session {
             route: route.clone(),
         });
-        let decision = self.decide_routed(req, route.as_deref(), view, now, rng, local);
+        let session = self
+            .session_route
+            .as_ref()
+            .and_then(|s| s.pick(req.headers, req.uri, |r| view.sticky_target(r).is_some()));
+        let decision = match session.and_then(|p| session_decision(p, view)) {
+            Some(d) => d,
+            None => self.decide_routed(req, route.as_deref(), view, now, rng, local),
+        };
         EntryDecision { decision, sticky }
     }
 
-    /// The decision for a request whose sticky route is `route`.
+    /// The decision for a request whose sticky route is `route` (and whose
+    /// session id, if any, named no serving node).
     fn decide_routed(
         &mut self,
         req: &RequestView<'_>,
@@ -657,6 +716,29 @@ impl Router {
         });
         decision(rotation(start), reason)
     }
+}
+
+/// The decision for a request whose session id picked `pick` (a serving or
+/// draining node, [`SessionRoute::pick`]): that node, then the session's
+/// secondary, then the rotation. `None` if `pick` is neither serving nor
+/// draining in `view` (it was checked against it).
+fn session_decision(pick: SessionPick, view: &MembershipView) -> Option<Decision> {
+    // Serving or draining: a draining node's sessions finish there, as
+    // sticky routes do (`MembershipView::sticky_target`).
+    let find = |id: &str| view.sticky_target(id).cloned();
+    Some(Decision {
+        owner: find(&pick.node)?,
+        failover: match pick.next.as_deref().and_then(find) {
+            Some(next) => Failover::Then { next },
+            None => Failover::Rotation,
+        },
+        key: None,
+        reason: if pick.secondary {
+            Reason::SessionSecondary
+        } else {
+            Reason::SessionPrimary
+        },
+    })
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
+use super::conns::{Closable, ConnState, ConnTable, Refusal, Tracked};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
@@ -48,12 +49,13 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn header_read_timeout(&self) -> Duration;
     /// Longest a write to a client may make no progress.
     fn send_timeout(&self) -> Duration;
-    /// Most client connections open at once (over every listener).
-    fn max_connections(&self) -> usize;
+    /// The open client connections (shared by every listener): the cap,
+    /// the per-source cap, idle-first closing.
+    fn conn_table(&self) -> &Arc<ConnTable>;
     /// The gauge of open client connections (shared by every listener).
     fn connections(&self) -> &AtomicU64;
-    /// Counts a connection closed at accept because of the cap.
-    fn connection_refused(&self);
+    /// Counts a connection refused at accept, or an idle one closed.
+    fn connection_event(&self, event: ConnEvent);
     /// Where the bytes of its connections are counted (`None`: not
     /// counted, the admin listener).
     fn byte_counts(&self) -> Option<&Arc<crate::adapters::metrics::ByteCounts>>;
@@ -73,26 +75,29 @@ pub(crate) trait Handler: Send + Sync + 'static {
     }
 }
 
-/// Holds one place under the connection cap; gives it back when dropped.
+/// What the connection cap did ([`Handler::connection_event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnEvent {
+    /// A new connection was closed at accept.
+    Refused(Refusal),
+    /// An idle connection was closed to admit a new one.
+    ClosedIdle,
+}
+
+/// Counts one open connection in the gauge while it lives.
 struct ConnSlot<H: Handler>(Arc<H>);
+
+impl<H: Handler> ConnSlot<H> {
+    fn new(ingress: &Arc<H>) -> Self {
+        ingress.connections().fetch_add(1, Ordering::Relaxed);
+        ConnSlot(ingress.clone())
+    }
+}
 
 impl<H: Handler> Drop for ConnSlot<H> {
     fn drop(&mut self) {
         self.0.connections().fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// Takes a place under the cap (`max`), or `None` when `max` connections
-/// are open.
-fn take_slot<H: Handler>(ingress: &Arc<H>, max: usize) -> Option<ConnSlot<H>> {
-    let max = max as u64;
-    ingress
-        .connections()
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n < max).then_some(n + 1)
-        })
-        .ok()
-        .map(|_| ConnSlot(ingress.clone()))
 }
 
 /// Accepts client connections on `listener` until `shutdown` turns true;
@@ -109,7 +114,9 @@ pub(crate) async fn serve<H: Handler>(
     let local = listener.local_addr().ok();
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut last_cap_warn: Option<tokio::time::Instant> = None;
-    let max_connections = ingress.max_connections();
+    let table = ingress.conn_table().clone();
+    let max_connections = table.max();
+    let per_source = table.per_source();
     loop {
         let (stream, client) = tokio::select! {
             r = listener.accept() => match r {
@@ -127,25 +134,52 @@ pub(crate) async fn serve<H: Handler>(
             },
             _ = shutdown.changed() => break,
         };
-        // At the cap the new connection is closed at once: accepted, so it
-        // leaves the kernel's backlog and the client sees a close instead
-        // of a handshake that hangs.
-        let Some(slot) = take_slot(&ingress, max_connections) else {
-            drop(stream);
-            ingress.connection_refused();
-            if last_cap_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached: closing new client connections (limits.max_connections)");
+        // A refused connection is closed at once: accepted, so it leaves
+        // the kernel's backlog and the client sees a close instead of a
+        // handshake that hangs. At the cap the connection idle longest is
+        // closed instead when there is one (conns.rs).
+        let cap_warn = last_cap_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        // Behind a PROXY-protocol sprayer every connection comes from the
+        // sprayer: the per-source share would cap all clients together.
+        let by_source = setup.proxy_protocol.is_none();
+        let admitted = match table.admit(client.ip(), by_source) {
+            Ok(a) => a,
+            Err(why) => {
+                drop(stream);
+                ingress.connection_event(ConnEvent::Refused(why));
+                if cap_warn {
+                    match why {
+                        Refusal::Full => {
+                            warn!(target: REQUEST_PATH, max_connections, %client, "connection cap reached, every connection busy: closing new client connections (limits.max_connections)")
+                        }
+                        Refusal::SourceFull => {
+                            warn!(target: REQUEST_PATH, per_source, %client, "per-source connection cap reached: closing new client connections from this address (limits.max_connections_per_source_percent)")
+                        }
+                    }
+                    last_cap_warn = Some(tokio::time::Instant::now());
+                }
+                continue;
+            }
+        };
+        if let Some(evicted) = admitted.evicted {
+            ingress.connection_event(ConnEvent::ClosedIdle);
+            if cap_warn {
+                warn!(target: REQUEST_PATH, max_connections, %client, %evicted, "connection cap reached: closing the idle connection idle longest to admit a new one (limits.max_connections)");
                 last_cap_warn = Some(tokio::time::Instant::now());
             }
-            continue;
-        };
+        }
+        let slot = ConnSlot::new(&ingress);
         let (ing, setup) = (ingress.clone(), setup.clone());
+        let tracker = ConnTracker {
+            table: table.clone(),
+            state: admitted.state.clone(),
+        };
         let mut stop = shutdown.clone();
         let conn_shutdown = shutdown.clone();
         let span = info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty);
         tokio::spawn(
             async move {
-                let _slot = slot;
+                let _slot = (slot, admitted);
                 // A connection still in its PROXY header or TLS handshake
                 // when the listener closes has no request to finish: it
                 // is dropped rather than holding up the drain.
@@ -171,13 +205,34 @@ pub(crate) async fn serve<H: Handler>(
                     Some(_) => Protocol::Http1,
                     None => Protocol::Detect,
                 };
-                serve_connection::<H, ClientIo>(io, Arc::new(info), protocol, ing, conn_shutdown).await;
+                serve_connection::<H, ClientIo>(io, Arc::new(info), protocol, ing, conn_shutdown, tracker)
+                    .await;
             }
             .instrument(span),
         );
     }
     if let Some(local) = local {
         debug!(target: REQUEST_PATH, %local, "listener closed");
+    }
+}
+
+/// A connection's place in the [`ConnTable`]: each request marks it busy
+/// until its response body is written, and the table may close it while
+/// it is idle (idle-first closing at the cap, `conns.rs`).
+#[derive(Clone)]
+pub(crate) struct ConnTracker {
+    /// The table the connection was admitted to.
+    pub table: Arc<ConnTable>,
+    /// The connection's entry in it.
+    pub state: Arc<ConnState>,
+}
+
+impl ConnTracker {
+    /// Marks the connection busy for `resp`'s lifetime: until its body
+    /// has been written (or dropped).
+    fn track(&self) -> impl FnOnce(Response<Body>) -> Response<Tracked<Body>> + use<> {
+        let busy = self.table.busy(&self.state);
+        move |resp| resp.map(|b| Tracked::new(b, busy))
     }
 }
 
@@ -209,10 +264,13 @@ pub(crate) async fn serve_connection<H, I>(
     protocol: Protocol,
     ingress: Arc<H>,
     shutdown: watch::Receiver<bool>,
+    tracker: ConnTracker,
 ) where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Closable: the connection table may close it while idle.
+    let io = Closable::new(io, tracker.state.clone());
     let mut io = match ingress.byte_counts() {
         Some(c) => SendTimeout::new(io, ingress.send_timeout()).counting(c.clone()),
         None => SendTimeout::new(io, ingress.send_timeout()),
@@ -246,9 +304,9 @@ pub(crate) async fn serve_connection<H, I>(
     let io = TokioIo::new(Prefixed::new(prefix, io));
     if h2 {
         ingress.h2_connection();
-        serve_h2(io, info, ingress, shutdown).await;
+        serve_h2(io, info, ingress, shutdown, tracker).await;
     } else {
-        serve_h1(io, info, ingress, shutdown).await;
+        serve_h1(io, info, ingress, shutdown, tracker).await;
     }
 }
 
@@ -258,13 +316,14 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 }
 
 /// A client connection's IO as hyper reads it.
-type HyperIo<I> = TokioIo<Prefixed<SendTimeout<I>>>;
+type HyperIo<I> = TokioIo<Prefixed<SendTimeout<Closable<I>>>>;
 
 async fn serve_h1<H, I>(
     io: HyperIo<I>,
     info: Arc<ConnInfo>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
+    tracker: ConnTracker,
 ) where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -272,7 +331,9 @@ async fn serve_h1<H, I>(
     let header_timeout = ingress.header_read_timeout();
     let svc = service_fn(move |req| {
         let (ing, info) = (ingress.clone(), info.clone());
-        async move { Ok::<_, std::convert::Infallible>(ing.handle(req, info).await) }
+        // Busy from its head until its response body is written.
+        let track = tracker.track();
+        async move { Ok::<_, std::convert::Infallible>(track(ing.handle(req, info).await)) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
@@ -350,6 +411,7 @@ async fn serve_h2<H, I>(
     info: Arc<ConnInfo>,
     ingress: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
+    tracker: ConnTracker,
 ) where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -363,10 +425,11 @@ async fn serve_h2<H, I>(
     let svc = service_fn(move |req| {
         let (ing, info) = (ing.clone(), info.clone());
         let guard = StreamGuard::start(&st);
+        let track = tracker.track();
         async move {
             let resp = ing.handle(req, info).await;
             guard.answer();
-            Ok::<_, std::convert::Infallible>(resp)
+            Ok::<_, std::convert::Infallible>(track(resp))
         }
     });
     let conn = builder.serve_connection(io, svc);
