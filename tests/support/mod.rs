@@ -135,6 +135,25 @@ impl Cluster {
         extra_tail: &str,
         shared: bool,
     ) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, shared, PHI)
+    }
+
+    /// Like [`Cluster::start`] with gossip's phi threshold `phi` instead of
+    /// [`PHI`]: a test that must keep a silent member in the views for a
+    /// while (it lets a node die, or cuts its gossip) sets it high and
+    /// relies on the QUIC path instead.
+    pub fn start_phi(tag: &str, n: usize, phi: u32, extra_head: &str, extra_tail: &str) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, false, phi)
+    }
+
+    fn start_full(
+        tag: &str,
+        n: usize,
+        extra_head: &str,
+        extra_tail: &str,
+        shared: bool,
+        phi: u32,
+    ) -> Cluster {
         let dir = temp_dir(tag);
         let nodes: Vec<NodeInfo> = (1..=n)
             .map(|i| NodeInfo {
@@ -150,7 +169,7 @@ impl Cluster {
             .unwrap()
             .extend(nodes.iter().map(|n| (n.http, n.admin)));
         let mut text = format!(
-            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {PHI}\n\n"
+            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {phi}\n\n"
         );
         for node in &nodes {
             text += &format!(
