@@ -5,12 +5,17 @@
 //! on several machines": one `cluster.toml`, certificates made once and
 //! copied per machine, `peerlb node --config cluster.toml --node <id>`,
 //! status read on each machine's loopback admin address. Then partitions
-//! under light load, with their figures asserted against the bounds
-//! docs/operations.md gives ("Partitions between machines").
+//! under light load (two-way, one-way, a flapping link), with their
+//! figures asserted against the bounds docs/operations.md gives
+//! ("Partitions between machines"), and a node moved to a fourth machine
+//! (198.51.100.14) with the same id. The docs' command blocks themselves
+//! are read from docs/operations.md and run as printed
+//! (`the_docs_multi_machine_steps_run_as_printed`).
 //!
-//! Needs root and `ip` (iproute2): skipped with a message otherwise, a
-//! failure when `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces,
-//! veths and the bridge are removed by a guard even when a test fails.
+//! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`
+//! and `tar`: skipped with a message otherwise, a failure when
+//! `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces, veths and the
+//! bridge are removed by a guard even when a test fails.
 
 // Real processes in real namespaces: wall-clock time and blocking sleeps.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -783,4 +788,204 @@ fn a_node_restarted_on_another_machine_address_with_the_same_id_gets_its_keys_ba
         "keys not back on n3 (key, machine, answer): {wrong:?}\n{}",
         m.logs()
     );
+}
+
+/// The `sh` block of docs/operations.md after the marker
+/// `<!-- tests/multihost.rs runs this block as printed: <name> -->`.
+fn docs_block(name: &str) -> String {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let marker = format!("<!-- tests/multihost.rs runs this block as printed: {name} -->");
+    let at = text
+        .find(&marker)
+        .unwrap_or_else(|| panic!("docs/operations.md has no `{marker}`"));
+    let rest = text[at + marker.len()..]
+        .trim_start()
+        .strip_prefix("```sh\n")
+        .unwrap_or_else(|| panic!("no sh block after `{marker}`"));
+    rest[..rest.find("```").unwrap()].to_owned()
+}
+
+/// The example `cluster.toml` of docs/configuration.md ("Example: three
+/// machines"), on this tier's addresses (198.51.100.11-13 for the
+/// example's 10.0.0.11-13).
+fn docs_example_config() -> String {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    let rest = &text[text.find("## Example: three machines").unwrap()..];
+    let start = rest.find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + rest[start..].find("```").unwrap();
+    let toml = rest[start..end].replace("10.0.0.", "198.51.100.");
+    assert!(toml.contains("198.51.100.13:8080"), "{toml}");
+    toml
+}
+
+/// Process groups started by [`sh_in`], killed on drop (with whatever
+/// they left running, such as a `nohup`ed node).
+#[derive(Default)]
+struct Groups(Vec<i32>);
+
+impl Drop for Groups {
+    fn drop(&mut self) {
+        for g in &self.0 {
+            // SAFETY: kill(2) on a process group this test started.
+            unsafe { libc::kill(-g, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Runs `script` with `bash -euo pipefail` in `dir`, on machine `ns`
+/// (the host when `None`), with the `peerlb` under test first on `PATH`
+/// and `env` set; in a process group of its own, recorded in `groups`.
+fn sh_in(
+    groups: &mut Groups,
+    ns: Option<&str>,
+    dir: &std::path::Path,
+    script: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    use std::os::unix::process::CommandExt as _;
+    let bin_dir = std::path::Path::new(bin()).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "bash"]);
+            c
+        }
+        None => Command::new("bash"),
+    };
+    cmd.args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = cmd.spawn().unwrap();
+    groups.0.push(child.id() as i32);
+    child.wait_with_output().unwrap()
+}
+
+/// docs/operations.md's "Nodes on several machines" as printed: its
+/// three command blocks (issue certificates and bundles, start a node,
+/// check it), read from the file, run on three network namespaces with
+/// the example cluster.toml of docs/configuration.md. Only the copy of
+/// each bundle to its machine is the test's own (the docs leave the
+/// transport to the operator).
+#[test]
+fn the_docs_multi_machine_steps_run_as_printed() {
+    if skip() {
+        return;
+    }
+    for tool in ["curl", "jq", "tar"] {
+        if support::which(tool).is_none() {
+            if std::env::var("PEERLB_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
+                panic!("PEERLB_REQUIRE_NETNS=1 but `{tool}` (used by the docs' steps) is missing");
+            }
+            eprintln!("SKIPPED the docs' multi-machine steps: no `{tool}`");
+            return;
+        }
+    }
+    let net = Net::make("docs", 3);
+    let mut groups = Groups::default();
+    let mut apps = Vec::new();
+    let dir = temp_dir("multihost-docs");
+    let issuer = dir.join("issuer");
+    std::fs::create_dir_all(&issuer).unwrap();
+    std::fs::write(issuer.join("cluster.toml"), docs_example_config()).unwrap();
+    let out = sh_in(&mut groups, None, &issuer, &docs_block("issue"), &[]);
+    assert!(out.status.success(), "the issue block: {out:?}");
+    let ids = ["web-1", "web-2", "web-3"];
+    for (i, id) in ids.iter().enumerate() {
+        let home = dir.join(id);
+        std::fs::create_dir_all(&home).unwrap();
+        let bundle = format!("peerlb-{id}.tgz");
+        std::fs::copy(issuer.join(&bundle), home.join(&bundle)).unwrap();
+        // The example's app on the machine's port 9000.
+        apps.push(KillOnDrop(
+            Command::new("ip")
+                .args(["netns", "exec", &net.ns(i)])
+                .arg(bin())
+                .args([
+                    "app",
+                    "--listen",
+                    "127.0.0.1:9000",
+                    "--name",
+                    &format!("app-{id}"),
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        ));
+        poll(Duration::from_secs(10), || {
+            net.within(i, || std::net::TcpStream::connect("127.0.0.1:9000").is_ok())
+        })
+        .unwrap_or_else(|| panic!("the app on {id}'s machine did not listen"));
+        let out = sh_in(
+            &mut groups,
+            Some(&net.ns(i)),
+            &home,
+            &docs_block("start"),
+            &[("id", id)],
+        );
+        assert!(out.status.success(), "the start block on {id}: {out:?}");
+    }
+    let check = docs_block("check");
+    let logs = || {
+        ids.iter()
+            .map(|id| {
+                let l =
+                    std::fs::read_to_string(dir.join(id).join("peerlb.log")).unwrap_or_default();
+                format!("--- {id}:\n{l}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for (i, id) in ids.iter().enumerate() {
+        let mut said = String::new();
+        poll(Duration::from_secs(30), || {
+            let out = sh_in(&mut groups, Some(&net.ns(i)), &dir.join(id), &check, &[]);
+            said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            said == "web-1 web-2 web-3"
+        })
+        .unwrap_or_else(|| panic!("the check block on {id} printed {said:?}\n{}", logs()));
+    }
+    // The example's rules hold across machines: a tenant's requests have
+    // one owner whichever machine they enter.
+    let owners: Vec<Option<(u16, String)>> = net.within(0, || {
+        (0..3)
+            .map(|i| get(entry(i), "/api/tenants/acme/orders").map(|r| (r.0, r.1)))
+            .collect()
+    });
+    assert!(
+        owners[0]
+            .as_ref()
+            .is_some_and(|o| o.0 == 200 && !o.1.is_empty())
+            && owners.iter().all(|o| *o == owners[0]),
+        "{owners:?}\n{}",
+        logs()
+    );
+    drop(apps);
+    drop(groups);
+}
+
+/// A child process killed (and reaped) on drop.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
