@@ -676,6 +676,10 @@ fn a_flapping_link_is_followed_within_the_documented_bounds_on_every_cut_and_hea
     );
 }
 
+/// A key answered elsewhere than expected: (key, machine, status and
+/// serving node).
+type WrongOwner = (String, usize, Option<(u16, String)>);
+
 /// A node restarted on another machine with the same id and certificate
 /// and its new addresses (machine 3 dies; n3 starts on the spare machine
 /// 4, 198.51.100.14, with the address flags): the others learn its
@@ -771,7 +775,7 @@ fn a_node_restarted_on_another_machine_address_with_the_same_id_gets_its_keys_ba
     })
     .unwrap_or_else(|| panic!("n1's peer connections did not go quiet\n{}", m.logs()));
     // Its keys are back on it, whichever machine they enter.
-    let wrong: Vec<(String, usize, Option<(u16, String)>)> = m.net.within(0, move || {
+    let wrong: Vec<WrongOwner> = m.net.within(0, move || {
         let mut wrong = Vec::new();
         for u in &keys {
             for i in [0, 1, 3] {
