@@ -123,7 +123,12 @@ async fn metrics_move_as_requests_flow() {
         sample(&after, "peerlb_rules_reloads_total{result=\"ok\"}"),
         0.0
     );
-    assert!(sample(&after, "peerlb_member_load{node=\"n2\"}") >= 0.0);
+    // Each member's published load has a series (`sample` panics on a
+    // missing one); its value moves with gossip rounds, so only the
+    // series' presence is asserted here.
+    for node in ["n1", "n2"] {
+        let _ = sample(&after, &format!("peerlb_member_load{{node=\"{node}\"}}"));
+    }
     // Scrapes are admin requests: not counted as client requests.
     let again = scrape(n1);
     assert_eq!(delta(&again, &after, "peerlb_requests_total"), 0.0);

@@ -115,6 +115,12 @@ pub struct Cluster {
     pub nodes: Vec<NodeInfo>,
     pub children: BTreeMap<String, Child>,
     pub shared: Option<SocketAddr>,
+    /// Sockets that keep a killed node's addresses taken until it is
+    /// started again ([`Cluster::kill9`], [`Cluster::spawn`]): another
+    /// process on this machine (a concurrent test binary probing for free
+    /// ports) could otherwise take one meanwhile, and the restarted node
+    /// would exit with "cannot bind".
+    held: BTreeMap<String, Vec<socket2::Socket>>,
 }
 
 impl Cluster {
@@ -197,6 +203,7 @@ impl Cluster {
             nodes,
             children: BTreeMap::new(),
             shared,
+            held: BTreeMap::new(),
         };
         for i in 0..n {
             c.spawn(i);
@@ -207,6 +214,8 @@ impl Cluster {
 
     /// Starts node `i` (again).
     pub fn spawn(&mut self, i: usize) {
+        // Released just before the node binds them.
+        self.held.remove(&self.nodes[i].id);
         let node = &self.nodes[i];
         let log = std::fs::File::create(self.dir.join(format!("{}.log", node.id))).unwrap();
         let mut cmd = Command::new(bin());
@@ -291,6 +300,30 @@ impl Cluster {
         let mut c = self.children.remove(id).unwrap();
         c.kill().unwrap();
         c.wait().unwrap();
+        self.hold(id);
+    }
+
+    /// Takes a stopped node's four addresses (best effort): its TCP ports
+    /// bound but not listening, so connections to them are still refused,
+    /// and its UDP ports bound, so datagrams to them are dropped unread.
+    fn hold(&mut self, id: &str) {
+        use socket2::{Domain, Socket, Type};
+        let node = self.node(id).clone();
+        let mut held = Vec::new();
+        for addr in [node.http, node.admin] {
+            let Ok(s) = Socket::new(Domain::for_address(addr), Type::STREAM, None) else {
+                continue;
+            };
+            if s.set_reuse_address(true).is_ok() && s.bind(&addr.into()).is_ok() {
+                held.push(s);
+            }
+        }
+        for addr in [node.peer, node.gossip] {
+            if let Ok(s) = std::net::UdpSocket::bind(addr) {
+                held.push(s.into());
+            }
+        }
+        self.held.insert(id.to_owned(), held);
     }
 
     /// SIGTERM to a node; returns its child handle to wait on.
