@@ -279,3 +279,62 @@ async fn an_owner_dying_mid_response_cuts_the_clients_connection() {
     let ok = get(entry, &format!("/x?user={user}"), &[]).await;
     assert_eq!(ok.status, 200);
 }
+
+/// 503: no candidate of the request could be reached before anything was
+/// sent. n1 drains (a long grace: it still takes clients but is no
+/// candidate of its own view), and n2, the only other node, dies while its
+/// connection with n1 is quiet (ended by QUIC's idle timeout, which ejects
+/// nobody) and gossip (phi 1000) still lists it: the request's only
+/// candidate is n2, its dial fails, and n1 answers 503 with its marks
+/// (docs/architecture.md, "Failover and replay": unreachable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_whose_every_candidate_is_unreachable_answers_503_with_its_marks() {
+    let mut c = Cluster::start_phi(
+        "errors503",
+        2,
+        1000,
+        "[limits]\ndrain_grace_ms = 60000\nconnect_timeout_ms = 500\n[peer]\nkeep_alive_ms = 100\nidle_timeout_ms = 300\n",
+        USER_RULES,
+    );
+    let entry = c.nodes[0].http;
+    let remote = user_where(&ring(&["n1", "n2"], 1024), |o| o == "n2");
+    // The pair's connection ends quietly (3 x idle_timeout_ms of no
+    // traffic): n2 stays routable, and the next request to it must dial.
+    c.wait_until(Duration::from_secs(30), || {
+        status(entry).is_some_and(|s| {
+            s["peer_connections"] == 0 && s["serving"] == serde_json::json!(["n1", "n2"])
+        })
+    })
+    .unwrap_or_else(|_| {
+        panic!(
+            "n1's quiet connection to n2 did not end: {:?}",
+            status(entry)
+        )
+    });
+    c.kill9("n2");
+    let mut draining = c.sigterm("n1");
+    c.wait_until(Duration::from_secs(10), || {
+        serving(entry).is_some_and(|s| s == ["n2"])
+    })
+    .unwrap_or_else(|_| panic!("n1 did not leave its own view: {:?}", status(entry)));
+    let (errors0, requests0, failovers0) = (
+        counter(entry, "errors"),
+        counter(entry, "requests"),
+        counter(entry, "failovers"),
+    );
+    let (text, _) = raw_exchange(
+        entry,
+        format!("GET /x?user={remote} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    let (status_code, head) = head_of(&text);
+    assert_peerlb_error("503 no reachable candidate", status_code, 503, &head, "n1");
+    assert_eq!(counter(entry, "errors"), errors0 + 1);
+    assert_eq!(counter(entry, "requests"), requests0 + 1);
+    assert_eq!(
+        counter(entry, "failovers"),
+        failovers0 + 1,
+        "the dial to n2 failed: one failover, then no candidate left"
+    );
+    let _ = draining.kill();
+    let _ = draining.wait();
+}

@@ -318,3 +318,150 @@ async fn an_unreachable_upstream_app_gives_502_from_the_owner() {
     assert_eq!(resp.status, 502);
     assert!(String::from_utf8_lossy(&resp.body).contains(&dead.to_string()));
 }
+
+/// A POST on the admin address of the node whose client address is
+/// `http`: the raw answer.
+fn admin_post(http: std::net::SocketAddr, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(admin_of(http)).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// An owner that is shutting down refuses a proxied request before it
+/// reads any of it (stream reset, code 2 "refused"): the entry replays a
+/// request with no body on the next candidate, even a POST, and the
+/// client gets 200; a POST whose body streamed once gets 502 from the
+/// entry (docs/architecture.md, "Failover and replay": refused).
+///
+/// The owner (n2) is held alive past its SIGTERM by a request its app
+/// holds, refuses new proxied streams at once (`drain_grace_ms = 0`), and
+/// the entry (n1) does not hear that it is leaving: n1 alone moved to a
+/// new gossip key, so it reads none of n2's gossip (phi 1000 keeps n2 in
+/// its view meanwhile) while their QUIC connection stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_without_a_body_is_replayed_even_a_post_and_a_streamed_post_is_not() {
+    use peerlb::keyring::{GossipKey, Keyring};
+    let app = GatedApp::start().await;
+    let mut c = Cluster::start_phi(
+        "refused",
+        2,
+        1000,
+        &format!(
+            "app = \"http://{}\"\n{STEADY}[limits]\ndrain_grace_ms = 0\ndrain_timeout_ms = 60000\n",
+            app.addr
+        ),
+        USER_RULES,
+    );
+    let (entry, owner) = (c.node("n1").http, c.node("n2").http);
+    let user = user_where(&ring(&["n1", "n2"], 1024), |o| o == "n2");
+    // A request held by n2's app keeps n2 running once it is told to stop.
+    let held = tokio::spawn(send(
+        entry,
+        "GET",
+        format!("/hold?user={user}"),
+        Bytes::new(),
+    ));
+    eventually(Duration::from_secs(10), || app.arrived("/hold") == 1)
+        .await
+        .expect("the held request did not reach n2's app");
+
+    // n1 alone moves to a new gossip key: it no longer opens n2's gossip.
+    let old = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let new = GossipKey::from_bytes([7; 32]);
+    for (op, arg) in [
+        ("install", new.to_base64()),
+        ("use", new.fingerprint()),
+        ("remove", old.keys()[0].fingerprint()),
+    ] {
+        let r = admin_post(entry, &format!("/_peerlb/keyring/{op}"), &arg);
+        assert!(r.starts_with("HTTP/1.0 200"), "keyring {op}: {r}");
+    }
+    let unauthenticated = || {
+        status(entry)
+            .and_then(|v| v["gossip"]["dropped"]["unauthenticated"].as_u64())
+            .unwrap_or(0)
+    };
+    let cut_at = unauthenticated();
+    eventually(Duration::from_secs(10), || unauthenticated() > cut_at + 2)
+        .await
+        .expect("n1 still opens n2's gossip");
+
+    // n2 stops: it publishes leaving (n1 cannot read it) and refuses new
+    // proxied streams before its client listener closes.
+    let mut stopping = c.sigterm("n2");
+    eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(owner).is_err()
+    })
+    .await
+    .expect("n2's client listener did not close");
+    assert_eq!(
+        serving(entry),
+        Some(vec!["n1".to_owned(), "n2".to_owned()]),
+        "n1 must still route to n2 for this test"
+    );
+    let failovers = counter(entry, "failovers");
+
+    // A POST without a body: refused by n2, replayed on n1 (the next
+    // candidate), served once.
+    let resp = send(entry, "POST", format!("/post?user={user}"), Bytes::new()).await;
+    assert_eq!(
+        (resp.status, resp.served_by()),
+        (200, "n1"),
+        "{:?}",
+        resp.body
+    );
+    assert_eq!(
+        resp.body,
+        Bytes::from(format!("app POST /post?user={user} 0"))
+    );
+    assert_eq!(app.arrived("/post"), 1);
+    assert_eq!(counter(entry, "failovers"), failovers + 1);
+
+    // A POST with a body streams it once: refused, it is not replayed.
+    let resp = send(
+        entry,
+        "POST",
+        format!("/streamed?user={user}"),
+        Bytes::from("hello"),
+    )
+    .await;
+    assert_eq!(resp.status, 502, "{:?}", resp.body);
+    assert_eq!(resp.header("peerlb-error-from"), Some("n1"));
+    assert_eq!(resp.header("peerlb-entry"), Some("n1"));
+    assert_eq!(
+        app.arrived("/streamed"),
+        0,
+        "a refused request reached an app"
+    );
+    let log = c.log("n1");
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("forward failed after the request was sent")
+                && l.contains("peer n2 refused the request")
+        })
+        .collect();
+    assert!(
+        refused.len() == 2
+            && refused[0].contains("retry=true")
+            && refused[1].contains("retry=false"),
+        "{log}"
+    );
+
+    // The held request still completes on n2, which then stops.
+    app.release();
+    let resp = held.await.unwrap();
+    assert_eq!((resp.status, resp.served_by()), (200, "n2"));
+    let exit = tokio::task::spawn_blocking(move || stopping.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "n2 did not stop cleanly: {exit:?}");
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use peerlb::keyring::{GossipKey, Keyring};
 use support::forge::{self, Id};
-use support::{Cluster, admin_of, serving, status};
+use support::{Cluster, USER_RULES, admin_of, ring, serving, status, user_where};
 
 /// The gossip identity of `id` as `observer` sees it (polled: a member
 /// may flap out of a view for a moment on a loaded machine).
@@ -472,14 +472,16 @@ fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_me
 #[test]
 fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_binding() {
     let dir = support::temp_dir("trust-keyring");
-    let http = support::free_port();
+    let (http, peer, gossip) = (
+        support::free_port(),
+        support::free_port(),
+        support::free_port(),
+    );
     let cfg = support::write(
         &dir,
         "c.toml",
         &format!(
-            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
-            support::free_port(),
-            support::free_port()
+            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{peer}\"\ngossip_addr = \"127.0.0.1:{gossip}\"\n",
         ),
     );
     let out = std::process::Command::new(support::bin())
@@ -497,6 +499,14 @@ fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_bi
         assert_eq!(mode, 0o600);
     }
     assert_eq!(Keyring::load(&keys).unwrap().keys().len(), 1);
+    // The node's own addresses are taken while it runs: a node that bound
+    // any of them before checking its keyring would fail on the bind
+    // instead ("before binding" is then what the exit status shows).
+    let _held = (
+        std::net::TcpListener::bind(("127.0.0.1", http)).unwrap(),
+        std::net::UdpSocket::bind(("127.0.0.1", peer)).unwrap(),
+        std::net::UdpSocket::bind(("127.0.0.1", gossip)).unwrap(),
+    );
     for (what, text) in [
         ("missing", None),
         ("bad", Some("not base64\n")),
@@ -514,8 +524,6 @@ fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_bi
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{what}: {err}");
         assert!(err.contains("tls.gossip_keyring"), "{what}: {err}");
-        // Nothing was bound: the HTTP port is still free.
-        assert!(std::net::TcpListener::bind(("127.0.0.1", http)).is_ok());
     }
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -610,4 +618,132 @@ async fn half_open_quic_handshakes_cost_the_peer_port_little_memory() {
     // The node still serves.
     assert_eq!(serving(c.node("n1").http).map(|s| s.len()), Some(1));
     drop(pending);
+}
+
+/// A request head as docs/architecture.md ("Peer wire") documents it:
+/// bincode 2 (`config::standard()`) through serde, behind a u32
+/// big-endian length. Written here from the documentation, not from the
+/// crate's own types.
+#[derive(serde::Serialize)]
+struct WireRequestHead {
+    request_id: u128,
+    entry: String,
+    hops: u8,
+    view_version: u64,
+    method: String,
+    uri: String,
+    headers: Vec<(String, Vec<u8>)>,
+    client: std::net::SocketAddr,
+    hash_key: Option<String>,
+}
+
+/// A response head, as documented beside the request head.
+#[derive(serde::Deserialize, Debug)]
+struct WireResponseHead {
+    status: u16,
+    #[allow(dead_code)]
+    headers: Vec<(String, Vec<u8>)>,
+    served_by: String,
+}
+
+/// Sends one proxied request claiming `entry` on a new stream of `conn`;
+/// the owner's response head, or the error that ended the stream.
+async fn claim(
+    conn: &quinn::Connection,
+    entry: &str,
+    path: &str,
+) -> Result<WireResponseHead, String> {
+    let head = WireRequestHead {
+        request_id: 7,
+        entry: entry.to_owned(),
+        hops: 1,
+        view_version: 0,
+        method: "GET".into(),
+        uri: path.into(),
+        headers: vec![("host".into(), b"peerlb".to_vec())],
+        client: "127.0.0.1:9".parse().unwrap(),
+        hash_key: None,
+    };
+    let body = bincode::serde::encode_to_vec(&head, bincode::config::standard()).unwrap();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend(body);
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    send.write_all(&frame).await.map_err(|e| e.to_string())?;
+    let _ = send.finish();
+    let mut len = [0u8; 4];
+    recv.read_exact(&mut len).await.map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; u32::from_be_bytes(len) as usize];
+    recv.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+    let (head, _) = bincode::serde::decode_from_slice(&buf, bincode::config::standard())
+        .map_err(|e| e.to_string())?;
+    Ok(head)
+}
+
+/// A node with a valid cluster certificate (n3's) that claims to be
+/// another entry (n2) in a request head: the owner (n1) closes the whole
+/// connection with close code 2, logs it, and its app serves nothing for
+/// it. The same connection claiming its own id is served, so the frame
+/// itself is sound (docs/architecture.md, "Peer wire": close code 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_closes_a_peer_connection_whose_certificate_is_not_the_entry_it_claims() {
+    let app = support::GatedApp::start().await;
+    let c = Cluster::start(
+        "trust-claim",
+        3,
+        &format!("app = \"http://{}\"\n", app.addr),
+        USER_RULES,
+    );
+    let certs = c.dir.join("certs");
+    let rogue = peerlb::tls::TlsMaterial::load(
+        &certs.join("ca.pem"),
+        &certs.join("n3.pem"),
+        &certs.join("n3.key"),
+    )
+    .unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(peerlb::tls::quinn_client_config(&rogue).unwrap());
+    let conn = ep
+        .connect(c.node("n1").peer, "n1.node.peerlb")
+        .unwrap()
+        .await
+        .expect("n3's certificate is a valid cluster certificate");
+
+    // Claiming its own id: served.
+    let ok = claim(&conn, "n3", "/honest").await.expect("served");
+    assert_eq!((ok.status, ok.served_by.as_str()), (200, "n1"));
+    assert_eq!(app.arrived("/honest"), 1);
+
+    // Claiming n2: the connection is closed, nothing is served.
+    let forged = claim(&conn, "n2", "/forged").await;
+    assert!(forged.is_err(), "a forged entry was answered: {forged:?}");
+    match conn.closed().await {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code, quinn::VarInt::from_u32(2), "{close:?}");
+            assert_eq!(
+                &close.reason[..],
+                b"certificate does not match entry node id"
+            );
+        }
+        other => panic!("the connection ended otherwise: {other:?}"),
+    }
+    assert_eq!(
+        app.arrived("/forged"),
+        0,
+        "the owner served a forged request"
+    );
+    let log = c.log("n1");
+    assert!(
+        log.lines().any(
+            |l| l.contains("peer certificate does not match the entry it claims")
+                && l.contains("claimed=n2")
+                && l.contains("proved=n3")
+        ),
+        "{log}"
+    );
+    // The node itself is unharmed: a real entry still forwards to it.
+    let r = ring(&["n1", "n2", "n3"], 1024);
+    let user = user_where(&r, |o| o == "n1");
+    let resp = support::get(c.node("n2").http, &format!("/after?user={user}"), &[]).await;
+    assert_eq!((resp.status, resp.served_by()), (200, "n1"));
+    ep.wait_idle().await;
 }

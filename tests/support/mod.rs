@@ -118,6 +118,12 @@ pub struct Cluster {
     pub shared: Option<SocketAddr>,
     /// Extra `peerlb` arguments every node starts with.
     pub args: Vec<String>,
+    /// Sockets that keep a killed node's addresses taken until it is
+    /// started again ([`Cluster::kill9`], [`Cluster::spawn`]): another
+    /// process on this machine (a concurrent test binary probing for free
+    /// ports) could otherwise take one meanwhile, and the restarted node
+    /// would exit with "cannot bind".
+    held: BTreeMap<String, Vec<socket2::Socket>>,
 }
 
 impl Cluster {
@@ -138,7 +144,7 @@ impl Cluster {
         extra_tail: &str,
         args: &[&str],
     ) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, false, args)
+        Self::start_full(tag, n, extra_head, extra_tail, false, args, PHI)
     }
 
     /// Like [`Cluster::start`]; with `shared`, every node also listens on one
@@ -150,7 +156,15 @@ impl Cluster {
         extra_tail: &str,
         shared: bool,
     ) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, shared, &[])
+        Self::start_full(tag, n, extra_head, extra_tail, shared, &[], PHI)
+    }
+
+    /// Like [`Cluster::start`] with gossip's phi threshold `phi` instead of
+    /// [`PHI`]: a test that must keep a silent member in the views for a
+    /// while (it lets a node die, or cuts its gossip) sets it high and
+    /// relies on the QUIC path instead.
+    pub fn start_phi(tag: &str, n: usize, phi: u32, extra_head: &str, extra_tail: &str) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], phi)
     }
 
     fn start_full(
@@ -160,6 +174,7 @@ impl Cluster {
         extra_tail: &str,
         shared: bool,
         args: &[&str],
+        phi: u32,
     ) -> Cluster {
         let dir = temp_dir(tag);
         let nodes: Vec<NodeInfo> = (1..=n)
@@ -176,7 +191,7 @@ impl Cluster {
             .unwrap()
             .extend(nodes.iter().map(|n| (n.http, n.admin)));
         let mut text = format!(
-            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {PHI}\n\n"
+            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {phi}\n\n"
         );
         for node in &nodes {
             text += &format!(
@@ -205,6 +220,7 @@ impl Cluster {
             children: BTreeMap::new(),
             shared,
             args: args.iter().map(|a| a.to_string()).collect(),
+            held: BTreeMap::new(),
         };
         for i in 0..n {
             c.spawn(i);
@@ -215,6 +231,8 @@ impl Cluster {
 
     /// Starts node `i` (again).
     pub fn spawn(&mut self, i: usize) {
+        // Released just before the node binds them.
+        self.held.remove(&self.nodes[i].id);
         let node = &self.nodes[i];
         let log = std::fs::File::create(self.dir.join(format!("{}.log", node.id))).unwrap();
         let mut cmd = Command::new(bin());
@@ -300,6 +318,30 @@ impl Cluster {
         let mut c = self.children.remove(id).unwrap();
         c.kill().unwrap();
         c.wait().unwrap();
+        self.hold(id);
+    }
+
+    /// Takes a stopped node's four addresses (best effort): its TCP ports
+    /// bound but not listening, so connections to them are still refused,
+    /// and its UDP ports bound, so datagrams to them are dropped unread.
+    fn hold(&mut self, id: &str) {
+        use socket2::{Domain, Socket, Type};
+        let node = self.node(id).clone();
+        let mut held = Vec::new();
+        for addr in [node.http, node.admin] {
+            let Ok(s) = Socket::new(Domain::for_address(addr), Type::STREAM, None) else {
+                continue;
+            };
+            if s.set_reuse_address(true).is_ok() && s.bind(&addr.into()).is_ok() {
+                held.push(s);
+            }
+        }
+        for addr in [node.peer, node.gossip] {
+            if let Ok(s) = std::net::UdpSocket::bind(addr) {
+                held.push(s.into());
+            }
+        }
+        self.held.insert(id.to_owned(), held);
     }
 
     /// SIGTERM to a node; returns its child handle to wait on.
