@@ -21,7 +21,12 @@
 //!   (each at most one `connect_timeout` of QUIC Initials), however long
 //!   it keeps the ghost alive. A real node whose peer port stayed
 //!   unreachable that long (firewall) is dialled again after it restarts
-//!   (a new generation).
+//!   (a new generation), or as soon as it dials this node itself.
+//!
+//! A dial that fails while the peer's own connection to this node has
+//! completed counts as a success: the peer stays routable over that
+//! connection (a node that restarts under load dials its peers too, and
+//! their dials back may time out meanwhile).
 
 use std::time::Duration;
 

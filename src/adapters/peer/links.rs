@@ -460,7 +460,8 @@ impl PeerLinks {
         }
         let mut backoff = dial::FIRST;
         let mut failures = 0u32;
-        let mut ever_connected = false;
+        // Restarted after a give-up because the peer connected: known.
+        let mut ever_connected = self.pick(&id).is_some();
         loop {
             if routable.wait_for(|s| !s.contains(&id)).await.is_err() {
                 return;
@@ -537,15 +538,22 @@ impl PeerLinks {
                 info!(%addr, "peer connected");
                 Ok(self.register(id, conn, true))
             }
-            Ok(Err(e)) => {
-                self.eject(id);
-                Err(e)
-            }
-            Err(_) => {
-                self.eject(id);
-                Err("timed out".to_owned())
-            }
+            Ok(Err(e)) => self.dial_failed(id, e),
+            Err(_) => self.dial_failed(id, "timed out".to_owned()),
         }
+    }
+
+    /// After a failed dial to `id`: the connection the peer opened to this
+    /// node meanwhile, if one is usable (a peer that restarted dials too;
+    /// its handshake completed, so the peer is neither ejected nor given
+    /// up on), else the peer is ejected and the error returned.
+    fn dial_failed(&self, id: &NodeId, e: String) -> Result<Arc<Link>, String> {
+        if let Some(l) = self.pick(id) {
+            debug!(error = %e, "peer dial failed, but the peer connected to this node meanwhile");
+            return Ok(l);
+        }
+        self.eject(id);
+        Err(e)
     }
 
     fn eject(&self, id: &NodeId) {
@@ -606,6 +614,16 @@ impl PeerLinks {
             }
             slot.links.push(link.clone());
             slot.up |= !accepted_v1;
+            if slot.gave_up.take().is_some() {
+                // The peer completed a handshake after all (it dialled this
+                // node): supervised again, as a member that connected once.
+                let me = Arc::clone(self);
+                let peer = id.clone();
+                slot.task = Some(tokio::spawn(
+                    async move { me.supervise(peer).await }
+                        .instrument(info_span!("peer", peer = %id)),
+                ));
+            }
         }
         if !accepted_v1 && self.routable.send_if_modified(|set| set.insert(id.clone())) {
             self.observer.observe(&NodeEvent::PeerRestored { peer: id });
@@ -886,5 +904,87 @@ mod tests {
         let n2_keeps_own = dialler_wins(&b, &a);
         assert!(n1_keeps_own);
         assert!(!n2_keeps_own, "n2 must keep n1's dial too");
+    }
+
+    /// A node on real loopback endpoints, its accepted connections
+    /// registered as `peer::serve` does (no handler: nothing is served).
+    fn node(certs: &tls::GeneratedCerts, id: &str, settings: &PeerSettings) -> Arc<PeerLinks> {
+        let (_, cert, key) = certs.nodes.iter().find(|(n, ..)| n == id).unwrap();
+        let material = tls::TlsMaterial::load(&certs.ca_cert, cert, key).unwrap();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+        let socket = runtime.wrap_udp_socket(socket).unwrap();
+        let (endpoint, client) = super::super::endpoint(
+            socket,
+            runtime,
+            &material,
+            settings,
+            7,
+            Arc::new(crate::env::SystemClock),
+        )
+        .unwrap();
+        let pause = Arc::new(PauseWatch::new(Duration::from_secs(60), Duration::ZERO));
+        let links = PeerLinks::new(
+            NodeId::from(id),
+            endpoint,
+            client,
+            settings.clone(),
+            Arc::new(crate::env::NoObserver),
+            pause,
+        );
+        let l = links.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = l.endpoint.accept().await {
+                if let Ok(conn) = incoming.await {
+                    l.accepted(conn);
+                }
+            }
+        });
+        links
+    }
+
+    /// A dial that fails while the peer's own connection to this node
+    /// completed (a peer that restarted under load dials too) leaves the
+    /// peer routable: it is neither ejected nor given up on. Before, the
+    /// failed dial ejected it, and three of them gave it up for good.
+    #[tokio::test]
+    async fn a_failed_dial_keeps_a_peer_that_connected_meanwhile() {
+        let dir = std::env::temp_dir().join(format!("peerlb-links-dial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = tls::generate(&dir, "test", &["n1", "n2"]).unwrap();
+        let settings = PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(600),
+            only_v1: false,
+        };
+        let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
+        // n1 is told n2 lives at an address that never answers: its dials
+        // (the smaller id dials first) time out after `connect_timeout`.
+        let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let n1_addr = n1.endpoint.local_addr().unwrap();
+        n1.sync(&[(NodeId::from("n2"), black_hole.local_addr().unwrap(), 1)]);
+        // n2 knows n1's real address and dials it after half a connect
+        // timeout: while n1's own dial is still waiting.
+        n2.sync(&[(NodeId::from("n1"), n1_addr, 1)]);
+        let mut routable = n1.connected();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            routable.wait_for(|s| s.contains(&NodeId::from("n2"))),
+        )
+        .await
+        .expect("n2's connection reaches n1")
+        .unwrap();
+        // n1's dial has a hard deadline of one connect timeout from the
+        // start; past three of them every attempt it made has ended.
+        tokio::time::sleep(settings.connect_timeout * 3).await;
+        assert!(
+            n1.connected().borrow().contains(&NodeId::from("n2")),
+            "n1 dropped n2, which is connected to it"
+        );
+        assert_eq!(n1.ejections(), 0, "n1's failed dial ejected a connected peer");
+        n1.close().await;
+        n2.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
