@@ -635,6 +635,9 @@ struct WireRequestHead {
     headers: Vec<(String, Vec<u8>)>,
     client: std::net::SocketAddr,
     hash_key: Option<String>,
+    /// The client's TLS facts: SNI, version code point, ALPN (`None`:
+    /// cleartext).
+    tls: Option<(Option<String>, u16, Option<Vec<u8>>)>,
 }
 
 /// A response head, as documented beside the request head.
@@ -663,6 +666,7 @@ async fn claim(
         headers: vec![("host".into(), b"peerlb".to_vec())],
         client: "127.0.0.1:9".parse().unwrap(),
         hash_key: None,
+        tls: None,
     };
     let body = bincode::serde::encode_to_vec(&head, bincode::config::standard()).unwrap();
     let mut frame = (body.len() as u32).to_be_bytes().to_vec();
