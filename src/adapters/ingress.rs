@@ -149,8 +149,9 @@ impl Ingress {
             req = Request::from_parts(parts, body);
         }
         // Taken before the request moves on: the client's connection (an
-        // HTTP/2 client's stream) once the app's 101 has been answered, and
-        // the hold that keeps the connection in use meanwhile.
+        // HTTP/2 client's stream) once the app's 101 has been answered,
+        // and on HTTP/2 the hold that keeps the connection in use while
+        // the tunnel is open.
         let mut upgrade =
             tunnel::wants_websocket(req.method(), req.version(), req.headers()).then(|| {
                 let hold = req.extensions_mut().remove::<ConnHold>();
@@ -248,7 +249,7 @@ impl Ingress {
     /// Relays the client's connection (once hyper has written the 101 and
     /// handed it over; on HTTP/2, the stream once the 200 is written) and
     /// the owner's side `app` as a tunnel, in a task of its own, which
-    /// keeps `hold` on the client connection until the tunnel ends.
+    /// keeps `hold` on an HTTP/2 client connection until the tunnel ends.
     fn open_tunnel(
         &self,
         client_side: hyper::upgrade::OnUpgrade,

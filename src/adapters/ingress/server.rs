@@ -236,29 +236,26 @@ impl ConnTracker {
     }
 }
 
-/// Keeps a client connection in use while a tunnel on it is open (a
-/// WebSocket, whose opening answer was written long before it ends):
-/// busy in the connection table, so idle-first closing at the cap passes
-/// it over, and on HTTP/2 an open stream, so the connection's idle GOAWAY
-/// waits. The server puts one in the extensions of each request that may
-/// become a tunnel (an HTTP/1.1 request with an `Upgrade` header, an
-/// HTTP/2 CONNECT); the request path takes it ([`ConnHold::hold`]) when
-/// the tunnel opens.
+/// Keeps an HTTP/2 client connection in use while a WebSocket on one of
+/// its streams is open (RFC 8441; its opening answer was written long
+/// before it ends): busy in the connection table, so idle-first closing at
+/// the cap passes it over, and an open stream, so the connection's idle
+/// GOAWAY waits. The server puts one in the extensions of each HTTP/2
+/// CONNECT; the request path takes it ([`ConnHold::hold`]) when the
+/// tunnel opens. (An HTTP/1.1 WebSocket needs none: hyper hands its
+/// connection over whole, and it leaves the table.)
 #[derive(Clone)]
 pub(crate) struct ConnHold {
     tracker: ConnTracker,
-    /// The HTTP/2 connection's streams (`None` on HTTP/1.1).
-    streams: Option<Arc<ConnStreams>>,
+    streams: Arc<ConnStreams>,
 }
 
 impl ConnHold {
     /// Holds the connection until the returned value is dropped.
     pub(crate) fn hold(&self) -> Held {
         let busy = self.tracker.table.busy(&self.tracker.state);
-        if let Some(s) = &self.streams {
-            s.active.fetch_add(1, Ordering::Relaxed);
-            s.touch();
-        }
+        self.streams.active.fetch_add(1, Ordering::Relaxed);
+        self.streams.touch();
         Held {
             _busy: busy,
             streams: self.streams.clone(),
@@ -266,19 +263,17 @@ impl ConnHold {
     }
 }
 
-/// A tunnel's hold on its client connection ([`ConnHold::hold`]),
+/// A tunnel's hold on its HTTP/2 client connection ([`ConnHold::hold`]),
 /// released when dropped.
 pub(crate) struct Held {
     _busy: BusyGuard,
-    streams: Option<Arc<ConnStreams>>,
+    streams: Arc<ConnStreams>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(s) = &self.streams {
-            s.active.fetch_sub(1, Ordering::Relaxed);
-            s.touch();
-        }
+        self.streams.active.fetch_sub(1, Ordering::Relaxed);
+        self.streams.touch();
     }
 }
 
@@ -375,16 +370,10 @@ async fn serve_h1<H, I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = ingress.header_read_timeout();
-    let svc = service_fn(move |mut req: Request<Incoming>| {
+    let svc = service_fn(move |req| {
         let (ing, info) = (ingress.clone(), info.clone());
         // Busy from its head until its response body is written.
         let track = tracker.track();
-        if req.headers().contains_key(http::header::UPGRADE) {
-            req.extensions_mut().insert(ConnHold {
-                tracker: tracker.clone(),
-                streams: None,
-            });
-        }
         async move { Ok::<_, std::convert::Infallible>(track(ing.handle(req, info).await)) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
@@ -486,7 +475,7 @@ async fn serve_h2<H, I>(
         if req.method() == http::Method::CONNECT {
             req.extensions_mut().insert(ConnHold {
                 tracker: tracker.clone(),
-                streams: Some(st.clone()),
+                streams: st.clone(),
             });
         }
         async move {
