@@ -601,3 +601,57 @@ async fn at_the_connection_cap_an_http2_websocket_is_not_closed_as_idle() {
     assert_eq!(m.unwrap().unwrap(), Message::text("still here"));
     app_close(ws).await;
 }
+
+/// SIGTERM to the entry while an HTTP/2 WebSocket is open: its connection
+/// gets GOAWAY (a new stream is refused) but the WebSocket still echoes
+/// during the drain; the node closes it at the drain timeout
+/// (`limits.drain_timeout_ms = 4000`) and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_entry_lets_an_open_http2_websocket_go_on_until_the_drain_timeout() {
+    let (mut c, _local, remote) = two_nodes(
+        "wsh2drain",
+        "[limits]\ndrain_grace_ms = 200\ndrain_timeout_ms = 4000\n",
+    );
+    let entry = c.nodes[0].http;
+    let (mut h2, _driver) = h2_connect(entry).await;
+    let (mut ws, _) = open_ws_h2(&mut h2, entry, &format!("/ws/echo?user={remote}")).await;
+    let t0 = std::time::Instant::now();
+    let mut child = c.sigterm("n1");
+    eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(entry).is_err()
+    })
+    .await
+    .expect("the entry stops listening");
+    // GOAWAY has come (or comes): no new stream on this connection.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h2_get(&mut h2, entry, &format!("/x?user={remote}"))
+        .await
+        .is_ok()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "no GOAWAY");
+    }
+    ws.send(Message::text("still here")).await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(20), ws.next())
+        .await
+        .expect("echo in time");
+    assert_eq!(m.unwrap().unwrap(), Message::text("still here"));
+    let end = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the node closes the WebSocket");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(3),
+        "closed at the drain timeout, not before: {:?}",
+        t0.elapsed()
+    );
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
