@@ -4,8 +4,12 @@
 //! streams relayed through the entry and the peer stream: 10 MiB each way
 //! intact, closed cleanly from either side, an idle tunnel closed, and a
 //! draining node that lets an open WebSocket go on until its drain
-//! timeout. Real `peerlb` processes on loopback; the client is
-//! tokio-tungstenite's framing over a raw TCP connection.
+//! timeout. The same over HTTP/2 (RFC 8441 extended CONNECT: the entry
+//! speaks the HTTP/1.1 upgrade to the app), beside ordinary streams of the
+//! same connection, with other CONNECTs refused at the entry. Real
+//! `peerlb` processes on loopback; the client is tokio-tungstenite's
+//! framing over a raw TCP connection or over hyper's HTTP/2 client's
+//! upgraded CONNECT stream.
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
