@@ -9,6 +9,7 @@ use hyper::body::Incoming;
 use crate::adapters::body::Body;
 use crate::adapters::client_input;
 use crate::adapters::errors::RequestError;
+use crate::adapters::tunnel::extended_connect::{self, Connect};
 use crate::adapters::wire;
 use crate::engine::sticky::{self, Announcement};
 
@@ -55,11 +56,13 @@ pub(super) fn check(
     }
     // A WebSocket's extended CONNECT has become a GET by now
     // (`Ingress::handle`); any CONNECT left is refused.
-    if req.method() == http::Method::CONNECT {
-        return Err(match req.extensions().get::<hyper::ext::Protocol>() {
-            Some(p) => RequestError::UnsupportedProtocol(p.as_str().to_owned()),
-            None => RequestError::NotImplemented(http::Method::CONNECT),
-        });
+    let protocol = req.extensions().get::<hyper::ext::Protocol>();
+    match extended_connect::classify(req.method(), protocol.map(|p| p.as_str())) {
+        Connect::No => {}
+        Connect::OtherProtocol(p) => return Err(RequestError::UnsupportedProtocol(p.to_owned())),
+        Connect::Plain | Connect::WebSocket => {
+            return Err(RequestError::NotImplemented(http::Method::CONNECT));
+        }
     }
     let hosts = req.headers().get_all(header::HOST).iter().count();
     if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
