@@ -606,6 +606,43 @@ async fn at_the_connection_cap_an_http2_websocket_is_not_closed_as_idle() {
     app_close(ws).await;
 }
 
+/// An HTTP/1.1 WebSocket stays counted under `limits.max_connections`
+/// after hyper hands its connection to the tunnel (and in
+/// `client_connections`), and is never the idle connection closed at the
+/// cap: with `max_connections = 2`, a WebSocket and an idle keep-alive
+/// connection, a third connection gets the idle one closed, and the
+/// WebSocket goes on. (Without the tunnel's hold the WebSocket's
+/// connection left the table at its upgrade: no connection was closed
+/// and the gauge said 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_an_http11_websocket_is_counted_and_not_closed_as_idle() {
+    let (c, _local, remote) = two_nodes(
+        "ws1cap",
+        "[limits]\nmax_connections = 2\nmax_connections_per_source_percent = 100\n",
+    );
+    let entry = c.nodes[0].http;
+    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}")).await.unwrap();
+    let mut idle = Conn::open(entry).await.unwrap();
+    assert_eq!(idle.get("/a", &[]).await.unwrap().status, 200);
+    until_status(entry, "the WebSocket and the idle connection counted", |s| {
+        s["client_connections"] == 2
+    })
+    .await;
+    let mut third = Conn::open(entry).await.unwrap();
+    assert_eq!(third.get("/b", &[]).await.unwrap().status, 200);
+    assert!(
+        idle.get("/c", &[]).await.is_err(),
+        "the idle keep-alive connection was closed"
+    );
+    assert_eq!(counter(entry, "connections_closed_idle"), 1);
+    ws.send(Message::text("still here")).await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(20), ws.next())
+        .await
+        .expect("echo in time");
+    assert_eq!(m.unwrap().unwrap(), Message::text("still here"));
+    app_close(ws).await;
+}
+
 /// SIGTERM to the entry while an HTTP/2 WebSocket is open: its connection
 /// gets GOAWAY (a new stream is refused) but the WebSocket still echoes
 /// during the drain; the node closes it at the drain timeout

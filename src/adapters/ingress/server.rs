@@ -173,13 +173,13 @@ pub(crate) async fn serve<H: Handler>(
         let tracker = ConnTracker {
             table: table.clone(),
             state: admitted.state.clone(),
+            admission: Arc::new((slot, admitted)),
         };
         let mut stop = shutdown.clone();
         let conn_shutdown = shutdown.clone();
         let span = info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty);
         tokio::spawn(
             async move {
-                let _slot = (slot, admitted);
                 // A connection still in its PROXY header or TLS handshake
                 // when the listener closes has no request to finish: it
                 // is dropped rather than holding up the drain.
@@ -225,6 +225,10 @@ pub(crate) struct ConnTracker {
     pub table: Arc<ConnTable>,
     /// The connection's entry in it.
     pub state: Arc<ConnState>,
+    /// The connection's place in the table and in the connections gauge:
+    /// released when the last holder drops it (the connection's task, or
+    /// a WebSocket tunnel that outlives it, [`Held`]).
+    admission: Arc<dyn Send + Sync>,
 }
 
 impl ConnTracker {
@@ -242,38 +246,48 @@ impl ConnTracker {
 /// the cap passes it over, and an open stream, so the connection's idle
 /// GOAWAY waits. The server puts one in the extensions of each HTTP/2
 /// CONNECT; the request path takes it ([`ConnHold::hold`]) when the
-/// tunnel opens. (An HTTP/1.1 WebSocket needs none: hyper hands its
-/// connection over whole, and it leaves the table.)
+/// tunnel opens. An HTTP/1.1 WebSocket takes one too: hyper hands its
+/// connection over whole and the connection's task ends, so the hold is
+/// what keeps it counted under `limits.max_connections` (and the
+/// per-source share) and in the connections gauge, and busy, so
+/// idle-first closing never cuts a tunnel.
 #[derive(Clone)]
 pub(crate) struct ConnHold {
     tracker: ConnTracker,
-    streams: Arc<ConnStreams>,
+    /// The HTTP/2 connection's streams (`None` on HTTP/1.1).
+    streams: Option<Arc<ConnStreams>>,
 }
 
 impl ConnHold {
     /// Holds the connection until the returned value is dropped.
     pub(crate) fn hold(&self) -> Held {
         let busy = self.tracker.table.busy(&self.tracker.state);
-        self.streams.active.fetch_add(1, Ordering::Relaxed);
-        self.streams.touch();
+        if let Some(streams) = &self.streams {
+            streams.active.fetch_add(1, Ordering::Relaxed);
+            streams.touch();
+        }
         Held {
             _busy: busy,
+            _admission: self.tracker.admission.clone(),
             streams: self.streams.clone(),
         }
     }
 }
 
-/// A tunnel's hold on its HTTP/2 client connection ([`ConnHold::hold`]),
+/// A tunnel's hold on its client connection ([`ConnHold::hold`]),
 /// released when dropped.
 pub(crate) struct Held {
     _busy: BusyGuard,
-    streams: Arc<ConnStreams>,
+    _admission: Arc<dyn Send + Sync>,
+    streams: Option<Arc<ConnStreams>>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.streams.active.fetch_sub(1, Ordering::Relaxed);
-        self.streams.touch();
+        if let Some(streams) = &self.streams {
+            streams.active.fetch_sub(1, Ordering::Relaxed);
+            streams.touch();
+        }
     }
 }
 
@@ -370,10 +384,17 @@ async fn serve_h1<H, I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = ingress.header_read_timeout();
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
         // Busy from its head until its response body is written.
         let track = tracker.track();
+        if req.headers().contains_key(http::header::UPGRADE) {
+            // A WebSocket keeps the connection's admission past this task.
+            req.extensions_mut().insert(ConnHold {
+                tracker: tracker.clone(),
+                streams: None,
+            });
+        }
         async move { Ok::<_, std::convert::Infallible>(track(ing.handle(req, info).await)) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
@@ -475,7 +496,7 @@ async fn serve_h2<H, I>(
         if req.method() == http::Method::CONNECT {
             req.extensions_mut().insert(ConnHold {
                 tracker: tracker.clone(),
-                streams: st.clone(),
+                streams: Some(st.clone()),
             });
         }
         async move {
