@@ -45,8 +45,8 @@ pub(crate) mod node_id;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
-pub(crate) mod slow_start;
 pub(crate) mod session_id;
+pub(crate) mod slow_start;
 pub(crate) mod sticky;
 
 pub(crate) use sticky::{RouteCookie, SameSite};

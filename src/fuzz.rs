@@ -112,7 +112,18 @@ fn head_strategy() -> impl Strategy<Value = wire::RequestHead> {
         )),
     )
         .prop_map(
-            |(request_id, entry, hops, view_version, method, uri, headers, client, hash_key, tls)| {
+            |(
+                request_id,
+                entry,
+                hops,
+                view_version,
+                method,
+                uri,
+                headers,
+                client,
+                hash_key,
+                tls,
+            )| {
                 wire::RequestHead {
                     request_id,
                     entry,

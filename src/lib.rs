@@ -65,8 +65,8 @@ pub use engine::node_id::{InvalidNodeId, NodeId};
 pub use engine::ring::Ring;
 pub use engine::route::{Decision, Reason, Router};
 pub use engine::rules::{RequestView, RuleSpec, Rules};
-pub use engine::slow_start::SlowStart;
 pub use engine::session_id::{NamedServers, SessionIdForm, SessionPick, SessionRoute};
+pub use engine::slow_start::SlowStart;
 pub use engine::sticky::{RouteCookie, SameSite};
 #[doc(hidden)]
 pub use engine::testing;

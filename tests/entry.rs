@@ -290,7 +290,11 @@ fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
     assert!(head.starts_with("http/2 200"), "{head}");
     assert!(head.contains("peerlb-served-by: n2"), "{head}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((v["proto"].as_str(), v["key"].as_str()), (Some("https"), Some(user.as_str())), "{v}");
+    assert_eq!(
+        (v["proto"].as_str(), v["key"].as_str()),
+        (Some("https"), Some(user.as_str())),
+        "{v}"
+    );
     // The default certificate is not valid for a.example, and a.example's
     // is not the one localhost gets.
     let e = curl_https("a.example", entry, "/", &site, &[]).unwrap_err();

@@ -621,12 +621,16 @@ async fn at_the_connection_cap_an_http11_websocket_is_counted_and_not_closed_as_
         "[limits]\nmax_connections = 2\nmax_connections_per_source_percent = 100\n",
     );
     let entry = c.nodes[0].http;
-    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}")).await.unwrap();
+    let (mut ws, _) = open_ws(entry, &format!("/ws/echo?user={remote}"))
+        .await
+        .unwrap();
     let mut idle = Conn::open(entry).await.unwrap();
     assert_eq!(idle.get("/a", &[]).await.unwrap().status, 200);
-    until_status(entry, "the WebSocket and the idle connection counted", |s| {
-        s["client_connections"] == 2
-    })
+    until_status(
+        entry,
+        "the WebSocket and the idle connection counted",
+        |s| s["client_connections"] == 2,
+    )
     .await;
     let mut third = Conn::open(entry).await.unwrap();
     assert_eq!(third.get("/b", &[]).await.unwrap().status, 200);

@@ -79,9 +79,9 @@ use prometheus_client::registry::Registry;
 use super::body::{self, Body};
 use super::errors::{AdminError, error_response};
 use super::node_state::NodeState;
+use super::tunnel::Role;
 use crate::engine::membership::{MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
-use super::tunnel::Role;
 use crate::engine::ring::Ring;
 
 /// `GET /_peerlb/metrics`.
@@ -553,8 +553,14 @@ impl Snapshot {
                 "Client connections closed before HTTP, by reason",
                 "reason",
                 [
-                    ("proxy_header".to_owned(), Counter(get(&c.proxy_header_refused))),
-                    ("tls_handshake".to_owned(), Counter(get(&c.tls_handshake_failed))),
+                    (
+                        "proxy_header".to_owned(),
+                        Counter(get(&c.proxy_header_refused)),
+                    ),
+                    (
+                        "tls_handshake".to_owned(),
+                        Counter(get(&c.tls_handshake_failed)),
+                    ),
                 ],
             ),
             Family::labelled(

@@ -689,7 +689,9 @@ mod tests {
             .find("ack_frequency_config: Some(")
             .unwrap_or_else(|| panic!("no ACK frequency config: {debug}"))..];
         assert!(
-            ack.contains(&format!("ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}")),
+            ack.contains(&format!(
+                "ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}"
+            )),
             "{ack}"
         );
     }

@@ -345,7 +345,10 @@ mod tests {
         let t = ConnTable::new(4, 2);
         let a1 = t.admit(ip("127.0.0.2"), true).unwrap();
         let _a2 = t.admit(ip("127.0.0.2"), true).unwrap();
-        assert_eq!(t.admit(ip("127.0.0.2"), true).unwrap_err(), Refusal::SourceFull);
+        assert_eq!(
+            t.admit(ip("127.0.0.2"), true).unwrap_err(),
+            Refusal::SourceFull
+        );
         let _b = t.admit(ip("127.0.0.3"), true).unwrap();
         drop(a1);
         assert!(t.admit(ip("127.0.0.2"), true).is_ok());

@@ -982,7 +982,11 @@ mod tests {
             n1.connected().borrow().contains(&NodeId::from("n2")),
             "n1 dropped n2, which is connected to it"
         );
-        assert_eq!(n1.ejections(), 0, "n1's failed dial ejected a connected peer");
+        assert_eq!(
+            n1.ejections(),
+            0,
+            "n1's failed dial ejected a connected peer"
+        );
         n1.close().await;
         n2.close().await;
         let _ = std::fs::remove_dir_all(&dir);
