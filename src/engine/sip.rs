@@ -1,7 +1,7 @@
 //! SIP messages (RFC 3261) as far as the converged load balancer needs
 //! them: parsing and framing, the hash key of a SIP request, the dialog
-//! stickiness parameter, and the demo user agent server's answers
-//! (`sip/uas`). No I/O: bytes in, values and bytes out.
+//! stickiness parameter, which node serves a request (`sip/route`), and
+//! the demo user agent server's answers (`sip/uas`). No I/O: bytes in, values and bytes out.
 //!
 //! What is parsed (RFC 3261 section 7 and 25): the start line (request
 //! line `METHOD SP Request-URI SP SIP/2.0`, or status line `SIP/2.0 SP
@@ -20,9 +20,11 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+mod route;
 mod uas;
 
-pub(crate) use uas::{DialogTable, serve as serve_uas};
+pub(crate) use route::{SipDecision, SipReason, decide};
+pub(crate) use uas::{DialogTable, SERVED_BY, serve as serve_uas};
 
 /// Longest SIP message accepted, head and body, in bytes (64 KiB: the
 /// largest UDP datagram; RFC 3261 18.1.1 expects larger ones on TCP, which

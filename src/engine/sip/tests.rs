@@ -344,3 +344,113 @@ proptest! {
         }
     }
 }
+
+mod routing {
+    use super::*;
+    use crate::engine::membership::NodeStatus::*;
+    use crate::engine::membership::tests::view;
+    use crate::engine::rules::Rules;
+
+    const CLIENT: &str = "192.0.2.1:5070";
+
+    fn invite(from: &str, call_id: &str) -> SipMessage {
+        msg(&INVITE
+            .replace("Alice <sip:alice@example.com>;tag=1928301774", from)
+            .replace("a84b4c76e66710@pc33.example.com", call_id))
+    }
+
+    fn decide(m: &SipMessage, rules: &Rules, v: &crate::engine::membership::MembershipView) -> SipDecision {
+        super::super::decide(m, CLIENT.parse().unwrap(), rules, v)
+    }
+
+    #[test]
+    fn default_key_is_from_tag_and_call_id_and_any_entry_agrees() {
+        let rules = Rules::default();
+        for i in 0..50 {
+            let m = invite(&format!("<sip:u{i}@h>;tag=t{i}"), &format!("c{i}"));
+            let d1 = decide(&m, &rules, &view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]));
+            let d3 = decide(&m, &rules, &view("n3", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]));
+            assert_eq!(d1, d3);
+            assert_eq!(d1.key, format!("t{i}|c{i}"));
+            assert_eq!(d1.reason, SipReason::DefaultKey);
+        }
+        // CANCEL of an INVITE: same From tag and Call-ID, same key.
+        let m = invite("<sip:a@h>;tag=x", "cc");
+        let cancel = msg(&String::from_utf8(m.to_bytes()).unwrap()
+            .replace("INVITE sip", "CANCEL sip").replace("314159 INVITE", "314159 CANCEL"));
+        let v = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
+        assert_eq!(decide(&cancel, &rules, &v).owner, decide(&m, &rules, &v).owner);
+    }
+
+    #[test]
+    fn sip_rules_key_on_the_from_user_like_an_http_rule_on_a_parameter() {
+        let rules = Rules::from_xml(
+            r#"<user-centric-rules>
+              <http-rules><request-uri parameter="user" return="parameter.user"><exist/></request-uri></http-rules>
+              <sip-rules><header name="From" return="request.From.uri.user"><exist/></header></sip-rules>
+            </user-centric-rules>"#,
+        )
+        .unwrap();
+        let v = view("n2", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
+        for user in ["alice", "bob", "carol", "dave", "erin"] {
+            let d = decide(&invite(&format!("\"X\" <sip:{user}@example.com>;tag=9"), "c1"), &rules, &v);
+            assert_eq!((d.key.as_str(), d.reason), (user, SipReason::Rule(0)));
+            let http = crate::engine::testing::TestRequest::get(&format!("/?user={user}"));
+            let (_, key) = rules.extract(&http.view()).unwrap();
+            assert_eq!(v.ring().owner(&key), Some(&d.owner), "{user}: HTTP and SIP on one owner");
+        }
+        // Compact From, and a Request-URI parameter rule.
+        let by_param = Rules::from_xml(
+            r#"<user-centric-rules><sip-rules>
+              <request-uri parameter="tenant" return="parameter.tenant"><exist/></request-uri>
+            </sip-rules></user-centric-rules>"#,
+        )
+        .unwrap();
+        let m = msg(&INVITE.replace("sip:bob@example.com SIP", "sip:bob@example.com;tenant=t7 SIP"));
+        assert_eq!(decide(&m, &by_param, &v).key, "t7");
+        // No rule matches: the default key.
+        let m = msg(&INVITE.replace("From: Alice <sip:alice@example.com>", "From: <sip:example.com>"));
+        assert_eq!(decide(&m, &rules, &v).reason, SipReason::DefaultKey);
+    }
+
+    #[test]
+    fn dialog_route_reaches_its_owner_or_fails_over_on_the_dialogs_key() {
+        let rules = Rules::default();
+        let all = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
+        let bye = |owner: &str| {
+            msg(&format!(
+                "BYE sip:b@h SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\nRoute: {}\r\n\
+                 From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: other\r\nCSeq: 2 BYE\r\n\r\n",
+                record_route("127.0.0.1:5060".parse().unwrap(), false, owner, "dialog-key")
+            ))
+        };
+        // Whatever the message's own key, the named owner serves.
+        for owner in ["n1", "n2", "n3"] {
+            let d = decide(&bye(owner), &rules, &all);
+            assert_eq!((&*d.owner, d.reason), (owner, SipReason::DialogOwner));
+            assert_eq!(d.key, "dialog-key");
+        }
+        // The owner is gone: the dialog key's owner on the ring of the rest,
+        // which is the next node of the key's failover order.
+        let key_owner = all.ring().owner("dialog-key").unwrap().clone();
+        let next = all.ring().candidates("dialog-key").nth(1).unwrap().clone();
+        let without: Vec<(&str, _)> = ["n1", "n2", "n3"]
+            .into_iter()
+            .map(|id| (id, if id == &*key_owner { Offline } else { Serving }))
+            .collect();
+        let v = view("n1", &without);
+        let d = decide(&bye(&key_owner), &rules, &v);
+        assert_eq!((&d.owner, d.reason), (&next, SipReason::DialogFailover));
+        // Candidates: the owner first, each ring node once.
+        let c: Vec<_> = d.candidates(&v).collect();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0], &next);
+    }
+
+    #[test]
+    fn no_member_on_the_ring_leaves_the_request_to_the_entry() {
+        let v = view("n1", &[("n1", Draining)]);
+        let d = decide(&invite("<sip:a@h>;tag=1", "c"), &Rules::default(), &v);
+        assert_eq!((&*d.owner, d.reason), ("n1", SipReason::NoMembers));
+    }
+}
