@@ -70,5 +70,5 @@ pub use engine::session_id::{NamedServers, SessionIdForm, SessionPick, SessionRo
 pub use engine::sticky::{RouteCookie, SameSite};
 #[doc(hidden)]
 pub use engine::testing;
-pub use env::Env;
+pub use env::{Env, SipSockets};
 pub use node::Node;

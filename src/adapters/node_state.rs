@@ -450,6 +450,19 @@ impl NodeState {
         }
     }
 
+    /// Routes one SIP request from `client` against `view` with the
+    /// router's current rules (their `<sip-rules>`): always consistent
+    /// hash (`engine::sip::decide`). Takes the router lock.
+    pub(crate) fn decide_sip(
+        &self,
+        msg: &crate::engine::sip::SipMessage,
+        client: std::net::SocketAddr,
+        view: &MembershipView,
+    ) -> crate::engine::sip::SipDecision {
+        let router = self.router.lock().expect("router lock");
+        crate::engine::sip::decide(msg, client, router.rules(), view)
+    }
+
     /// The weighted policies' state per node (lbstatus, by-traffic bytes;
     /// see `Router::balance_state`). Takes the router lock: for a scrape.
     pub(crate) fn balance_state(&self) -> crate::engine::route::BalanceState {

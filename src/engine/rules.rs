@@ -415,6 +415,7 @@ impl Rules {
     }
 
     /// The name of `<sip-rules>` rule `index` (for logs).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn sip_name(&self, index: usize) -> Option<&str> {
         self.sip.get(index)?.name.as_deref()
     }

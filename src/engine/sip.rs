@@ -23,8 +23,10 @@ use std::fmt::Write as _;
 mod route;
 mod uas;
 
-pub(crate) use route::{SipDecision, SipReason, decide};
-pub(crate) use uas::{DialogTable, SERVED_BY, serve as serve_uas};
+#[cfg(test)]
+pub(crate) use route::SipReason;
+pub(crate) use route::{SipDecision, decide};
+pub(crate) use uas::{DialogTable, serve as serve_uas};
 
 /// Longest SIP message accepted, head and body, in bytes (64 KiB: the
 /// largest UDP datagram; RFC 3261 18.1.1 expects larger ones on TCP, which
@@ -651,6 +653,49 @@ fn unescape_param(s: &str) -> Cow<'_, str> {
 /// INVITE's key. `None` when either is missing.
 pub(crate) fn default_key(msg: &SipMessage) -> Option<String> {
     Some(format!("{}|{}", msg.from_tag()?, msg.call_id()?))
+}
+
+/// The `400 Bad Request` answer to bytes that do not parse as a SIP
+/// message (RFC 3261 16.3 step 1, 21.4.1), when they are a request whose
+/// head can be read: the reason names the problem, and whatever `Via`,
+/// `From`, `To`, `Call-ID` and `CSeq` fields it has are copied. `None`
+/// for a response or bytes with no request line (those are dropped).
+pub(crate) fn bad_request(buf: &[u8], why: &ParseError) -> Option<SipMessage> {
+    let buf = &buf[leading_crlf(buf)..];
+    let end = head_end(buf).unwrap_or(buf.len().min(MAX_MESSAGE));
+    // Cut at the last whole line of a head without its blank line.
+    let head = &buf[..end];
+    let head = match head_end(head) {
+        Some(_) => head,
+        None => &head[..head.windows(2).rposition(|w| w == b"\r\n").map_or(0, |i| i + 2)],
+    };
+    let text = String::from_utf8_lossy(head);
+    let first = text.split("\r\n").next().unwrap_or("");
+    let StartLine::Request { .. } = parse_start(first).ok()? else {
+        return None;
+    };
+    let headers = parse_head(text.as_bytes()).map(|(_, h)| h).unwrap_or_default();
+    let req = SipMessage {
+        start: parse_start(first).ok()?,
+        headers,
+        body: Vec::new(),
+    };
+    req.top_via()?;
+    let reason = format!("Bad Request ({why})");
+    Some(req.response(400, &reason, None))
+}
+
+/// Where a response to a request received over UDP from `source` goes
+/// (RFC 3261 18.2.2 with RFC 3581): the source IP (what `received` would
+/// say); the source port when the top `Via` has `rport`, else the `Via`'s
+/// sent-by port, else 5060.
+pub(crate) fn response_destination(via: &Via<'_>, source: std::net::SocketAddr) -> std::net::SocketAddr {
+    let port = if via.param("rport").is_some() {
+        source.port()
+    } else {
+        via.port.unwrap_or(5060)
+    };
+    std::net::SocketAddr::new(source.ip(), port)
 }
 
 /// The query-string form of a Request-URI's parameters

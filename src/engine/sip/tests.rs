@@ -454,3 +454,36 @@ mod routing {
         assert_eq!((&*d.owner, d.reason), ("n1", SipReason::NoMembers));
     }
 }
+
+#[test]
+fn bad_requests_get_a_400_copying_what_they_have_and_responses_none() {
+    let text = "INVITE sip:b@h SIP/2.0\r\nVia: SIP/2.0/UDP 192.0.2.4:5071;branch=z9hG4bKx\r\nCall-ID: c\r\nCSeq: 1 BYE\r\n\r\n";
+    let e = parse(text.as_bytes()).unwrap_err();
+    let r = bad_request(text.as_bytes(), &e).unwrap();
+    assert_eq!(
+        r.start,
+        StartLine::Response { status: 400, reason: format!("Bad Request ({e})") }
+    );
+    assert_eq!(r.call_id(), Some("c"));
+    assert_eq!(r.top_via().unwrap().port, Some(5071));
+    // A response, garbage, or a request without a readable Via: dropped.
+    let resp = "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP h;branch=z9hG4bKx\r\n\r\n";
+    assert_eq!(bad_request(resp.as_bytes(), &ParseError::StartLine), None);
+    assert_eq!(bad_request(b"\x00\x01garbage", &ParseError::StartLine), None);
+    assert_eq!(bad_request(b"OPTIONS sip:h SIP/2.0\r\nCall-ID: c\r\n\r\n", &ParseError::StartLine), None);
+    // A head cut short still gets its answer.
+    let cut = "OPTIONS sip:h SIP/2.0\r\nVia: SIP/2.0/TCP h:9;branch=z9hG4bKy\r\nFrom: <sip:a@h>;ta";
+    assert!(bad_request(cut.as_bytes(), &ParseError::Incomplete).is_some());
+}
+
+#[test]
+fn responses_go_to_the_source_ip_and_the_rport_or_via_port() {
+    let src: std::net::SocketAddr = "198.51.100.7:40000".parse().unwrap();
+    let via = |v: &str| {
+        msg(&format!("OPTIONS sip:h SIP/2.0\r\nVia: {v}\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:h>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n"))
+    };
+    let dest = |v: &str| response_destination(&via(v).top_via().unwrap(), src);
+    assert_eq!(dest("SIP/2.0/UDP 10.0.0.1:5080;branch=z9hG4bK1;rport"), src);
+    assert_eq!(dest("SIP/2.0/UDP 10.0.0.1:5080;branch=z9hG4bK1"), "198.51.100.7:5080".parse().unwrap());
+    assert_eq!(dest("SIP/2.0/UDP host;branch=z9hG4bK1"), "198.51.100.7:5060".parse().unwrap());
+}

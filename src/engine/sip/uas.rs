@@ -71,6 +71,7 @@ impl DialogTable {
     }
 
     /// Number of dialogs held.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn len(&self) -> usize {
         self.dialogs.len()
     }
