@@ -58,7 +58,15 @@ impl Answer {
 /// A request text: `method` to `sip:bob@test`, with `from`
 /// (`sip:<user>@test;tag=<tag>`), Call-ID, CSeq, a Via naming `via` with
 /// `rport`, and `extra` header lines (each ending in CRLF).
-fn request(method: &str, user: &str, tag: &str, call_id: &str, cseq: u32, via: &str, extra: &str) -> String {
+fn request(
+    method: &str,
+    user: &str,
+    tag: &str,
+    call_id: &str,
+    cseq: u32,
+    via: &str,
+    extra: &str,
+) -> String {
     format!(
         "{method} sip:bob@test SIP/2.0\r\n\
          Via: SIP/2.0/{via};branch=z9hG4bK{call_id}{cseq}{method};rport\r\n\
@@ -97,7 +105,11 @@ impl Uac {
         let mut buf = vec![0u8; 65_536];
         while Instant::now() < deadline {
             self.sock
-                .set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))
+                .set_read_timeout(Some(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1)),
+                ))
                 .unwrap();
             let Ok((n, _)) = self.sock.recv_from(&mut buf) else {
                 break;
@@ -139,7 +151,15 @@ fn one_call_id_and_from_tag_reach_the_ring_owner_from_every_entry() {
         let (tag, call) = (format!("t{i}"), format!("call-{i}"));
         let want = ring.owner(&format!("{tag}|{call}")).unwrap().to_string();
         for (k, entry) in IDS.iter().enumerate() {
-            let text = request("OPTIONS", "alice", &tag, &call, k as u32 + 1, &uac.via(), "");
+            let text = request(
+                "OPTIONS",
+                "alice",
+                &tag,
+                &call,
+                k as u32 + 1,
+                &uac.via(),
+                "",
+            );
             let a = uac.final_answer(sip(&c, entry), &text);
             assert_eq!(a.status, 200, "{}", a.text);
             assert_eq!(a.served_by(), want, "call {call} via {entry}");
@@ -154,7 +174,10 @@ fn one_call_id_and_from_tag_reach_the_ring_owner_from_every_entry() {
 
 /// The `Route` value a UAC builds from the 200's `Record-Route`.
 fn route_of(ok: &Answer) -> String {
-    let rr = ok.header("record-route").expect("a Record-Route").to_owned();
+    let rr = ok
+        .header("record-route")
+        .expect("a Record-Route")
+        .to_owned();
     assert!(rr.contains(";lr;peerlb-owner="), "{rr}");
     rr
 }
@@ -185,7 +208,15 @@ fn ack_and_bye_through_other_entries_reach_the_invites_owner() {
         .find(|s| ring.owner(s).unwrap().to_string() != owner)
         .unwrap();
     let entries: Vec<&str> = IDS.iter().copied().filter(|id| *id != owner).collect();
-    let invite = request("INVITE", "alice", "ft1", "dialog-1", 1, &uac.via(), "Subject: s0\r\n");
+    let invite = request(
+        "INVITE",
+        "alice",
+        "ft1",
+        "dialog-1",
+        1,
+        &uac.via(),
+        "Subject: s0\r\n",
+    );
     let answers = uac.exchange(sip(&c, entries[0]), &invite, Duration::from_secs(20));
     let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
     assert_eq!(statuses, vec![100, 180, 200], "{answers:?}");
@@ -203,7 +234,10 @@ fn ack_and_bye_through_other_entries_reach_the_invites_owner() {
             &uac.via(),
             &format!("Subject: {elsewhere}\r\nRoute: {route}\r\n"),
         )
-        .replace("To: <sip:bob@test>", &format!("To: <sip:bob@test>;tag={}", ok.to_tag()))
+        .replace(
+            "To: <sip:bob@test>",
+            &format!("To: <sip:bob@test>;tag={}", ok.to_tag()),
+        )
     };
     // ACK gets no answer (the first answer read after it is the BYE's);
     // BYE through the other entry ends the dialog at the owner (a node
@@ -212,7 +246,12 @@ fn ack_and_bye_through_other_entries_reach_the_invites_owner() {
         .send_to(in_dialog("ACK", 1).as_bytes(), sip(&c, entries[1]))
         .unwrap();
     let bye = uac.final_answer(sip(&c, entries[1]), &in_dialog("BYE", 2));
-    assert_eq!((bye.status, bye.served_by()), (200, owner.as_str()), "{}", bye.text);
+    assert_eq!(
+        (bye.status, bye.served_by()),
+        (200, owner.as_str()),
+        "{}",
+        bye.text
+    );
     // A second BYE: the dialog is over, the same owner says 481.
     let again = uac.final_answer(sip(&c, entries[0]), &in_dialog("BYE", 3));
     assert_eq!((again.status, again.served_by()), (481, owner.as_str()));
@@ -251,10 +290,21 @@ fn converged_http_user_parameter_and_sip_from_user_share_an_owner() {
         .build()
         .unwrap();
     let mut owners = std::collections::BTreeSet::new();
-    for (i, user) in ["alice", "bob", "carol", "dave", "erin", "frank"].iter().enumerate() {
+    for (i, user) in ["alice", "bob", "carol", "dave", "erin", "frank"]
+        .iter()
+        .enumerate()
+    {
         let http = rt.block_on(get(c.nodes[i % 3].http, &format!("/?user={user}"), &[]));
         assert_eq!(http.status, 200);
-        let text = request("INVITE", user, &format!("t{i}"), &format!("conv-{i}"), 1, &uac.via(), "");
+        let text = request(
+            "INVITE",
+            user,
+            &format!("t{i}"),
+            &format!("conv-{i}"),
+            1,
+            &uac.via(),
+            "",
+        );
         let ok = uac.final_answer(sip(&c, IDS[(i + 1) % 3]), &text);
         assert_eq!(ok.status, 200, "{}", ok.text);
         assert_eq!(ok.served_by(), http.served_by(), "user {user}");
@@ -274,10 +324,21 @@ fn bye_after_the_dialogs_owner_is_killed_is_answered_481_by_the_next_ring_node()
     // (carried in the Route) leads to `next`.
     let elsewhere = (1..1000)
         .map(|i| format!("s{i}"))
-        .find(|s| ring.owner(s).unwrap().to_string() != owner && ring.owner(s).unwrap().to_string() != next)
+        .find(|s| {
+            ring.owner(s).unwrap().to_string() != owner
+                && ring.owner(s).unwrap().to_string() != next
+        })
         .unwrap();
     let entry = IDS.iter().copied().find(|id| *id != owner).unwrap();
-    let invite = request("INVITE", "alice", "ftk", "dialog-kill", 1, &uac.via(), "Subject: s0\r\n");
+    let invite = request(
+        "INVITE",
+        "alice",
+        "ftk",
+        "dialog-kill",
+        1,
+        &uac.via(),
+        "Subject: s0\r\n",
+    );
     let ok = uac.final_answer(sip(&c, entry), &invite);
     assert_eq!((ok.status, ok.served_by()), (200, owner.as_str()));
     let route = route_of(&ok);
@@ -291,7 +352,10 @@ fn bye_after_the_dialogs_owner_is_killed_is_answered_481_by_the_next_ring_node()
         &uac.via(),
         &format!("Subject: {elsewhere}\r\nRoute: {route}\r\n"),
     )
-    .replace("To: <sip:bob@test>", &format!("To: <sip:bob@test>;tag={}", ok.to_tag()));
+    .replace(
+        "To: <sip:bob@test>",
+        &format!("To: <sip:bob@test>;tag={}", ok.to_tag()),
+    );
     // A UAC retransmits until it gets a final answer; the entry answers
     // 503 while its view still has the dead owner.
     let mut last = None;
@@ -314,7 +378,8 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
     let uac = Uac::new();
     // A request with a CSeq method of another request: 400, with its
     // Call-ID.
-    let bad = request("OPTIONS", "a", "t", "bad-1", 1, &uac.via(), "").replace("CSeq: 1 OPTIONS", "CSeq: 1 INVITE");
+    let bad = request("OPTIONS", "a", "t", "bad-1", 1, &uac.via(), "")
+        .replace("CSeq: 1 OPTIONS", "CSeq: 1 INVITE");
     let a = uac.final_answer(to, &bad);
     assert_eq!(a.status, 400, "{}", a.text);
     assert_eq!(a.header("call-id"), Some("bad-1"));
@@ -327,8 +392,16 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
     ] {
         uac.sock.send_to(&junk, to).unwrap();
     }
-    let ok = uac.final_answer(to, &request("OPTIONS", "a", "t", "good-1", 1, &uac.via(), ""));
-    assert_eq!((ok.status, ok.header("call-id")), (200, Some("good-1")), "{}", ok.text);
+    let ok = uac.final_answer(
+        to,
+        &request("OPTIONS", "a", "t", "good-1", 1, &uac.via(), ""),
+    );
+    assert_eq!(
+        (ok.status, ok.header("call-id")),
+        (200, Some("good-1")),
+        "{}",
+        ok.text
+    );
 
     // TCP: a framed but invalid request gets 400 and the connection goes
     // on; a message without Content-Length cannot be framed: 400, closed.
@@ -339,25 +412,39 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
         let mut buf = Vec::new();
         let mut b = [0u8; 1];
         while !buf.ends_with(b"\r\n\r\n") {
-            assert_eq!(tcp.read(&mut b).unwrap(), 1, "closed after {:?}", String::from_utf8_lossy(&buf));
+            assert_eq!(
+                tcp.read(&mut b).unwrap(),
+                1,
+                "closed after {:?}",
+                String::from_utf8_lossy(&buf)
+            );
             buf.push(b[0]);
         }
         Answer::parse(&buf)
     };
-    let bad = request("BYE", "a", "t", "tcp-bad", 1, &via, "").replace("CSeq: 1 BYE", "CSeq: x BYE");
+    let bad =
+        request("BYE", "a", "t", "tcp-bad", 1, &via, "").replace("CSeq: 1 BYE", "CSeq: x BYE");
     tcp.write_all(bad.as_bytes()).unwrap();
     assert_eq!(read_answer(&mut tcp).status, 400);
     tcp.write_all(request("OPTIONS", "a", "t", "tcp-ok", 2, &via, "").as_bytes())
         .unwrap();
     let ok = read_answer(&mut tcp);
     assert_eq!((ok.status, ok.header("call-id")), (200, Some("tcp-ok")));
-    let unframed = request("OPTIONS", "a", "t", "tcp-nocl", 3, &via, "").replace("Content-Length: 0\r\n", "");
+    let unframed =
+        request("OPTIONS", "a", "t", "tcp-nocl", 3, &via, "").replace("Content-Length: 0\r\n", "");
     tcp.write_all(unframed.as_bytes()).unwrap();
     assert_eq!(read_answer(&mut tcp).status, 400);
     let mut rest = Vec::new();
-    assert_eq!(tcp.read_to_end(&mut rest).unwrap(), 0, "the connection is closed");
+    assert_eq!(
+        tcp.read_to_end(&mut rest).unwrap(),
+        0,
+        "the connection is closed"
+    );
     // The node still serves SIP and HTTP.
-    let ok = uac.final_answer(to, &request("OPTIONS", "a", "t", "good-2", 1, &uac.via(), ""));
+    let ok = uac.final_answer(
+        to,
+        &request("OPTIONS", "a", "t", "good-2", 1, &uac.via(), ""),
+    );
     assert_eq!(ok.status, 200);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

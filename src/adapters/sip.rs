@@ -43,9 +43,7 @@ use super::node_state::NodeState;
 use super::peer::{self, PeerLinks};
 use super::wire::{self, RequestHeadRef};
 use crate::engine::node_id::NodeId;
-use crate::engine::sip::{
-    self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage, record_route,
-};
+use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage, record_route};
 use crate::env::HttpListener;
 
 /// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's magic
@@ -91,7 +89,10 @@ impl SipApp {
             *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
             r
         };
-        let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE).collect().await else {
+        let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE)
+            .collect()
+            .await
+        else {
             return status(400);
         };
         let req = match sipmsg::parse(&bytes.to_bytes()) {
@@ -177,7 +178,7 @@ impl SipEntry {
         if sipmsg::dialog_route(&msg).is_some() {
             msg.pop_route();
         }
-        if method == "INVITE" && msg.to_tag().is_none() {
+        if method == "INVITE" && msg.tag_of_to().is_none() {
             msg.push_front(
                 "Record-Route",
                 record_route(self.addr, tcp, &decision.owner, &decision.key),
@@ -243,7 +244,10 @@ impl SipEntry {
         let mut out = msg.clone();
         out.push_front(
             "Via",
-            format!("SIP/2.0/{transport} {};branch={BRANCH_PREFIX}{branch:016x}", self.addr),
+            format!(
+                "SIP/2.0/{transport} {};branch={BRANCH_PREFIX}{branch:016x}",
+                self.addr
+            ),
         );
         let bytes = out.to_bytes();
         let mut headers = http::HeaderMap::new();
@@ -293,10 +297,9 @@ impl SipEntry {
                 Ok(Some(n)) => n,
                 _ => return Err(Retry::No("owner's answers do not frame as SIP".into())),
             };
-            let mut m = sipmsg::parse(&rest[..n])
-                .map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
-            if m
-                .top_via()
+            let mut m =
+                sipmsg::parse(&rest[..n]).map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
+            if m.top_via()
                 .and_then(|v| v.param("branch"))
                 .is_some_and(|b| b.starts_with(BRANCH_PREFIX))
             {
@@ -435,4 +438,3 @@ async fn connection(
         buf.extend_from_slice(&chunk[..n]);
     }
 }
-

@@ -657,7 +657,10 @@ fn sip_addr_is_optional_and_its_clashes_name_the_field() {
             two("127.0.0.1:0", "127.0.0.1:9"),
             "nodes[0].sip_addr: 127.0.0.1:0: port 0",
         ),
-        (two("nowhere", "127.0.0.1:9"), "nodes[0].sip_addr: \"nowhere\""),
+        (
+            two("nowhere", "127.0.0.1:9"),
+            "nodes[0].sip_addr: \"nowhere\"",
+        ),
     ] {
         let e = validate(&text, "n1").unwrap_err().to_string();
         assert!(e.contains(says), "{e}\nwanted {says}");

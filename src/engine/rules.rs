@@ -71,7 +71,6 @@ use bounds::RegexBudget;
 
 pub(crate) use expr::ExprSpec;
 
-
 /// One rule as written in `cluster.toml` (`[[rules]]`).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]

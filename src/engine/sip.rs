@@ -134,7 +134,9 @@ fn is_token(s: &str) -> bool {
 /// Skips the CRLFs a stream may carry between messages (RFC 3261 7.5 and
 /// the RFC 5626 keep-alive); returns how many bytes to skip.
 pub(crate) fn leading_crlf(buf: &[u8]) -> usize {
-    buf.iter().take_while(|b| **b == b'\r' || **b == b'\n').count()
+    buf.iter()
+        .take_while(|b| **b == b'\r' || **b == b'\n')
+        .count()
 }
 
 fn head_end(buf: &[u8]) -> Option<usize> {
@@ -349,12 +351,12 @@ impl SipMessage {
     }
 
     /// The `tag` parameter of `From`.
-    pub(crate) fn from_tag(&self) -> Option<&str> {
+    pub(crate) fn tag_of_from(&self) -> Option<&str> {
         param(self.header("from")?, "tag").filter(|t| !t.is_empty())
     }
 
     /// The `tag` parameter of `To`.
-    pub(crate) fn to_tag(&self) -> Option<&str> {
+    pub(crate) fn tag_of_to(&self) -> Option<&str> {
         param(self.header("to")?, "tag").filter(|t| !t.is_empty())
     }
 
@@ -609,7 +611,12 @@ pub(crate) struct DialogRoute {
 /// request (RFC 3261 16.6 step 4): `<sip:<addr>;transport=<t>;lr;
 /// peerlb-owner=<owner>;peerlb-key=<key, percent-encoded>>`. `addr` is the
 /// entry's `sip_addr` (any node of the cluster accepts it as its own).
-pub(crate) fn record_route(addr: std::net::SocketAddr, tcp: bool, owner: &str, key: &str) -> String {
+pub(crate) fn record_route(
+    addr: std::net::SocketAddr,
+    tcp: bool,
+    owner: &str,
+    key: &str,
+) -> String {
     let transport = if tcp { "tcp" } else { "udp" };
     format!(
         "<sip:{addr};transport={transport};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={}>",
@@ -652,7 +659,7 @@ fn unescape_param(s: &str) -> Cow<'_, str> {
 /// INVITE's From tag and Call-ID (RFC 3261 9.1, 17.1.1.3), so they get the
 /// INVITE's key. `None` when either is missing.
 pub(crate) fn default_key(msg: &SipMessage) -> Option<String> {
-    Some(format!("{}|{}", msg.from_tag()?, msg.call_id()?))
+    Some(format!("{}|{}", msg.tag_of_from()?, msg.call_id()?))
 }
 
 /// The `400 Bad Request` answer to bytes that do not parse as a SIP
@@ -667,14 +674,21 @@ pub(crate) fn bad_request(buf: &[u8], why: &ParseError) -> Option<SipMessage> {
     let head = &buf[..end];
     let head = match head_end(head) {
         Some(_) => head,
-        None => &head[..head.windows(2).rposition(|w| w == b"\r\n").map_or(0, |i| i + 2)],
+        None => {
+            &head[..head
+                .windows(2)
+                .rposition(|w| w == b"\r\n")
+                .map_or(0, |i| i + 2)]
+        }
     };
     let text = String::from_utf8_lossy(head);
     let first = text.split("\r\n").next().unwrap_or("");
     let StartLine::Request { .. } = parse_start(first).ok()? else {
         return None;
     };
-    let headers = parse_head(text.as_bytes()).map(|(_, h)| h).unwrap_or_default();
+    let headers = parse_head(text.as_bytes())
+        .map(|(_, h)| h)
+        .unwrap_or_default();
     let req = SipMessage {
         start: parse_start(first).ok()?,
         headers,
@@ -689,7 +703,10 @@ pub(crate) fn bad_request(buf: &[u8], why: &ParseError) -> Option<SipMessage> {
 /// (RFC 3261 18.2.2 with RFC 3581): the source IP (what `received` would
 /// say); the source port when the top `Via` has `rport`, else the `Via`'s
 /// sent-by port, else 5060.
-pub(crate) fn response_destination(via: &Via<'_>, source: std::net::SocketAddr) -> std::net::SocketAddr {
+pub(crate) fn response_destination(
+    via: &Via<'_>,
+    source: std::net::SocketAddr,
+) -> std::net::SocketAddr {
     let port = if via.param("rport").is_some() {
         source.port()
     } else {

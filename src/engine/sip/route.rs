@@ -100,7 +100,9 @@ impl SipView {
             ),
             StartLine::Response { .. } => (Method::GET, String::new()),
         };
-        let uri = format!("/?{query}").parse().unwrap_or_else(|_| Uri::from_static("/"));
+        let uri = format!("/?{query}")
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("/"));
         let mut headers = HeaderMap::new();
         for (n, v) in &msg.headers {
             if let (Ok(n), Ok(v)) = (

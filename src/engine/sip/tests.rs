@@ -30,8 +30,8 @@ fn parses_request_line_headers_and_body() {
         }
     );
     assert_eq!(m.call_id(), Some("a84b4c76e66710@pc33.example.com"));
-    assert_eq!(m.from_tag(), Some("1928301774"));
-    assert_eq!(m.to_tag(), None);
+    assert_eq!(m.tag_of_from(), Some("1928301774"));
+    assert_eq!(m.tag_of_to(), None);
     assert_eq!(m.cseq(), Some((314159, "INVITE")));
     assert_eq!(m.body, b"v=0\r");
     let via = m.top_via().unwrap();
@@ -45,11 +45,13 @@ fn parses_request_line_headers_and_body() {
 
 #[test]
 fn compact_forms_read_as_their_full_names() {
-    let m = msg("OPTIONS sip:x@h SIP/2.0\r\nv: SIP/2.0/TCP h:1;branch=z9hG4bKa\r\n\
+    let m = msg(
+        "OPTIONS sip:x@h SIP/2.0\r\nv: SIP/2.0/TCP h:1;branch=z9hG4bKa\r\n\
                  f: <sip:a@h>;tag=ft\r\nt: <sip:x@h>\r\ni: cid\r\nCSeq: 1 OPTIONS\r\n\
-                 m: <sip:a@h>\r\nl: 0\r\n\r\n");
+                 m: <sip:a@h>\r\nl: 0\r\n\r\n",
+    );
     assert_eq!(m.call_id(), Some("cid"));
-    assert_eq!(m.from_tag(), Some("ft"));
+    assert_eq!(m.tag_of_from(), Some("ft"));
     assert_eq!(m.header("Contact"), Some("<sip:a@h>"));
     assert_eq!(m.top_via().unwrap().transport, "TCP");
     assert_eq!(default_key(&m).as_deref(), Some("ft|cid"));
@@ -58,16 +60,20 @@ fn compact_forms_read_as_their_full_names() {
 #[test]
 fn folded_lines_spaces_around_slashes_and_leading_crlf_are_accepted() {
     // RFC 4475 3.1.1.1 (wsinv) style: folding, `SIP / 2.0 / UDP`.
-    let m = msg("\r\n\r\nOPTIONS sip:x@h SIP/2.0\r\nVia  : SIP / 2.0\r\n  / UDP h:5060;branch=z9hG4bKb\r\n\
-                 From: <sip:a@h>\r\n ;tag=t1\r\nTo: <sip:x@h>\r\nCall-ID: c\r\nCSeq: 2 OPTIONS\r\n\r\n");
-    assert_eq!(m.from_tag(), Some("t1"));
+    let m = msg(
+        "\r\n\r\nOPTIONS sip:x@h SIP/2.0\r\nVia  : SIP / 2.0\r\n  / UDP h:5060;branch=z9hG4bKb\r\n\
+                 From: <sip:a@h>\r\n ;tag=t1\r\nTo: <sip:x@h>\r\nCall-ID: c\r\nCSeq: 2 OPTIONS\r\n\r\n",
+    );
+    assert_eq!(m.tag_of_from(), Some("t1"));
     assert_eq!(m.top_via().unwrap().host, "h");
 }
 
 #[test]
 fn responses_parse_and_tags_are_header_params_not_uri_params() {
-    let m = msg("SIP/2.0 180 Ringing\r\nVia: SIP/2.0/UDP h;branch=z9hG4bKc\r\n\
-                 From: <sip:a@h;tag=inside>;tag=outside\r\nTo: sip:x@h;tag=tt\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\n\r\n");
+    let m = msg(
+        "SIP/2.0 180 Ringing\r\nVia: SIP/2.0/UDP h;branch=z9hG4bKc\r\n\
+                 From: <sip:a@h;tag=inside>;tag=outside\r\nTo: sip:x@h;tag=tt\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\n\r\n",
+    );
     assert_eq!(
         m.start,
         StartLine::Response {
@@ -75,8 +81,8 @@ fn responses_parse_and_tags_are_header_params_not_uri_params() {
             reason: "Ringing".into()
         }
     );
-    assert_eq!(m.from_tag(), Some("outside"));
-    assert_eq!(m.to_tag(), Some("tt"));
+    assert_eq!(m.tag_of_from(), Some("outside"));
+    assert_eq!(m.tag_of_to(), Some("tt"));
 }
 
 /// RFC 4475 section 3.1.2 style invalid messages: each is refused.
@@ -168,7 +174,10 @@ fn torture_style_malformed_messages_are_refused() {
         parse(&[0xff, 0xfe, b'\r', b'\n', b'\r', b'\n']),
         Err(ParseError::NotUtf8)
     );
-    assert_eq!(parse(&vec![b'a'; MAX_MESSAGE + 1]), Err(ParseError::TooLarge));
+    assert_eq!(
+        parse(&vec![b'a'; MAX_MESSAGE + 1]),
+        Err(ParseError::TooLarge)
+    );
     let many = format!(
         "OPTIONS sip:b@h SIP/2.0\r\n{ok_tail}CSeq: 1 OPTIONS\r\n{}\r\n",
         "X: y\r\n".repeat(MAX_HEADERS)
@@ -184,7 +193,10 @@ fn stream_framing_needs_content_length_and_waits_for_the_body() {
     assert_eq!(frame_len(&whole[..40]), Ok(None));
     let no_cl = INVITE.replace("Content-Length: 4\r\n", "");
     assert_eq!(frame_len(no_cl.as_bytes()), Err(ParseError::ContentLength));
-    assert_eq!(frame_len(&vec![b'a'; MAX_MESSAGE]), Err(ParseError::TooLarge));
+    assert_eq!(
+        frame_len(&vec![b'a'; MAX_MESSAGE]),
+        Err(ParseError::TooLarge)
+    );
     let big = INVITE.replace("Content-Length: 4", "Content-Length: 99999");
     assert_eq!(frame_len(big.as_bytes()), Err(ParseError::TooLarge));
 }
@@ -222,7 +234,12 @@ fn via_and_route_lists_split_pop_and_push() {
 
 #[test]
 fn record_route_names_owner_and_escaped_key_and_reads_back() {
-    let rr = record_route("10.0.0.1:5060".parse().unwrap(), false, "n3", "alice|c@x; y");
+    let rr = record_route(
+        "10.0.0.1:5060".parse().unwrap(),
+        false,
+        "n3",
+        "alice|c@x; y",
+    );
     assert_eq!(
         rr,
         "<sip:10.0.0.1:5060;transport=udp;lr;peerlb-owner=n3;peerlb-key=alice%7Cc%40x%3B%20y>"
@@ -268,10 +285,15 @@ fn demo_server_invite_ack_bye_and_unknown_dialogs() {
     );
     let out = serve(&invite, &mut d);
     assert_eq!(statuses(&out), vec![100, 180, 200]);
-    assert_eq!(out[0].to_tag(), None, "100 Trying carries no tag");
-    let tag = out[2].to_tag().unwrap().to_owned();
-    assert_eq!(out[1].to_tag(), Some(tag.as_str()));
-    assert!(out[2].header("record-route").unwrap().contains("peerlb-owner=n1"));
+    assert_eq!(out[0].tag_of_to(), None, "100 Trying carries no tag");
+    let tag = out[2].tag_of_to().unwrap().to_owned();
+    assert_eq!(out[1].tag_of_to(), Some(tag.as_str()));
+    assert!(
+        out[2]
+            .header("record-route")
+            .unwrap()
+            .contains("peerlb-owner=n1")
+    );
     assert!(out[2].header("contact").unwrap().contains("127.0.0.1:5060"));
     assert!(out.iter().all(|m| m.header(uas::SERVED_BY) == Some("n1")));
     assert_eq!(d.len(), 1);
@@ -279,15 +301,30 @@ fn demo_server_invite_ack_bye_and_unknown_dialogs() {
         INVITE
             .replace("INVITE sip", &format!("{method} sip"))
             .replace("314159 INVITE", &format!("314160 {method}"))
-            .replace("To: Bob <sip:bob@example.com>", &format!("To: Bob <sip:bob@example.com>;tag={to_tag}"))
+            .replace(
+                "To: Bob <sip:bob@example.com>",
+                &format!("To: Bob <sip:bob@example.com>;tag={to_tag}"),
+            )
     };
     assert!(serve(&in_dialog("ACK", &tag), &mut d).is_empty());
-    assert_eq!(statuses(&serve(&in_dialog("INVITE", &tag), &mut d)), vec![200]);
+    assert_eq!(
+        statuses(&serve(&in_dialog("INVITE", &tag), &mut d)),
+        vec![200]
+    );
     assert_eq!(statuses(&serve(&in_dialog("BYE", &tag), &mut d)), vec![200]);
     assert_eq!(d.len(), 0);
     assert_eq!(statuses(&serve(&in_dialog("BYE", &tag), &mut d)), vec![481]);
-    assert_eq!(statuses(&serve(&in_dialog("INVITE", "other"), &mut d)), vec![481]);
-    assert_eq!(statuses(&serve(&in_dialog("CANCEL", "x").replace(";tag=x", ""), &mut d)), vec![481]);
+    assert_eq!(
+        statuses(&serve(&in_dialog("INVITE", "other"), &mut d)),
+        vec![481]
+    );
+    assert_eq!(
+        statuses(&serve(
+            &in_dialog("CANCEL", "x").replace(";tag=x", ""),
+            &mut d
+        )),
+        vec![481]
+    );
 }
 
 #[test]
@@ -307,14 +344,23 @@ fn demo_server_options_register_message_and_others() {
     assert_eq!(r[0].header("contact"), Some("<sip:a@192.0.2.9>;expires=60"));
     assert_eq!(statuses(&serve(&base("MESSAGE"), &mut d)), vec![200]);
     assert_eq!(statuses(&serve(&base("SUBSCRIBE"), &mut d)), vec![405]);
-    let resp = msg("SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP h;branch=z9hG4bKc\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:x@h>\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\n\r\n");
+    let resp = msg(
+        "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP h;branch=z9hG4bKc\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:x@h>\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\n\r\n",
+    );
     assert!(super::serve_uas(&resp, "n1", "h", &mut d).is_empty());
 }
 
 fn noisy_message() -> impl Strategy<Value = Vec<u8>> {
-    let valid = prop_oneof![Just(INVITE.to_owned()), Just(INVITE.replace("Via", "v").replace("From", "f"))];
-    (valid, proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6), any::<usize>()).prop_map(
-        |(text, flips, cut)| {
+    let valid = prop_oneof![
+        Just(INVITE.to_owned()),
+        Just(INVITE.replace("Via", "v").replace("From", "f"))
+    ];
+    (
+        valid,
+        proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+        any::<usize>(),
+    )
+        .prop_map(|(text, flips, cut)| {
             let mut b = text.into_bytes();
             for (i, v) in flips {
                 let n = b.len();
@@ -323,8 +369,7 @@ fn noisy_message() -> impl Strategy<Value = Vec<u8>> {
             let n = b.len();
             b.truncate(n - cut % (n / 4));
             b
-        },
-    )
+        })
 }
 
 proptest! {
@@ -359,7 +404,11 @@ mod routing {
             .replace("a84b4c76e66710@pc33.example.com", call_id))
     }
 
-    fn decide(m: &SipMessage, rules: &Rules, v: &crate::engine::membership::MembershipView) -> SipDecision {
+    fn decide(
+        m: &SipMessage,
+        rules: &Rules,
+        v: &crate::engine::membership::MembershipView,
+    ) -> SipDecision {
         super::super::decide(m, CLIENT.parse().unwrap(), rules, v)
     }
 
@@ -368,18 +417,31 @@ mod routing {
         let rules = Rules::default();
         for i in 0..50 {
             let m = invite(&format!("<sip:u{i}@h>;tag=t{i}"), &format!("c{i}"));
-            let d1 = decide(&m, &rules, &view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]));
-            let d3 = decide(&m, &rules, &view("n3", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]));
+            let d1 = decide(
+                &m,
+                &rules,
+                &view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]),
+            );
+            let d3 = decide(
+                &m,
+                &rules,
+                &view("n3", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]),
+            );
             assert_eq!(d1, d3);
             assert_eq!(d1.key, format!("t{i}|c{i}"));
             assert_eq!(d1.reason, SipReason::DefaultKey);
         }
         // CANCEL of an INVITE: same From tag and Call-ID, same key.
         let m = invite("<sip:a@h>;tag=x", "cc");
-        let cancel = msg(&String::from_utf8(m.to_bytes()).unwrap()
-            .replace("INVITE sip", "CANCEL sip").replace("314159 INVITE", "314159 CANCEL"));
+        let cancel = msg(&String::from_utf8(m.to_bytes())
+            .unwrap()
+            .replace("INVITE sip", "CANCEL sip")
+            .replace("314159 INVITE", "314159 CANCEL"));
         let v = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
-        assert_eq!(decide(&cancel, &rules, &v).owner, decide(&m, &rules, &v).owner);
+        assert_eq!(
+            decide(&cancel, &rules, &v).owner,
+            decide(&m, &rules, &v).owner
+        );
     }
 
     #[test]
@@ -393,11 +455,19 @@ mod routing {
         .unwrap();
         let v = view("n2", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
         for user in ["alice", "bob", "carol", "dave", "erin"] {
-            let d = decide(&invite(&format!("\"X\" <sip:{user}@example.com>;tag=9"), "c1"), &rules, &v);
+            let d = decide(
+                &invite(&format!("\"X\" <sip:{user}@example.com>;tag=9"), "c1"),
+                &rules,
+                &v,
+            );
             assert_eq!((d.key.as_str(), d.reason), (user, SipReason::Rule(0)));
             let http = crate::engine::testing::TestRequest::get(&format!("/?user={user}"));
             let (_, key) = rules.extract(&http.view()).unwrap();
-            assert_eq!(v.ring().owner(&key), Some(&d.owner), "{user}: HTTP and SIP on one owner");
+            assert_eq!(
+                v.ring().owner(&key),
+                Some(&d.owner),
+                "{user}: HTTP and SIP on one owner"
+            );
         }
         // Compact From, and a Request-URI parameter rule.
         let by_param = Rules::from_xml(
@@ -406,10 +476,16 @@ mod routing {
             </sip-rules></user-centric-rules>"#,
         )
         .unwrap();
-        let m = msg(&INVITE.replace("sip:bob@example.com SIP", "sip:bob@example.com;tenant=t7 SIP"));
+        let m = msg(&INVITE.replace(
+            "sip:bob@example.com SIP",
+            "sip:bob@example.com;tenant=t7 SIP",
+        ));
         assert_eq!(decide(&m, &by_param, &v).key, "t7");
         // No rule matches: the default key.
-        let m = msg(&INVITE.replace("From: Alice <sip:alice@example.com>", "From: <sip:example.com>"));
+        let m = msg(&INVITE.replace(
+            "From: Alice <sip:alice@example.com>",
+            "From: <sip:example.com>",
+        ));
         assert_eq!(decide(&m, &rules, &v).reason, SipReason::DefaultKey);
     }
 
@@ -421,7 +497,12 @@ mod routing {
             msg(&format!(
                 "BYE sip:b@h SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\nRoute: {}\r\n\
                  From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: other\r\nCSeq: 2 BYE\r\n\r\n",
-                record_route("127.0.0.1:5060".parse().unwrap(), false, owner, "dialog-key")
+                record_route(
+                    "127.0.0.1:5060".parse().unwrap(),
+                    false,
+                    owner,
+                    "dialog-key"
+                )
             ))
         };
         // Whatever the message's own key, the named owner serves.
@@ -462,15 +543,27 @@ fn bad_requests_get_a_400_copying_what_they_have_and_responses_none() {
     let r = bad_request(text.as_bytes(), &e).unwrap();
     assert_eq!(
         r.start,
-        StartLine::Response { status: 400, reason: format!("Bad Request ({e})") }
+        StartLine::Response {
+            status: 400,
+            reason: format!("Bad Request ({e})")
+        }
     );
     assert_eq!(r.call_id(), Some("c"));
     assert_eq!(r.top_via().unwrap().port, Some(5071));
     // A response, garbage, or a request without a readable Via: dropped.
     let resp = "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP h;branch=z9hG4bKx\r\n\r\n";
     assert_eq!(bad_request(resp.as_bytes(), &ParseError::StartLine), None);
-    assert_eq!(bad_request(b"\x00\x01garbage", &ParseError::StartLine), None);
-    assert_eq!(bad_request(b"OPTIONS sip:h SIP/2.0\r\nCall-ID: c\r\n\r\n", &ParseError::StartLine), None);
+    assert_eq!(
+        bad_request(b"\x00\x01garbage", &ParseError::StartLine),
+        None
+    );
+    assert_eq!(
+        bad_request(
+            b"OPTIONS sip:h SIP/2.0\r\nCall-ID: c\r\n\r\n",
+            &ParseError::StartLine
+        ),
+        None
+    );
     // A head cut short still gets its answer.
     let cut = "OPTIONS sip:h SIP/2.0\r\nVia: SIP/2.0/TCP h:9;branch=z9hG4bKy\r\nFrom: <sip:a@h>;ta";
     assert!(bad_request(cut.as_bytes(), &ParseError::Incomplete).is_some());
@@ -480,10 +573,18 @@ fn bad_requests_get_a_400_copying_what_they_have_and_responses_none() {
 fn responses_go_to_the_source_ip_and_the_rport_or_via_port() {
     let src: std::net::SocketAddr = "198.51.100.7:40000".parse().unwrap();
     let via = |v: &str| {
-        msg(&format!("OPTIONS sip:h SIP/2.0\r\nVia: {v}\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:h>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n"))
+        msg(&format!(
+            "OPTIONS sip:h SIP/2.0\r\nVia: {v}\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:h>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n"
+        ))
     };
     let dest = |v: &str| response_destination(&via(v).top_via().unwrap(), src);
     assert_eq!(dest("SIP/2.0/UDP 10.0.0.1:5080;branch=z9hG4bK1;rport"), src);
-    assert_eq!(dest("SIP/2.0/UDP 10.0.0.1:5080;branch=z9hG4bK1"), "198.51.100.7:5080".parse().unwrap());
-    assert_eq!(dest("SIP/2.0/UDP host;branch=z9hG4bK1"), "198.51.100.7:5060".parse().unwrap());
+    assert_eq!(
+        dest("SIP/2.0/UDP 10.0.0.1:5080;branch=z9hG4bK1"),
+        "198.51.100.7:5080".parse().unwrap()
+    );
+    assert_eq!(
+        dest("SIP/2.0/UDP host;branch=z9hG4bK1"),
+        "198.51.100.7:5060".parse().unwrap()
+    );
 }

@@ -84,7 +84,7 @@ fn local_tag(req: &SipMessage, node: &str) -> String {
         format!(
             "{}\n{}\n{node}",
             req.call_id().unwrap_or(""),
-            req.from_tag().unwrap_or("")
+            req.tag_of_from().unwrap_or("")
         )
         .as_bytes(),
     );
@@ -108,7 +108,7 @@ pub(crate) fn serve(
         (
             req.call_id().unwrap_or("").to_owned(),
             local.to_owned(),
-            req.from_tag().unwrap_or("").to_owned(),
+            req.tag_of_from().unwrap_or("").to_owned(),
         )
     };
     let mut out = match method {
@@ -126,7 +126,7 @@ pub(crate) fn serve(
             vec![r]
         }
         "MESSAGE" => vec![req.response(200, "OK", Some(&tag))],
-        "INVITE" => match req.to_tag() {
+        "INVITE" => match req.tag_of_to() {
             Some(local) => {
                 if dialogs.contains(&dialog_id(local)) {
                     let mut ok = req.response(200, "OK", None);
@@ -148,7 +148,9 @@ pub(crate) fn serve(
             }
         },
         "BYE" => {
-            let known = req.to_tag().is_some_and(|local| dialogs.remove(&dialog_id(local)));
+            let known = req
+                .tag_of_to()
+                .is_some_and(|local| dialogs.remove(&dialog_id(local)));
             if known {
                 vec![req.response(200, "OK", None)]
             } else {

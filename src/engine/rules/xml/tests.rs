@@ -146,7 +146,10 @@ fn shipped_example_and_its_toml_twin_extract_the_same_keys() {
         );
     }
     // The <sip-rules> rule: the user part of the From URI.
-    assert_eq!((xml.sip_len(), xml.sip_name(0)), (1, Some("<or> at line 60")));
+    assert_eq!(
+        (xml.sip_len(), xml.sip_name(0)),
+        (1, Some("<or> at line 60"))
+    );
     let invite = request("/", &[("from", "\"Alice\" <sip:alice@example.com>;tag=9")]);
     assert_eq!(xml.extract_sip(&invite.view()), Some((0, "alice".into())));
     assert_eq!(xml.extract_sip(&request("/", &[]).view()), None);
