@@ -452,3 +452,56 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
         .unwrap();
     assert_eq!(rt.block_on(get(c.nodes[0].http, "/", &[])).status, 200);
 }
+
+#[test]
+fn a_bad_sip_addr_exits_64_and_a_taken_one_cannot_be_bound() {
+    let dir = temp_dir("sip-config");
+    let node = |sip: &str| {
+        format!(
+            "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\nadmin_addr = \"127.0.0.1:{}\"\nsip_addr = \"{sip}\"\n",
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port()
+        )
+    };
+    for (sip, says) in [
+        ("nowhere", "nodes[0].sip_addr: \"nowhere\""),
+        ("127.0.0.1:0", "nodes[0].sip_addr: 127.0.0.1:0: port 0"),
+    ] {
+        let bad = write(&dir, "bad.toml", &node(sip));
+        for args in [
+            vec!["check-config", "--config"],
+            vec!["node", "--node", "n1", "--config"],
+        ] {
+            let out = std::process::Command::new(bin())
+                .args(&args)
+                .arg(&bad)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(64), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+    }
+    // A sip_addr whose UDP port another socket holds: exit 1 naming it.
+    let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let file = write(&dir, "taken.toml", &node(&addr));
+    std::process::Command::new(bin())
+        .args(["certs", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["node", "--node", "n1", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot bind sip_addr {addr}")),
+        "{err}"
+    );
+}

@@ -26,6 +26,7 @@
 //! simulation binds no SIP sockets (`Env::sip` is `None` there).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,6 +53,10 @@ const BRANCH_PREFIX: &str = "z9hG4bK-plb-";
 
 /// Longest body of a proxied SIP answer (every response of one request).
 const MAX_ANSWERS: usize = 4 * MAX_MESSAGE;
+
+/// UDP datagrams handled at once; more are dropped unread (their senders
+/// retransmit, RFC 3261 17.1.1.2), so a flood cannot pile up tasks.
+const MAX_UDP_INFLIGHT: usize = 10_000;
 
 /// The built-in SIP demo server of one node (`engine::sip` `uas`), with
 /// the dialogs it established.
@@ -103,9 +108,10 @@ impl SipApp {
         for a in self.answer(&req) {
             out.extend_from_slice(&a.to_bytes());
         }
-        let mut r = Response::new(body::full(out.clone()));
+        let len = out.len();
+        let mut r = Response::new(body::full(out));
         r.headers_mut()
-            .insert(http::header::CONTENT_LENGTH, out.len().into());
+            .insert(http::header::CONTENT_LENGTH, len.into());
         r
     }
 }
@@ -160,8 +166,9 @@ impl SipEntry {
         // Decided on the message as received (its Route still on top).
         let view = self.state.view();
         let decision = self.state.decide_sip(&msg, client, &view);
+        // At most 3 digits (the parser checked): 0..=999.
         let hops = match msg.header("max-forwards") {
-            Some(v) => v.parse::<u8>().unwrap_or(70),
+            Some(v) => v.parse::<u16>().unwrap_or(70),
             None => 70,
         };
         if hops == 0 {
@@ -332,6 +339,7 @@ pub(crate) async fn serve_udp(
         info!(%addr, "listening for sip over udp");
     }
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    let inflight = Arc::new(AtomicUsize::new(0));
     loop {
         let (n, client) = tokio::select! {
             r = socket.recv_from(&mut buf) => match r {
@@ -343,9 +351,16 @@ pub(crate) async fn serve_udp(
             },
             _ = stop.wait_for(|s| *s) => return,
         };
+        if inflight.load(Ordering::Relaxed) >= MAX_UDP_INFLIGHT {
+            debug!(%client, "sip udp: too many datagrams in flight, dropped one");
+            continue;
+        }
         let datagram = buf[..n].to_vec();
         let (socket, entry) = (socket.clone(), entry.clone());
+        inflight.fetch_add(1, Ordering::Relaxed);
+        let guard = InflightGuard(inflight.clone());
         tokio::spawn(async move {
+            let _guard = guard;
             for answer in entry.handle(&datagram, client, false).await {
                 let Some(via) = answer.top_via() else {
                     continue;
@@ -356,6 +371,15 @@ pub(crate) async fn serve_udp(
                 }
             }
         });
+    }
+}
+
+/// Counts one datagram in flight until dropped.
+struct InflightGuard(Arc<AtomicUsize>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -436,5 +460,50 @@ async fn connection(
             _ = stop.wait_for(|s| *s) => return,
         };
         buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INVITE: &str = "INVITE sip:bob@h SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.9:5060;branch=z9hG4bK-plb-1\r\n\
+        Via: SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bKc\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:bob@h>\r\n\
+        Call-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
+
+    /// The owner's side of the `peerlb-sip` exchange: every answer of the
+    /// demo server in the body, each framed by its Content-Length; a body
+    /// that is not a SIP request is a 400 with no body.
+    #[tokio::test]
+    async fn a_proxied_sip_request_is_answered_with_framed_sip_responses() {
+        let app = SipApp::new(NodeId::from("n2"), Some("127.0.0.1:5062".parse().unwrap()));
+        let r = app
+            .serve_proxied(body::full(INVITE.as_bytes().to_vec()))
+            .await;
+        assert_eq!(r.status(), 200);
+        let len: usize = r.headers()[http::header::CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes.len(), len);
+        let mut rest = &bytes[..];
+        let mut statuses = Vec::new();
+        while !rest.is_empty() {
+            let n = sipmsg::frame_len(rest).unwrap().unwrap();
+            let m = sipmsg::parse(&rest[..n]).unwrap();
+            // The entry's Via is still on top: the entry removes it.
+            assert_eq!(m.top_via().unwrap().param("branch"), Some("z9hG4bK-plb-1"));
+            if let sipmsg::StartLine::Response { status, .. } = m.start {
+                statuses.push(status);
+            }
+            rest = &rest[n..];
+        }
+        assert_eq!(statuses, vec![100, 180, 200]);
+        for junk in [&b"garbage"[..], b"SIP/2.0 200 OK\r\n\r\n"] {
+            let r = app.serve_proxied(body::full(junk.to_vec())).await;
+            assert_eq!(r.status(), 400);
+        }
     }
 }
