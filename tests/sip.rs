@@ -135,6 +135,23 @@ impl Uac {
     }
 }
 
+/// Reads one answer (head only: the demo server's answers have no body)
+/// from a TCP connection, byte by byte.
+fn read_tcp_answer(tcp: &mut TcpStream) -> Answer {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            tcp.read(&mut b).unwrap(),
+            1,
+            "closed after {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.push(b[0]);
+    }
+    Answer::parse(&buf)
+}
+
 fn sip(c: &Cluster, id: &str) -> SocketAddr {
     c.node(id).sip.expect("the cluster has sip_addr")
 }
@@ -408,32 +425,18 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
     let mut tcp = TcpStream::connect(to).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let via = format!("TCP {}", tcp.local_addr().unwrap());
-    let read_answer = |tcp: &mut TcpStream| -> Answer {
-        let mut buf = Vec::new();
-        let mut b = [0u8; 1];
-        while !buf.ends_with(b"\r\n\r\n") {
-            assert_eq!(
-                tcp.read(&mut b).unwrap(),
-                1,
-                "closed after {:?}",
-                String::from_utf8_lossy(&buf)
-            );
-            buf.push(b[0]);
-        }
-        Answer::parse(&buf)
-    };
     let bad =
         request("BYE", "a", "t", "tcp-bad", 1, &via, "").replace("CSeq: 1 BYE", "CSeq: x BYE");
     tcp.write_all(bad.as_bytes()).unwrap();
-    assert_eq!(read_answer(&mut tcp).status, 400);
+    assert_eq!(read_tcp_answer(&mut tcp).status, 400);
     tcp.write_all(request("OPTIONS", "a", "t", "tcp-ok", 2, &via, "").as_bytes())
         .unwrap();
-    let ok = read_answer(&mut tcp);
+    let ok = read_tcp_answer(&mut tcp);
     assert_eq!((ok.status, ok.header("call-id")), (200, Some("tcp-ok")));
     let unframed =
         request("OPTIONS", "a", "t", "tcp-nocl", 3, &via, "").replace("Content-Length: 0\r\n", "");
     tcp.write_all(unframed.as_bytes()).unwrap();
-    assert_eq!(read_answer(&mut tcp).status, 400);
+    assert_eq!(read_tcp_answer(&mut tcp).status, 400);
     let mut rest = Vec::new();
     assert_eq!(
         tcp.read_to_end(&mut rest).unwrap(),
@@ -504,4 +507,40 @@ fn a_bad_sip_addr_exits_64_and_a_taken_one_cannot_be_bound() {
         err.contains(&format!("cannot bind sip_addr {addr}")),
         "{err}"
     );
+}
+
+#[test]
+fn a_tcp_message_left_half_sent_is_closed_after_the_read_timeout_and_others_go_on() {
+    let c = Cluster::start_sip(
+        "sip-stall",
+        1,
+        "[limits]\nheader_read_timeout_ms = 500\n",
+        "",
+    );
+    let to = sip(&c, "n1");
+    let mut stalled = TcpStream::connect(to).unwrap();
+    stalled
+        .write_all(b"OPTIONS sip:h SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKs\r\n")
+        .unwrap();
+    // An idle connection between messages is not closed: this one has
+    // sent nothing and still gets its answer after the other is closed.
+    let mut idle = TcpStream::connect(to).unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let start = Instant::now();
+    let mut rest = Vec::new();
+    assert_eq!(
+        stalled.read_to_end(&mut rest).unwrap(),
+        0,
+        "closed, no answer"
+    );
+    assert!(start.elapsed() < Duration::from_secs(15));
+    let via = format!("TCP {}", idle.local_addr().unwrap());
+    idle.write_all(request("OPTIONS", "a", "t", "idle-ok", 1, &via, "").as_bytes())
+        .unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let a = read_tcp_answer(&mut idle);
+    assert_eq!((a.status, a.header("call-id")), (200, Some("idle-ok")));
 }
