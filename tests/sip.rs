@@ -5,7 +5,9 @@
 //! the INVITE's owner through other entries by the `Record-Route`
 //! parameter, and the next ring node once that owner is killed; an HTTP
 //! request and an INVITE naming one user land on one owner under a rules
-//! file; malformed SIP gets `400` or is dropped and the node keeps serving.
+//! file; malformed SIP gets `400` or is dropped, a half-sent TCP message
+//! is closed after the read timeout, and the node keeps serving; a bad
+//! `sip_addr` exits 64 before anything is bound.
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]

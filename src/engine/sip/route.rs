@@ -5,8 +5,9 @@
 //! Order of precedence:
 //!
 //! 1. The topmost `Route` carries this cluster's dialog parameters
-//!    ([`super::dialog_route`]): the dialog's owner while it is serving,
-//!    else the owner of the dialog's key on the ring (the next ring node
+//!    ([`super::dialog_route`]): the dialog's owner while it is serving
+//!    or draining (it finishes its dialogs, as it finishes the sessions of
+//!    its sticky routes), else the owner of the dialog's key on the ring (the next ring node
 //!    for it: [`SipReason::DialogFailover`]).
 //! 2. The first `<sip-rules>` rule yielding a key ([`Rules::extract_sip`]).
 //! 3. The default key: From tag + Call-ID ([`super::default_key`]); a
@@ -27,7 +28,7 @@ use crate::engine::rules::{RequestView, Rules};
 /// Why a [`SipDecision`] picked its owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SipReason {
-    /// The dialog's `peerlb-owner` names a serving member.
+    /// The dialog's `peerlb-owner` names a serving or draining member.
     DialogOwner,
     /// The dialog's owner is gone: the owner of its key on the ring.
     DialogFailover,
@@ -140,9 +141,9 @@ pub(crate) fn decide(
     view: &MembershipView,
 ) -> SipDecision {
     let (key, reason) = if let Some(d) = dialog_route(msg) {
-        if view.is_serving(&d.owner)
-            && let Some(id) = view.serving_ids().iter().find(|id| ***id == *d.owner)
-        {
+        // Serving or draining, like a sticky route: a draining node
+        // finishes its dialogs.
+        if let Some(id) = view.sticky_target(&d.owner) {
             return SipDecision {
                 owner: id.clone(),
                 key: d.key,

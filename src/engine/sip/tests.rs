@@ -511,6 +511,10 @@ mod routing {
             assert_eq!((&*d.owner, d.reason), (owner, SipReason::DialogOwner));
             assert_eq!(d.key, "dialog-key");
         }
+        // A draining owner finishes its dialogs.
+        let draining = view("n1", &[("n1", Serving), ("n2", Draining), ("n3", Serving)]);
+        let d = decide(&bye("n2"), &rules, &draining);
+        assert_eq!((&*d.owner, d.reason), ("n2", SipReason::DialogOwner));
         // The owner is gone: the dialog key's owner on the ring of the rest,
         // which is the next node of the key's failover order.
         let key_owner = all.ring().owner("dialog-key").unwrap().clone();
