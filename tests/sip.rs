@@ -489,6 +489,17 @@ fn a_bad_sip_addr_exits_64_and_a_taken_one_cannot_be_bound() {
             assert!(err.contains(says), "{args:?}: {err}");
         }
     }
+    // A valid one is shown by check-config.
+    let sip_port = free_port();
+    let good = write(&dir, "good.toml", &node(&format!("127.0.0.1:{sip_port}")));
+    let out = std::process::Command::new(bin())
+        .args(["check-config", "--node", "n1", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(&format!(", sip 127.0.0.1:{sip_port},")), "{said}");
     // A sip_addr whose UDP port another socket holds: exit 1 naming it.
     let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
