@@ -499,7 +499,10 @@ fn a_bad_sip_addr_exits_64_and_a_taken_one_cannot_be_bound() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains(&format!(", sip 127.0.0.1:{sip_port},")), "{said}");
+    assert!(
+        said.contains(&format!(", sip 127.0.0.1:{sip_port},")),
+        "{said}"
+    );
     // A sip_addr whose UDP port another socket holds: exit 1 naming it.
     let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
@@ -556,4 +559,68 @@ fn a_tcp_message_left_half_sent_is_closed_after_the_read_timeout_and_others_go_o
         .unwrap();
     let a = read_tcp_answer(&mut idle);
     assert_eq!((a.status, a.header("call-id")), (200, Some("idle-ok")));
+}
+
+#[test]
+fn route_explains_a_sip_message_with_and_without_sip_rules() {
+    let dir = temp_dir("sip-route");
+    let rules = write(
+        &dir,
+        "rules.xml",
+        r#"<user-centric-rules><sip-rules>
+             <header name="From" return="request.From.uri.user"><exist/></header>
+           </sip-rules></user-centric-rules>"#,
+    );
+    let nodes = "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:1\"\npeer_addr = \"127.0.0.1:2\"\ngossip_addr = \"127.0.0.1:3\"\n\
+                 [[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:5\"\ngossip_addr = \"127.0.0.1:6\"\n\
+                 [[nodes]]\nid = \"n3\"\nhttp_addr = \"127.0.0.1:7\"\npeer_addr = \"127.0.0.1:8\"\ngossip_addr = \"127.0.0.1:9\"\n";
+    let with_rules = write(
+        &dir,
+        "rules.toml",
+        &format!("rules_file = \"{}\"\n{nodes}", rules.display()),
+    );
+    let plain = write(&dir, "plain.toml", nodes);
+    let msg = write(
+        &dir,
+        "invite.sip",
+        &request(
+            "INVITE",
+            "carol",
+            "tg",
+            "route-1",
+            1,
+            "UDP 127.0.0.1:5070",
+            "",
+        ),
+    );
+    let ring = ring(&IDS, 1024);
+    for (config, key) in [(&with_rules, "carol"), (&plain, "tg|route-1")] {
+        let out = std::process::Command::new(bin())
+            .args(["route", "--json", "--config"])
+            .arg(config)
+            .arg("--sip-message")
+            .arg(&msg)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(e["key"], key);
+        assert_eq!(e["owner"], ring.owner(key).unwrap().to_string());
+        assert_eq!(e["candidates"].as_array().unwrap().len(), 3);
+    }
+    let bad = write(&dir, "bad.sip", "SIP/2.0 200 OK\r\n\r\n");
+    let out = std::process::Command::new(bin())
+        .args(["route", "--config"])
+        .arg(&plain)
+        .arg("--sip-message")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--sip-message"));
 }

@@ -413,8 +413,7 @@ impl Rules {
         self.sip.len()
     }
 
-    /// The name of `<sip-rules>` rule `index` (for logs).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// The name of `<sip-rules>` rule `index` (for `peerlb route`).
     pub(crate) fn sip_name(&self, index: usize) -> Option<&str> {
         self.sip.get(index)?.name.as_deref()
     }

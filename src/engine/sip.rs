@@ -23,9 +23,7 @@ use std::fmt::Write as _;
 mod route;
 mod uas;
 
-#[cfg(test)]
-pub(crate) use route::SipReason;
-pub(crate) use route::{SipDecision, decide};
+pub(crate) use route::{SipDecision, SipReason, decide};
 pub(crate) use uas::{DialogTable, serve as serve_uas};
 
 /// Longest SIP message accepted, head and body, in bytes (64 KiB: the
