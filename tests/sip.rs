@@ -435,6 +435,18 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
         .unwrap();
     let ok = read_tcp_answer(&mut tcp);
     assert_eq!((ok.status, ok.header("call-id")), (200, Some("tcp-ok")));
+    // Two messages in one write (and CRLF keep-alives between them) are
+    // answered in order.
+    let two = format!(
+        "\r\n\r\n{}{}",
+        request("OPTIONS", "a", "t", "tcp-p1", 3, &via, ""),
+        request("MESSAGE", "a", "t", "tcp-p2", 4, &via, "")
+    );
+    tcp.write_all(two.as_bytes()).unwrap();
+    for call in ["tcp-p1", "tcp-p2"] {
+        let a = read_tcp_answer(&mut tcp);
+        assert_eq!((a.status, a.header("call-id")), (200, Some(call)));
+    }
     let unframed =
         request("OPTIONS", "a", "t", "tcp-nocl", 3, &via, "").replace("Content-Length: 0\r\n", "");
     tcp.write_all(unframed.as_bytes()).unwrap();
