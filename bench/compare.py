@@ -34,6 +34,21 @@ balancer's peak RSS (/proc/PID/clear_refs 5), reads its CPU ticks from
 rotates every round) so drift on a shared machine spreads over all of them;
 the tables give medians over rounds, and the ratios are medians of the
 per-round ratios (each taken from measurements seconds apart).
+
+With --https, HAProxy, nginx and every peerlb contender terminate TLS with
+one generated certificate (ECDSA P-256; TLS 1.3 negotiated by wrk's
+OpenSSL; ALPN offers h2 and http/1.1 at all three) and the clients speak
+HTTPS to them (direct stays cleartext: the backend's limit). The points are
+then the base and moderate-load points on keep-alive connections (one
+handshake per connection: the cost of TLS records), a new-connection
+point, where every request carries `Connection: close` so each costs a TCP
+connection and a TLS handshake (whether wrk resumes sessions is up to its
+OpenSSL client): handshakes per second, and an HTTP/2 point: h2load
+(Debian's nghttp2-client) with 16 streams in flight on 4 connections
+(ALPN h2), the same keys from a file; its latency percentiles come from
+h2load's per-request log. direct is not measured at the HTTP/2 point (the
+backend speaks HTTP/1.1 only), and the point is left out when h2load is
+not installed.
 """
 
 import argparse
@@ -60,12 +75,23 @@ NODES = {"peerlb-3": 3, "peerlb-1": 1, "peerlb-3-builtin": 3, "peerlb-hop": 2}
 # A point is (response bytes, connections, think time in ms per connection).
 BASE = (200, 16, 0)  # saturation: the throughput ratios
 MODERATE = (200, 16, 5)  # fixed moderate load (<= 3,200 req/s): added p99, CPU per request
+# HTTPS only (a fourth element names the mode): a new connection (and TLS
+# handshake) for every request, and HTTP/2 with h2load: 4 connections of
+# H2_STREAMS streams each (the base point's 16 requests in flight).
+NEW_CONN = (200, 16, 0, "close")
+H2_STREAMS = 4
+H2 = (200, 4, 0, "h2")
 SIZES = [200, 16 * 1024, 1024 * 1024]
 CONNS = [1, 16, 128]
+# Keys: `user` values u1..u<USERS>, uniform (bench/keys.lua has the same default).
+USERS = 10000
 
 
 def points(which):
-    """The base point, the moderate-load point, then the size and concurrency sweeps."""
+    """The base point, the moderate-load point, then the size and concurrency
+    sweeps; https: base, moderate load, a new connection per request, HTTP/2."""
+    if which == "https":
+        return [BASE, MODERATE, NEW_CONN] + ([H2] if shutil.which("h2load") else [])
     if which == "base":
         return [BASE, MODERATE]
     if which == "sizes":
@@ -81,11 +107,21 @@ def points(which):
 
 
 def point_label(pt):
-    size, conns, think = pt
+    size, conns, think = pt[:3]
+    if mode(pt) == "h2":
+        return (f"{size_label(size)} responses, {conns * H2_STREAMS} streams on {conns} "
+                f"HTTP/2 connections (h2load)")
     s = f"{size_label(size)} responses, {conns} connection{'s' if conns > 1 else ''}"
     if think:
         s += f", {think} ms think time (moderate load)"
+    if mode(pt) == "close":
+        s += ", a new connection per request"
     return s
+
+
+def mode(pt):
+    """None (keep-alive HTTP/1.1 with wrk), "close" or "h2"."""
+    return pt[3] if len(pt) > 3 else None
 
 
 def size_label(n):
@@ -263,7 +299,15 @@ def port_free(port):
 
 
 def get(url, timeout=2):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    # The --https contenders serve a generated self-signed certificate.
+    ctx = None
+    if url.startswith("https://"):
+        import ssl
+
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
         return r.status, r.read()
 
 
@@ -299,12 +343,15 @@ def wait_serving(admin, n, procs, timeout=30):
     sys.exit(f"peerlb node (admin {admin}) does not see {n} serving members; logs in {procs.logdir}")
 
 
-def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, weights=None):
+def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, weights=None,
+                   tls=None):
     """Writes a cluster.toml, makes certificates, starts the nodes.
 
     backends None: every node serves with the built-in app in process.
     weights: each node's weight (default 100). Node i's ports: http
     base_port + i, peer + 10, gossip + 20, admin http + 1000 (the default).
+    tls (cert, key): the client listeners serve HTTPS (the shared listener
+    too: it takes [listener]'s settings).
     """
     lines = [
         f'name = "{name}"',
@@ -315,6 +362,8 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, w
         "[limits]",
         "drain_grace_ms = 100",
     ]
+    if tls:
+        lines += ["[listener.tls]", f'cert = "{tls[0]}"', f'key = "{tls[1]}"']
     specs = []
     for i in range(nodes):
         http, peer, gossip = base_port + i, base_port + 10 + i, base_port + 20 + i
@@ -384,8 +433,24 @@ def contender_ports(c, b):
     return ports + ([b + off + 30] if n > 1 else [])
 
 
-def start_peerlb(c, args, tmp, procs, backends):
-    """Starts the peerlb contender c; returns (url, pids)."""
+def https_cert(tmp):
+    """A self-signed ECDSA P-256 certificate for localhost and 127.0.0.1:
+    (cert, key, cert+key PEM for HAProxy's crt)."""
+    cert, key, both = (os.path.join(tmp, f) for f in ("bench.pem", "bench.key", "bench-haproxy.pem"))
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", key, "-out", cert],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    with open(both, "w") as f:
+        f.write(open(cert).read() + open(key).read())
+    return cert, key, both
+
+
+def start_peerlb(c, args, tmp, procs, backends, tls):
+    """Starts the peerlb contender c (HTTPS with tls); returns (url, pids)."""
     b = args.port_base
     before = c.endswith("-before")
     base = c[: -len("-before")] if before else c
@@ -394,8 +459,8 @@ def start_peerlb(c, args, tmp, procs, backends):
     bin_ = args.before if before else args.bin
     shared = f"127.0.0.1:{b + off + 30}" if n > 1 and base != "peerlb-hop" else None
     pids = peerlb_cluster(name + ("b" if before else ""), bin_, tmp, procs, b + off, n,
-                          backends if on_backends else None, shared, weights)
-    url = f"http://{shared or f'127.0.0.1:{b + off}'}"
+                          backends if on_backends else None, shared, weights, tls[:2] if tls else None)
+    url = f"{'https' if tls else 'http'}://{shared or f'127.0.0.1:{b + off}'}"
     wait_ok(f"{url}/bytes/200?user=x", c, procs)
     return url, pids
 
@@ -403,6 +468,8 @@ def start_peerlb(c, args, tmp, procs, backends):
 def start_all(args, tmp, procs, contenders):
     """Starts backends and contenders; returns {contender: (url, pids)} and backend pids."""
     b = args.port_base
+    tls = https_cert(tmp) if args.https else None
+    scheme = "https" if tls else "http"
     backends = [f"127.0.0.1:{b + 1 + i}" for i in range(3)]
     want = [b + 1, b + 2, b + 3] + [p for c in contenders for p in contender_ports(c, b)]
     busy = [p for p in want if not port_free(p)]
@@ -425,14 +492,14 @@ def start_all(args, tmp, procs, contenders):
         with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
             cfg = f.read().format(
                 dir=tmp,
-                listen=f"127.0.0.1:{hp}",
+                listen=f"127.0.0.1:{hp}" + (f" ssl crt {tls[2]} alpn h2,http/1.1" if tls else ""),
                 servers="\n".join(f"    server app{i + 1} {a}" for i, a in enumerate(backends)),
             )
         with open(os.path.join(tmp, "haproxy.cfg"), "w") as f:
             f.write(cfg)
         p = procs.start("haproxy", ["haproxy", "-db", "-f", os.path.join(tmp, "haproxy.cfg")])
-        wait_ok(f"http://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
-        out["haproxy"] = (f"http://127.0.0.1:{hp}", [p.pid])
+        wait_ok(f"{scheme}://127.0.0.1:{hp}/bytes/200?user=x", "haproxy", procs)
+        out["haproxy"] = (f"{scheme}://127.0.0.1:{hp}", [p.pid])
 
     if "nginx" in contenders:
         np_ = b + 20
@@ -440,26 +507,30 @@ def start_all(args, tmp, procs, contenders):
             cfg = f.read().format(
                 dir=tmp,
                 listen=f"127.0.0.1:{np_}",
+                listen_tls=" ssl http2" if tls else "",
+                tls=(f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]}; "
+                     "ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;") if tls else "",
                 servers="\n".join(f"        server {a};" for a in backends),
             )
         with open(os.path.join(tmp, "nginx.conf"), "w") as f:
             f.write(cfg)
         p = procs.start("nginx", ["nginx", "-p", tmp, "-c", os.path.join(tmp, "nginx.conf"),
                                   "-g", "daemon off;"])
-        wait_ok(f"http://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
-        out["nginx"] = (f"http://127.0.0.1:{np_}", [p.pid])
+        wait_ok(f"{scheme}://127.0.0.1:{np_}/bytes/200?user=x", "nginx", procs)
+        out["nginx"] = (f"{scheme}://127.0.0.1:{np_}", [p.pid])
 
     for c in contenders:
         if c in LAYOUT or c in BEFORE:
-            out[c] = start_peerlb(c, args, tmp, procs, backends)
+            out[c] = start_peerlb(c, args, tmp, procs, backends, tls)
     return out, app_pids
 
 
 # ------------------------------------------------------------------ wrk ----
 
 
-def wrk(url, size, conns, think, duration):
-    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}", BENCH_DELAY_MS=str(think))
+def wrk(url, size, conns, think, duration, close=False):
+    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}", BENCH_DELAY_MS=str(think),
+               BENCH_CLOSE="1" if close else "0")
     r = subprocess.run(
         ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
          "-s", os.path.join(HERE, "keys.lua"), url + "/"],
@@ -471,14 +542,66 @@ def wrk(url, size, conns, think, duration):
     sys.exit(f"wrk gave no RESULT line:\n{r.stdout}\n{r.stderr}")
 
 
+def h2load(url, size, conns, duration, tmp):
+    """HTTP/2 load with h2load (one thread, conns connections of H2_STREAMS
+    streams each, duration seconds), the keys uniform over USERS users as
+    with wrk (a file of URIs, shuffled with a fixed seed). Returns wrk's
+    RESULT fields: latency percentiles (us) from h2load's per-request log."""
+    import random
+
+    uris = [f"{url}/bytes/{size}?user=u{k}" for k in range(1, USERS + 1)]
+    random.Random(1).shuffle(uris)
+    infile, log = os.path.join(tmp, "h2load-uris.txt"), os.path.join(tmp, "h2load-log.tsv")
+    with open(infile, "w") as f:
+        f.write("\n".join(uris) + "\n")
+    r = subprocess.run(
+        ["h2load", "-t1", f"-c{conns}", f"-m{H2_STREAMS}", f"-D{duration}", "-i", infile,
+         f"--log-file={log}"],
+        capture_output=True, text=True, check=False,
+    )
+    secs, counts = None, None
+    for line in r.stdout.splitlines():
+        if line.startswith("finished in "):
+            t = line.split()[2].rstrip(",")
+            for unit, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+                if t.endswith(unit):
+                    secs = float(t[: -len(unit)]) * scale
+                    break
+        if line.startswith("requests: "):
+            counts = {w[1]: int(w[0]) for w in
+                      (part.split() for part in line[len("requests: "):].split(","))}
+    if secs is None or counts is None:
+        sys.exit(f"h2load gave no summary:\n{r.stdout}\n{r.stderr}")
+    lat = []
+    with open(log) as f:
+        for line in f:
+            cols = line.split("\t")
+            if len(cols) >= 3:
+                lat.append(int(cols[2]))
+    lat.sort()
+
+    def pct(q):
+        return lat[min(len(lat) - 1, int(q / 100 * len(lat)))] if lat else 0
+
+    return {
+        "requests": counts.get("succeeded", 0), "duration_us": int(secs * 1e6),
+        "p50": pct(50), "p99": pct(99), "p999": pct(99.9),
+        "connect": 0, "read": counts.get("errored", 0), "write": 0,
+        "status": counts.get("failed", 0), "timeout": counts.get("timeout", 0),
+    }
+
+
 def measure(url, pids, app_pids, pt, duration, tmp):
-    size, conns, think = pt
+    size, conns, think = pt[:3]
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
     sends = UdpSends(bal, os.path.join(tmp, "perf-stat.txt"))
     c0, a0 = cpu_ticks(bal), cpu_ticks(app_pids)
     s0, d0 = context_switches(bal), udp_out_datagrams()
-    w = wrk(url, size, conns, think, duration)
+    if mode(pt) == "h2":
+        w = h2load(url, size, conns, duration, tmp)
+    else:
+        w = wrk(url, size, conns, think, duration, close=mode(pt) == "close")
     c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
     s1, d1 = context_switches(bal), udp_out_datagrams()
     udp_sends = sends.stop()
@@ -572,6 +695,13 @@ def ratio_lines(results, contenders, pts):
         if "haproxy" in contenders and m in pts:
             ratios.append(f"ratio {p}/haproxy CPU per request = {per_round_ratio(results, m, p, 'haproxy', 'cpu'):.2f}  "
                           f"(lower is better; {at_m})")
+        for pt, what in ((NEW_CONN, "new connections/s"), (H2, "HTTP/2 req/s")):
+            if "haproxy" in contenders and pt in pts:
+                ratios.append(f"ratio {p}/haproxy {what} = "
+                              f"{per_round_ratio(results, pt, p, 'haproxy', 'rps'):.2f}  ({point_label(pt)})")
+                ratios.append(f"ratio {p}/haproxy CPU per request = "
+                              f"{per_round_ratio(results, pt, p, 'haproxy', 'cpu'):.2f}  "
+                              f"(lower is better; {point_label(pt)})")
         q = p + "-before"
         if q in contenders:
             ratios.append(f"ratio {p}/{q} req/s = {per_round_ratio(results, b, p, q, 'rps'):.2f}  ({at_b})")
@@ -647,9 +777,13 @@ def main():
                     help="2 s runs, base and moderate-load points only (about 1 minute)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5, help="seconds per measurement")
-    ap.add_argument("--points", choices=["all", "base", "sizes"], default="all",
+    ap.add_argument("--points", choices=["all", "base", "sizes", "https"], default="all",
                     help="all: base, moderate load, size and concurrency sweeps; base: the first two; "
-                         "sizes: the size sweep only")
+                         "sizes: the size sweep only; https: base, moderate load, a new connection "
+                         "per request and HTTP/2 with h2load (the default with --https)")
+    ap.add_argument("--https", action="store_true",
+                    help="HAProxy, nginx and peerlb terminate TLS with one generated certificate "
+                         "and the clients speak HTTPS to them (direct stays cleartext)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "peerlb"))
     ap.add_argument("--before", metavar="BIN",
@@ -662,6 +796,10 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.duration, args.points = 2, "base"
+    if args.https and args.points == "all":
+        args.points = "https"
+    if args.points == "https" and not args.https:
+        sys.exit("--points https needs --https")
     contenders = [c for c in args.contenders.split(",") if c]
     if args.before:
         contenders += [c + "-before" for c in PEERLB if c in contenders and c + "-before" not in contenders]
@@ -670,9 +808,11 @@ def main():
             sys.exit(f"unknown contender {c}; known: {CONTENDERS}")
         if c in BEFORE and not args.before:
             sys.exit(f"{c} needs --before BIN")
-    for tool in ["wrk", "haproxy", "nginx"]:
+    for tool in ["wrk", "haproxy", "nginx"] + (["openssl"] if args.https else []):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: apt-get install -y haproxy nginx wrk")
+    if args.https and not shutil.which("h2load"):
+        print("h2load not found: no HTTP/2 point (apt-get install -y nghttp2-client)")
     if not os.access(args.bin, os.X_OK):
         sys.exit(f"{args.bin}: not built (cargo build --release)")
 
@@ -695,7 +835,8 @@ def run(args, contenders, tmp, procs):
     print(f"machine: {os.cpu_count()} cores, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     print(f"binary: {args.bin}")
     print(f"{args.rounds} rounds x {len(pts)} points x {len(contenders)} contenders, "
-          f"{args.duration} s each, wrk -t1, keys over 10000 users")
+          f"{args.duration} s each, wrk -t1, keys over {USERS} users"
+          + (", HTTPS at the balancers" if args.https else ""))
     targets, app_pids = start_all(args, tmp, procs, contenders)
     if args.hold:
         for c, (url, pids) in targets.items():
@@ -715,10 +856,12 @@ def run(args, contenders, tmp, procs):
         for pt in pts:
             k = (r + pts.index(pt)) % len(contenders)
             for c in contenders[k:] + contenders[:k]:
+                if mode(pt) == "h2" and c == "direct":
+                    continue  # the backend speaks HTTP/1.1 only
                 url, pids = targets[c]
                 m = measure(url, pids, app_pids, pt, args.duration, tmp)
                 results.setdefault((pt, c), []).append(m)
-                think = f"+{pt[2]}ms" if pt[2] else ""
+                think = f"+{pt[2]}ms" if pt[2] else (mode(pt) or "")
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "
                       f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
                       f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "

@@ -3,8 +3,10 @@
 #   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps, 7 contenders (~13 min on 2 cores)
 #   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~2 min)
 #   bench/compare.sh --before OLD/peerlb   # adds the -before twin of every peerlb contender, same rounds
+#   bench/compare.sh --https    # TLS at every balancer (one certificate): keep-alive points, a new connection per request, HTTP/2 with h2load
 #   bench/compare.sh --help     # every option (rounds, duration, contenders, binary, markdown output)
 # Needs Debian's haproxy, nginx and wrk: apt-get install -y haproxy nginx wrk
+# (--https: openssl, and h2load from nghttp2-client for its HTTP/2 point)
 # Not part of CI (.ci/run does not run it).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -41,9 +41,16 @@ pub(crate) enum RequestError {
     /// The request is malformed (400).
     #[error("bad request: {0}")]
     BadRequest(&'static str),
-    /// A method peerlb does not proxy: CONNECT (tunnels) (501).
-    #[error("{0} is not supported: peerlb proxies HTTP requests, not tunnels")]
+    /// A method peerlb does not proxy: CONNECT (tunnels), over HTTP/1.1 or
+    /// HTTP/2 without `:protocol` (501).
+    #[error("{0} is not supported: peerlb proxies HTTP requests and WebSockets, not tunnels")]
     NotImplemented(http::Method),
+    /// An HTTP/2 extended CONNECT (RFC 8441 section 4) whose `:protocol`
+    /// (the value) is not `websocket`, the only one peerlb relays (501).
+    #[error(
+        "extended CONNECT for :protocol {0:?} is not supported: peerlb relays websocket only (RFC 8441)"
+    )]
+    UnsupportedProtocol(String),
     /// No candidate could be reached before anything was sent (503).
     #[error("no node could take the request: {0}")]
     NoNode(String),
@@ -77,7 +84,9 @@ impl RequestError {
             RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
             RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
             RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            RequestError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            RequestError::NotImplemented(_) | RequestError::UnsupportedProtocol(_) => {
+                StatusCode::NOT_IMPLEMENTED
+            }
             RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
@@ -337,6 +346,7 @@ mod tests {
             (RequestError::ClientTimeout("x".into()), 408),
             (RequestError::BadRequest("x"), 400),
             (RequestError::NotImplemented(http::Method::CONNECT), 501),
+            (RequestError::UnsupportedProtocol("connect-udp".into()), 501),
             (RequestError::HeadTooLarge { len: 9, max: 8 }, 431),
         ] {
             assert_eq!(status(e), s);

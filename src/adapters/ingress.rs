@@ -17,7 +17,11 @@
 //! so every stage below treats it as the same request over HTTP/1.1. A
 //! WebSocket request (`Upgrade: websocket`) is routed like any request;
 //! when the owner's app answers 101, the client's connection and the
-//! owner's side are relayed as a tunnel (`tunnel`).
+//! owner's side are relayed as a tunnel (`tunnel`). An HTTP/2 WebSocket
+//! (RFC 8441: CONNECT with `:protocol websocket`) becomes that same
+//! HTTP/1.1 opening handshake before the limits (a key made here, the
+//! app's accept checked, its 101 answered 200: `tunnel::extended_connect`),
+//! and its tunnel's client side is the stream; any other CONNECT gets 501.
 //!
 //! The stages, one file each: `ingress/server` (the accept loop and the
 //! connection settings, HTTP/1.1 and HTTP/2), `ingress/conn` (what a
@@ -43,9 +47,11 @@ use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::owner::Owner;
 use super::peer::PeerLinks;
+use super::tunnel::extended_connect::{self, Connect};
 use super::tunnel::{self, Role, Tunnel};
 use crate::config::IngressSettings;
 use forward::{ForwardSettings, Forwarder};
+use server::ConnHold;
 
 mod conn;
 mod conns;
@@ -123,15 +129,34 @@ impl Ingress {
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Response<Body> {
+        // An HTTP/2 WebSocket (RFC 8441): the HTTP/1.1 handshake from here
+        // on, and what its answer must carry.
+        let mut h2_websocket = None;
         if req.version() == http::Version::HTTP_2 {
             let (mut parts, body) = req.into_parts();
             client_input::http2_as_http11(&mut parts.uri, &mut parts.headers, &mut parts.version);
+            let protocol = parts.extensions.get::<hyper::ext::Protocol>();
+            if extended_connect::classify(&parts.method, protocol.map(|p| p.as_str()))
+                == Connect::WebSocket
+            {
+                parts.extensions.remove::<hyper::ext::Protocol>();
+                h2_websocket = Some(extended_connect::websocket_as_http11(
+                    &mut parts.method,
+                    &mut parts.headers,
+                    self.forwarder.nonce(),
+                ));
+            }
             req = Request::from_parts(parts, body);
         }
-        // Taken before the request moves on: the client's connection once
-        // the app's 101 has been written.
-        let mut upgrade = tunnel::wants_websocket(req.method(), req.version(), req.headers())
-            .then(|| hyper::upgrade::on(&mut req));
+        // Taken before the request moves on: the client's connection (an
+        // HTTP/2 client's stream) once the app's 101 has been answered,
+        // and on HTTP/2 the hold that keeps the connection in use while
+        // the tunnel is open.
+        let mut upgrade =
+            tunnel::wants_websocket(req.method(), req.version(), req.headers()).then(|| {
+                let hold = req.extensions_mut().remove::<ConnHold>();
+                (hyper::upgrade::on(&mut req), hold)
+            });
         let class = limits::check(&req, self.settings.max_request_target)
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX));
         // Admin answers (the sprayer's health checks) are not client
@@ -165,20 +190,38 @@ impl Ingress {
                     Err(answer) => answer,
                 };
                 self.state.metrics.observe_request(start.elapsed());
-                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-                    let app = resp.extensions_mut().remove::<Tunnel>();
-                    match (upgrade.take(), app) {
-                        (Some(client_side), Some(app)) => self.open_tunnel(client_side, app),
-                        // Cannot happen (an app's 101 to a request that
-                        // asked for no upgrade is refused where it is
-                        // read); a 101 must never reach a client that
-                        // did not ask for one.
-                        _ => {
-                            resp = self.state.failed(RequestError::OwnerFailed(
-                                "101 Switching Protocols without a tunnel".into(),
-                            ))
+                // HTTP/2: a 101 becomes 200 (RFC 8441 section 5).
+                let answered = match &h2_websocket {
+                    Some(hs) => {
+                        let (mut parts, body) = resp.into_parts();
+                        let r = hs.answer_as_h2(&mut parts.status, &mut parts.headers);
+                        resp = Response::from_parts(parts, body);
+                        r.map_err(|e| RequestError::OwnerFailed(e.to_string()))
+                    }
+                    None => Ok(resp.status() == http::StatusCode::SWITCHING_PROTOCOLS),
+                };
+                match answered {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        let app = resp.extensions_mut().remove::<Tunnel>();
+                        match (upgrade.take(), app) {
+                            (Some((client_side, hold)), Some(app)) => {
+                                self.open_tunnel(client_side, hold.map(|h| h.hold()), app)
+                            }
+                            // Cannot happen (an app's 101 to a request that
+                            // asked for no upgrade is refused where it is
+                            // read); a 101 must never reach a client that
+                            // did not ask for one.
+                            _ => {
+                                resp = self.state.failed(RequestError::OwnerFailed(
+                                    "101 Switching Protocols without a tunnel".into(),
+                                ))
+                            }
                         }
                     }
+                    // The app's side of a tunnel, if any, is dropped with
+                    // the response: closed.
+                    Err(e) => resp = self.state.failed(e),
                 }
                 resp
             }
@@ -204,11 +247,18 @@ impl Ingress {
 
 impl Ingress {
     /// Relays the client's connection (once hyper has written the 101 and
-    /// handed it over) and the owner's side `app` as a tunnel, in a task
-    /// of its own.
-    fn open_tunnel(&self, client_side: hyper::upgrade::OnUpgrade, app: Tunnel) {
+    /// handed it over; on HTTP/2, the stream once the 200 is written) and
+    /// the owner's side `app` as a tunnel, in a task of its own, which
+    /// keeps `hold` on an HTTP/2 client connection until the tunnel ends.
+    fn open_tunnel(
+        &self,
+        client_side: hyper::upgrade::OnUpgrade,
+        hold: Option<server::Held>,
+        app: Tunnel,
+    ) {
         let state = self.state.clone();
         tokio::spawn(async move {
+            let _hold = hold;
             let client_io = match client_side.await {
                 Ok(u) => Box::new(hyper_util::rt::TokioIo::new(u)) as tunnel::BoxIo,
                 Err(e) => {

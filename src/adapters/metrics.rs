@@ -28,7 +28,7 @@
 //! | `peerlb_client_connections_refused_total` | counter | client connections closed at accept (`limits.max_connections`) |
 //! | `peerlb_client_received_bytes_total` | counter | bytes read from client connections (heads and bodies) |
 //! | `peerlb_client_sent_bytes_total` | counter | bytes written to client connections (heads and bodies) |
-//! | `peerlb_websockets_total` | counter | WebSocket tunnels opened at this entry (the app answered 101) |
+//! | `peerlb_websockets_total` | counter | WebSocket tunnels opened at this entry (the app answered 101; over HTTP/1.1 or HTTP/2) |
 //! | `peerlb_websockets_proxied_total` | counter | WebSocket tunnels relayed as a forwarded owner (peer stream to app) |
 //! | `peerlb_websocket_idle_closed_total` | counter | tunnels closed after `limits.websocket_idle_timeout_ms` without a byte |
 //! | `peerlb_h2_connections_total` | counter | HTTP/2 client connections accepted |

@@ -6,7 +6,10 @@
 //! - At the entry, the client's connection (hyper's upgraded IO) is
 //!   relayed to the owner's side of the tunnel: the QUIC stream the
 //!   request went out on (forwarded owner) or the app's upgraded
-//!   connection (local owner).
+//!   connection (local owner). A WebSocket over HTTP/2 (RFC 8441 extended
+//!   CONNECT, [`extended_connect`]) takes the HTTP/1.1 form at the entry,
+//!   so everything after it is the same; its client side is the HTTP/2
+//!   stream (hyper's upgraded IO of the CONNECT), not the connection.
 //! - At a forwarded owner, the QUIC stream is relayed to the app's
 //!   upgraded connection.
 //!
@@ -28,6 +31,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tracing::debug;
+
+pub(crate) mod extended_connect;
 
 /// A byte stream both ways (a client connection, a QUIC stream pair, an
 /// app connection).
@@ -102,6 +107,19 @@ pub(crate) fn wants_websocket(method: &Method, version: Version, headers: &Heade
         && version == Version::HTTP_11
         && names(header::CONNECTION, "upgrade")
         && names(header::UPGRADE, "websocket")
+}
+
+/// The GUID of the `Sec-WebSocket-Accept` computation (RFC 6455 section 1.3).
+const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// `Sec-WebSocket-Accept` for `key` (RFC 6455 section 4.2.2): base64 of
+/// the SHA-1 of the key (as sent, base64 text) and [`GUID`].
+pub(crate) fn accept_key(key: &[u8]) -> String {
+    use base64::Engine as _;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key);
+    ctx.update(GUID.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(ctx.finish().as_ref())
 }
 
 /// Why a relay ended.
@@ -302,6 +320,15 @@ mod tests {
             h.append(*k, http::HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn accept_key_matches_rfc_6455_example() {
+        // RFC 6455 section 1.3.
+        assert_eq!(
+            accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
     }
 
     #[test]

@@ -22,23 +22,11 @@ use crate::adapters::tunnel::{self, Tunnel};
 /// The path of the echo.
 pub(crate) const PATH: &str = "/ws/echo";
 
-/// The GUID of the `Sec-WebSocket-Accept` computation (RFC 6455 section 1.3).
-const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
-
 /// In-process buffer between the relay and the echo, in bytes.
 const DUPLEX_BYTES: usize = 64 * 1024;
 
 /// Largest message the echo takes, in bytes.
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
-
-/// `Sec-WebSocket-Accept` for `key` (RFC 6455 section 4.2.2): base64 of
-/// the SHA-1 of the key and [`GUID`].
-pub(crate) fn accept_key(key: &[u8]) -> String {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
-    ctx.update(key);
-    ctx.update(GUID.as_bytes());
-    base64::engine::general_purpose::STANDARD.encode(ctx.finish().as_ref())
-}
 
 fn refuse(status: StatusCode, msg: &'static str) -> Response<Body> {
     let mut r = Response::new(body::full(msg));
@@ -92,7 +80,7 @@ pub(crate) fn answer(req: &Request<Body>) -> Response<Body> {
             );
         }
     };
-    let accept = HeaderValue::from_str(&accept_key(key)).expect("base64 is a header value");
+    let accept = HeaderValue::from_str(&tunnel::accept_key(key)).expect("base64 is a header value");
     let (ours, theirs) = tokio::io::duplex(DUPLEX_BYTES);
     tokio::spawn(echo(ours));
     let mut r = Response::new(body::empty());
@@ -140,15 +128,6 @@ async fn echo(io: tokio::io::DuplexStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn accept_key_matches_rfc_6455_example() {
-        // RFC 6455 section 1.3.
-        assert_eq!(
-            accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="),
-            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
-        );
-    }
 
     fn upgrade(key: Option<&'static str>, version: &'static str) -> Request<Body> {
         let mut b = Request::get(PATH)

@@ -96,6 +96,12 @@ impl Forwarder {
         }
     }
 
+    /// 16 bytes from the forwarder's seeded RNG: the nonce of a
+    /// `Sec-WebSocket-Key` the entry makes (RFC 6455 section 4.1).
+    pub(super) fn nonce(&self) -> [u8; 16] {
+        self.rng.lock().expect("rng lock").random()
+    }
+
     /// Routes a client request that passed the limits and serves it: the
     /// response, and the guard that keeps it outstanding to its server;
     /// `Err` is the error answer (already counted). Either way the request

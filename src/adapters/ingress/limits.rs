@@ -9,6 +9,7 @@ use hyper::body::Incoming;
 use crate::adapters::body::Body;
 use crate::adapters::client_input;
 use crate::adapters::errors::RequestError;
+use crate::adapters::tunnel::extended_connect::{self, Connect};
 use crate::adapters::wire;
 use crate::engine::sticky::{self, Announcement};
 
@@ -23,7 +24,8 @@ pub(crate) const MAX_HEAD_BYTES: usize = wire::MAX_HEAD_LEN - 4096;
 
 /// The entry node's limits, before anything else looks at the request:
 /// request-target length over `max_request_target` bytes (414), head size
-/// over [`MAX_HEAD_BYTES`] (431), CONNECT (501), not exactly one Host on
+/// over [`MAX_HEAD_BYTES`] (431), CONNECT (501: HTTP/1.1, HTTP/2 without
+/// `:protocol` or with another than `websocket`), not exactly one Host on
 /// HTTP/1.1, a request-target form the method does not take or a Host that
 /// is not `host[:port]` (400, [`client_input::check_target_and_host`]).
 ///
@@ -52,8 +54,15 @@ pub(super) fn check(
             max: MAX_HEAD_BYTES,
         });
     }
-    if req.method() == http::Method::CONNECT {
-        return Err(RequestError::NotImplemented(http::Method::CONNECT));
+    // A WebSocket's extended CONNECT has become a GET by now
+    // (`Ingress::handle`); any CONNECT left is refused.
+    let protocol = req.extensions().get::<hyper::ext::Protocol>();
+    match extended_connect::classify(req.method(), protocol.map(|p| p.as_str())) {
+        Connect::No => {}
+        Connect::OtherProtocol(p) => return Err(RequestError::UnsupportedProtocol(p.to_owned())),
+        Connect::Plain | Connect::WebSocket => {
+            return Err(RequestError::NotImplemented(http::Method::CONNECT));
+        }
     }
     let hosts = req.headers().get_all(header::HOST).iter().count();
     if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {

@@ -4,8 +4,8 @@
 //! serves the resulting stream with the connection's facts ([`ConnInfo`]):
 //! HTTP/1.1 (keep-alive, half-close, head read timeout, WebSocket
 //! upgrades) or HTTP/2 (prior knowledge on cleartext, [`preface`]; ALPN
-//! `h2` over TLS), the send timeout, and the HTTP/2 limits and rapid-reset
-//! defence.
+//! `h2` over TLS; WebSockets by extended CONNECT, RFC 8441), the send
+//! timeout, and the HTTP/2 limits and rapid-reset defence.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
-use super::conns::{Closable, ConnState, ConnTable, Refusal, Tracked};
+use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::send_timeout::SendTimeout;
@@ -236,6 +236,47 @@ impl ConnTracker {
     }
 }
 
+/// Keeps an HTTP/2 client connection in use while a WebSocket on one of
+/// its streams is open (RFC 8441; its opening answer was written long
+/// before it ends): busy in the connection table, so idle-first closing at
+/// the cap passes it over, and an open stream, so the connection's idle
+/// GOAWAY waits. The server puts one in the extensions of each HTTP/2
+/// CONNECT; the request path takes it ([`ConnHold::hold`]) when the
+/// tunnel opens. (An HTTP/1.1 WebSocket needs none: hyper hands its
+/// connection over whole, and it leaves the table.)
+#[derive(Clone)]
+pub(crate) struct ConnHold {
+    tracker: ConnTracker,
+    streams: Arc<ConnStreams>,
+}
+
+impl ConnHold {
+    /// Holds the connection until the returned value is dropped.
+    pub(crate) fn hold(&self) -> Held {
+        let busy = self.tracker.table.busy(&self.tracker.state);
+        self.streams.active.fetch_add(1, Ordering::Relaxed);
+        self.streams.touch();
+        Held {
+            _busy: busy,
+            streams: self.streams.clone(),
+        }
+    }
+}
+
+/// A tunnel's hold on its HTTP/2 client connection ([`ConnHold::hold`]),
+/// released when dropped.
+pub(crate) struct Held {
+    _busy: BusyGuard,
+    streams: Arc<ConnStreams>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.streams.active.fetch_sub(1, Ordering::Relaxed);
+        self.streams.touch();
+    }
+}
+
 /// Which HTTP a client connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Protocol {
@@ -381,7 +422,11 @@ async fn serve_h1<H, I>(
 ///   client's errors: at most [`H2_MAX_LOCAL_ERROR_RESETS`]; streams reset
 ///   after hyper accepted them count in [`ConnStreams`] (rapid reset);
 /// - no keep-alive pings: a connection with no open stream for the head
-///   read timeout is closed with GOAWAY instead.
+///   read timeout is closed with GOAWAY instead (a WebSocket open on one
+///   of its streams counts as an open stream, [`ConnHold`]);
+/// - `SETTINGS_ENABLE_CONNECT_PROTOCOL` = 1 (RFC 8441 section 3): clients
+///   may open WebSockets with an extended CONNECT (`:protocol websocket`,
+///   translated at the entry by `tunnel::extended_connect`).
 fn h2_builder(max_streams: u32) -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     b.timer(TokioTimer::new())
@@ -391,7 +436,8 @@ fn h2_builder(max_streams: u32) -> hyper::server::conn::http2::Builder<TokioExec
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESETS)
         .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESETS)
-        .keep_alive_interval(None);
+        .keep_alive_interval(None)
+        .enable_connect_protocol();
     b
 }
 
@@ -422,10 +468,16 @@ async fn serve_h2<H, I>(
     let ing = ingress.clone();
     let st = streams.clone();
     let client = info.client;
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ing.clone(), info.clone());
         let guard = StreamGuard::start(&st);
         let track = tracker.track();
+        if req.method() == http::Method::CONNECT {
+            req.extensions_mut().insert(ConnHold {
+                tracker: tracker.clone(),
+                streams: st.clone(),
+            });
+        }
         async move {
             let resp = ing.handle(req, info).await;
             guard.answer();
