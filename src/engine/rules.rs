@@ -422,7 +422,7 @@ impl Rules {
     /// into rules: each child of `http-rules` is one rule, in order, evaluated
     /// with SailFin's semantics (see the `rules::xml` module doc) and yielding
     /// the key when its result is non-empty. Each child of `sip-rules` is
-    /// one SIP rule the same way ([`Rules::extract_sip`]).
+    /// one SIP rule the same way (`Rules::extract_sip`).
     ///
     /// # Errors
     ///
