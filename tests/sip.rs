@@ -166,6 +166,7 @@ fn one_call_id_and_from_tag_reach_the_ring_owner_from_every_entry() {
     let ring = ring(&IDS, 1024);
     let uac = Uac::new();
     let mut owners = std::collections::BTreeSet::new();
+    let mut forwarded = 0;
     for i in 0..12 {
         let (tag, call) = (format!("t{i}"), format!("call-{i}"));
         let want = ring.owner(&format!("{tag}|{call}")).unwrap().to_string();
@@ -182,6 +183,7 @@ fn one_call_id_and_from_tag_reach_the_ring_owner_from_every_entry() {
             let a = uac.final_answer(sip(&c, entry), &text);
             assert_eq!(a.status, 200, "{}", a.text);
             assert_eq!(a.served_by(), want, "call {call} via {entry}");
+            forwarded += u64::from(want != *entry);
             assert_eq!(a.header("call-id"), Some(call.as_str()));
             // The entry's own Via is gone: only the client's is left.
             assert_eq!(a.text.matches("Via:").count(), 1, "{}", a.text);
@@ -189,6 +191,17 @@ fn one_call_id_and_from_tag_reach_the_ring_owner_from_every_entry() {
         owners.insert(want);
     }
     assert!(owners.len() > 1, "12 calls all on {owners:?}: not balanced");
+    // Every entry counted its 12 requests; only those owned elsewhere
+    // were forwarded.
+    for n in &c.nodes {
+        assert_eq!(counter(n.http, "sip_requests"), 12, "{}", n.id);
+    }
+    let sent: u64 = c
+        .nodes
+        .iter()
+        .map(|n| counter(n.http, "sip_forwarded"))
+        .sum();
+    assert_eq!(sent, forwarded);
 }
 
 /// The `Route` value a UAC builds from the 200's `Record-Route`.
@@ -457,6 +470,9 @@ fn malformed_sip_gets_400_or_is_dropped_and_the_node_keeps_serving() {
         0,
         "the connection is closed"
     );
+    // UDP: the bad CSeq, garbage, a response, a cut head; TCP: the bad
+    // CSeq and the unframable message.
+    assert_eq!(counter(c.nodes[0].http, "sip_malformed"), 6);
     // The node still serves SIP and HTTP.
     let ok = uac.final_answer(
         to,

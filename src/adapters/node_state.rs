@@ -88,6 +88,13 @@ pub(crate) struct Counters {
     pub tls_reloads: AtomicU64,
     /// Certificate reloads refused (bad files: the old certificates stay).
     pub tls_reload_failures: AtomicU64,
+    /// SIP requests received from clients (UDP and TCP).
+    pub sip_requests: AtomicU64,
+    /// SIP messages from clients that did not parse (answered 400 or
+    /// dropped).
+    pub sip_malformed: AtomicU64,
+    /// SIP forward attempts to an owner (one per candidate tried).
+    pub sip_forwarded: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.

@@ -155,6 +155,10 @@ impl SipEntry {
         let mut msg = match sipmsg::parse(buf) {
             Ok(m) => m,
             Err(e) => {
+                self.state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
                 debug!(target: REQUEST_PATH, %client, error = %e, "malformed sip message");
                 return sipmsg::bad_request(buf, &e).into_iter().collect();
             }
@@ -163,6 +167,10 @@ impl SipEntry {
             debug!(target: REQUEST_PATH, %client, "sip response from a client: dropped");
             return Vec::new();
         };
+        self.state
+            .counters
+            .sip_requests
+            .fetch_add(1, Ordering::Relaxed);
         // Decided on the message as received (its Route still on top).
         let view = self.state.view();
         let decision = self.state.decide_sip(&msg, client, &view);
@@ -232,6 +240,10 @@ impl SipEntry {
         key: &str,
         view_version: u64,
     ) -> Result<Vec<SipMessage>, Retry> {
+        self.state
+            .counters
+            .sip_forwarded
+            .fetch_add(1, Ordering::Relaxed);
         let stream = self
             .links
             .open(peer)
@@ -432,6 +444,11 @@ async fn connection(
             }
             Ok(None) => {}
             Err(e) => {
+                entry
+                    .state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
                 debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
                 if let Some(answer) = sipmsg::bad_request(&buf, &e) {
                     let _ = conn.write_all(&answer.to_bytes()).await;
