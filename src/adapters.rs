@@ -19,6 +19,7 @@ pub(crate) mod owner;
 pub(crate) mod pause;
 pub(crate) mod peer;
 pub(crate) mod send_timeout;
+pub(crate) mod sip;
 pub mod tls;
 pub(crate) mod tunnel;
 pub(crate) mod upstream;

@@ -34,6 +34,10 @@
 //!   `decide_with_loads` with the entry's own in-flight counts).
 //! - `slow_start`: the weight a node publishes while it ramps up after it
 //!   joins or returns (HAProxy `slowstart`), step by step.
+//! - `sip`: SIP messages (RFC 3261): parsing and stream framing, the
+//!   default SIP hash key (From tag + Call-ID), the dialog stickiness
+//!   parameter in `Record-Route` / `Route`, and the built-in demo user
+//!   agent server's answers (`sip/uas`).
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
@@ -46,6 +50,7 @@ pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
 pub(crate) mod session_id;
+pub(crate) mod sip;
 pub(crate) mod slow_start;
 pub(crate) mod sticky;
 

@@ -174,6 +174,9 @@ pub struct Env {
     /// The admin API listener (the node's `admin_addr`); `None` serves
     /// no admin listener (a simulation reads the node's state directly).
     pub admin_listener: Option<Box<dyn HttpListener>>,
+    /// The SIP sockets on `sip_addr` (UDP and TCP on one port); `None`
+    /// serves no SIP (no `sip_addr`, and always in a simulation).
+    pub sip: Option<SipSockets>,
     /// The UDP socket of the QUIC endpoint.
     pub peer_socket: Arc<dyn quinn::AsyncUdpSocket>,
     /// The runtime quinn uses for timers, tasks and `now` (tokio's in
@@ -201,6 +204,14 @@ pub struct Env {
     pub app_slowdown: Arc<std::sync::atomic::AtomicU32>,
     /// Receives what the node does ([`NoObserver`] in production).
     pub observer: Arc<dyn Observer>,
+}
+
+/// The two sockets of a node's `sip_addr`.
+pub struct SipSockets {
+    /// SIP over UDP.
+    pub udp: tokio::net::UdpSocket,
+    /// SIP over TCP, on the same port.
+    pub tcp: Box<dyn HttpListener>,
 }
 
 /// A socket could not be bound.
@@ -237,6 +248,17 @@ impl Env {
             http_listeners.push(listener(shared, true, "shared listen address")?);
         }
         let admin_listener = Some(listener(n.admin_addr, false, "admin_addr")?);
+        let sip = match n.sip_addr {
+            Some(addr) => {
+                let udp = std::net::UdpSocket::bind(addr).map_err(err("sip_addr", addr))?;
+                udp.set_nonblocking(true).map_err(err("sip_addr", addr))?;
+                Some(SipSockets {
+                    udp: tokio::net::UdpSocket::from_std(udp).map_err(err("sip_addr", addr))?,
+                    tcp: listener(addr, false, "sip_addr")?,
+                })
+            }
+            None => None,
+        };
         let peer_socket =
             std::net::UdpSocket::bind(n.peer_addr).map_err(err("peer_addr", n.peer_addr))?;
         peer_socket
@@ -273,6 +295,7 @@ impl Env {
         Ok(Env {
             http_listeners,
             admin_listener,
+            sip,
             peer_socket,
             quic_runtime: Arc::new(quinn::TokioRuntime),
             gossip: Box::new(SealedUdpTransport::new(

@@ -290,6 +290,50 @@ pub fn explain(
     })
 }
 
+/// Decides the SIP message `message` (the bytes of one request, as a
+/// client sends it) from `client` under `setup`: always consistent hash
+/// (`engine::sip::decide`: the dialog's `Route`, then `<sip-rules>`, then
+/// From tag + Call-ID). The policy shown is `consistent-hash (sip)`;
+/// `picks` and `session_ids` stay empty.
+///
+/// # Errors
+/// [`ArgError`] for `--sip-message` when the bytes are not a SIP request.
+pub fn explain_sip(
+    setup: Setup,
+    message: &[u8],
+    client: &ClientFacts,
+) -> Result<Explanation, ArgError> {
+    use crate::engine::sip;
+    let msg = sip::parse(message).map_err(|e| arg_err("--sip-message", e.to_string()))?;
+    if msg.method().is_none() {
+        return Err(arg_err("--sip-message", "a response, not a request"));
+    }
+    let view = MembershipView::new(
+        NodeId::from(setup.entry.as_str()),
+        setup.members,
+        setup.vnodes,
+    );
+    let d = sip::decide(&msg, client.addr, &setup.rules, &view);
+    let rule = match d.reason {
+        sip::SipReason::Rule(i) => Some(i),
+        _ => None,
+    };
+    Ok(Explanation {
+        policy: "consistent-hash (sip)".to_owned(),
+        rule,
+        rule_name: rule.and_then(|i| setup.rules.sip_name(i).map(str::to_owned)),
+        key: Some(d.key.clone()),
+        reason: match d.reason {
+            sip::SipReason::Rule(i) => format!("sip-rule[{i}]"),
+            r => r.as_str().to_owned(),
+        },
+        owner: d.owner.to_string(),
+        candidates: d.candidates(&view).map(|c| c.to_string()).collect(),
+        picks: Vec::new(),
+        session_ids: Vec::new(),
+    })
+}
+
 /// Each session id value `req` carries, and what it names under `s`.
 fn session_ids(s: &SessionRoute, req: &http::Request<()>) -> Vec<String> {
     s.values(req.headers(), req.uri())

@@ -1,7 +1,7 @@
 //! Fuzz harness for every parser peerlb owns, on the stable toolchain:
 //! peer wire heads, rules XML, rules TOML, the sticky route cookie and
-//! path parameter, the request-target and Host checks, and the app's
-//! session id (passive routes).
+//! path parameter, the request-target and Host checks, the app's
+//! session id (passive routes), and SIP messages.
 //!
 //! Random but structure-aware inputs (proptest strategies: raw bytes,
 //! valid encodings with bytes flipped, nested XML and TOML built from each
@@ -426,4 +426,77 @@ fn fuzz_session_id_parsers() {
             }
         },
     );
+}
+
+/// SIP messages from the parser's own vocabulary: start lines, header
+/// names (full and compact), values with tags, lists, folds and odd bytes.
+fn sip_text() -> impl Strategy<Value = Vec<u8>> {
+    let start = prop_oneof![
+        "(INVITE|ACK|BYE|CANCEL|OPTIONS|REGISTER|MESSAGE|[A-Z]{1,8}) (sip|sips|tel|x):[a-z@.;=0-9]{0,20} SIP/2\\.0",
+        "SIP/2\\.0 [0-9]{3} [A-Za-z ]{0,12}",
+        "\\PC{0,30}",
+    ];
+    let name = prop_oneof![
+        "(Via|v|From|f|To|t|Call-ID|i|CSeq|Route|Record-Route|Max-Forwards|Content-Length|l|Contact|m|Subject)",
+        "[A-Za-z-]{1,10}",
+    ];
+    let value = prop_oneof![
+        "SIP/2\\.0/(UDP|TCP) [a-z0-9.:\\[\\]]{1,20}(;branch=z9hG4bK[a-z0-9]{0,6})?(;rport)?(, SIP/2\\.0/UDP h)?",
+        "(\"[A-Za-z ]{0,6}\" )?<sip:[a-z]{0,6}@h(;lr)?(;peerlb-owner=n[0-9])?(;peerlb-key=[a-z%0-9|]{0,8})?>(;tag=[a-z0-9]{0,6})?",
+        "[0-9]{0,12} [A-Z]{0,8}",
+        "[0-9-]{0,10}",
+        "\\PC{0,24}",
+    ];
+    let header = (
+        name,
+        prop_oneof![Just(":"), Just(" : "), Just("")],
+        value,
+        prop_oneof![Just("\r\n"), Just("\r\n "), Just("\n")],
+    )
+        .prop_map(|(n, c, v, end)| format!("{n}{c}{v}{end}"));
+    (
+        start,
+        proptest::collection::vec(header, 0..12),
+        prop_oneof![Just("\r\n"), Just("")],
+        proptest::collection::vec(any::<u8>(), 0..40),
+        proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+        any::<usize>(),
+    )
+        .prop_map(|(start, headers, blank, body, flips, cut)| {
+            let mut b = format!("{start}\r\n{}{blank}", headers.concat()).into_bytes();
+            b.extend_from_slice(&body);
+            mutate(b, &flips, if cut % 4 == 0 { cut } else { 0 })
+        })
+}
+
+#[test]
+#[ignore = "fuzz harness: runs for PEERLB_FUZZ_SECS (see the module doc)"]
+fn fuzz_sip_messages() {
+    use crate::engine::sip;
+    fuzz("sip messages", sip_text(), |bytes| {
+        if let Ok(Some(n)) = sip::frame_len(&bytes) {
+            assert!(n <= bytes.len() && n <= sip::MAX_MESSAGE);
+        }
+        match sip::parse(&bytes) {
+            Ok(m) => {
+                let again = sip::parse(&m.to_bytes()).expect("a parsed message re-encodes");
+                assert_eq!(again, m);
+                let _ =
+                    sip::serve_uas(&m, "n1", "127.0.0.1:5060", &mut sip::DialogTable::default());
+                let _ = sip::dialog_route(&m);
+                let _ = sip::default_key(&m);
+            }
+            Err(e) => {
+                // A 400 is a response a stream client can frame.
+                if let Some(r) = sip::bad_request(&bytes, &e) {
+                    assert!(matches!(
+                        r.start,
+                        sip::StartLine::Response { status: 400, .. }
+                    ));
+                    let out = r.to_bytes();
+                    assert_eq!(sip::frame_len(&out), Ok(Some(out.len())));
+                }
+            }
+        }
+    });
 }

@@ -18,13 +18,17 @@
 //!   (sticky route cookie / URL parameter), `balance` (policies),
 //!   `node_id` ([`NodeId`] and its naming rules), `membership` (immutable
 //!   [`MembershipView`]), `route` (the decision), `failover` (replay plan
-//!   and the choice after a failed attempt), `testing` (doc-hidden test
+//!   and the choice after a failed attempt), `sip` (SIP messages, their
+//!   hash key and dialog parameter, the SIP decision, the demo SIP
+//!   server), `testing` (doc-hidden test
 //!   support: the request builder the unit tests and the benches share).
 //! - `adapters/` (I/O): `gossip` (chitchat over a transport sealed with
 //!   the cluster [`keyring`], bounds on what gossip may say), `peer` (quinn
 //!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path; before HTTP, the PROXY protocol header
-//!   and the TLS handshake a client listener asks for), `owner` (serving with the local app),
+//!   and the TLS handshake a client listener asks for), `sip` (SIP over
+//!   UDP and TCP on `sip_addr`, forwarded on the peer wire), `owner`
+//!   (serving with the local app),
 //!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
 //!   owner and `admin`), `pause` (a pause of the node's own process
 //!   noticed, failure decisions held after it), `errors` (every error as
@@ -70,5 +74,5 @@ pub use engine::slow_start::SlowStart;
 pub use engine::sticky::{RouteCookie, SameSite};
 #[doc(hidden)]
 pub use engine::testing;
-pub use env::Env;
+pub use env::{Env, SipSockets};
 pub use node::Node;

@@ -18,6 +18,7 @@ use crate::adapters::node_state::NodeState;
 use crate::adapters::owner::Owner;
 use crate::adapters::pause::PauseWatch;
 use crate::adapters::peer::{self, PeerLinks};
+use crate::adapters::sip::{self, SipApp, SipEntry};
 use crate::adapters::tls::{self, TlsMaterial};
 use crate::config::NodeConfig;
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
@@ -234,11 +235,13 @@ impl Node {
             let state = state.clone();
             tokio::spawn(async move { state.ramp_weight().await })
         });
+        let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr));
         let owner = Arc::new(Owner::new(
             state.clone(),
             App::new(&config.app)
                 .with_slowdown(env.app_slowdown.clone())
                 .with_observer(observer.clone()),
+            sip_app.clone(),
         ));
         state
             .tunnels
@@ -298,6 +301,26 @@ impl Node {
             )));
         }
         state.set_entry_certs(entry_certs);
+        if let (Some(sockets), Some(addr)) = (env.sip, me.sip_addr) {
+            let entry = Arc::new(SipEntry::new(
+                state.clone(),
+                sip_app,
+                links.clone(),
+                addr,
+                config.ingress.response_timeout,
+                config.ingress.header_read_timeout,
+            ));
+            listeners.push(tokio::spawn(sip::serve_udp(
+                sockets.udp,
+                entry.clone(),
+                stop_rx.clone(),
+            )));
+            listeners.push(tokio::spawn(sip::serve_tcp(
+                sockets.tcp,
+                entry,
+                stop_rx.clone(),
+            )));
+        }
         // The admin listener serves through the drain (status stays
         // readable) and closes last.
         let (admin_stop_tx, admin_stop_rx) = watch::channel(false);

@@ -227,6 +227,9 @@ fn status_json(state: &NodeState) -> String {
             "tls_reload_failures": c.tls_reload_failures.load(Ordering::Relaxed),
             "connections_refused_source": c.connections_refused_source.load(Ordering::Relaxed),
             "connections_closed_idle": c.connections_closed_idle.load(Ordering::Relaxed),
+            "sip_requests": c.sip_requests.load(Ordering::Relaxed),
+            "sip_malformed": c.sip_malformed.load(Ordering::Relaxed),
+            "sip_forwarded": c.sip_forwarded.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "h2": {

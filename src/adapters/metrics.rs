@@ -24,6 +24,9 @@
 //! | `peerlb_forwarded_total` | counter | forward attempts to an owner (one per candidate tried) |
 //! | `peerlb_failovers_total` | counter | forward attempts that failed over to the next candidate |
 //! | `peerlb_proxied_disagree_total` | counter | proxied requests whose owner in this node's view is another node |
+//! | `peerlb_sip_requests_total` | counter | SIP requests received from clients (UDP and TCP) |
+//! | `peerlb_sip_malformed_total` | counter | SIP messages from clients that did not parse (answered 400 or dropped) |
+//! | `peerlb_sip_forwarded_total` | counter | SIP forward attempts to an owner (one per candidate tried) |
 //! | `peerlb_errors_total` | counter | requests this node answered with an error status |
 //! | `peerlb_client_connections_refused_total` | counter | client connections closed at accept (`limits.max_connections`) |
 //! | `peerlb_client_received_bytes_total` | counter | bytes read from client connections (heads and bodies) |
@@ -497,6 +500,21 @@ impl Snapshot {
                 "errors",
                 "Requests this node answered with an error status",
                 Counter(get(&c.errors)),
+            ),
+            Family::one(
+                "sip_requests",
+                "SIP requests received from clients (UDP and TCP)",
+                Counter(get(&c.sip_requests)),
+            ),
+            Family::one(
+                "sip_malformed",
+                "SIP messages from clients that did not parse (answered 400 or dropped)",
+                Counter(get(&c.sip_malformed)),
+            ),
+            Family::one(
+                "sip_forwarded",
+                "SIP forward attempts to an owner (one per candidate tried)",
+                Counter(get(&c.sip_forwarded)),
             ),
             Family::one(
                 "client_connections_refused",

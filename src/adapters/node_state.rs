@@ -88,6 +88,13 @@ pub(crate) struct Counters {
     pub tls_reloads: AtomicU64,
     /// Certificate reloads refused (bad files: the old certificates stay).
     pub tls_reload_failures: AtomicU64,
+    /// SIP requests received from clients (UDP and TCP).
+    pub sip_requests: AtomicU64,
+    /// SIP messages from clients that did not parse (answered 400 or
+    /// dropped).
+    pub sip_malformed: AtomicU64,
+    /// SIP forward attempts to an owner (one per candidate tried).
+    pub sip_forwarded: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.
@@ -448,6 +455,19 @@ impl NodeState {
             }
             None => router.decide_entry(req, view, now, rng, &|_: &str| 0),
         }
+    }
+
+    /// Routes one SIP request from `client` against `view` with the
+    /// router's current rules (their `<sip-rules>`): always consistent
+    /// hash (`engine::sip::decide`). Takes the router lock.
+    pub(crate) fn decide_sip(
+        &self,
+        msg: &crate::engine::sip::SipMessage,
+        client: std::net::SocketAddr,
+        view: &MembershipView,
+    ) -> crate::engine::sip::SipDecision {
+        let router = self.router.lock().expect("router lock");
+        crate::engine::sip::decide(msg, client, router.rules(), view)
     }
 
     /// The weighted policies' state per node (lbstatus, by-traffic bytes;

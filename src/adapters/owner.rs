@@ -18,6 +18,7 @@ use super::body::Body;
 use super::errors::RequestError;
 use super::node_state::{NodeState, track_body};
 use super::peer::ProxiedHandler;
+use super::sip::SipApp;
 use super::tunnel::{BoxIo, Role, Tunnel};
 use super::wire::RequestHead;
 
@@ -26,12 +27,13 @@ use super::wire::RequestHead;
 pub(crate) struct Owner {
     state: Arc<NodeState>,
     app: App,
+    sip: Arc<SipApp>,
 }
 
 impl Owner {
     /// The owner side of the node whose state is `state`, serving with `app`.
-    pub(crate) fn new(state: Arc<NodeState>, app: App) -> Owner {
-        Owner { state, app }
+    pub(crate) fn new(state: Arc<NodeState>, app: App, sip: Arc<SipApp>) -> Owner {
+        Owner { state, app, sip }
     }
 
     /// Serves with the local app, adding its time to the response head to
@@ -101,6 +103,11 @@ impl Owner {
             .any(|(k, _)| k == super::admin::members::ADMIN_HEADER)
         {
             return super::admin::members::answer_peer(state, head, req.into_body()).await;
+        }
+        if head.headers.iter().any(|(k, _)| k == super::wire::SIP) {
+            state.metrics.count_proxied_in();
+            let _inflight = state.enter_proxied();
+            return self.sip.serve_proxied(req.into_body()).await;
         }
         state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();

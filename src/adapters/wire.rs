@@ -32,6 +32,25 @@
 //! passes it to its app as an ordinary header and never answers 101
 //! (its upstream client refuses one), so the client gets the app's answer
 //! or a 502.
+//!
+//! A SIP request is marked by the header [`SIP`] in its request head
+//! (value: the client's transport, `udp` or `tcp`), with the SIP method as
+//! the head's method, `/` as its URI, a `content-length` and the whole SIP
+//! message (as the entry forwards it: its own `Via` on top, a
+//! `Record-Route` added) as the body. The owner answers a `ResponseHead`
+//! `200` whose body is the SIP responses its demo server sends, one after
+//! the other, each framed by its own `Content-Length` (none for an `ACK`);
+//! any other status means the owner could not serve it. Like every
+//! proxied request it is never forwarded again (hop limit 1).
+//!
+//! ```text
+//! entry -> owner: [head INVITE / peerlb-sip: udp] SIP request bytes FIN
+//! owner -> entry: [ResponseHead 200] SIP 100 | SIP 180 | SIP 200   FIN
+//! ```
+//!
+//! A node of an older release passes the mark to its HTTP app; the entry
+//! gets an HTTP answer whose body does not frame as SIP and drops it
+//! (the client retransmits, RFC 3261 17.1).
 
 use std::net::SocketAddr;
 
@@ -51,6 +70,10 @@ pub(crate) const RESET_BAD_FRAME: u32 = 3;
 /// Request head header marking a tunnel (a WebSocket request): see the
 /// module doc. Its value names the protocol (`websocket`).
 pub(crate) const TUNNEL: &str = "peerlb-tunnel";
+
+/// Request head header marking a SIP request: see the module doc. Its
+/// value is the client's transport (`udp` or `tcp`).
+pub(crate) const SIP: &str = "peerlb-sip";
 
 /// The head of a proxied request (entry -> owner).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -52,12 +52,14 @@ pub(crate) fn run(a: CheckConfigArgs) -> anyhow::Result<u8> {
     if let Some(c) = node {
         let n = &c.node;
         println!(
-            "node {}: http {}, peer {}, gossip {}, admin {}, weight {}; seeds {}; tls {}, {}, {} (files not read)",
+            "node {}: http {}, peer {}, gossip {}, admin {}, sip {}, weight {}; seeds {}; tls {}, {}, {} (files not read)",
             n.id,
             n.http_addr,
             n.peer_addr,
             n.gossip_addr,
             n.admin_addr,
+            n.sip_addr
+                .map_or_else(|| "none".to_owned(), |a| a.to_string()),
             n.weight,
             c.gossip.seeds.join(" "),
             c.tls.ca.display(),

@@ -16,8 +16,12 @@ pub(crate) struct RouteArgs {
     #[arg(long, env = "PEERLB_CONFIG")]
     config: Option<PathBuf>,
     /// The request: "METHOD /target", e.g. "GET /cart?user=alice".
-    #[arg(long)]
-    request: String,
+    #[arg(long, required_unless_present = "sip_message")]
+    request: Option<String>,
+    /// A file holding one SIP request as a client sends it (CRLF line
+    /// ends): explain its SIP routing instead of an HTTP request's.
+    #[arg(long, conflicts_with_all = ["request", "headers", "cookies", "count"])]
+    sip_message: Option<PathBuf>,
     /// A request header "Name: value" (repeatable).
     #[arg(short = 'H', long = "header")]
     headers: Vec<String>,
@@ -97,10 +101,6 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         .clone()
         .or_else(|| members.first().map(|m| m.id.to_string()))
         .unwrap_or_default();
-    let req = match explain::parse_request(&a.request, &a.headers, &a.cookies) {
-        Ok(r) => r,
-        Err(e) => return Ok(usage(&e)),
-    };
     let setup = explain::Setup {
         policy,
         rules: c.routing.rules,
@@ -117,7 +117,18 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         tls: a.tls,
         sni: a.sni,
     };
-    let e = match explain::explain(setup, &req, &from, a.count, a.load_step) {
+    let explained = match (&a.sip_message, &a.request) {
+        (Some(file), _) => match std::fs::read(file) {
+            Ok(bytes) => explain::explain_sip(setup, &bytes, &from),
+            Err(e) => return Ok(usage(&format!("--sip-message: {}: {e}", file.display()))),
+        },
+        (None, Some(line)) => match explain::parse_request(line, &a.headers, &a.cookies) {
+            Ok(req) => explain::explain(setup, &req, &from, a.count, a.load_step),
+            Err(e) => Err(e),
+        },
+        (None, None) => return Ok(usage(&"--request or --sip-message is required")),
+    };
+    let e = match explained {
         Ok(e) => e,
         Err(e) => return Ok(usage(&e)),
     };

@@ -468,6 +468,10 @@ pub struct NodeSpec {
     /// what can reach this address is what protects the admin API.
     #[serde(default)]
     pub admin_addr: Option<String>,
+    /// The node's SIP address (`ip:port`, UDP and TCP on the same port);
+    /// none (the default) serves no SIP.
+    #[serde(default)]
+    pub sip_addr: Option<String>,
     /// Relative weight; 100 is one share (default 100; 0 receives no keys).
     #[serde(default = "default_weight")]
     pub weight: u32,

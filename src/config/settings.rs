@@ -71,6 +71,9 @@ pub struct NodeAddrs {
     pub gossip_addr: SocketAddr,
     /// Admin API address (`admin_addr`, default [`default_admin_addr`]).
     pub admin_addr: SocketAddr,
+    /// SIP address (`sip_addr`, UDP and TCP on the same port); `None`
+    /// serves no SIP.
+    pub sip_addr: Option<SocketAddr>,
     /// Weight (100 = one share).
     pub weight: u32,
 }

@@ -623,3 +623,46 @@ fn bad_listener_values_name_the_field() {
         assert!(e.contains(field), "{field}: {e}");
     }
 }
+
+#[test]
+fn sip_addr_is_optional_and_its_clashes_name_the_field() {
+    let c = validate(ONE, "n1").unwrap();
+    assert_eq!(c.node.sip_addr, None);
+    let given = format!("{ONE}sip_addr = \"127.0.0.1:5060\"\n");
+    let c = validate(&given, "n1").unwrap();
+    assert_eq!(c.node.sip_addr, Some("127.0.0.1:5060".parse().unwrap()));
+    let two = |s1: &str, s2: &str| {
+        format!(
+            "{ONE}sip_addr = \"{s1}\"\n[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:5\"\ngossip_addr = \"127.0.0.1:6\"\nsip_addr = \"{s2}\"\n"
+        )
+    };
+    for (text, says) in [
+        (
+            two("127.0.0.1:2", "127.0.0.1:9"),
+            "nodes[0].sip_addr: 127.0.0.1:2 is also this node's peer_addr",
+        ),
+        (
+            two("127.0.0.1:1", "127.0.0.1:9"),
+            "nodes[0].sip_addr: 127.0.0.1:1 is also this node's http_addr",
+        ),
+        (
+            two("127.0.0.1:9", "127.0.0.1:9"),
+            "nodes[1].sip_addr: 127.0.0.1:9 is also used by nodes[0]",
+        ),
+        (
+            two("127.0.0.1:5", "127.0.0.1:9"),
+            "nodes[1].peer_addr: 127.0.0.1:5 is also nodes[0].sip_addr",
+        ),
+        (
+            two("127.0.0.1:0", "127.0.0.1:9"),
+            "nodes[0].sip_addr: 127.0.0.1:0: port 0",
+        ),
+        (
+            two("nowhere", "127.0.0.1:9"),
+            "nodes[0].sip_addr: \"nowhere\"",
+        ),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(says), "{e}\nwanted {says}");
+    }
+}

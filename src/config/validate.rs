@@ -226,6 +226,11 @@ impl ClusterFile {
                 peer_addr: parse_addr(&n.peer_addr).map_err(|m| inv(&f("peer_addr"), m))?,
                 gossip_addr: parse_addr(&n.gossip_addr).map_err(|m| inv(&f("gossip_addr"), m))?,
                 admin_addr,
+                sip_addr: n
+                    .sip_addr
+                    .as_deref()
+                    .map(|s| parse_addr(s).map_err(|m| inv(&f("sip_addr"), m)))
+                    .transpose()?,
                 weight: n.weight,
             };
             if n.weight > MAX_WEIGHT {
@@ -388,6 +393,7 @@ impl ClusterFile {
                     gossip_addr,
                     admin_addr: admin_or_default(admin, http_addr)
                         .map_err(|m| inv("--admin-addr", m))?,
+                    sip_addr: None,
                     weight: ov.weight.unwrap_or(100),
                 };
                 nodes.push(n.clone());
@@ -758,6 +764,25 @@ fn addr_problem<'a>(
             ));
         }
     }
+    if let Some(sip) = a.sip_addr {
+        if sip.port() == 0 {
+            return Some((
+                "sip_addr",
+                format!("{sip}: port 0 cannot be advertised to clients"),
+            ));
+        }
+        // UDP and TCP on one port: it clashes with every other address.
+        for (k, addr) in [
+            ("http_addr", a.http_addr),
+            ("peer_addr", a.peer_addr),
+            ("gossip_addr", a.gossip_addr),
+            ("admin_addr", a.admin_addr),
+        ] {
+            if sip == addr {
+                return Some(("sip_addr", format!("{sip} is also this node's {k}")));
+            }
+        }
+    }
     if a.peer_addr == a.gossip_addr {
         return Some((
             "gossip_addr",
@@ -797,6 +822,28 @@ fn addr_problem<'a>(
                 "http_addr",
                 format!("{} is also nodes[{j}].admin_addr", a.http_addr),
             ));
+        }
+        if let Some(sip) = a.sip_addr
+            && [
+                Some(other.http_addr),
+                Some(other.peer_addr),
+                Some(other.gossip_addr),
+                Some(other.admin_addr),
+                other.sip_addr,
+            ]
+            .contains(&Some(sip))
+        {
+            return Some(("sip_addr", format!("{sip} is also used by nodes[{j}]")));
+        }
+        for (k, mine) in [
+            ("http_addr", a.http_addr),
+            ("peer_addr", a.peer_addr),
+            ("gossip_addr", a.gossip_addr),
+            ("admin_addr", a.admin_addr),
+        ] {
+            if other.sip_addr == Some(mine) {
+                return Some((k, format!("{mine} is also nodes[{j}].sip_addr")));
+            }
         }
         for (k, mine, theirs) in [
             ("http_addr", a.http_addr, other.http_addr),

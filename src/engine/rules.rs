@@ -71,8 +71,6 @@ use bounds::RegexBudget;
 
 pub(crate) use expr::ExprSpec;
 
-pub(crate) use xml::XmlElement;
-
 /// One rule as written in `cluster.toml` (`[[rules]]`).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -302,7 +300,8 @@ pub(crate) fn default_key(client: SocketAddr) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct Rules {
     rules: Vec<Rule>,
-    sip: Option<XmlElement>,
+    /// The `<sip-rules>` of a DCR XML file, compiled like `http-rules`.
+    sip: Vec<Rule>,
 }
 
 #[derive(Clone, Debug)]
@@ -370,7 +369,10 @@ impl Rules {
             .enumerate()
             .map(|(i, spec)| compile_rule(i, spec, &mut budget))
             .collect::<Result<_, _>>()?;
-        Ok(Rules { rules, sip: None })
+        Ok(Rules {
+            rules,
+            sip: Vec::new(),
+        })
     }
 
     /// True when no rules are configured (the router then uses sticky round
@@ -394,36 +396,33 @@ impl Rules {
     /// non-empty value wins. Returns the rule's index and the key (prefix
     /// included), or `None` when no rule yields a key.
     pub fn extract(&self, req: &RequestView<'_>) -> Option<(usize, String)> {
-        self.rules.iter().enumerate().find_map(|(i, rule)| {
-            let key = match &rule.body {
-                Body::Flat { when, extract } => {
-                    if !when.holds(req) {
-                        return None;
-                    }
-                    extract.iter().find_map(|x| {
-                        let v = x.source.value(req)?;
-                        (!v.is_empty()).then(|| format!("{}{v}", x.prefix))
-                    })
-                }
-                Body::Tree { when, expr } => {
-                    if !when.holds(req) {
-                        return None;
-                    }
-                    expr.eval(req)
-                        .filter(|k| !k.is_empty())
-                        .map(|k| k.into_owned())
-                }
-            };
-            key.map(|k| (i, k))
-        })
+        extract(&self.rules, req)
+    }
+
+    /// [`Rules::extract`] with the `<sip-rules>` of a DCR XML file, on the
+    /// view of a SIP request (`engine::sip`): `request.<header>` reads its
+    /// header fields (compact names expanded), `<request-uri parameter=...>`
+    /// its Request-URI parameters. `None` when no SIP rule yields a key (or
+    /// there are none).
+    pub(crate) fn extract_sip(&self, req: &RequestView<'_>) -> Option<(usize, String)> {
+        extract(&self.sip, req)
+    }
+
+    /// Number of `<sip-rules>` rules.
+    pub(crate) fn sip_len(&self) -> usize {
+        self.sip.len()
+    }
+
+    /// The name of `<sip-rules>` rule `index` (for `peerlb route`).
+    pub(crate) fn sip_name(&self, index: usize) -> Option<&str> {
+        self.sip.get(index)?.name.as_deref()
     }
 
     /// Parses SailFin's `data-centric-rules.xml` (root `user-centric-rules`)
     /// into rules: each child of `http-rules` is one rule, in order, evaluated
     /// with SailFin's semantics (see the `rules::xml` module doc) and yielding
-    /// the key when its result is non-empty. `sip-rules` is checked for
-    /// well-formedness and kept (`Rules::sip_rules`) for a later SIP
-    /// front end.
+    /// the key when its result is non-empty. Each child of `sip-rules` is
+    /// one SIP rule the same way (`Rules::extract_sip`).
     ///
     /// # Errors
     ///
@@ -434,13 +433,32 @@ impl Rules {
     pub fn from_xml(text: &str) -> Result<Rules, RuleError> {
         xml::parse(text)
     }
+}
 
-    /// The `sip-rules` element of a DCR XML file, if it had one, as parsed
-    /// (not interpreted yet: peerlb routes HTTP only).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn sip_rules(&self) -> Option<&XmlElement> {
-        self.sip.as_ref()
-    }
+/// The first rule of `rules` (in order) yielding a non-empty key.
+fn extract(rules: &[Rule], req: &RequestView<'_>) -> Option<(usize, String)> {
+    rules.iter().enumerate().find_map(|(i, rule)| {
+        let key = match &rule.body {
+            Body::Flat { when, extract } => {
+                if !when.holds(req) {
+                    return None;
+                }
+                extract.iter().find_map(|x| {
+                    let v = x.source.value(req)?;
+                    (!v.is_empty()).then(|| format!("{}{v}", x.prefix))
+                })
+            }
+            Body::Tree { when, expr } => {
+                if !when.holds(req) {
+                    return None;
+                }
+                expr.eval(req)
+                    .filter(|k| !k.is_empty())
+                    .map(|k| k.into_owned())
+            }
+        };
+        key.map(|k| (i, k))
+    })
 }
 
 fn compile_rule(i: usize, spec: &RuleSpec, budget: &mut RegexBudget) -> Result<Rule, RuleError> {

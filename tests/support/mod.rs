@@ -92,6 +92,9 @@ pub struct NodeInfo {
     pub gossip: SocketAddr,
     /// The node's admin API address (`admin_addr`).
     pub admin: SocketAddr,
+    /// The node's SIP address (`sip_addr`, UDP and TCP); only in a
+    /// cluster started with [`Cluster::start_sip`].
+    pub sip: Option<SocketAddr>,
 }
 
 /// Client address -> admin address of every node a [`Cluster`] of this
@@ -144,7 +147,7 @@ impl Cluster {
         extra_tail: &str,
         args: &[&str],
     ) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, false, args, PHI)
+        Self::start_full(tag, n, extra_head, extra_tail, false, args, PHI, false)
     }
 
     /// Like [`Cluster::start`]; with `shared`, every node also listens on one
@@ -156,7 +159,13 @@ impl Cluster {
         extra_tail: &str,
         shared: bool,
     ) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, shared, &[], PHI)
+        Self::start_full(tag, n, extra_head, extra_tail, shared, &[], PHI, false)
+    }
+
+    /// Like [`Cluster::start`], every node with a `sip_addr` too
+    /// ([`NodeInfo::sip`]).
+    pub fn start_sip(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, true)
     }
 
     /// Like [`Cluster::start`] with gossip's phi threshold `phi` instead of
@@ -164,9 +173,10 @@ impl Cluster {
     /// while (it lets a node die, or cuts its gossip) sets it high and
     /// relies on the QUIC path instead.
     pub fn start_phi(tag: &str, n: usize, phi: u32, extra_head: &str, extra_tail: &str) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, false, &[], phi)
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], phi, false)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start_full(
         tag: &str,
         n: usize,
@@ -175,6 +185,7 @@ impl Cluster {
         shared: bool,
         args: &[&str],
         phi: u32,
+        sip: bool,
     ) -> Cluster {
         let dir = temp_dir(tag);
         let nodes: Vec<NodeInfo> = (1..=n)
@@ -184,6 +195,7 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+                sip: sip.then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             })
             .collect();
         ADMIN_OF
@@ -198,6 +210,9 @@ impl Cluster {
                 "[[nodes]]\nid = \"{}\"\nhttp_addr = \"{}\"\npeer_addr = \"{}\"\ngossip_addr = \"{}\"\nadmin_addr = \"{}\"\n\n",
                 node.id, node.http, node.peer, node.gossip, node.admin
             );
+            if let Some(sip) = node.sip {
+                text.insert_str(text.len() - 1, &format!("sip_addr = \"{sip}\"\n"));
+            }
         }
         text += extra_tail;
         let config = dir.join("cluster.toml");

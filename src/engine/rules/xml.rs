@@ -6,7 +6,7 @@
 //! ```text
 //! user-centric-rules        root; only xmlns / xmlns:* / xsi:* attributes
 //!   http-rules              at most once; each child is one rule, in order
-//!   sip-rules               at most once; kept as parsed, not interpreted yet
+//!   sip-rules               at most once; each child is one SIP rule, in order
 //! expression =
 //!   or                      first non-null result              (1+ children)
 //!   and                     last result when all are non-null  (1+ children)
@@ -342,9 +342,23 @@ pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
             });
         }
     }
+    let mut sip_rules = Vec::new();
+    if let Some(sip) = sip {
+        attrs(sip, [])?;
+        no_text(sip)?;
+        for child in &sip.children {
+            sip_rules.push(Rule {
+                name: Some(format!("<{}> at line {}", child.name, child.line)),
+                body: Body::Tree {
+                    when: Default::default(),
+                    expr: expr(child, &mut budget)?,
+                },
+            });
+        }
+    }
     Ok(Rules {
         rules,
-        sip: sip.cloned(),
+        sip: sip_rules,
     })
 }
 

@@ -152,6 +152,9 @@ impl<'s> Run<'s> {
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
                     admin_listener: Some(Box::new(SimListener(admin))),
+                    // The simulation serves no SIP (turmoil sockets are not
+                    // wired to the SIP listeners).
+                    sip: None,
                     peer_socket: Arc::new(udp),
                     quic_runtime: Arc::new(quinn::TokioRuntime),
                     gossip: Box::new(gossip.sealed(gossip_keys.clone())),

@@ -145,12 +145,15 @@ fn shipped_example_and_its_toml_twin_extract_the_same_keys() {
             "nested toml: {uri} {headers:?}"
         );
     }
-    let sip = xml.sip_rules().unwrap();
-    assert_eq!((sip.name.as_str(), sip.line), ("sip-rules", 59));
+    // The <sip-rules> rule: the user part of the From URI.
     assert_eq!(
-        sip.children[0].children[0].attrs[0],
-        ("name".into(), "From".into())
+        (xml.sip_len(), xml.sip_name(0)),
+        (1, Some("<or> at line 60"))
     );
+    let invite = request("/", &[("from", "\"Alice\" <sip:alice@example.com>;tag=9")]);
+    assert_eq!(xml.extract_sip(&invite.view()), Some((0, "alice".into())));
+    assert_eq!(xml.extract_sip(&request("/", &[]).view()), None);
+    assert_eq!(toml.sip_len(), 0);
 }
 
 #[test]
@@ -195,7 +198,7 @@ fn or_and_if_semantics() {
         key(&r, "/", &[("x-c", "1"), ("x-d", "D")]),
         Some((2, "D".into()))
     );
-    assert!(r.sip_rules().is_none());
+    assert_eq!(r.sip_len(), 0);
 }
 
 #[test]

@@ -1,0 +1,526 @@
+//! The SIP front end: UDP and TCP listeners on the node's `sip_addr`, the
+//! entry node's routing and forwarding of SIP requests over the peer wire,
+//! and the owner's built-in demo server ([`SipApp`]).
+//!
+//! Path of a request (docs/architecture.md, "SIP"):
+//!
+//! 1. Parse (`engine::sip`). Bytes that are not a SIP message get `400`
+//!    when they are a request whose `Via` can be read, else are dropped; a
+//!    response from a client is dropped (the demo server sends no
+//!    requests). On TCP a framing error also closes the connection.
+//! 2. `Max-Forwards: 0` gets `483` (RFC 3261 16.3 step 3); otherwise it is
+//!    decremented (16.6 step 3). A top `Route` carrying this cluster's
+//!    dialog parameters is this cluster's own: it is removed (16.4).
+//! 3. Route (`NodeState::decide_sip`): the dialog's owner, else the key's
+//!    owner on the ring. A dialog-creating `INVITE` gets a `Record-Route`
+//!    naming the owner and the key (`engine::sip::record_route`).
+//! 4. Serve locally, or forward to the owner (hop limit 1, marked
+//!    `wire::SIP`) with this node's `Via` on top; a candidate that cannot
+//!    be reached or refuses the stream passes the request to the next ring
+//!    node. The owner's answers come back on the same stream; this node
+//!    removes its `Via` and sends them to the client: over TCP on the same
+//!    connection, over UDP to the address `engine::sip::response_destination`
+//!    gives.
+//!
+//! The listeners run inside the node's runtime only in production: the
+//! simulation binds no SIP sockets (`Env::sip` is `None` there).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::BodyExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use tracing::{Instrument as _, debug, debug_span, info};
+
+use super::REQUEST_PATH;
+use super::body::{self, Body};
+use super::node_state::NodeState;
+use super::peer::{self, PeerLinks};
+use super::wire::{self, RequestHeadRef};
+use crate::engine::node_id::NodeId;
+use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage, record_route};
+use crate::env::HttpListener;
+
+/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's magic
+/// cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
+const BRANCH_PREFIX: &str = "z9hG4bK-plb-";
+
+/// Longest body of a proxied SIP answer (every response of one request).
+const MAX_ANSWERS: usize = 4 * MAX_MESSAGE;
+
+/// UDP datagrams handled at once; more are dropped unread (their senders
+/// retransmit, RFC 3261 17.1.1.2), so a flood cannot pile up tasks.
+const MAX_UDP_INFLIGHT: usize = 10_000;
+
+/// The built-in SIP demo server of one node (`engine::sip` `uas`), with
+/// the dialogs it established.
+pub(crate) struct SipApp {
+    node: NodeId,
+    contact: String,
+    dialogs: Mutex<DialogTable>,
+}
+
+impl SipApp {
+    /// The demo server of node `node`; its `Contact` names `sip_addr`
+    /// (`<node>.invalid` on a node with no SIP listener).
+    pub(crate) fn new(node: NodeId, sip_addr: Option<SocketAddr>) -> SipApp {
+        let contact = sip_addr.map_or_else(|| format!("{node}.invalid"), |a| a.to_string());
+        SipApp {
+            node,
+            contact,
+            dialogs: Mutex::new(DialogTable::default()),
+        }
+    }
+
+    /// The answers to `req`, in order (none for `ACK` or a response).
+    pub(crate) fn answer(&self, req: &SipMessage) -> Vec<SipMessage> {
+        let mut dialogs = self.dialogs.lock().expect("dialog table lock");
+        sipmsg::serve_uas(req, &self.node, &self.contact, &mut dialogs)
+    }
+
+    /// Serves a SIP request a peer forwarded (`wire::SIP`): the body is
+    /// the SIP message; the answer is `200` with the SIP responses one
+    /// after the other, or `400` (no body) when the body is not a SIP
+    /// request.
+    pub(crate) async fn serve_proxied(&self, body: Body) -> Response<Body> {
+        let status = |s: u16| {
+            let mut r = Response::new(body::empty());
+            *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
+            r
+        };
+        let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE)
+            .collect()
+            .await
+        else {
+            return status(400);
+        };
+        let req = match sipmsg::parse(&bytes.to_bytes()) {
+            Ok(m) if m.method().is_some() => m,
+            _ => return status(400),
+        };
+        let mut out = Vec::new();
+        for a in self.answer(&req) {
+            out.extend_from_slice(&a.to_bytes());
+        }
+        let len = out.len();
+        let mut r = Response::new(body::full(out));
+        r.headers_mut()
+            .insert(http::header::CONTENT_LENGTH, len.into());
+        r
+    }
+}
+
+/// The entry side of SIP on one node.
+pub(crate) struct SipEntry {
+    state: Arc<NodeState>,
+    app: Arc<SipApp>,
+    links: Arc<PeerLinks>,
+    addr: SocketAddr,
+    response_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl SipEntry {
+    /// The entry side of the node whose state is `state`, listening on
+    /// `addr`; it serves with `app` when it owns a request. An owner's
+    /// answer is awaited at most `response_timeout`; a TCP message
+    /// started but not finished within `read_timeout` closes its
+    /// connection.
+    pub(crate) fn new(
+        state: Arc<NodeState>,
+        app: Arc<SipApp>,
+        links: Arc<PeerLinks>,
+        addr: SocketAddr,
+        response_timeout: Duration,
+        read_timeout: Duration,
+    ) -> SipEntry {
+        SipEntry {
+            state,
+            app,
+            links,
+            addr,
+            response_timeout,
+            read_timeout,
+        }
+    }
+
+    /// The answers to one message from `client` (see the module doc).
+    async fn handle(&self, buf: &[u8], client: SocketAddr, tcp: bool) -> Vec<SipMessage> {
+        let mut msg = match sipmsg::parse(buf) {
+            Ok(m) => m,
+            Err(e) => {
+                self.state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, %client, error = %e, "malformed sip message");
+                return sipmsg::bad_request(buf, &e).into_iter().collect();
+            }
+        };
+        let Some(method) = msg.method().map(str::to_owned) else {
+            debug!(target: REQUEST_PATH, %client, "sip response from a client: dropped");
+            return Vec::new();
+        };
+        self.state
+            .counters
+            .sip_requests
+            .fetch_add(1, Ordering::Relaxed);
+        // Decided on the message as received (its Route still on top).
+        let view = self.state.view();
+        let decision = self.state.decide_sip(&msg, client, &view);
+        // At most 3 digits (the parser checked): 0..=999.
+        let hops = match msg.header("max-forwards") {
+            Some(v) => v.parse::<u16>().unwrap_or(70),
+            None => 70,
+        };
+        if hops == 0 {
+            return if method == "ACK" {
+                Vec::new()
+            } else {
+                vec![msg.response(483, "Too Many Hops", None)]
+            };
+        }
+        msg.headers
+            .retain(|(n, _)| sipmsg::full_name(n) != "max-forwards");
+        msg.headers
+            .push(("Max-Forwards".into(), (hops - 1).to_string()));
+        if sipmsg::dialog_route(&msg).is_some() {
+            msg.pop_route();
+        }
+        if method == "INVITE" && msg.tag_of_to().is_none() {
+            msg.push_front(
+                "Record-Route",
+                record_route(self.addr, tcp, &decision.owner, &decision.key),
+            );
+        }
+        let me = self.state.node_id();
+        let span = debug_span!(target: REQUEST_PATH, "sip", %client, method = %method, owner = %decision.owner, reason = decision.reason.as_str());
+        async {
+            for cand in decision.candidates(&view) {
+                if cand == me {
+                    return self.app.answer(&msg);
+                }
+                match self.forward(cand, &msg, &method, client, tcp, &decision.key, view.version()).await {
+                    Ok(answers) => return answers,
+                    Err(Retry::Next(why)) => {
+                        debug!(target: REQUEST_PATH, peer = %cand, %why, "sip owner not reachable: trying the next candidate");
+                    }
+                    Err(Retry::No(why)) => {
+                        debug!(target: REQUEST_PATH, peer = %cand, %why, "sip forward failed");
+                        break;
+                    }
+                }
+            }
+            if method == "ACK" {
+                Vec::new()
+            } else {
+                vec![msg.response(503, "Service Unavailable", None)]
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Forwards `msg` to `peer` and returns its answers, this node's `Via`
+    /// removed.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward(
+        &self,
+        peer: &NodeId,
+        msg: &SipMessage,
+        method: &str,
+        client: SocketAddr,
+        tcp: bool,
+        key: &str,
+        view_version: u64,
+    ) -> Result<Vec<SipMessage>, Retry> {
+        self.state
+            .counters
+            .sip_forwarded
+            .fetch_add(1, Ordering::Relaxed);
+        let stream = self
+            .links
+            .open(peer)
+            .await
+            .map_err(|e| Retry::Next(e.to_string()))?;
+        let transport = if tcp { "TCP" } else { "UDP" };
+        let branch = xxhash_rust::xxh3::xxh3_64(
+            format!(
+                "{}\n{}\n{}\n{}",
+                msg.call_id().unwrap_or(""),
+                msg.header("cseq").unwrap_or(""),
+                msg.top_via().and_then(|v| v.param("branch")).unwrap_or(""),
+                self.state.node_id()
+            )
+            .as_bytes(),
+        );
+        let mut out = msg.clone();
+        out.push_front(
+            "Via",
+            format!(
+                "SIP/2.0/{transport} {};branch={BRANCH_PREFIX}{branch:016x}",
+                self.addr
+            ),
+        );
+        let bytes = out.to_bytes();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            wire::SIP,
+            http::HeaderValue::from_static(if tcp { "tcp" } else { "udp" }),
+        );
+        headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+        let request_id = xxhash_rust::xxh3::xxh3_128(&bytes);
+        let head = wire::encode(&RequestHeadRef {
+            request_id,
+            entry: self.state.node_id(),
+            hops: 1,
+            view_version,
+            method,
+            uri: "/",
+            headers: &headers,
+            client,
+            hash_key: Some(key),
+            tls: None,
+        })
+        .map_err(|e| Retry::No(e.to_string()))?;
+        let (head, body) = peer::exchange(
+            peer,
+            stream,
+            Bytes::from(head),
+            body::full(bytes),
+            self.response_timeout,
+        )
+        .await
+        .map_err(|e| match e {
+            peer::ExchangeError::Refused(_) => Retry::Next(e.to_string()),
+            e => Retry::No(e.to_string()),
+        })?;
+        let answers = http_body_util::Limited::new(body, MAX_ANSWERS)
+            .collect()
+            .await
+            .map_err(|e| Retry::No(e.to_string()))?
+            .to_bytes();
+        if head.status != 200 {
+            return Err(Retry::No(format!("owner answered status {}", head.status)));
+        }
+        let mut rest = &answers[..];
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let n = match sipmsg::frame_len(rest) {
+                Ok(Some(n)) => n,
+                _ => return Err(Retry::No("owner's answers do not frame as SIP".into())),
+            };
+            let mut m =
+                sipmsg::parse(&rest[..n]).map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
+            if m.top_via()
+                .and_then(|v| v.param("branch"))
+                .is_some_and(|b| b.starts_with(BRANCH_PREFIX))
+            {
+                m.pop_via();
+            }
+            out.push(m);
+            rest = &rest[n..];
+        }
+        Ok(out)
+    }
+}
+
+/// What a failed forward leaves the entry to do.
+enum Retry {
+    /// Nothing of the request reached the owner: try the next candidate.
+    Next(String),
+    /// The owner may have taken it: answer `503`.
+    No(String),
+}
+
+/// Serves SIP over UDP on `socket` until `stop` turns true: one task per
+/// datagram, answers sent from the same socket.
+pub(crate) async fn serve_udp(
+    socket: UdpSocket,
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let socket = Arc::new(socket);
+    if let Ok(addr) = socket.local_addr() {
+        info!(%addr, "listening for sip over udp");
+    }
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    let inflight = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (n, client) = tokio::select! {
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(error = %e, "sip udp receive failed");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if inflight.load(Ordering::Relaxed) >= MAX_UDP_INFLIGHT {
+            debug!(%client, "sip udp: too many datagrams in flight, dropped one");
+            continue;
+        }
+        let datagram = buf[..n].to_vec();
+        let (socket, entry) = (socket.clone(), entry.clone());
+        inflight.fetch_add(1, Ordering::Relaxed);
+        let guard = InflightGuard(inflight.clone());
+        tokio::spawn(async move {
+            let _guard = guard;
+            for answer in entry.handle(&datagram, client, false).await {
+                let Some(via) = answer.top_via() else {
+                    continue;
+                };
+                let to = sipmsg::response_destination(&via, client);
+                if let Err(e) = socket.send_to(&answer.to_bytes(), to).await {
+                    debug!(error = %e, %to, "sip udp send failed");
+                }
+            }
+        });
+    }
+}
+
+/// Counts one datagram in flight until dropped.
+struct InflightGuard(Arc<AtomicUsize>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves SIP over TCP on `listener` until `stop` turns true: one task per
+/// connection, its messages in order, answers on the same connection.
+pub(crate) async fn serve_tcp(
+    mut listener: Box<dyn HttpListener>,
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "listening for sip over tcp");
+    }
+    loop {
+        let (conn, client) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(error = %e, "sip tcp accept failed");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (entry, stop) = (entry.clone(), stop.clone());
+        tokio::spawn(connection(conn, client, entry, stop));
+    }
+}
+
+async fn connection(
+    mut conn: Box<dyn crate::env::Connection>,
+    client: SocketAddr,
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        let skip = sipmsg::leading_crlf(&buf);
+        buf.drain(..skip);
+        match sipmsg::frame_len(&buf) {
+            Ok(Some(n)) => {
+                let msg: Vec<u8> = buf.drain(..n).collect();
+                for answer in entry.handle(&msg, client, true).await {
+                    if conn.write_all(&answer.to_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                entry
+                    .state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
+                if let Some(answer) = sipmsg::bad_request(&buf, &e) {
+                    let _ = conn.write_all(&answer.to_bytes()).await;
+                }
+                let _ = conn.shutdown().await;
+                return;
+            }
+        }
+        // A message begun must be finished within the read timeout; an
+        // idle connection between messages may stay open.
+        let read = async {
+            if buf.is_empty() {
+                conn.read(&mut chunk).await
+            } else {
+                match tokio::time::timeout(entry.read_timeout, conn.read(&mut chunk)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+                }
+            }
+        };
+        let n = tokio::select! {
+            r = read => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INVITE: &str = "INVITE sip:bob@h SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.9:5060;branch=z9hG4bK-plb-1\r\n\
+        Via: SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bKc\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:bob@h>\r\n\
+        Call-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
+
+    /// The owner's side of the `peerlb-sip` exchange: every answer of the
+    /// demo server in the body, each framed by its Content-Length; a body
+    /// that is not a SIP request is a 400 with no body.
+    #[tokio::test]
+    async fn a_proxied_sip_request_is_answered_with_framed_sip_responses() {
+        let app = SipApp::new(NodeId::from("n2"), Some("127.0.0.1:5062".parse().unwrap()));
+        let r = app
+            .serve_proxied(body::full(INVITE.as_bytes().to_vec()))
+            .await;
+        assert_eq!(r.status(), 200);
+        let len: usize = r.headers()[http::header::CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes.len(), len);
+        let mut rest = &bytes[..];
+        let mut statuses = Vec::new();
+        while !rest.is_empty() {
+            let n = sipmsg::frame_len(rest).unwrap().unwrap();
+            let m = sipmsg::parse(&rest[..n]).unwrap();
+            // The entry's Via is still on top: the entry removes it.
+            assert_eq!(m.top_via().unwrap().param("branch"), Some("z9hG4bK-plb-1"));
+            if let sipmsg::StartLine::Response { status, .. } = m.start {
+                statuses.push(status);
+            }
+            rest = &rest[n..];
+        }
+        assert_eq!(statuses, vec![100, 180, 200]);
+        for junk in [&b"garbage"[..], b"SIP/2.0 200 OK\r\n\r\n"] {
+            let r = app.serve_proxied(body::full(junk.to_vec())).await;
+            assert_eq!(r.status(), 400);
+        }
+    }
+}
