@@ -65,9 +65,9 @@ fn start_uac(sipp: &Path, target: std::net::SocketAddr, stats: &Path, log: &Path
 /// SIPp statistics file.
 fn call_counts(stats: &Path) -> (u64, u64) {
     let text = std::fs::read_to_string(stats).expect("sipp wrote its statistics");
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let head: Vec<&str> = lines.next().expect("a header line").split(';').collect();
-    let last: Vec<&str> = lines
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let head: Vec<&str> = lines.first().expect("a header line").split(';').collect();
+    let last: Vec<&str> = lines[1..]
         .last()
         .expect("a statistics line")
         .split(';')
@@ -172,7 +172,7 @@ fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
     let owned_by_n3 = (1..=CALLS)
         .filter(|n| {
             ring.owner(&format!("{pid}SIPpTag00{n}|{n}-{pid}@127.0.0.1"))
-                .is_some_and(|o| o.to_string() == "n3")
+                .is_some_and(|o| *o == "n3")
         })
         .count() as u64;
     eprintln!("kill run: {ok} calls successful, {failed} failed, {owned_by_n3} owned by n3");
