@@ -50,10 +50,13 @@ fn status(text: &str) -> u16 {
 /// `100`, `486`), BYE and OPTIONS `200`, ACK nothing. Answers copy `Via`,
 /// `Record-Route`, `From`, `To` (with tag `fake`), `Call-ID` and `CSeq`
 /// (RFC 3261 8.2.6.2, 12.1.1) and carry `X-Fake-Uas: yes`. Every request
-/// received is kept.
+/// received is kept, with its source address. While `hold_bye` is set a
+/// BYE is kept but not answered.
 struct FakeUas {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
+    sources: Arc<Mutex<Vec<SocketAddr>>>,
+    hold_bye: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 }
 
@@ -65,7 +68,14 @@ impl FakeUas {
         let addr = sock.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (seen.clone(), stop.clone());
+        let sources = Arc::new(Mutex::new(Vec::new()));
+        let hold_bye = Arc::new(AtomicBool::new(false));
+        let (s, st, src, hold) = (
+            seen.clone(),
+            stop.clone(),
+            sources.clone(),
+            hold_bye.clone(),
+        );
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65_536];
             while !st.load(Ordering::Relaxed) {
@@ -74,7 +84,11 @@ impl FakeUas {
                 };
                 let text = String::from_utf8_lossy(&buf[..n]).into_owned();
                 s.lock().unwrap().push(text.clone());
+                src.lock().unwrap().push(from);
                 let method = text.split(' ').next().unwrap_or("").to_owned();
+                if method == "BYE" && hold.load(Ordering::Relaxed) {
+                    continue;
+                }
                 let codes: &[(u16, &str)] = match method.as_str() {
                     "INVITE" if text.starts_with("INVITE sip:busy@") => {
                         &[(100, "Trying"), (486, "Busy Here")]
@@ -101,11 +115,29 @@ impl FakeUas {
                 }
             }
         });
-        FakeUas { addr, seen, stop }
+        FakeUas {
+            addr,
+            seen,
+            sources,
+            hold_bye,
+            stop,
+        }
     }
 
     fn seen(&self) -> Vec<String> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The source addresses of the requests whose Call-ID is `call` and
+    /// whose method is `method`.
+    fn sources_of(&self, method: &str, call: &str) -> Vec<SocketAddr> {
+        let seen = self.seen.lock().unwrap();
+        let sources = self.sources.lock().unwrap();
+        seen.iter()
+            .zip(sources.iter())
+            .filter(|(t, _)| t.starts_with(method) && header(t, "call-id") == Some(call))
+            .map(|(_, a)| *a)
+            .collect()
     }
 }
 
@@ -266,6 +298,62 @@ fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client(
     assert_eq!(branch(ack), branch(invite), "{ack}");
     assert_eq!(header(ack, "cseq"), Some("1 ACK"));
     assert_eq!(header(ack, "to"), Some("<sip:busy@test>;tag=fake"));
+}
+
+/// A client's retransmission that reaches the owner while its
+/// transaction is in flight joins it: the upstream sees one transaction
+/// (every copy from one source port) and both requests get its answer.
+#[test]
+fn a_retransmission_in_flight_joins_the_owners_transaction() {
+    let fake = FakeUas::start();
+    let c = Cluster::start_sip(
+        "sip-upstream-retrans",
+        1,
+        &format!("sip_app = \"udp:{}\"", fake.addr),
+        "",
+    );
+    let entry = c.nodes[0].sip.unwrap();
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    let answers = exchange(
+        &client,
+        entry,
+        &request("INVITE", "bob", "rt", 1, me, ""),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [180, 200]
+    );
+    fake.hold_bye.store(true, Ordering::Relaxed);
+    let bye = request("BYE", "bob", "rt", 2, me, ";tag=fake");
+    client.send_to(bye.as_bytes(), entry).unwrap();
+    poll(Duration::from_secs(10), || {
+        !fake.sources_of("BYE", "rt").is_empty()
+    })
+    .expect("the BYE reached the upstream");
+    let before = counter(c.nodes[0].http, "sip_requests");
+    client.send_to(bye.as_bytes(), entry).unwrap();
+    poll(Duration::from_secs(10), || {
+        counter(c.nodes[0].http, "sip_requests") > before
+    })
+    .expect("the node took the retransmission");
+    // The owner's own resend (Timer E) is answered now.
+    fake.hold_bye.store(false, Ordering::Relaxed);
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..2 {
+        let (n, _) = client.recv_from(&mut buf).expect("an answer to each copy");
+        assert_eq!(status(&String::from_utf8_lossy(&buf[..n])), 200);
+    }
+    let ports = fake.sources_of("BYE", "rt");
+    assert!(ports.len() >= 2, "{ports:?}");
+    assert!(
+        ports.iter().all(|p| *p == ports[0]),
+        "copies from several ports: {ports:?}"
+    );
 }
 
 #[test]

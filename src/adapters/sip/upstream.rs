@@ -5,10 +5,13 @@
 //! receive. What to send, when to resend and what to relay is decided by
 //! `engine::sip::upstream`; this file only sends and waits (tokio time).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -16,18 +19,72 @@ use super::REQUEST_PATH;
 use crate::engine::sip::upstream::{self as up, Received};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage};
 
-/// An upstream SIP server and how long a transaction with it may take.
-#[derive(Debug, Clone)]
+/// The answers of a transaction in flight, once it ends (`None` until
+/// then).
+type Outcome = watch::Receiver<Option<Arc<Vec<SipMessage>>>>;
+
+/// An upstream SIP server, how long a transaction with it may take, and
+/// the transactions in flight.
+#[derive(Debug)]
 pub(crate) struct SipUpstream {
     addr: SocketAddr,
     timeout: Duration,
+    /// Keyed by (owner branch, method): a CANCEL shares its INVITE's
+    /// branch but is a transaction of its own (RFC 3261 9.1).
+    inflight: Mutex<BTreeMap<(String, String), Outcome>>,
 }
 
 impl SipUpstream {
     /// The server at `addr` (UDP); a request it has not answered finally
     /// within `timeout` is answered `408` by the owner.
     pub(crate) fn new(addr: SocketAddr, timeout: Duration) -> SipUpstream {
-        SipUpstream { addr, timeout }
+        SipUpstream {
+            addr,
+            timeout,
+            inflight: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// [`Self::exchange`], except that a request whose transaction is
+    /// already in flight (a client's retransmission: same owner branch and
+    /// method) is not sent again on a socket of its own, where the
+    /// upstream would take it for a new transaction (17.2.3 matches on
+    /// branch and sent-by): it waits for that transaction and gets the
+    /// same answers (the client absorbs the duplicates, 17.1.3). An
+    /// `ACK` is always sent.
+    pub(crate) async fn transact(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
+        let method = req.method().unwrap_or("");
+        if method == "ACK" {
+            return self.exchange(req, node).await;
+        }
+        let key = (up::branch(req, node), method.to_owned());
+        let waiting = {
+            let mut map = self.inflight.lock().expect("inflight lock");
+            match map.get(&key) {
+                Some(rx) => Err(rx.clone()),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    map.insert(key.clone(), rx);
+                    Ok(tx)
+                }
+            }
+        };
+        match waiting {
+            Err(mut rx) => match rx.wait_for(Option::is_some).await {
+                Ok(answers) => answers.as_deref().cloned().unwrap_or_default(),
+                // The first one was dropped unfinished: the client resends.
+                Err(_) => Vec::new(),
+            },
+            Ok(tx) => {
+                let _entry = InflightEntry {
+                    map: &self.inflight,
+                    key,
+                };
+                let answers = self.exchange(req, node).await;
+                let _ = tx.send(Some(Arc::new(answers.clone())));
+                answers
+            }
+        }
     }
 
     /// Sends `req` upstream as node `node` and returns the answers to
@@ -37,7 +94,7 @@ impl SipUpstream {
     /// Timeout` (RFC 3261 16.7 step 1, 16.8); a transport error (the port
     /// is closed, the socket fails): `503 Service Unavailable` (16.9).
     /// Either generated answer carries `Peerlb-Served-By: <node>`.
-    pub(crate) async fn transact(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
+    async fn exchange(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
         let branch = up::branch(req, node);
         let generated = |status: u16, reason: &str| {
             let tag = &branch[branch.len() - 8..];
@@ -129,6 +186,19 @@ impl SipUpstream {
                 }
             }
         }
+    }
+}
+
+/// A transaction's place in `SipUpstream::inflight`, removed when the
+/// transaction ends or is dropped unfinished.
+struct InflightEntry<'a> {
+    map: &'a Mutex<BTreeMap<(String, String), Outcome>>,
+    key: (String, String),
+}
+
+impl Drop for InflightEntry<'_> {
+    fn drop(&mut self) {
+        self.map.lock().expect("inflight lock").remove(&self.key);
     }
 }
 
