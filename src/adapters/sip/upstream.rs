@@ -1,8 +1,11 @@
 //! The owner's relay to an upstream SIP server over UDP (`sip_app =
-//! "udp:<ip>:<port>"`): one client transaction per request, on its own
-//! ephemeral UDP socket connected to the upstream, so the kernel delivers
-//! only the upstream's datagrams and a closed port shows as a refused
-//! receive. What to send, when to resend and what to relay is decided by
+//! "udp:<ip>:<port>"`): one client transaction per request, all on one
+//! ephemeral UDP socket per node, connected to the upstream (so the kernel
+//! delivers only the upstream's datagrams and a closed port shows as a
+//! refused receive), bound on the first request. One reader task hands
+//! each answer to its transaction by the top `Via`'s branch and the
+//! `CSeq` method. One socket, because a UAS may answer every request of a
+//! dialog at the address its first request came from (SIPp's `uas` does). What to send, when to resend and what to relay is decided by
 //! `engine::sip::upstream`; this file only sends and waits (tokio time).
 
 use std::collections::BTreeMap;
@@ -11,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::watch;
+use tokio::sync::{OnceCell, mpsc, watch};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -32,7 +35,21 @@ pub(crate) struct SipUpstream {
     /// Keyed by (owner branch, method): a CANCEL shares its INVITE's
     /// branch but is a transaction of its own (RFC 3261 9.1).
     inflight: Mutex<BTreeMap<(String, String), Outcome>>,
+    /// The node's socket toward the upstream, bound on first use.
+    socket: OnceCell<Arc<UdpSocket>>,
+    /// Transactions waiting for answers, by (owner branch, method).
+    waiting: Arc<Waiting>,
 }
+
+/// What the reader task hands a transaction.
+enum Datagram {
+    /// An answer whose top `Via` carries the transaction's branch.
+    Answer(SipMessage),
+    /// The socket reported an error (the upstream's port is closed).
+    Failed,
+}
+
+type Waiting = Mutex<BTreeMap<(String, String), mpsc::UnboundedSender<Datagram>>>;
 
 impl SipUpstream {
     /// The server at `addr` (UDP); a request it has not answered finally
@@ -42,7 +59,23 @@ impl SipUpstream {
             addr,
             timeout,
             inflight: Mutex::new(BTreeMap::new()),
+            socket: OnceCell::new(),
+            waiting: Arc::new(Mutex::new(BTreeMap::new())),
         }
+    }
+
+    /// The node's socket toward the upstream; the first call binds it and
+    /// starts its reader task.
+    async fn socket(&self) -> std::io::Result<Arc<UdpSocket>> {
+        let s = self
+            .socket
+            .get_or_try_init(|| async {
+                let s = Arc::new(connected(self.addr).await?);
+                tokio::spawn(read_answers(s.clone(), self.waiting.clone()));
+                Ok::<_, std::io::Error>(s)
+            })
+            .await?;
+        Ok(s.clone())
     }
 
     /// [`Self::exchange`], except that a request whose transaction is
@@ -105,7 +138,7 @@ impl SipUpstream {
         };
         let method = req.method().unwrap_or("");
         let (invite, ack) = (method == "INVITE", method == "ACK");
-        let socket = match connected(self.addr).await {
+        let socket = match self.socket().await {
             Ok(s) => s,
             Err(e) => {
                 debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream socket failed");
@@ -125,6 +158,20 @@ impl SipUpstream {
         };
         let sent = up::upstream_request(req, local, &branch);
         let bytes = sent.to_bytes();
+        // Registered before the first send, so that no answer (nor the
+        // error of a closed port) can come before the transaction waits.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _registered = (!ack).then(|| {
+            let key = (branch.clone(), method.to_owned());
+            self.waiting
+                .lock()
+                .expect("waiting lock")
+                .insert(key.clone(), tx);
+            Registered {
+                map: &self.waiting,
+                key,
+            }
+        });
         let mut answers = Vec::new();
         if let Err(e) = socket.send(&bytes).await {
             debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream send failed");
@@ -140,11 +187,10 @@ impl SipUpstream {
         let deadline = start + self.timeout;
         let mut transmissions = 1;
         let mut resend = Some(start + up::retransmit_interval(invite, 1));
-        let mut buf = vec![0u8; MAX_MESSAGE + 1];
         loop {
             let wake = resend.map_or(deadline, |r| r.min(deadline));
             let got = tokio::select! {
-                r = socket.recv(&mut buf) => Some(r),
+                r = rx.recv() => Some(r.unwrap_or(Datagram::Failed)),
                 _ = tokio::time::sleep_until(wake) => None,
             };
             match got {
@@ -159,33 +205,72 @@ impl SipUpstream {
                     transmissions += 1;
                     resend = Some(Instant::now() + up::retransmit_interval(invite, transmissions));
                 }
-                Some(Err(e)) => {
-                    debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream transport error");
+                Some(Datagram::Failed) => {
+                    debug!(target: REQUEST_PATH, upstream = %self.addr, "sip upstream transport error");
                     answers.push(generated(503, "Service Unavailable"));
                     return answers;
                 }
-                Some(Ok(n)) => {
-                    let Ok(msg) = sipmsg::parse(&buf[..n]) else {
-                        continue;
-                    };
-                    match up::receive(msg, &branch) {
-                        Received::Ignore => {}
-                        Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
-                        Received::Provisional(m) => {
-                            resend = (!invite).then(|| Instant::now() + up::T2);
-                            answers.push(m);
-                        }
-                        Received::Final(m) => {
-                            if let Some(a) = up::owner_ack(&sent, &m) {
-                                let _ = socket.send(&a.to_bytes()).await;
-                            }
-                            answers.push(m);
-                            return answers;
-                        }
+                Some(Datagram::Answer(msg)) => match up::receive(msg, &branch) {
+                    Received::Ignore => {}
+                    Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
+                    Received::Provisional(m) => {
+                        resend = (!invite).then(|| Instant::now() + up::T2);
+                        answers.push(m);
                     }
+                    Received::Final(m) => {
+                        if let Some(a) = up::owner_ack(&sent, &m) {
+                            let _ = socket.send(&a.to_bytes()).await;
+                        }
+                        answers.push(m);
+                        return answers;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Reads the upstream's datagrams on `socket` for as long as the node
+/// runs: an answer goes to the transaction its top `Via` branch and `CSeq`
+/// method name (anything else is dropped); a socket error goes to every
+/// waiting transaction.
+async fn read_answers(socket: Arc<UdpSocket>, waiting: Arc<Waiting>) {
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    loop {
+        match socket.recv(&mut buf).await {
+            Ok(n) => {
+                let Ok(msg) = sipmsg::parse(&buf[..n]) else {
+                    continue;
+                };
+                let key = match (msg.top_via().and_then(|v| v.param("branch")), msg.cseq()) {
+                    (Some(b), Some((_, m))) => (b.to_owned(), m.to_owned()),
+                    _ => continue,
+                };
+                let map = waiting.lock().expect("waiting lock");
+                if let Some(tx) = map.get(&key) {
+                    let _ = tx.send(Datagram::Answer(msg));
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, "sip upstream socket error");
+                for tx in waiting.lock().expect("waiting lock").values() {
+                    let _ = tx.send(Datagram::Failed);
                 }
             }
         }
+    }
+}
+
+/// A transaction's place in `SipUpstream::waiting`, removed when it ends
+/// or is dropped unfinished.
+struct Registered<'a> {
+    map: &'a Waiting,
+    key: (String, String),
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.map.lock().expect("waiting lock").remove(&self.key);
     }
 }
 
@@ -202,7 +287,7 @@ impl Drop for InflightEntry<'_> {
     }
 }
 
-/// A fresh UDP socket on an ephemeral port, connected to `to`.
+/// A UDP socket on an ephemeral port, connected to `to`.
 async fn connected(to: SocketAddr) -> std::io::Result<UdpSocket> {
     let any: SocketAddr = if to.is_ipv4() {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
