@@ -255,6 +255,13 @@ fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client(
                 .any(|t| t.starts_with("ACK") && header(t, "call-id") == Some(call.as_str()))
         })
         .expect("the client's ACK reached the upstream");
+        // One socket per owner: the dialog's requests all come from the
+        // address its INVITE came from (a UAS such as SIPp's answers there).
+        let from: Vec<SocketAddr> = ["INVITE", "ACK", "BYE"]
+            .iter()
+            .flat_map(|m| fake.sources_of(m, &call))
+            .collect();
+        assert!(from.iter().all(|a| *a == from[0]), "{from:?}");
     }
 
     // A 486 reaches the client, and the owner ACKs it upstream itself
