@@ -80,10 +80,10 @@ impl SipUpstream {
 
     /// [`Self::exchange`], except that a request whose transaction is
     /// already in flight (a client's retransmission: same owner branch and
-    /// method) is not sent again on a socket of its own, where the
-    /// upstream would take it for a new transaction (17.2.3 matches on
-    /// branch and sent-by): it waits for that transaction and gets the
-    /// same answers (the client absorbs the duplicates, 17.1.3). An
+    /// method) starts no second one: it waits for that transaction and
+    /// gets the same answers (the client absorbs the duplicates, 17.1.3).
+    /// So at most one transaction waits under a (branch, method) key of
+    /// `waiting`, where a second would take the first one's answers. An
     /// `ACK` is always sent.
     pub(crate) async fn transact(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
         let method = req.method().unwrap_or("");
