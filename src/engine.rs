@@ -36,8 +36,9 @@
 //!   joins or returns (HAProxy `slowstart`), step by step.
 //! - `sip`: SIP messages (RFC 3261): parsing and stream framing, the
 //!   default SIP hash key (From tag + Call-ID), the dialog stickiness
-//!   parameter in `Record-Route` / `Route`, and the built-in demo user
-//!   agent server's answers (`sip/uas`).
+//!   parameter in `Record-Route` / `Route`, the built-in demo user
+//!   agent server's answers (`sip/uas`), and the owner's client
+//!   transaction toward an upstream SIP server (`sip/upstream`).
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.

@@ -27,7 +27,8 @@
 //!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
 //!   server and the request path; before HTTP, the PROXY protocol header
 //!   and the TLS handshake a client listener asks for), `sip` (SIP over
-//!   UDP and TCP on `sip_addr`, forwarded on the peer wire), `owner`
+//!   UDP and TCP on `sip_addr`, forwarded on the peer wire; an owner's
+//!   relay to an upstream SIP server), `owner`
 //!   (serving with the local app),
 //!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
 //!   owner and `admin`), `pause` (a pause of the node's own process

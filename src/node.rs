@@ -18,13 +18,14 @@ use crate::adapters::node_state::NodeState;
 use crate::adapters::owner::Owner;
 use crate::adapters::pause::PauseWatch;
 use crate::adapters::peer::{self, PeerLinks};
-use crate::adapters::sip::{self, SipApp, SipEntry};
+use crate::adapters::sip::{self, SipApp, SipEntry, SipUpstream};
 use crate::adapters::tls::{self, TlsMaterial};
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, SipAppKind};
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::Router;
+use crate::engine::sip::upstream as sip_upstream;
 use crate::env::{Env, NodeEvent, Observer};
 
 /// What a client listener configured by `l` does before HTTP: the PROXY
@@ -235,7 +236,14 @@ impl Node {
             let state = state.clone();
             tokio::spawn(async move { state.ramp_weight().await })
         });
-        let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr));
+        let sip_upstream = match config.sip_app {
+            SipAppKind::Builtin => None,
+            SipAppKind::Udp(addr) => Some(SipUpstream::new(
+                addr,
+                sip_upstream::transaction_timeout(config.ingress.response_timeout),
+            )),
+        };
+        let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
         let owner = Arc::new(Owner::new(
             state.clone(),
             App::new(&config.app)

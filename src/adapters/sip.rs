@@ -22,6 +22,10 @@
 //!    connection, over UDP to the address `engine::sip::response_destination`
 //!    gives.
 //!
+//! With `sip_app = "udp:<ip>:<port>"` the owner forwards the request to
+//! that upstream SIP server instead (`sip/upstream.rs`) and its answers
+//! take the same way back.
+//!
 //! The listeners run inside the node's runtime only in production: the
 //! simulation binds no SIP sockets (`Env::sip` is `None` there).
 
@@ -47,6 +51,10 @@ use crate::engine::node_id::NodeId;
 use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage, record_route};
 use crate::env::HttpListener;
 
+mod upstream;
+
+pub(crate) use upstream::SipUpstream;
+
 /// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's magic
 /// cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
 const BRANCH_PREFIX: &str = "z9hG4bK-plb-";
@@ -58,12 +66,14 @@ const MAX_ANSWERS: usize = 4 * MAX_MESSAGE;
 /// retransmit, RFC 3261 17.1.1.2), so a flood cannot pile up tasks.
 const MAX_UDP_INFLIGHT: usize = 10_000;
 
-/// The built-in SIP demo server of one node (`engine::sip` `uas`), with
-/// the dialogs it established.
+/// The SIP server of one node: the built-in demo server (`engine::sip`
+/// `uas`), with the dialogs it established, or a relay to an upstream SIP
+/// server (`sip_app`).
 pub(crate) struct SipApp {
     node: NodeId,
     contact: String,
     dialogs: Mutex<DialogTable>,
+    upstream: Option<SipUpstream>,
 }
 
 impl SipApp {
@@ -75,11 +85,23 @@ impl SipApp {
             node,
             contact,
             dialogs: Mutex::new(DialogTable::default()),
+            upstream: None,
         }
     }
 
-    /// The answers to `req`, in order (none for `ACK` or a response).
-    pub(crate) fn answer(&self, req: &SipMessage) -> Vec<SipMessage> {
+    /// The same node relaying every request to `upstream` instead of
+    /// answering it with the demo server.
+    pub(crate) fn with_upstream(mut self, upstream: Option<SipUpstream>) -> SipApp {
+        self.upstream = upstream;
+        self
+    }
+
+    /// The answers to `req`, in order (none for `ACK` or a response): the
+    /// demo server's, or the upstream's (`SipUpstream::transact`).
+    pub(crate) async fn answer(&self, req: &SipMessage) -> Vec<SipMessage> {
+        if let Some(up) = &self.upstream {
+            return up.transact(req, self.node.as_str()).await;
+        }
         let mut dialogs = self.dialogs.lock().expect("dialog table lock");
         sipmsg::serve_uas(req, &self.node, &self.contact, &mut dialogs)
     }
@@ -105,7 +127,7 @@ impl SipApp {
             _ => return status(400),
         };
         let mut out = Vec::new();
-        for a in self.answer(&req) {
+        for a in self.answer(&req).await {
             out.extend_from_slice(&a.to_bytes());
         }
         let len = out.len();
@@ -204,7 +226,7 @@ impl SipEntry {
         async {
             for cand in decision.candidates(&view) {
                 if cand == me {
-                    return self.app.answer(&msg);
+                    return self.app.answer(&msg).await;
                 }
                 match self.forward(cand, &msg, &method, client, tcp, &decision.key, view.version()).await {
                     Ok(answers) => return answers,

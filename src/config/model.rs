@@ -26,6 +26,10 @@ pub struct ClusterFile {
     /// or `"unix:/absolute/path.sock"` for one on a Unix domain socket.
     #[serde(default = "default_app")]
     pub app: String,
+    /// The SIP server of every owner: `"builtin"` (the demo server) or
+    /// `"udp:<ip>:<port>"` of an upstream SIP server.
+    #[serde(default = "default_app")]
+    pub sip_app: String,
     /// The client-facing address the sprayer exposes; `peerlb up` binds every
     /// node there with SO_REUSEPORT. Optional for multi-machine clusters.
     #[serde(default)]

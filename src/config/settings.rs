@@ -34,6 +34,16 @@ pub struct UpstreamApp {
     pub idle_timeout: Duration,
 }
 
+/// The server a node answers the SIP requests it owns with (`sip_app`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SipAppKind {
+    /// The built-in demo user agent server (docs/architecture.md, "SIP").
+    Builtin,
+    /// `udp:<ip>:<port>`: an upstream SIP server over UDP; the owner
+    /// forwards each request there and relays its answers.
+    Udp(SocketAddr),
+}
+
 /// Where an upstream app listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AppAddr {
@@ -123,6 +133,9 @@ pub struct NodeConfig {
     pub shared_listen: Option<SocketAddr>,
     /// The app (`app`, `--app`).
     pub app: AppKind,
+    /// The SIP server the node answers the SIP requests it owns with
+    /// (`sip_app`).
+    pub sip_app: SipAppKind,
     /// TLS paths (`[tls]`).
     pub tls: TlsPaths,
     /// What the engine decides with: policy, rules, ring resolution.

@@ -12,7 +12,7 @@ use super::{
     AppAddr, AppKind, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
     LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT,
     MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
-    Source, StickySection, TlsPaths, UpstreamApp,
+    SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
@@ -37,6 +37,7 @@ impl ClusterFile {
         }
         parse_policy(&self.policy).map_err(|m| inv("policy", m))?;
         parse_app(&self.app, Duration::ZERO).map_err(|m| inv("app", m))?;
+        parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?;
         if let Some(s) = &self.sprayer_addr {
             parse_addr(s).map_err(|m| inv("sprayer_addr", m))?;
         }
@@ -477,6 +478,7 @@ impl ClusterFile {
             nodes,
             shared_listen,
             app,
+            sip_app: parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?,
             tls,
             routing: RoutingSettings {
                 policy: parse_policy(&self.policy).map_err(|m| inv("policy", m))?,
@@ -643,6 +645,24 @@ fn route_cookie(s: &StickySection) -> Result<RouteCookie, (&'static str, String)
         same_site,
         secure: s.cookie_secure,
     })
+}
+
+/// `sip_app`: `"builtin"` or `"udp:<ip>:<port>"` with a port other than 0
+/// and an address a datagram can be sent to (not `0.0.0.0` or `::`).
+fn parse_sip_app(s: &str) -> Result<SipAppKind, String> {
+    if s == "builtin" {
+        return Ok(SipAppKind::Builtin);
+    }
+    let Some(addr) = s.strip_prefix("udp:") else {
+        return Err(format!(
+            "{s:?} is neither \"builtin\" nor udp:<ip>:<port> (the only upstream SIP transport is UDP)"
+        ));
+    };
+    let addr = parse_addr(addr).map_err(|m| format!("{s:?}: {m}"))?;
+    if addr.port() == 0 || addr.ip().is_unspecified() {
+        return Err(format!("{s:?}: {addr} cannot be sent to"));
+    }
+    Ok(SipAppKind::Udp(addr))
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {

@@ -23,12 +23,13 @@ use std::fmt::Write as _;
 mod dialog;
 mod route;
 mod uas;
+pub(crate) mod upstream;
 
 #[cfg(test)]
 pub(crate) use dialog::DialogRoute;
 pub(crate) use dialog::{default_key, dialog_route, record_route, uri_params_as_query};
 pub(crate) use route::{SipDecision, SipReason, decide};
-pub(crate) use uas::{DialogTable, serve as serve_uas};
+pub(crate) use uas::{DialogTable, SERVED_BY, serve as serve_uas};
 
 /// Longest SIP message accepted, head and body, in bytes (64 KiB: the
 /// largest UDP datagram; RFC 3261 18.1.1 expects larger ones on TCP, which

@@ -1,0 +1,299 @@
+//! The owner's client transaction toward an upstream SIP app
+//! (`sip_app = "udp:<ip>:<port>"`), as pure functions: the request as
+//! sent upstream, the retransmission schedule, which datagrams belong to
+//! the transaction, and the ACK of a non-2xx final answer to an INVITE.
+//! `adapters/sip/upstream.rs` does the sending and the waiting.
+//!
+//! The owner acts as a transaction-stateful proxy for one hop (RFC 3261
+//! 16.6, 17.1): it puts its own `Via` on top, retransmits over UDP until
+//! the upstream answers, drops `100 Trying` (16.7 step 5: a proxy never
+//! forwards it), removes its `Via` from every answer (16.7 step 3) and
+//! relays the rest until the first final response.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{SipMessage, StartLine, full_name};
+
+/// RFC 3261 T1 (17.1.1.1): the round-trip estimate, 500 ms.
+pub(crate) const T1: Duration = Duration::from_millis(500);
+/// RFC 3261 T2 (17.1.2.2): the cap of a non-INVITE request's
+/// retransmission interval, 4 s.
+pub(crate) const T2: Duration = Duration::from_secs(4);
+/// RFC 3261 Timer B / F (17.1.1.2, 17.1.2.2): the longest a client
+/// transaction waits for a final response, `64 x T1` = 32 s.
+pub(crate) const TIMER_B: Duration = Duration::from_secs(32);
+
+/// The `Via` branch prefix of an owner's request to its upstream: the
+/// magic cookie `z9hG4bK` (8.1.1.7), then `-plbo-` (the entry's own
+/// prefix is `-plb-`).
+pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
+
+/// The branch of the owner's `Via` for `req` on node `node`:
+/// [`OWNER_BRANCH_PREFIX`] then 16 hex digits hashed from the Call-ID,
+/// the CSeq number, the top `Via`'s branch and the node id. A
+/// retransmission gets the same branch, and so does a `CANCEL` of an
+/// `INVITE` (same Call-ID, CSeq number and client branch), as RFC 3261
+/// 9.1 requires of a proxy's `CANCEL`.
+pub(crate) fn branch(req: &SipMessage, node: &str) -> String {
+    let h = xxhash_rust::xxh3::xxh3_64(
+        format!(
+            "{}\n{}\n{}\n{node}",
+            req.call_id().unwrap_or(""),
+            req.cseq().map_or(0, |(n, _)| n),
+            req.top_via().and_then(|v| v.param("branch")).unwrap_or(""),
+        )
+        .as_bytes(),
+    );
+    format!("{OWNER_BRANCH_PREFIX}{h:016x}")
+}
+
+/// `req` as sent upstream from `local` (the owner's UDP socket): a `Via`
+/// `SIP/2.0/UDP <local>;branch=<branch>;rport` on top (RFC 3261 16.6 step
+/// 8, RFC 3581), everything else as the entry forwarded it.
+pub(crate) fn upstream_request(req: &SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
+    let mut out = req.clone();
+    out.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
+    out
+}
+
+/// How long the owner waits after the `sent`-th transmission (1-based)
+/// before sending the request again: `T1 x 2^(sent-1)`, capped at [`T2`]
+/// for a non-INVITE request (Timer A, 17.1.1.2; Timer E, 17.1.2.2). An
+/// INVITE's interval is not capped; the whole wait is bounded by the
+/// caller's deadline.
+pub(crate) fn retransmit_interval(invite: bool, sent: u32) -> Duration {
+    let d = T1.saturating_mul(1u32 << sent.saturating_sub(1).min(16));
+    if invite { d } else { d.min(T2) }
+}
+
+/// What the transaction makes of one datagram from the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// Not a response of this transaction (other branch, not SIP, a
+    /// request): ignored.
+    Ignore,
+    /// `100 Trying`: stops retransmission, is not relayed (16.7 step 5).
+    Trying,
+    /// A provisional response (101..=199), the owner's `Via` removed:
+    /// relayed, stops retransmission.
+    Provisional(SipMessage),
+    /// A final response (200..=699), the owner's `Via` removed: relayed,
+    /// ends the transaction.
+    Final(SipMessage),
+}
+
+/// Classifies `msg`, received on the transaction whose `Via` branch is
+/// `branch` (17.1.3: a response matches a client transaction by the top
+/// `Via`'s branch).
+pub(crate) fn receive(mut msg: SipMessage, branch: &str) -> Received {
+    let StartLine::Response { status, .. } = msg.start else {
+        return Received::Ignore;
+    };
+    if msg.top_via().and_then(|v| v.param("branch")) != Some(branch) {
+        return Received::Ignore;
+    }
+    msg.pop_via();
+    match status {
+        100 => Received::Trying,
+        101..=199 => Received::Provisional(msg),
+        _ => Received::Final(msg),
+    }
+}
+
+/// The ACK the owner sends for a non-2xx final `resp` to the INVITE it
+/// sent upstream (`sent`, its own `Via` on top): RFC 3261 17.1.1.3, the
+/// INVITE's Request-URI, `Call-ID`, `From`, `Route` and top `Via` only,
+/// `To` from the response (with its tag), `CSeq` `<n> ACK`.
+pub(crate) fn ack_for_non_2xx(sent: &SipMessage, resp: &SipMessage) -> SipMessage {
+    let uri = match &sent.start {
+        StartLine::Request { uri, .. } => uri.clone(),
+        StartLine::Response { .. } => String::new(),
+    };
+    let mut headers = Vec::new();
+    if let Some(via) = sent.header_list("via").first() {
+        headers.push(("Via".to_owned(), (*via).to_owned()));
+    }
+    for (n, v) in &sent.headers {
+        if matches!(full_name(n).as_ref(), "from" | "call-id" | "route") {
+            headers.push((n.clone(), v.clone()));
+        }
+    }
+    if let Some(to) = resp.header("to") {
+        headers.push(("To".to_owned(), to.to_owned()));
+    }
+    let n = sent.cseq().map_or(1, |(n, _)| n);
+    headers.push(("CSeq".to_owned(), format!("{n} ACK")));
+    headers.push(("Max-Forwards".to_owned(), "70".to_owned()));
+    SipMessage {
+        start: StartLine::Request {
+            method: "ACK".to_owned(),
+            uri,
+        },
+        headers,
+        body: Vec::new(),
+    }
+}
+
+/// The ACK the owner itself sends upstream after `resp`, a final answer
+/// to `sent`: [`ack_for_non_2xx`] when `sent` is an INVITE and `resp` is
+/// not a 2xx (the ACK of a 2xx is the caller's, end to end, RFC 3261
+/// 13.2.2.4), else `None`.
+pub(crate) fn owner_ack(sent: &SipMessage, resp: &SipMessage) -> Option<SipMessage> {
+    let StartLine::Response { status, .. } = resp.start else {
+        return None;
+    };
+    (sent.method() == Some("INVITE") && status >= 300).then(|| ack_for_non_2xx(sent, resp))
+}
+
+/// How long an owner waits for its upstream's final response when the
+/// entry waits `response_timeout` for the owner: half of it (so the
+/// owner's `408` reaches the entry before the entry gives up), at most
+/// [`TIMER_B`].
+pub(crate) fn transaction_timeout(response_timeout: Duration) -> Duration {
+    (response_timeout / 2).min(TIMER_B)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse;
+    use super::*;
+
+    const INVITE: &str = "INVITE sip:bob@h SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5062;branch=z9hG4bK-plb-1\r\n\
+        Via: SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bKc\r\nRoute: <sip:proxy.example;lr>\r\n\
+        From: <sip:a@h>;tag=1\r\nTo: <sip:bob@h>\r\nCall-ID: c\r\nCSeq: 7 INVITE\r\nMax-Forwards: 69\r\n\
+        Content-Length: 0\r\n\r\n";
+
+    fn msg(s: &str) -> SipMessage {
+        parse(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn the_upstream_request_has_the_owners_via_on_top_and_keeps_the_rest() {
+        let req = msg(INVITE);
+        let b = branch(&req, "n2");
+        let out = upstream_request(&req, "127.0.0.1:40000".parse().unwrap(), &b);
+        let vias = out.header_list("via");
+        assert_eq!(vias.len(), 3);
+        let top = out.top_via().unwrap();
+        assert_eq!((top.host, top.port), ("127.0.0.1", Some(40000)));
+        assert_eq!(top.param("branch"), Some(b.as_str()));
+        assert_eq!(top.param("rport"), Some(""));
+        assert_eq!(out.header("max-forwards"), Some("69"));
+        assert_eq!(out.body, req.body);
+    }
+
+    #[test]
+    fn a_retransmission_and_a_cancel_share_the_invites_branch_and_nodes_differ() {
+        let req = msg(INVITE);
+        let b = branch(&req, "n2");
+        assert!(b.starts_with(OWNER_BRANCH_PREFIX) && b.len() == OWNER_BRANCH_PREFIX.len() + 16);
+        assert_eq!(branch(&msg(INVITE), "n2"), b);
+        let cancel = INVITE
+            .replace("INVITE sip", "CANCEL sip")
+            .replace("7 INVITE", "7 CANCEL");
+        assert_eq!(branch(&msg(&cancel), "n2"), b);
+        assert_ne!(branch(&req, "n3"), b);
+        let next = INVITE.replace("7 INVITE", "8 INVITE");
+        assert_ne!(branch(&msg(&next), "n2"), b);
+    }
+
+    /// Timer A doubles without bound for an INVITE; Timer E stops at T2.
+    #[test]
+    fn retransmission_doubles_from_t1_and_a_non_invite_stops_at_t2() {
+        let ms = |invite, n| retransmit_interval(invite, n).as_millis();
+        assert_eq!(
+            (1..=6).map(|n| ms(true, n)).collect::<Vec<_>>(),
+            [500, 1000, 2000, 4000, 8000, 16000]
+        );
+        assert_eq!(
+            (1..=6).map(|n| ms(false, n)).collect::<Vec<_>>(),
+            [500, 1000, 2000, 4000, 4000, 4000]
+        );
+    }
+
+    #[test]
+    fn responses_are_matched_by_branch_and_100_is_not_relayed() {
+        let req = msg(INVITE);
+        let b = branch(&req, "n2");
+        let sent = upstream_request(&req, "127.0.0.1:40000".parse().unwrap(), &b);
+        assert_eq!(
+            receive(sent.response(100, "Trying", None), &b),
+            Received::Trying
+        );
+        let Received::Provisional(r) = receive(sent.response(180, "Ringing", Some("u")), &b) else {
+            panic!("a 180 is provisional");
+        };
+        // The owner's Via is gone; the entry's is on top.
+        assert_eq!(r.top_via().unwrap().param("branch"), Some("z9hG4bK-plb-1"));
+        assert!(matches!(
+            receive(sent.response(486, "Busy Here", Some("u")), &b),
+            Received::Final(_)
+        ));
+        assert_eq!(
+            receive(sent.response(200, "OK", Some("u")), "z9hG4bK-plbo-other"),
+            Received::Ignore
+        );
+        assert_eq!(receive(sent.clone(), &b), Received::Ignore);
+    }
+
+    /// RFC 3261 17.1.1.3: the ACK of a non-2xx answer copies the
+    /// INVITE's Request-URI, Call-ID, From, Route and top Via, takes To
+    /// from the response and has the INVITE's CSeq number.
+    #[test]
+    fn the_ack_of_a_non_2xx_answer_follows_17_1_1_3() {
+        let req = msg(INVITE);
+        let b = branch(&req, "n2");
+        let sent = upstream_request(&req, "127.0.0.1:40000".parse().unwrap(), &b);
+        let busy = sent.response(486, "Busy Here", Some("u"));
+        let ack = ack_for_non_2xx(&sent, &busy);
+        assert_eq!(ack.method(), Some("ACK"));
+        assert_eq!(
+            ack.start,
+            StartLine::Request {
+                method: "ACK".into(),
+                uri: "sip:bob@h".into()
+            }
+        );
+        assert_eq!(ack.header_list("via").len(), 1);
+        assert_eq!(ack.top_via().unwrap().param("branch"), Some(b.as_str()));
+        assert_eq!(ack.header("to"), Some("<sip:bob@h>;tag=u"));
+        assert_eq!(ack.header("cseq"), Some("7 ACK"));
+        assert_eq!(ack.header("route"), Some("<sip:proxy.example;lr>"));
+        assert_eq!(ack.call_id(), Some("c"));
+        assert_eq!(ack.tag_of_from(), Some("1"));
+        // It parses as a valid request.
+        parse(&ack.to_bytes()).unwrap();
+    }
+
+    #[test]
+    fn the_owner_acks_only_a_non_2xx_final_answer_to_an_invite() {
+        let req = msg(INVITE);
+        let sent = upstream_request(
+            &req,
+            "127.0.0.1:40000".parse().unwrap(),
+            &branch(&req, "n2"),
+        );
+        assert!(owner_ack(&sent, &sent.response(486, "Busy Here", Some("u"))).is_some());
+        assert!(owner_ack(&sent, &sent.response(200, "OK", Some("u"))).is_none());
+        let bye = msg(&INVITE
+            .replace("INVITE sip", "BYE sip")
+            .replace("7 INVITE", "7 BYE"));
+        assert!(
+            owner_ack(
+                &bye,
+                &bye.response(481, "Call/Transaction Does Not Exist", None)
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn the_owner_waits_half_the_entrys_timeout_at_most_timer_b() {
+        assert_eq!(
+            transaction_timeout(Duration::from_secs(10)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(transaction_timeout(Duration::from_secs(300)), TIMER_B);
+    }
+}

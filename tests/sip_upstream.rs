@@ -1,0 +1,463 @@
+//! An upstream SIP app (`sip_app = "udp:<ip>:<port>"`): real `peerlb`
+//! processes on loopback and a small fake user agent server (UAS) in this
+//! test. The owner forwards each request it owns to the fake with its own
+//! `Via` on top, and the fake's answers reach the client through the entry;
+//! the owner ACKs a non-2xx answer itself; an upstream that does not answer
+//! gets `408` after retransmissions, a closed port `503`; a bad `sip_app`
+//! exits 64 before anything is bound.
+
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// The value of header `name` (full name, case-insensitive) in `text`.
+fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let head = text.split("\r\n\r\n").next().unwrap_or("");
+    head.lines().skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+fn all_headers<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    let head = text.split("\r\n\r\n").next().unwrap_or("");
+    head.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+        .collect()
+}
+
+fn status(text: &str) -> u16 {
+    text.strip_prefix("SIP/2.0 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not a SIP response: {text:?}"))
+}
+
+/// A fake UAS on an ephemeral loopback UDP port, answering from a
+/// thread until dropped: INVITE `100`, `180`, `200` (to user `busy`:
+/// `100`, `486`), BYE and OPTIONS `200`, ACK nothing. Answers copy `Via`,
+/// `Record-Route`, `From`, `To` (with tag `fake`), `Call-ID` and `CSeq`
+/// (RFC 3261 8.2.6.2, 12.1.1) and carry `X-Fake-Uas: yes`. Every request
+/// received is kept, with its source address. While `hold_bye` is set a
+/// BYE is kept but not answered.
+struct FakeUas {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+    sources: Arc<Mutex<Vec<SocketAddr>>>,
+    hold_bye: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FakeUas {
+    fn start() -> FakeUas {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let addr = sock.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let sources = Arc::new(Mutex::new(Vec::new()));
+        let hold_bye = Arc::new(AtomicBool::new(false));
+        let (s, st, src, hold) = (
+            seen.clone(),
+            stop.clone(),
+            sources.clone(),
+            hold_bye.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            while !st.load(Ordering::Relaxed) {
+                let Ok((n, from)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                s.lock().unwrap().push(text.clone());
+                src.lock().unwrap().push(from);
+                let method = text.split(' ').next().unwrap_or("").to_owned();
+                if method == "BYE" && hold.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let codes: &[(u16, &str)] = match method.as_str() {
+                    "INVITE" if text.starts_with("INVITE sip:busy@") => {
+                        &[(100, "Trying"), (486, "Busy Here")]
+                    }
+                    "INVITE" => &[(100, "Trying"), (180, "Ringing"), (200, "OK")],
+                    "BYE" | "OPTIONS" => &[(200, "OK")],
+                    _ => &[],
+                };
+                for (code, reason) in codes {
+                    let mut r = format!("SIP/2.0 {code} {reason}\r\n");
+                    for name in ["via", "record-route", "from", "call-id", "cseq"] {
+                        for v in all_headers(&text, name) {
+                            r += &format!("{name}: {v}\r\n");
+                        }
+                    }
+                    let to = header(&text, "to").unwrap_or("");
+                    if *code == 100 || to.contains(";tag=") {
+                        r += &format!("To: {to}\r\n");
+                    } else {
+                        r += &format!("To: {to};tag=fake\r\n");
+                    }
+                    r += "X-Fake-Uas: yes\r\nContent-Length: 0\r\n\r\n";
+                    let _ = sock.send_to(r.as_bytes(), from);
+                }
+            }
+        });
+        FakeUas {
+            addr,
+            seen,
+            sources,
+            hold_bye,
+            stop,
+        }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The source addresses of the requests whose Call-ID is `call` and
+    /// whose method is `method`.
+    fn sources_of(&self, method: &str, call: &str) -> Vec<SocketAddr> {
+        let seen = self.seen.lock().unwrap();
+        let sources = self.sources.lock().unwrap();
+        seen.iter()
+            .zip(sources.iter())
+            .filter(|(t, _)| t.starts_with(method) && header(t, "call-id") == Some(call))
+            .map(|(_, a)| *a)
+            .collect()
+    }
+}
+
+impl Drop for FakeUas {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Sends `text` from `sock` to `to` and returns the answers until a final
+/// one (>= 200), waiting at most `limit` in all.
+fn exchange(sock: &UdpSocket, to: SocketAddr, text: &str, limit: Duration) -> Vec<String> {
+    sock.send_to(text.as_bytes(), to).unwrap();
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 65_536];
+    while Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        let Ok((n, _)) = sock.recv_from(&mut buf) else {
+            break;
+        };
+        let a = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let last = status(&a) >= 200;
+        out.push(a);
+        if last {
+            break;
+        }
+    }
+    out
+}
+
+fn request(
+    method: &str,
+    to_user: &str,
+    call_id: &str,
+    cseq: u32,
+    via: SocketAddr,
+    extra: &str,
+) -> String {
+    format!(
+        "{method} sip:{to_user}@test SIP/2.0\r\n\
+         Via: SIP/2.0/UDP {via};branch=z9hG4bK{call_id}{cseq}{method};rport\r\n\
+         Max-Forwards: 70\r\nFrom: <sip:alice@test>;tag=a{call_id}\r\n\
+         To: <sip:{to_user}@test>{extra}\r\nCall-ID: {call_id}\r\nCSeq: {cseq} {method}\r\n\
+         Contact: <sip:alice@{via}>\r\nContent-Length: 0\r\n\r\n"
+    )
+}
+
+#[test]
+fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client() {
+    let fake = FakeUas::start();
+    let c = Cluster::start_sip(
+        "sip-upstream",
+        3,
+        &format!("sip_app = \"udp:{}\"", fake.addr),
+        "",
+    );
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    for (i, node) in c.nodes.iter().enumerate() {
+        let entry = node.sip.unwrap();
+        let call = format!("up{i}");
+        let answers = exchange(
+            &client,
+            entry,
+            &request("INVITE", "bob", &call, 1, me, ""),
+            Duration::from_secs(20),
+        );
+        // The upstream's 100 is not relayed (RFC 3261 16.7 step 5).
+        let statuses: Vec<u16> = answers.iter().map(|a| status(a)).collect();
+        assert_eq!(statuses, [180, 200], "{answers:?}");
+        let ok = &answers[1];
+        assert_eq!(header(ok, "x-fake-uas"), Some("yes"), "{ok}");
+        // Only the client's own Via is left.
+        assert_eq!(
+            all_headers(ok, "via"),
+            [format!(
+                "SIP/2.0/UDP {me};branch=z9hG4bK{call}1INVITE;rport"
+            )]
+        );
+        let rr = header(ok, "record-route").expect("the entry's Record-Route, copied by the UAS");
+        assert!(rr.contains("peerlb-owner="), "{rr}");
+
+        // What reached the fake: the owner's Via on top of the client's.
+        let invite = fake
+            .seen()
+            .into_iter()
+            .find(|t| t.starts_with("INVITE") && header(t, "call-id") == Some(call.as_str()))
+            .expect("the INVITE reached the upstream");
+        let vias = all_headers(&invite, "via");
+        assert!(vias[0].contains(";branch=z9hG4bK-plbo-"), "{invite}");
+        assert!(vias.last().unwrap().contains(&me.to_string()), "{invite}");
+        assert_eq!(header(&invite, "max-forwards"), Some("69"), "{invite}");
+
+        // The dialog goes on through another entry: ACK (no answer) and BYE.
+        let other = c.nodes[(i + 1) % 3].sip.unwrap();
+        let route = format!("\r\nRoute: {rr}");
+        let ack = request("ACK", "bob", &call, 1, me, ";tag=fake")
+            .replace("\r\nCall-ID", &format!("{route}\r\nCall-ID"));
+        client.send_to(ack.as_bytes(), other).unwrap();
+        let bye = request("BYE", "bob", &call, 2, me, ";tag=fake")
+            .replace("\r\nCall-ID", &format!("{route}\r\nCall-ID"));
+        let answers = exchange(&client, other, &bye, Duration::from_secs(20));
+        assert_eq!(
+            answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+            [200],
+            "{answers:?}"
+        );
+        assert_eq!(header(&answers[0], "x-fake-uas"), Some("yes"));
+        poll(Duration::from_secs(10), || {
+            fake.seen()
+                .iter()
+                .any(|t| t.starts_with("ACK") && header(t, "call-id") == Some(call.as_str()))
+        })
+        .expect("the client's ACK reached the upstream");
+        // One socket per owner: the dialog's requests all come from the
+        // address its INVITE came from (a UAS such as SIPp's answers there).
+        let from: Vec<SocketAddr> = ["INVITE", "ACK", "BYE"]
+            .iter()
+            .flat_map(|m| fake.sources_of(m, &call))
+            .collect();
+        assert!(from.iter().all(|a| *a == from[0]), "{from:?}");
+    }
+
+    // A 486 reaches the client, and the owner ACKs it upstream itself
+    // (RFC 3261 17.1.1.3) with its INVITE's branch.
+    let answers = exchange(
+        &client,
+        c.nodes[0].sip.unwrap(),
+        &request("INVITE", "busy", "busy1", 1, me, ""),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [486],
+        "{answers:?}"
+    );
+    poll(Duration::from_secs(10), || {
+        fake.seen()
+            .iter()
+            .any(|t| t.starts_with("ACK") && header(t, "call-id") == Some("busy1"))
+    })
+    .expect("the owner ACKed the 486");
+    let seen = fake.seen();
+    let branch = |t: &String| {
+        all_headers(t, "via")[0]
+            .split(";branch=")
+            .nth(1)
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let invite = seen
+        .iter()
+        .find(|t| t.starts_with("INVITE") && header(t, "call-id") == Some("busy1"))
+        .unwrap();
+    let ack = seen
+        .iter()
+        .find(|t| t.starts_with("ACK") && header(t, "call-id") == Some("busy1"))
+        .unwrap();
+    assert_eq!(branch(ack), branch(invite), "{ack}");
+    assert_eq!(header(ack, "cseq"), Some("1 ACK"));
+    assert_eq!(header(ack, "to"), Some("<sip:busy@test>;tag=fake"));
+}
+
+/// A client's retransmission that reaches the owner while its
+/// transaction is in flight joins it: the upstream sees one transaction
+/// (every copy from one source port) and both requests get its answer.
+#[test]
+fn a_retransmission_in_flight_joins_the_owners_transaction() {
+    let fake = FakeUas::start();
+    let c = Cluster::start_sip(
+        "sip-upstream-retrans",
+        1,
+        &format!("sip_app = \"udp:{}\"", fake.addr),
+        "",
+    );
+    let entry = c.nodes[0].sip.unwrap();
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    let answers = exchange(
+        &client,
+        entry,
+        &request("INVITE", "bob", "rt", 1, me, ""),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [180, 200]
+    );
+    fake.hold_bye.store(true, Ordering::Relaxed);
+    let bye = request("BYE", "bob", "rt", 2, me, ";tag=fake");
+    client.send_to(bye.as_bytes(), entry).unwrap();
+    poll(Duration::from_secs(10), || {
+        !fake.sources_of("BYE", "rt").is_empty()
+    })
+    .expect("the BYE reached the upstream");
+    let before = counter(c.nodes[0].http, "sip_requests");
+    client.send_to(bye.as_bytes(), entry).unwrap();
+    poll(Duration::from_secs(10), || {
+        counter(c.nodes[0].http, "sip_requests") > before
+    })
+    .expect("the node took the retransmission");
+    // The owner's own resend (Timer E) is answered now.
+    fake.hold_bye.store(false, Ordering::Relaxed);
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..2 {
+        let (n, _) = client.recv_from(&mut buf).expect("an answer to each copy");
+        assert_eq!(status(&String::from_utf8_lossy(&buf[..n])), 200);
+    }
+    let ports = fake.sources_of("BYE", "rt");
+    assert!(ports.len() >= 2, "{ports:?}");
+    assert!(
+        ports.iter().all(|p| *p == ports[0]),
+        "copies from several ports: {ports:?}"
+    );
+}
+
+#[test]
+fn a_silent_upstream_gets_408_after_retransmissions_and_a_closed_port_503() {
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    // The owner waits half of response_timeout_ms for a final answer.
+    let c = Cluster::start_sip(
+        "sip-upstream-silent",
+        1,
+        &format!("sip_app = \"udp:{addr}\"\n[limits]\nresponse_timeout_ms = 3000\n"),
+        "",
+    );
+    let entry = c.nodes[0].sip.unwrap();
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    let answers = exchange(
+        &client,
+        entry,
+        &request("OPTIONS", "bob", "quiet", 1, me, ""),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [408],
+        "{answers:?}"
+    );
+    assert_eq!(header(&answers[0], "peerlb-served-by"), Some("n1"));
+    // The request was sent, then resent (Timer E: 500 ms, then 1 s).
+    silent
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let mut copies = 0;
+    while let Ok(n) = silent.recv(&mut buf) {
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("OPTIONS sip:bob@test"));
+        copies += 1;
+    }
+    assert!(copies >= 2, "the upstream got {copies} copies");
+
+    drop(silent);
+    let answers = exchange(
+        &client,
+        entry,
+        &request("OPTIONS", "bob", "closed", 1, me, ""),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [503],
+        "{answers:?}"
+    );
+}
+
+#[test]
+fn a_bad_sip_app_exits_64_naming_the_field() {
+    let dir = temp_dir("sip-app-config");
+    for (value, says) in [
+        (
+            "tcp:127.0.0.1:5070",
+            "sip_app: \"tcp:127.0.0.1:5070\" is neither \"builtin\" nor udp:<ip>:<port>",
+        ),
+        (
+            "udp:nowhere:5070",
+            "sip_app: \"udp:nowhere:5070\": \"nowhere:5070\" is not an ip:port",
+        ),
+        (
+            "udp:127.0.0.1:0",
+            "sip_app: \"udp:127.0.0.1:0\": 127.0.0.1:0 cannot be sent to",
+        ),
+        (
+            "udp:0.0.0.0:5070",
+            "sip_app: \"udp:0.0.0.0:5070\": 0.0.0.0:5070 cannot be sent to",
+        ),
+    ] {
+        let file = write(
+            &dir,
+            "bad.toml",
+            &format!(
+                "sip_app = \"{value}\"\n[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
+                free_port(),
+                free_port(),
+                free_port()
+            ),
+        );
+        for args in [
+            vec!["check-config", "--config"],
+            vec!["node", "--node", "n1", "--config"],
+        ] {
+            let out = std::process::Command::new(bin())
+                .args(&args)
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(64), "{value} {args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(says), "{value} {args:?}: {err}");
+        }
+    }
+}

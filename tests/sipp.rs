@@ -1,0 +1,189 @@
+//! SIPp (Debian `sip-tester`) as the SIP client of a real 3-node cluster:
+//! its built-in `uac` scenario (INVITE, 100/180/200, ACK, BYE, 200) through
+//! one node's `sip_addr`. SIP has no shared sprayer address (`peerlb up`'s
+//! `shared_listen` is HTTP only), so each run targets one node, and the
+//! cluster spreads the calls: every node is some call's owner.
+//!
+//! Every call completes on a healthy cluster. With another node killed
+//! mid-run, every call ends (none hangs) and only calls whose key the
+//! killed node owned may fail; a run started after the cluster saw the
+//! death completes every call through the survivors.
+//!
+//! Skips with a `SKIPPED` line when `sipp` is missing; fails instead when
+//! `PEERLB_REQUIRE_SIPP` or `CI` is set (`.ci/run` installs it).
+
+// Black-box tests of real processes: they run on wall-clock time.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// Calls a run places: 200 at 100 a second keeps a run near 2 s.
+const CALLS: u32 = 200;
+const RATE: u32 = 100;
+
+/// The `sipp` binary, or `None` after printing `SKIPPED` (see the
+/// module doc for when a missing one fails instead).
+fn sipp_or_skip() -> Option<PathBuf> {
+    let found = which("sipp");
+    if found.is_none() {
+        assert!(
+            std::env::var_os("PEERLB_REQUIRE_SIPP").is_none() && std::env::var_os("CI").is_none(),
+            "sipp is missing but this run requires it (PEERLB_REQUIRE_SIPP or CI is set)"
+        );
+        eprintln!("SKIPPED: sipp is not installed (apt-get install -y sip-tester, or run .ci/run)");
+    }
+    found
+}
+
+/// Starts SIPp's `uac` scenario: `CALLS` calls at `RATE` a second to
+/// `target`, statistics to `stats` (CSV, `;`-separated). Each call waits
+/// at most 2 s for an answer and the run at most 30 s, so a lost call
+/// ends as failed instead of hanging the test.
+fn start_uac(sipp: &Path, target: std::net::SocketAddr, stats: &Path, log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    Command::new(sipp)
+        .arg(target.to_string())
+        .args(["-sn", "uac", "-i", "127.0.0.1", "-nostdin"])
+        .args(["-m", &CALLS.to_string(), "-r", &RATE.to_string()])
+        .args(["-recv_timeout", "2000", "-timeout", "30s", "-timeout_error"])
+        .args(["-trace_stat", "-fd", "1", "-stf"])
+        .arg(stats)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("sipp starts")
+}
+
+/// The last line's cumulative successful and failed call counts in a
+/// SIPp statistics file.
+fn call_counts(stats: &Path) -> (u64, u64) {
+    let text = std::fs::read_to_string(stats).expect("sipp wrote its statistics");
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let head: Vec<&str> = lines.first().expect("a header line").split(';').collect();
+    let last: Vec<&str> = lines[1..]
+        .last()
+        .expect("a statistics line")
+        .split(';')
+        .collect();
+    let col = |name: &str| -> u64 {
+        let i = head
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no column {name} in {head:?}"));
+        last[i].trim().parse().unwrap()
+    };
+    (col("SuccessfulCall(C)"), col("FailedCall(C)"))
+}
+
+/// Waits for `child` (at most `limit`: a deadline, not a delay) and
+/// returns its exit code.
+fn wait_exit(child: &mut Child, limit: Duration, log: &Path) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code().unwrap_or(-1);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "sipp did not finish within {limit:?}\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One complete run to `target`: SIPp's exit code 0 means every call was
+/// successful; the statistics must say so too.
+fn run_all_complete(sipp: &Path, c: &Cluster, target: std::net::SocketAddr, name: &str) {
+    let stats = c.dir.join(format!("{name}.csv"));
+    let log = c.dir.join(format!("{name}.log"));
+    let mut child = start_uac(sipp, target, &stats, &log);
+    let code = wait_exit(&mut child, Duration::from_secs(60), &log);
+    let (ok, failed) = call_counts(&stats);
+    assert_eq!(
+        (code, ok, failed),
+        (0, u64::from(CALLS), 0),
+        "{name}: sipp exit code, successful and failed calls\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+#[test]
+fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
+    let Some(sipp) = sipp_or_skip() else {
+        return;
+    };
+    let mut c = Cluster::start_sip("sipp", 3, "", "");
+    let sip = |id: &str| c.node(id).sip.expect("the cluster has sip_addr");
+    let (s1, s2) = (sip("n1"), sip("n2"));
+
+    // Healthy: one run per entry node; each run's calls are spread over
+    // all three owners (the default key is From tag + Call-ID).
+    for id in ["n1", "n2", "n3"] {
+        run_all_complete(&sipp, &c, sip(id), &format!("healthy-{id}"));
+    }
+    for id in ["n1", "n2", "n3"] {
+        assert!(
+            counter(c.node(id).http, "sip_requests") > 0,
+            "{id} took no SIP request"
+        );
+    }
+    let forwarded: u64 = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| counter(c.node(id).http, "sip_forwarded"))
+        .sum();
+    assert!(
+        forwarded > 0,
+        "no call was owned by a node other than its entry"
+    );
+
+    // Kill n3 once SIPp is well into a run through n1.
+    let stats = c.dir.join("kill.csv");
+    let log = c.dir.join("kill.log");
+    let before = counter(c.node("n1").http, "sip_requests");
+    let mut child = start_uac(&sipp, s1, &stats, &log);
+    let pid = child.id();
+    c.wait_until(Duration::from_secs(30), || {
+        counter(c.node("n1").http, "sip_requests") >= before + u64::from(CALLS) / 2
+    })
+    .expect("sipp's calls reach n1");
+    c.kill9("n3");
+    wait_exit(&mut child, Duration::from_secs(60), &log);
+    let (ok, failed) = call_counts(&stats);
+    assert_eq!(
+        ok + failed,
+        u64::from(CALLS),
+        "every call ended\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // SIPp's call n has Call-ID `n-<pid>@127.0.0.1` and From tag
+    // `<pid>SIPpTag00n`: the calls n3 owned are the only ones that may fail.
+    let ring = ring(&["n1", "n2", "n3"], 1024);
+    let owned_by_n3 = (1..=CALLS)
+        .filter(|n| {
+            ring.owner(&format!("{pid}SIPpTag00{n}|{n}-{pid}@127.0.0.1"))
+                .is_some_and(|o| *o == "n3")
+        })
+        .count() as u64;
+    eprintln!("kill run: {ok} calls successful, {failed} failed, {owned_by_n3} owned by n3");
+    assert!(
+        owned_by_n3 > 0 && failed <= owned_by_n3,
+        "{failed} calls failed but n3 owned only {owned_by_n3}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+
+    // Once the survivors see n3 gone, every call completes through them.
+    c.wait_converged(2);
+    run_all_complete(&sipp, &c, s1, "after-kill-n1");
+    run_all_complete(&sipp, &c, s2, "after-kill-n2");
+}
