@@ -191,11 +191,21 @@ fn parse_head(head: &[u8]) -> Result<(StartLine, Vec<(String, String)>), ParseEr
     let text = std::str::from_utf8(head).map_err(|_| ParseError::NotUtf8)?;
     let mut lines = text.split("\r\n");
     let first = lines.next().unwrap_or("");
+    if has_control(first) {
+        return Err(ParseError::StartLine);
+    }
     let start = parse_start(first)?;
     let mut headers: Vec<(String, String)> = Vec::new();
     for line in lines {
         if line.is_empty() {
             continue;
+        }
+        // A bare CR or LF, NUL or another control character inside a line
+        // (RFC 3261 25.1: field values are text and LWS; lines end with
+        // CRLF): refused, so that no value re-encoded for the next hop
+        // can carry a line break of its own (header injection).
+        if has_control(line) {
+            return Err(ParseError::HeaderLine);
         }
         if line.starts_with([' ', '\t']) {
             // A folded continuation (RFC 3261 7.3.1): one space.
@@ -217,6 +227,12 @@ fn parse_head(head: &[u8]) -> Result<(StartLine, Vec<(String, String)>), ParseEr
         headers.push((name.to_owned(), value.trim().to_owned()));
     }
     Ok((start, headers))
+}
+
+/// True when `line` holds a control character other than HTAB (CR and LF
+/// included: a line here is already cut at its CRLF).
+fn has_control(line: &str) -> bool {
+    line.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
 }
 
 fn parse_start(line: &str) -> Result<StartLine, ParseError> {

@@ -372,6 +372,34 @@ fn noisy_message() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// A field value with a bare LF (here after a NUL) is refused: re-encoded
+/// for the next hop it would be a line break of its own (the case
+/// proptest found: `Content-Type: application/sdp\0\nContent-Length: 4`).
+#[test]
+fn control_characters_inside_a_line_are_refused() {
+    let ok = "OPTIONS sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bK1\r\nFrom: <sip:alice@example.com>;tag=1\r\nTo: <sip:bob@example.com>\r\nCall-ID: c1\r\nCSeq: 1 OPTIONS\r\n";
+    assert!(parse(format!("{ok}Content-Length: 0\r\n\r\n").as_bytes()).is_ok());
+    for bad in [
+        "Content-Type: application/sdp\0\nContent-Length: 4\r\n",
+        "Subject: a\nInjected: b\r\n",
+        "Subject: a\rb\r\n",
+        "Subject: a\x7fb\r\n",
+    ] {
+        let msg = format!("{ok}{bad}\r\nv=0\r\n");
+        assert_eq!(
+            parse(msg.as_bytes()).err(),
+            Some(ParseError::HeaderLine),
+            "{bad:?}"
+        );
+    }
+    let start = "OPTIONS sip:bob@exa\nmple.com SIP/2.0\r\n";
+    let msg = format!(
+        "{start}{}Content-Length: 0\r\n\r\n",
+        &ok[ok.find("\r\n").unwrap() + 2..]
+    );
+    assert_eq!(parse(msg.as_bytes()).err(), Some(ParseError::StartLine));
+}
+
 proptest! {
     /// Any bytes (raw, or a valid message with bytes flipped and cut):
     /// parsing and framing never panic, and whatever parses re-encodes
@@ -381,7 +409,10 @@ proptest! {
         let _ = frame_len(&b);
         if let Ok(m) = parse(&b) {
             let again = parse(&m.to_bytes()).expect("a parsed message re-encodes to a valid one");
-            prop_assert_eq!(again.headers.len(), m.headers.len());
+            // Content-Length is written from the body (a UDP message may
+            // have none): the other fields come back one for one.
+            let fields = |m: &SipMessage| m.headers.iter().filter(|(n, _)| full_name(n) != "content-length").count();
+            prop_assert_eq!(fields(&again), fields(&m));
             prop_assert_eq!(again.call_id(), m.call_id());
             let _ = super::serve_uas(&m, "n1", "h:1", &mut DialogTable::default());
             let _ = dialog_route(&m);
