@@ -47,14 +47,15 @@ pub(crate) enum Refusal {
 pub(crate) struct ConnTable {
     max: usize,
     per_source: usize,
+    /// Hands out connection ids and activity ticks (one counter: both
+    /// only need an order); outside the lock, so that a request's end
+    /// takes no lock.
+    tick: AtomicU64,
     inner: Mutex<Inner>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Hands out connection ids and activity ticks (one counter: both
-    /// only need an order).
-    tick: u64,
     /// Open connections by id (ascending: admission order).
     open: BTreeMap<u64, Arc<ConnState>>,
     /// Open connections per source address (counts only; never iterated).
@@ -104,11 +105,6 @@ impl Inner {
             }
         }
     }
-
-    fn next_tick(&mut self) -> u64 {
-        self.tick += 1;
-        self.tick
-    }
 }
 
 impl ConnTable {
@@ -118,8 +114,14 @@ impl ConnTable {
         Arc::new(ConnTable {
             max: max.max(1),
             per_source: per_source.clamp(1, max.max(1)),
+            tick: AtomicU64::new(0),
             inner: Mutex::default(),
         })
+    }
+
+    /// The next connection id or activity tick (from 1).
+    fn next_tick(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The cap (`limits.max_connections`).
@@ -176,7 +178,7 @@ impl ConnTable {
             victim.close.notify_one();
             evicted = Some(victim.source);
         }
-        let id = inner.next_tick();
+        let id = self.next_tick();
         let state = Arc::new(ConnState {
             id,
             source,
@@ -214,12 +216,7 @@ pub(crate) struct BusyGuard {
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        let tick = self
-            .table
-            .inner
-            .lock()
-            .expect("conn table lock")
-            .next_tick();
+        let tick = self.table.next_tick();
         self.conn.idle_since.store(tick, Ordering::Relaxed);
         self.conn.busy.fetch_sub(1, Ordering::AcqRel);
     }
