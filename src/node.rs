@@ -322,7 +322,8 @@ impl Node {
                 .shared
                 .zip(config.shared_sip_listen)
                 .map(|((udp, tcp), a)| (udp, tcp, a));
-            for (udp, tcp, local) in std::iter::once((sockets.udp, sockets.tcp, addr)).chain(shared) {
+            for (udp, tcp, local) in std::iter::once((sockets.udp, sockets.tcp, addr)).chain(shared)
+            {
                 listeners.push(tokio::spawn(sip::serve_udp(
                     udp,
                     local,

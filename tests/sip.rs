@@ -709,7 +709,10 @@ fn up_shares_the_sip_sprayer_address_and_one_call_reaches_one_owner_from_any_por
     let _up = Up(child);
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if tx.send(line).is_err() {
                 return;
             }
@@ -732,15 +735,31 @@ fn up_shares_the_sip_sprayer_address_and_one_call_reaches_one_owner_from_any_por
     for cseq in 1..=24 {
         // A new socket: a new source port for the kernel's hash.
         let uac = Uac::new();
-        let req = request("OPTIONS", "alice", "shared-tag", "shared-call", cseq, &uac.via(), "");
+        let req = request(
+            "OPTIONS",
+            "alice",
+            "shared-tag",
+            "shared-call",
+            cseq,
+            &uac.via(),
+            "",
+        );
         uac.sock.send_to(req.as_bytes(), sip_sprayer).unwrap();
         uac.sock
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
         let (n, from) = uac.sock.recv_from(&mut buf).expect("an answer");
-        assert_eq!(from, sip_sprayer, "the answer leaves from the shared socket");
+        assert_eq!(
+            from, sip_sprayer,
+            "the answer leaves from the shared socket"
+        );
         let a = Answer::parse(&buf[..n]);
-        assert_eq!((a.status, a.served_by()), (200, want.as_str()), "{}", a.text);
+        assert_eq!(
+            (a.status, a.served_by()),
+            (200, want.as_str()),
+            "{}",
+            a.text
+        );
     }
     let took: Vec<u64> = http.iter().map(|h| counter(*h, "sip_requests")).collect();
     assert_eq!(took.iter().sum::<u64>(), 24, "{took:?}");
@@ -752,19 +771,46 @@ fn up_shares_the_sip_sprayer_address_and_one_call_reaches_one_owner_from_any_por
     let mut tcp = TcpStream::connect(sip_sprayer).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let via = format!("TCP {}", tcp.local_addr().unwrap());
-    tcp.write_all(request("OPTIONS", "alice", "shared-tag", "shared-call", 25, &via, "").as_bytes())
-        .unwrap();
+    tcp.write_all(
+        request(
+            "OPTIONS",
+            "alice",
+            "shared-tag",
+            "shared-call",
+            25,
+            &via,
+            "",
+        )
+        .as_bytes(),
+    )
+    .unwrap();
     let a = read_tcp_answer(&mut tcp);
-    assert_eq!((a.status, a.served_by()), (200, want.as_str()), "{}", a.text);
+    assert_eq!(
+        (a.status, a.served_by()),
+        (200, want.as_str()),
+        "{}",
+        a.text
+    );
     // A dialog entering through the shared address is recorded there.
     let uac = Uac::new();
     let ok = uac.final_answer(
         sip_sprayer,
-        &request("INVITE", "alice", "shared-tag", "shared-call", 26, &uac.via(), ""),
+        &request(
+            "INVITE",
+            "alice",
+            "shared-tag",
+            "shared-call",
+            26,
+            &uac.via(),
+            "",
+        ),
     );
     assert_eq!(ok.status, 200, "{}", ok.text);
     let rr = route_of(&ok);
-    assert!(rr.starts_with(&format!("<sip:{sip_sprayer};transport=udp;lr;")), "{rr}");
+    assert!(
+        rr.starts_with(&format!("<sip:{sip_sprayer};transport=udp;lr;")),
+        "{rr}"
+    );
     assert!(rr.contains(&format!("peerlb-owner={want};")), "{rr}");
     assert!(
         ok.header("contact")
@@ -787,20 +833,36 @@ fn a_bad_shared_sip_address_exits_64_naming_the_field() {
         free_port()
     );
     for (head, flag, says) in [
-        ("sip_sprayer_addr = \"nowhere\"", None, "sip_sprayer_addr: \"nowhere\""),
-        ("sip_sprayer_addr = \"127.0.0.1:0\"", None, "sip_sprayer_addr: 127.0.0.1:0: port 0"),
-        ("sip_sprayer_addr = \"0.0.0.0:5060\"", None, "sip_sprayer_addr: 0.0.0.0:5060: clients are sent"),
+        (
+            "sip_sprayer_addr = \"nowhere\"",
+            None,
+            "sip_sprayer_addr: \"nowhere\"",
+        ),
+        (
+            "sip_sprayer_addr = \"127.0.0.1:0\"",
+            None,
+            "sip_sprayer_addr: 127.0.0.1:0: port 0",
+        ),
+        (
+            "sip_sprayer_addr = \"0.0.0.0:5060\"",
+            None,
+            "sip_sprayer_addr: 0.0.0.0:5060: clients are sent",
+        ),
         (
             &*format!("sip_sprayer_addr = \"127.0.0.1:{sip}\""),
             None,
             &*format!("sip_sprayer_addr: 127.0.0.1:{sip} is also nodes[0].sip_addr"),
         ),
         (
-            &*format!("sprayer_addr = \"127.0.0.1:7\"\nsip_sprayer_addr = \"127.0.0.1:7\""),
+            "sprayer_addr = \"127.0.0.1:7\"\nsip_sprayer_addr = \"127.0.0.1:7\"",
             None,
             "sip_sprayer_addr: 127.0.0.1:7 is also sprayer_addr",
         ),
-        ("", Some(format!("127.0.0.1:{http}")), "--shared-sip-listen: 127.0.0.1:"),
+        (
+            "",
+            Some(format!("127.0.0.1:{http}")),
+            "--shared-sip-listen: 127.0.0.1:",
+        ),
         ("", Some("bad".to_owned()), "--shared-sip-listen: \"bad\""),
     ] {
         let file = write(&dir, "bad.toml", &format!("{head}\n{node}"));
@@ -832,20 +894,39 @@ fn a_bad_shared_sip_address_exits_64_naming_the_field() {
         &node.replace(&format!("sip_addr = \"127.0.0.1:{sip}\"\n"), ""),
     );
     let out = std::process::Command::new(bin())
-        .args(["node", "--node", "n1", "--shared-sip-listen", "127.0.0.1:5999", "--config"])
+        .args([
+            "node",
+            "--node",
+            "n1",
+            "--shared-sip-listen",
+            "127.0.0.1:5999",
+            "--config",
+        ])
         .arg(&plain)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--shared-sip-listen: this node has no sip_addr"), "{err}");
+    assert!(
+        err.contains("--shared-sip-listen: this node has no sip_addr"),
+        "{err}"
+    );
     // With no node serving SIP, a SIP sprayer address is an error too.
-    let none = write(&dir, "none.toml", &format!("sip_sprayer_addr = \"127.0.0.1:5999\"\n{}", node.replace(&format!("sip_addr = \"127.0.0.1:{sip}\"\n"), "")));
+    let none = write(
+        &dir,
+        "none.toml",
+        &format!(
+            "sip_sprayer_addr = \"127.0.0.1:5999\"\n{}",
+            node.replace(&format!("sip_addr = \"127.0.0.1:{sip}\"\n"), "")
+        ),
+    );
     let out = std::process::Command::new(bin())
         .args(["check-config", "--config"])
         .arg(&none)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("sip_sprayer_addr: no node has a sip_addr"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sip_sprayer_addr: no node has a sip_addr")
+    );
 }

@@ -501,7 +501,11 @@ fn contact_uri(contact: &str) -> &str {
 fn retarget(text: &str, uri: &str, extra: &str) -> String {
     let (line, rest) = text.split_once("\r\n").unwrap();
     let method = line.split(' ').next().unwrap();
-    format!("{method} {uri} SIP/2.0\r\n{rest}").replacen("\r\nCall-ID", &format!("{extra}\r\nCall-ID"), 1)
+    format!("{method} {uri} SIP/2.0\r\n{rest}").replacen(
+        "\r\nCall-ID",
+        &format!("{extra}\r\nCall-ID"),
+        1,
+    )
 }
 
 /// The callee hangs up (RFC 3261 15.1.1): the fake UAS sends a BYE, to the
@@ -530,17 +534,26 @@ fn a_bye_from_the_upstream_reaches_the_caller_and_the_callers_200_the_upstream()
             &request("INVITE", "bob", call, 1, me, ""),
             Duration::from_secs(20),
         );
-        assert_eq!(answers.iter().map(|a| status(a)).collect::<Vec<_>>(), [180, 200]);
+        assert_eq!(
+            answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+            [180, 200]
+        );
         let rr = header(&answers[1], "record-route").unwrap().to_owned();
         let ack = request("ACK", "bob", call, 1, me, ";tag=fake")
             .replace("\r\nCall-ID", &format!("\r\nRoute: {rr}\r\nCall-ID"));
         client.send_to(ack.as_bytes(), entry).unwrap();
-        poll(Duration::from_secs(10), || !fake.sources_of("ACK", call).is_empty())
-            .expect("the ACK reached the upstream");
+        poll(Duration::from_secs(10), || {
+            !fake.sources_of("ACK", call).is_empty()
+        })
+        .expect("the ACK reached the upstream");
         let owner_socket = fake.sources_of("INVITE", call)[0];
         // The first BYE goes where the dialog's requests came from, the
         // second to another node's sip_addr.
-        let to = if k == 0 { owner_socket } else { c.nodes[2].sip.unwrap() };
+        let to = if k == 0 {
+            owner_socket
+        } else {
+            c.nodes[2].sip.unwrap()
+        };
         let fake_via = format!("SIP/2.0/UDP {};branch=z9hG4bKfakebye{k}", fake.addr);
         let bye = format!(
             "BYE sip:alice@{me} SIP/2.0\r\nVia: {fake_via}\r\nRoute: {rr}\r\nMax-Forwards: 70\r\n\
@@ -548,11 +561,18 @@ fn a_bye_from_the_upstream_reaches_the_caller_and_the_callers_200_the_upstream()
              CSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
         );
         fake.send(&bye, to);
-        client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         let mut buf = vec![0u8; 65_536];
-        let (n, from) = client.recv_from(&mut buf).expect("the BYE reaches the caller");
+        let (n, from) = client
+            .recv_from(&mut buf)
+            .expect("the BYE reaches the caller");
         let got = String::from_utf8_lossy(&buf[..n]).into_owned();
-        assert!(got.starts_with(&format!("BYE sip:alice@{me} SIP/2.0\r\n")), "{got}");
+        assert!(
+            got.starts_with(&format!("BYE sip:alice@{me} SIP/2.0\r\n")),
+            "{got}"
+        );
         let vias = all_headers(&got, "via");
         assert_eq!(vias.len(), 2, "{got}");
         assert!(
@@ -560,7 +580,11 @@ fn a_bye_from_the_upstream_reaches_the_caller_and_the_callers_200_the_upstream()
             "the relay's Via names the socket it sent from ({from}): {got}"
         );
         assert_eq!(vias[1], fake_via);
-        assert_eq!(header(&got, "route"), None, "the cluster's own Route is gone: {got}");
+        assert_eq!(
+            header(&got, "route"),
+            None,
+            "the cluster's own Route is gone: {got}"
+        );
         assert_eq!(header(&got, "max-forwards"), Some("69"));
         assert_eq!(header(&got, "call-id"), Some(call));
         // The caller answers to the top Via (its sent-by: the source).
@@ -574,12 +598,18 @@ fn a_bye_from_the_upstream_reaches_the_caller_and_the_callers_200_the_upstream()
         ok += "Content-Length: 0\r\n\r\n";
         client.send_to(ok.as_bytes(), from).unwrap();
         let answered = |t: &String| {
-            t.starts_with("SIP/2.0 200") && header(t, "call-id") == Some(call) && header(t, "cseq") == Some("1 BYE")
+            t.starts_with("SIP/2.0 200")
+                && header(t, "call-id") == Some(call)
+                && header(t, "cseq") == Some("1 BYE")
         };
         poll(Duration::from_secs(10), || fake.seen().iter().any(answered))
             .expect("the caller's 200 reaches the upstream");
         let relayed = fake.seen().into_iter().find(answered).unwrap();
-        assert_eq!(all_headers(&relayed, "via"), [fake_via.as_str()], "{relayed}");
+        assert_eq!(
+            all_headers(&relayed, "via"),
+            [fake_via.as_str()],
+            "{relayed}"
+        );
     }
 }
 
@@ -618,18 +648,29 @@ fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_
         &request("INVITE", "bob", &call, 1, me, ""),
         Duration::from_secs(20),
     );
-    assert_eq!(answers.iter().map(|a| status(a)).collect::<Vec<_>>(), [180, 200]);
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [180, 200]
+    );
     let contact = header(&answers[1], "contact").unwrap().to_owned();
-    assert_eq!(contact, format!("<sip:bob@{};peerlb-owner={owner}>", fake.addr));
-    let route = format!("\r\nRoute: {}", header(&answers[1], "record-route").unwrap());
+    assert_eq!(
+        contact,
+        format!("<sip:bob@{};peerlb-owner={owner}>", fake.addr)
+    );
+    let route = format!(
+        "\r\nRoute: {}",
+        header(&answers[1], "record-route").unwrap()
+    );
     let ack = retarget(
         &request("ACK", "bob", &call, 1, me, ";tag=fake"),
         contact_uri(&contact),
         &route,
     );
     client.send_to(ack.as_bytes(), entry).unwrap();
-    poll(Duration::from_secs(10), || !fake.sources_of("ACK", &call).is_empty())
-        .expect("the ACK reached the upstream");
+    poll(Duration::from_secs(10), || {
+        !fake.sources_of("ACK", &call).is_empty()
+    })
+    .expect("the ACK reached the upstream");
 
     c.kill9(&owner);
     c.wait_converged(2);
@@ -645,7 +686,10 @@ fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_
         "{answers:?}"
     );
     let moved = header(&answers[1], "contact").unwrap().to_owned();
-    assert_eq!(moved, format!("<sip:bob@{};peerlb-owner={next}>", fake.addr));
+    assert_eq!(
+        moved,
+        format!("<sip:bob@{};peerlb-owner={next}>", fake.addr)
+    );
     let ack = retarget(
         &request("ACK", "bob", &call, 2, me, ";tag=fake"),
         contact_uri(&moved),
@@ -663,11 +707,18 @@ fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_
         &route,
     );
     let answers = exchange(&client, entry, &bye, Duration::from_secs(20));
-    assert_eq!(answers.iter().map(|a| status(a)).collect::<Vec<_>>(), [200], "{answers:?}");
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [200],
+        "{answers:?}"
+    );
     // Which node relayed what: one upstream socket per node.
     let invites = fake.sources_of("INVITE", &call);
     let (first, moved_to) = (invites[0], *invites.last().unwrap());
-    assert_ne!(first, moved_to, "the re-INVITE came from another node: {invites:?}");
+    assert_ne!(
+        first, moved_to,
+        "the re-INVITE came from another node: {invites:?}"
+    );
     let byes = fake.sources_of("BYE", &call);
     assert!(
         !byes.is_empty() && byes.iter().all(|b| *b == moved_to),

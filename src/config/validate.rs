@@ -44,7 +44,12 @@ impl ClusterFile {
         if let Some(s) = &self.sip_sprayer_addr {
             let a = parse_addr(s).map_err(|m| inv("sip_sprayer_addr", m))?;
             shared_sip_problem(a).map_err(|m| inv("sip_sprayer_addr", m))?;
-            if self.sprayer_addr.as_deref().and_then(|h| parse_addr(h).ok()) == Some(a) {
+            if self
+                .sprayer_addr
+                .as_deref()
+                .and_then(|h| parse_addr(h).ok())
+                == Some(a)
+            {
                 return Err(inv(
                     "sip_sprayer_addr",
                     format!("{a} is also sprayer_addr (SIP over TCP would share its port)"),
@@ -475,9 +480,9 @@ impl ClusterFile {
         let shared_sip_listen = addr_flag("--shared-sip-listen", &ov.shared_sip_listen)?;
         if let Some(a) = shared_sip_listen {
             let mine = std::slice::from_ref(&me);
-            let clash = shared_sip_problem(a).err().or_else(|| {
-                used_by(mine, a).map(|(_, k)| format!("{a} is this node's {k}"))
-            });
+            let clash = shared_sip_problem(a)
+                .err()
+                .or_else(|| used_by(mine, a).map(|(_, k)| format!("{a} is this node's {k}")));
             let clash = clash.or_else(|| {
                 (me.sip_addr.is_none()).then(|| {
                     "this node has no sip_addr (only a node that serves SIP joins the shared SIP address)"

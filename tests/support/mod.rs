@@ -216,7 +216,8 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-                sip: (sip != Sip::No).then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+                sip: (sip != Sip::No)
+                    .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             })
             .collect();
         ADMIN_OF

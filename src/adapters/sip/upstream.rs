@@ -462,7 +462,10 @@ struct CalleeEntry<'a> {
 
 impl Drop for CalleeEntry<'_> {
     fn drop(&mut self) {
-        self.set.lock().expect("callee inflight lock").remove(&self.key);
+        self.set
+            .lock()
+            .expect("callee inflight lock")
+            .remove(&self.key);
     }
 }
 

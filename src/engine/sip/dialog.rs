@@ -83,7 +83,11 @@ pub(crate) fn split_uri(uri: &str) -> (&str, Option<&str>, Option<&str>) {
         None => (uri, None),
     };
     match main[host_at..].find(';') {
-        Some(p) => (&main[..host_at + p], Some(&main[host_at + p + 1..]), headers),
+        Some(p) => (
+            &main[..host_at + p],
+            Some(&main[host_at + p + 1..]),
+            headers,
+        ),
         None => (main, None, headers),
     }
 }

@@ -572,13 +572,21 @@ mod routing {
         let all = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
         let bye = |target: &str, route: bool| {
             let rr = record_route("127.0.0.1:5060".parse().unwrap(), false, "n1", "dialog-key");
-            let route = if route { format!("Route: {rr}\r\n") } else { String::new() };
+            let route = if route {
+                format!("Route: {rr}\r\n")
+            } else {
+                String::new()
+            };
             msg(&format!(
                 "BYE {target} SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\n{route}\
                  From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: other\r\nCSeq: 2 BYE\r\n\r\n"
             ))
         };
-        let d = decide(&bye("sip:b@192.0.2.9:5070;peerlb-owner=n3", true), &rules, &all);
+        let d = decide(
+            &bye("sip:b@192.0.2.9:5070;peerlb-owner=n3", true),
+            &rules,
+            &all,
+        );
         assert_eq!((&*d.owner, d.reason), ("n3", SipReason::TargetOwner));
         assert_eq!(d.key, "dialog-key");
         // Without a Route the key is the request's own.
@@ -586,10 +594,18 @@ mod routing {
         assert_eq!((&*d.owner, d.key.as_str()), ("n2", "1|other"));
         // The target's owner is gone: the Route's owner, then the key's.
         let no_n3 = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Offline)]);
-        let d = decide(&bye("sip:b@192.0.2.9;peerlb-owner=n3", true), &rules, &no_n3);
+        let d = decide(
+            &bye("sip:b@192.0.2.9;peerlb-owner=n3", true),
+            &rules,
+            &no_n3,
+        );
         assert_eq!((&*d.owner, d.reason), ("n1", SipReason::DialogOwner));
         let only_n2 = view("n2", &[("n1", Offline), ("n2", Serving), ("n3", Offline)]);
-        let d = decide(&bye("sip:b@192.0.2.9;peerlb-owner=n3", true), &rules, &only_n2);
+        let d = decide(
+            &bye("sip:b@192.0.2.9;peerlb-owner=n3", true),
+            &rules,
+            &only_n2,
+        );
         assert_eq!((&*d.owner, d.reason), ("n2", SipReason::DialogFailover));
         // An empty parameter names no one.
         let d = decide(&bye("sip:b@192.0.2.9;peerlb-owner=", true), &rules, &all);
@@ -668,7 +684,11 @@ fn the_owner_mark_goes_into_the_contact_uri_and_out_of_the_request_uri() {
         Some("<sip:bob@192.0.2.4:5070;peerlb-owner=n2>")
     );
     assert_eq!(
-        with_owner_param("\"Bob\" <sip:bob@h;transport=udp?Subject=x>;expires=60", "n2").as_deref(),
+        with_owner_param(
+            "\"Bob\" <sip:bob@h;transport=udp?Subject=x>;expires=60",
+            "n2"
+        )
+        .as_deref(),
         Some("\"Bob\" <sip:bob@h;transport=udp;peerlb-owner=n2?Subject=x>;expires=60")
     );
     // An addr-spec's parameters are the header's: it is put in <>.
@@ -693,8 +713,10 @@ fn the_owner_mark_goes_into_the_contact_uri_and_out_of_the_request_uri() {
     );
     assert_eq!(strip_owner_param("sip:bob@h;PEERLB-OWNER=n2"), "sip:bob@h");
     assert_eq!(strip_owner_param("sip:bob@h"), "sip:bob@h");
-    let bye = msg("BYE sip:bob@h;peerlb-owner=n2 SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\n\
-        From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: c\r\nCSeq: 2 BYE\r\n\r\n");
+    let bye = msg(
+        "BYE sip:bob@h;peerlb-owner=n2 SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\n\
+        From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: c\r\nCSeq: 2 BYE\r\n\r\n",
+    );
     assert_eq!(target_owner(&bye), Some("n2"));
     // Only a 101..=299 answer (or a request) of a method that sets the
     // remote target gets the mark; REGISTER's bindings never do.
@@ -709,7 +731,8 @@ fn the_owner_mark_goes_into_the_contact_uri_and_out_of_the_request_uri() {
         (200, "BYE", false),
     ] {
         let mut r = invite.response(status, "X", Some("t"));
-        r.headers.push(("Contact".into(), "<sip:bob@192.0.2.4>".into()));
+        r.headers
+            .push(("Contact".into(), "<sip:bob@192.0.2.4>".into()));
         mark_contact(&mut r, method, "n2");
         assert_eq!(
             r.header("contact").unwrap().contains("peerlb-owner=n2"),
@@ -718,7 +741,8 @@ fn the_owner_mark_goes_into_the_contact_uri_and_out_of_the_request_uri() {
         );
     }
     let mut two = invite.response(200, "OK", Some("t"));
-    two.headers.push(("Contact".into(), "<sip:a@h>, <sip:b@h>".into()));
+    two.headers
+        .push(("Contact".into(), "<sip:a@h>, <sip:b@h>".into()));
     mark_contact(&mut two, "INVITE", "n2");
     assert_eq!(two.header("contact"), Some("<sip:a@h>, <sip:b@h>"));
 }

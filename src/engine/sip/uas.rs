@@ -130,8 +130,10 @@ pub(crate) fn serve(
             Some(local) => {
                 if dialogs.contains(&dialog_id(local)) {
                     let mut ok = req.response(200, "OK", None);
-                    ok.headers
-                        .push(("Contact".into(), format!("<sip:{node}@{contact};peerlb-owner={node}>")));
+                    ok.headers.push((
+                        "Contact".into(),
+                        format!("<sip:{node}@{contact};peerlb-owner={node}>"),
+                    ));
                     vec![ok]
                 } else {
                     vec![req.response(481, "Call/Transaction Does Not Exist", None)]
@@ -142,8 +144,10 @@ pub(crate) fn serve(
                 let trying = req.response(100, "Trying", None);
                 let ringing = with_record_route(req, req.response(180, "Ringing", Some(&tag)));
                 let mut ok = with_record_route(req, req.response(200, "OK", Some(&tag)));
-                ok.headers
-                    .push(("Contact".into(), format!("<sip:{node}@{contact};peerlb-owner={node}>")));
+                ok.headers.push((
+                    "Contact".into(),
+                    format!("<sip:{node}@{contact};peerlb-owner={node}>"),
+                ));
                 vec![trying, ringing, ok]
             }
         },

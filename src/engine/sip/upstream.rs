@@ -214,7 +214,8 @@ pub(crate) fn callee_request(
     let refuse = |status: u16, reason: &str| {
         (method != "ACK").then(|| {
             let mut r = req.response(status, reason, None);
-            r.headers.push((super::SERVED_BY.to_owned(), node.to_owned()));
+            r.headers
+                .push((super::SERVED_BY.to_owned(), node.to_owned()));
             r
         })
     };
@@ -474,8 +475,11 @@ mod tests {
         assert_eq!(to, "[::1]:5099".parse().unwrap());
         assert_eq!(out.header_list("route"), ["<sip:[::1]:5099;lr>"]);
         // No port: 5060.
-        let (_, to) =
-            callee_request(&msg(&CALLEE_BYE.replace("192.0.2.1:5070", "192.0.2.1")), "n2").unwrap();
+        let (_, to) = callee_request(
+            &msg(&CALLEE_BYE.replace("192.0.2.1:5070", "192.0.2.1")),
+            "n2",
+        )
+        .unwrap();
         assert_eq!(to, "192.0.2.1:5060".parse().unwrap());
     }
 
@@ -484,21 +488,44 @@ mod tests {
         for (from, to, status) in [
             ("Max-Forwards: 70", "Max-Forwards: 0", 483),
             ("sip:alice@192.0.2.1:5070 SIP", "tel:+15551234 SIP", 416),
-            ("sip:alice@192.0.2.1:5070 SIP", "sips:alice@192.0.2.1 SIP", 503),
-            ("sip:alice@192.0.2.1:5070 SIP", "sip:alice@pc.example.com SIP", 503),
-            ("sip:alice@192.0.2.1:5070 SIP", "sip:alice@192.0.2.1;transport=tcp SIP", 503),
+            (
+                "sip:alice@192.0.2.1:5070 SIP",
+                "sips:alice@192.0.2.1 SIP",
+                503,
+            ),
+            (
+                "sip:alice@192.0.2.1:5070 SIP",
+                "sip:alice@pc.example.com SIP",
+                503,
+            ),
+            (
+                "sip:alice@192.0.2.1:5070 SIP",
+                "sip:alice@192.0.2.1;transport=tcp SIP",
+                503,
+            ),
         ] {
             let req = msg(&CALLEE_BYE.replace(from, to));
             let Err(Some(r)) = callee_request(&req, "n2") else {
                 panic!("{to}: relayed");
             };
-            assert_eq!(r.start, StartLine::Response { status, reason: match status {
-                483 => "Too Many Hops",
-                416 => "Unsupported URI Scheme",
-                _ => "Service Unavailable",
-            }.into() }, "{to}");
+            assert_eq!(
+                r.start,
+                StartLine::Response {
+                    status,
+                    reason: match status {
+                        483 => "Too Many Hops",
+                        416 => "Unsupported URI Scheme",
+                        _ => "Service Unavailable",
+                    }
+                    .into()
+                },
+                "{to}"
+            );
             // To the upstream: its own Via only.
-            assert_eq!(r.header_list("via"), ["SIP/2.0/UDP 127.0.0.1:5090;branch=z9hG4bKu1"]);
+            assert_eq!(
+                r.header_list("via"),
+                ["SIP/2.0/UDP 127.0.0.1:5090;branch=z9hG4bKu1"]
+            );
         }
         let ack = CALLEE_BYE
             .replace("BYE sip", "ACK sip")
@@ -511,16 +538,26 @@ mod tests {
     /// Contact of an answer that sets the caller's remote target.
     #[test]
     fn the_owner_mark_leaves_the_request_uri_and_enters_the_relayed_contact() {
-        let req = msg(&INVITE.replace("INVITE sip:bob@h SIP", "INVITE sip:bob@h;peerlb-owner=n1 SIP"));
+        let req = msg(&INVITE.replace(
+            "INVITE sip:bob@h SIP",
+            "INVITE sip:bob@h;peerlb-owner=n1 SIP",
+        ));
         let b = branch(&req, "n2");
         let sent = upstream_request(&req, "127.0.0.1:40000".parse().unwrap(), &b);
         assert_eq!(
             sent.start,
-            StartLine::Request { method: "INVITE".into(), uri: "sip:bob@h".into() }
+            StartLine::Request {
+                method: "INVITE".into(),
+                uri: "sip:bob@h".into()
+            }
         );
         let mut ok = sent.response(200, "OK", Some("u"));
-        ok.headers.push(("Contact".into(), "<sip:bob@192.0.2.5:5080>".into()));
+        ok.headers
+            .push(("Contact".into(), "<sip:bob@192.0.2.5:5080>".into()));
         let ok = relayed_answer(ok, "INVITE", "n2");
-        assert_eq!(ok.header("contact"), Some("<sip:bob@192.0.2.5:5080;peerlb-owner=n2>"));
+        assert_eq!(
+            ok.header("contact"),
+            Some("<sip:bob@192.0.2.5:5080;peerlb-owner=n2>")
+        );
     }
 }
