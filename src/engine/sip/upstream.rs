@@ -173,7 +173,8 @@ pub(crate) const CALLEE_BRANCH_PREFIX: &str = "z9hG4bK-plbc-";
 /// ([`CALLEE_BRANCH_PREFIX`], then hashed like [`branch`]): the same for a
 /// retransmission, and for the hop-by-hop ACK of a non-2xx answer to an
 /// INVITE (same Call-ID, CSeq number and upstream branch, RFC 3261
-/// 17.1.1.3), which the caller's server transaction then absorbs.
+/// 17.1.1.3), relayed like any ACK (a caller drops one that matches
+/// nothing, 17.2.3).
 pub(crate) fn callee_branch(req: &SipMessage, node: &str) -> String {
     branch_with(CALLEE_BRANCH_PREFIX, req, node)
 }
