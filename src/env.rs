@@ -206,12 +206,16 @@ pub struct Env {
     pub observer: Arc<dyn Observer>,
 }
 
-/// The two sockets of a node's `sip_addr`.
+/// The two sockets of a node's `sip_addr`, and of the shared SIP
+/// address when it has one.
 pub struct SipSockets {
     /// SIP over UDP.
     pub udp: tokio::net::UdpSocket,
     /// SIP over TCP, on the same port.
     pub tcp: Box<dyn HttpListener>,
+    /// The shared SIP address (`--shared-sip-listen`), UDP and TCP, both
+    /// bound with SO_REUSEPORT; `None` without one.
+    pub shared: Option<(tokio::net::UdpSocket, Box<dyn HttpListener>)>,
 }
 
 /// A socket could not be bound.
@@ -250,11 +254,22 @@ impl Env {
         let admin_listener = Some(listener(n.admin_addr, false, "admin_addr")?);
         let sip = match n.sip_addr {
             Some(addr) => {
-                let udp = std::net::UdpSocket::bind(addr).map_err(err("sip_addr", addr))?;
-                udp.set_nonblocking(true).map_err(err("sip_addr", addr))?;
+                let udp = udp_socket(addr, false).map_err(err("sip_addr", addr))?;
+                let shared = match config.shared_sip_listen {
+                    Some(s) => {
+                        let what = "shared sip listen address";
+                        let udp = udp_socket(s, true).map_err(err(what, s))?;
+                        Some((
+                            tokio::net::UdpSocket::from_std(udp).map_err(err(what, s))?,
+                            listener(s, true, what)?,
+                        ))
+                    }
+                    None => None,
+                };
                 Some(SipSockets {
                     udp: tokio::net::UdpSocket::from_std(udp).map_err(err("sip_addr", addr))?,
                     tcp: listener(addr, false, "sip_addr")?,
+                    shared,
                 })
             }
             None => None,
@@ -333,6 +348,20 @@ fn size_socket_buffers(socket: &std::net::UdpSocket) {
             tracing::warn!(error = %e, "cannot set the peer socket's {what} buffer size");
         }
     }
+}
+
+/// A non-blocking UDP socket bound to `addr`, with SO_REUSEPORT when
+/// `reuse_port` (the kernel then spreads datagrams over every socket of
+/// the group by a hash of their source and destination).
+fn udp_socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket as S, Type};
+    let s = S::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if reuse_port {
+        s.set_reuse_port(true)?;
+    }
+    s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
 }
 
 fn tcp_listener(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {

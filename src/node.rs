@@ -241,6 +241,7 @@ impl Node {
             SipAppKind::Udp(addr) => Some(SipUpstream::new(
                 addr,
                 sip_upstream::transaction_timeout(config.ingress.response_timeout),
+                me.id.as_str(),
             )),
         };
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
@@ -314,20 +315,28 @@ impl Node {
                 state.clone(),
                 sip_app,
                 links.clone(),
-                addr,
                 config.ingress.response_timeout,
                 config.ingress.header_read_timeout,
             ));
-            listeners.push(tokio::spawn(sip::serve_udp(
-                sockets.udp,
-                entry.clone(),
-                stop_rx.clone(),
-            )));
-            listeners.push(tokio::spawn(sip::serve_tcp(
-                sockets.tcp,
-                entry,
-                stop_rx.clone(),
-            )));
+            let shared = sockets
+                .shared
+                .zip(config.shared_sip_listen)
+                .map(|((udp, tcp), a)| (udp, tcp, a));
+            for (udp, tcp, local) in std::iter::once((sockets.udp, sockets.tcp, addr)).chain(shared)
+            {
+                listeners.push(tokio::spawn(sip::serve_udp(
+                    udp,
+                    local,
+                    entry.clone(),
+                    stop_rx.clone(),
+                )));
+                listeners.push(tokio::spawn(sip::serve_tcp(
+                    tcp,
+                    local,
+                    entry.clone(),
+                    stop_rx.clone(),
+                )));
+            }
         }
         // The admin listener serves through the drain (status stays
         // readable) and closes last.

@@ -7,7 +7,10 @@
 //! request and an INVITE naming one user land on one owner under a rules
 //! file; malformed SIP gets `400` or is dropped, a half-sent TCP message
 //! is closed after the read timeout, and the node keeps serving; a bad
-//! `sip_addr` exits 64 before anything is bound.
+//! `sip_addr` exits 64 before anything is bound. Under `peerlb up` every
+//! node also listens on the shared `sip_sprayer_addr` (SO_REUSEPORT): one
+//! call's requests from many source ports enter through several nodes,
+//! reach one owner and are answered from the shared address.
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -651,4 +654,279 @@ fn route_explains_a_sip_message_with_and_without_sip_rules() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sip-message"));
+}
+
+/// A running `peerlb up`, stopped (SIGTERM, then waited for) when dropped.
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid; SIGTERM stops its nodes.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+/// `peerlb up` with `sip_sprayer_addr`: every node with a `sip_addr` also
+/// listens there, UDP and TCP with SO_REUSEPORT. OPTIONS of one Call-ID
+/// and From tag from 24 source ports are spread over several entry nodes
+/// by the kernel, every one reaches the key's owner, and every answer
+/// comes from the shared address (the socket the request came in on);
+/// TCP through it reaches the same owner; an INVITE's Record-Route names
+/// the shared address, and the owner's Contact names the owner.
+#[test]
+fn up_shares_the_sip_sprayer_address_and_one_call_reaches_one_owner_from_any_port() {
+    use std::io::BufRead as _;
+    let dir = temp_dir("sip-up");
+    let sip_sprayer: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut text = format!(
+        "name = \"sip-up\"\nsprayer_addr = \"127.0.0.1:{}\"\nsip_sprayer_addr = \"{sip_sprayer}\"\n\
+         [gossip]\ninterval_ms = 100\n",
+        free_port()
+    );
+    let mut http = Vec::new();
+    for id in IDS {
+        let h: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        text += &format!(
+            "[[nodes]]\nid = \"{id}\"\nhttp_addr = \"{h}\"\npeer_addr = \"127.0.0.1:{}\"\n\
+             gossip_addr = \"127.0.0.1:{}\"\nsip_addr = \"127.0.0.1:{}\"\n",
+            free_port(),
+            free_port(),
+            free_port()
+        );
+        http.push(h);
+    }
+    let cfg = write(&dir, "cluster.toml", &text);
+    let mut child = std::process::Command::new(bin())
+        .args(["up", "--config"])
+        .arg(&cfg)
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _up = Up(child);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("peerlb up reports the cluster ready within 30 s");
+        if line.starts_with("cluster ready") {
+            break;
+        }
+    }
+    let want = ring(&IDS, 1024)
+        .owner("shared-tag|shared-call")
+        .unwrap()
+        .to_string();
+    let mut buf = vec![0u8; 65_536];
+    for cseq in 1..=24 {
+        // A new socket: a new source port for the kernel's hash.
+        let uac = Uac::new();
+        let req = request(
+            "OPTIONS",
+            "alice",
+            "shared-tag",
+            "shared-call",
+            cseq,
+            &uac.via(),
+            "",
+        );
+        uac.sock.send_to(req.as_bytes(), sip_sprayer).unwrap();
+        uac.sock
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let (n, from) = uac.sock.recv_from(&mut buf).expect("an answer");
+        assert_eq!(
+            from, sip_sprayer,
+            "the answer leaves from the shared socket"
+        );
+        let a = Answer::parse(&buf[..n]);
+        assert_eq!(
+            (a.status, a.served_by()),
+            (200, want.as_str()),
+            "{}",
+            a.text
+        );
+    }
+    let took: Vec<u64> = http.iter().map(|h| counter(*h, "sip_requests")).collect();
+    assert_eq!(took.iter().sum::<u64>(), 24, "{took:?}");
+    assert!(
+        took.iter().filter(|n| **n > 0).count() >= 2,
+        "24 source ports all entered one node: {took:?}"
+    );
+    // TCP through the shared address.
+    let mut tcp = TcpStream::connect(sip_sprayer).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let via = format!("TCP {}", tcp.local_addr().unwrap());
+    tcp.write_all(
+        request(
+            "OPTIONS",
+            "alice",
+            "shared-tag",
+            "shared-call",
+            25,
+            &via,
+            "",
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let a = read_tcp_answer(&mut tcp);
+    assert_eq!(
+        (a.status, a.served_by()),
+        (200, want.as_str()),
+        "{}",
+        a.text
+    );
+    // A dialog entering through the shared address is recorded there.
+    let uac = Uac::new();
+    let ok = uac.final_answer(
+        sip_sprayer,
+        &request(
+            "INVITE",
+            "alice",
+            "shared-tag",
+            "shared-call",
+            26,
+            &uac.via(),
+            "",
+        ),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text);
+    let rr = route_of(&ok);
+    assert!(
+        rr.starts_with(&format!("<sip:{sip_sprayer};transport=udp;lr;")),
+        "{rr}"
+    );
+    assert!(rr.contains(&format!("peerlb-owner={want};")), "{rr}");
+    assert!(
+        ok.header("contact")
+            .is_some_and(|c| c.ends_with(&format!(";peerlb-owner={want}>"))),
+        "{}",
+        ok.text
+    );
+}
+
+/// A bad `sip_sprayer_addr` (or `--shared-sip-listen`) exits 64 naming it,
+/// before anything is bound.
+#[test]
+fn a_bad_shared_sip_address_exits_64_naming_the_field() {
+    let dir = temp_dir("sip-shared-config");
+    let (http, sip) = (free_port(), free_port());
+    let node = format!(
+        "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{}\"\n\
+         gossip_addr = \"127.0.0.1:{}\"\nsip_addr = \"127.0.0.1:{sip}\"\n",
+        free_port(),
+        free_port()
+    );
+    for (head, flag, says) in [
+        (
+            "sip_sprayer_addr = \"nowhere\"",
+            None,
+            "sip_sprayer_addr: \"nowhere\"",
+        ),
+        (
+            "sip_sprayer_addr = \"127.0.0.1:0\"",
+            None,
+            "sip_sprayer_addr: 127.0.0.1:0: port 0",
+        ),
+        (
+            "sip_sprayer_addr = \"0.0.0.0:5060\"",
+            None,
+            "sip_sprayer_addr: 0.0.0.0:5060: clients are sent",
+        ),
+        (
+            &*format!("sip_sprayer_addr = \"127.0.0.1:{sip}\""),
+            None,
+            &*format!("sip_sprayer_addr: 127.0.0.1:{sip} is also nodes[0].sip_addr"),
+        ),
+        (
+            "sprayer_addr = \"127.0.0.1:7\"\nsip_sprayer_addr = \"127.0.0.1:7\"",
+            None,
+            "sip_sprayer_addr: 127.0.0.1:7 is also sprayer_addr",
+        ),
+        (
+            "",
+            Some(format!("127.0.0.1:{http}")),
+            "--shared-sip-listen: 127.0.0.1:",
+        ),
+        ("", Some("bad".to_owned()), "--shared-sip-listen: \"bad\""),
+    ] {
+        let file = write(&dir, "bad.toml", &format!("{head}\n{node}"));
+        let mut args = vec!["node".to_owned(), "--node".into(), "n1".into()];
+        if let Some(f) = &flag {
+            args.extend(["--shared-sip-listen".to_owned(), f.clone()]);
+        }
+        let runs: Vec<Vec<String>> = if flag.is_some() {
+            vec![args]
+        } else {
+            vec![vec!["check-config".to_owned()], args]
+        };
+        for args in runs {
+            let out = std::process::Command::new(bin())
+                .args(&args)
+                .arg("--config")
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(64), "{head} {args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(says), "{head} {args:?}: {err}\nwanted {says}");
+        }
+    }
+    // A node without a sip_addr cannot join the shared SIP address.
+    let plain = write(
+        &dir,
+        "plain.toml",
+        &node.replace(&format!("sip_addr = \"127.0.0.1:{sip}\"\n"), ""),
+    );
+    let out = std::process::Command::new(bin())
+        .args([
+            "node",
+            "--node",
+            "n1",
+            "--shared-sip-listen",
+            "127.0.0.1:5999",
+            "--config",
+        ])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--shared-sip-listen: this node has no sip_addr"),
+        "{err}"
+    );
+    // With no node serving SIP, a SIP sprayer address is an error too.
+    let none = write(
+        &dir,
+        "none.toml",
+        &format!(
+            "sip_sprayer_addr = \"127.0.0.1:5999\"\n{}",
+            node.replace(&format!("sip_addr = \"127.0.0.1:{sip}\"\n"), "")
+        ),
+    );
+    let out = std::process::Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&none)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sip_sprayer_addr: no node has a sip_addr")
+    );
 }

@@ -4,7 +4,11 @@
 //! `Via` on top, and the fake's answers reach the client through the entry;
 //! the owner ACKs a non-2xx answer itself; an upstream that does not answer
 //! gets `408` after retransmissions, a closed port `503`; a bad `sip_app`
-//! exits 64 before anything is bound.
+//! exits 64 before anything is bound. A BYE the upstream sends (the
+//! callee hangs up) reaches the caller and the caller's 200 the upstream;
+//! after the owner dies, a re-INVITE moves the dialog to the next ring
+//! node, whose mark in the `Contact` keeps the dialog there once the old
+//! owner is back.
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -49,11 +53,14 @@ fn status(text: &str) -> u16 {
 /// thread until dropped: INVITE `100`, `180`, `200` (to user `busy`:
 /// `100`, `486`), BYE and OPTIONS `200`, ACK nothing. Answers copy `Via`,
 /// `Record-Route`, `From`, `To` (with tag `fake`), `Call-ID` and `CSeq`
-/// (RFC 3261 8.2.6.2, 12.1.1) and carry `X-Fake-Uas: yes`. Every request
-/// received is kept, with its source address. While `hold_bye` is set a
-/// BYE is kept but not answered.
+/// (RFC 3261 8.2.6.2, 12.1.1) and carry `X-Fake-Uas: yes`; an INVITE's
+/// `180` and `200` carry `Contact: <sip:bob@<its address>>`. Every
+/// datagram received (requests and responses) is kept, with its source
+/// address. While `hold_bye` is set a BYE is kept but not answered.
+/// [`FakeUas::send`] sends a request of its own from the same socket.
 struct FakeUas {
     addr: SocketAddr,
+    sock: UdpSocket,
     seen: Arc<Mutex<Vec<String>>>,
     sources: Arc<Mutex<Vec<SocketAddr>>>,
     hold_bye: Arc<AtomicBool>,
@@ -66,6 +73,7 @@ impl FakeUas {
         sock.set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
         let addr = sock.local_addr().unwrap();
+        let sender = sock.try_clone().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let sources = Arc::new(Mutex::new(Vec::new()));
@@ -110,6 +118,9 @@ impl FakeUas {
                     } else {
                         r += &format!("To: {to};tag=fake\r\n");
                     }
+                    if method == "INVITE" && (101..300).contains(code) {
+                        r += &format!("Contact: <sip:bob@{addr}>\r\n");
+                    }
                     r += "X-Fake-Uas: yes\r\nContent-Length: 0\r\n\r\n";
                     let _ = sock.send_to(r.as_bytes(), from);
                 }
@@ -117,6 +128,7 @@ impl FakeUas {
         });
         FakeUas {
             addr,
+            sock: sender,
             seen,
             sources,
             hold_bye,
@@ -126,6 +138,21 @@ impl FakeUas {
 
     fn seen(&self) -> Vec<String> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// Sends `text` to `to` from the fake's own socket.
+    fn send(&self, text: &str, to: SocketAddr) {
+        self.sock.send_to(text.as_bytes(), to).unwrap();
+    }
+
+    /// The Request-URIs of the requests whose Call-ID is `call` and whose
+    /// method is `method`, in order.
+    fn uris_of(&self, method: &str, call: &str) -> Vec<String> {
+        self.seen()
+            .iter()
+            .filter(|t| t.starts_with(&format!("{method} ")) && header(t, "call-id") == Some(call))
+            .map(|t| t.split(' ').nth(1).unwrap_or("").to_owned())
+            .collect()
     }
 
     /// The source addresses of the requests whose Call-ID is `call` and
@@ -460,4 +487,245 @@ fn a_bad_sip_app_exits_64_naming_the_field() {
             assert!(err.contains(says), "{value} {args:?}: {err}");
         }
     }
+}
+
+/// The URI inside a `Contact` value's `<>`.
+fn contact_uri(contact: &str) -> &str {
+    let a = contact.find('<').expect("a name-addr");
+    let b = contact.rfind('>').expect("a name-addr");
+    &contact[a + 1..b]
+}
+
+/// `text` (from [`request`]) with `uri` as its Request-URI and `extra`
+/// header lines before `Call-ID`.
+fn retarget(text: &str, uri: &str, extra: &str) -> String {
+    let (line, rest) = text.split_once("\r\n").unwrap();
+    let method = line.split(' ').next().unwrap();
+    format!("{method} {uri} SIP/2.0\r\n{rest}").replacen(
+        "\r\nCall-ID",
+        &format!("{extra}\r\nCall-ID"),
+        1,
+    )
+}
+
+/// The callee hangs up (RFC 3261 15.1.1): the fake UAS sends a BYE, to the
+/// address the dialog's requests came from (the owner's socket, as SIPp's
+/// `uas` does) or to a node's `sip_addr` (as a UAS following the
+/// `Record-Route` does). The owner (or that node) relays it to the caller
+/// as a stateful proxy: the cluster's `Route` removed, `Max-Forwards`
+/// down by one, its own `Via` on top naming the socket it sent from; the
+/// caller's 200 goes back to the upstream with only the upstream's `Via`.
+#[test]
+fn a_bye_from_the_upstream_reaches_the_caller_and_the_callers_200_the_upstream() {
+    let fake = FakeUas::start();
+    let c = Cluster::start_sip(
+        "sip-upstream-bye",
+        3,
+        &format!("sip_app = \"udp:{}\"", fake.addr),
+        "",
+    );
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    for (k, call) in ["callee-bye-1", "callee-bye-2"].into_iter().enumerate() {
+        let entry = c.nodes[k].sip.unwrap();
+        let answers = exchange(
+            &client,
+            entry,
+            &request("INVITE", "bob", call, 1, me, ""),
+            Duration::from_secs(20),
+        );
+        assert_eq!(
+            answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+            [180, 200]
+        );
+        let rr = header(&answers[1], "record-route").unwrap().to_owned();
+        let ack = request("ACK", "bob", call, 1, me, ";tag=fake")
+            .replace("\r\nCall-ID", &format!("\r\nRoute: {rr}\r\nCall-ID"));
+        client.send_to(ack.as_bytes(), entry).unwrap();
+        poll(Duration::from_secs(10), || {
+            !fake.sources_of("ACK", call).is_empty()
+        })
+        .expect("the ACK reached the upstream");
+        let owner_socket = fake.sources_of("INVITE", call)[0];
+        // The first BYE goes where the dialog's requests came from, the
+        // second to another node's sip_addr.
+        let to = if k == 0 {
+            owner_socket
+        } else {
+            c.nodes[2].sip.unwrap()
+        };
+        let fake_via = format!("SIP/2.0/UDP {};branch=z9hG4bKfakebye{k}", fake.addr);
+        let bye = format!(
+            "BYE sip:alice@{me} SIP/2.0\r\nVia: {fake_via}\r\nRoute: {rr}\r\nMax-Forwards: 70\r\n\
+             From: <sip:bob@test>;tag=fake\r\nTo: <sip:alice@test>;tag=a{call}\r\nCall-ID: {call}\r\n\
+             CSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
+        );
+        fake.send(&bye, to);
+        client
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = vec![0u8; 65_536];
+        let (n, from) = client
+            .recv_from(&mut buf)
+            .expect("the BYE reaches the caller");
+        let got = String::from_utf8_lossy(&buf[..n]).into_owned();
+        assert!(
+            got.starts_with(&format!("BYE sip:alice@{me} SIP/2.0\r\n")),
+            "{got}"
+        );
+        let vias = all_headers(&got, "via");
+        assert_eq!(vias.len(), 2, "{got}");
+        assert!(
+            vias[0].starts_with(&format!("SIP/2.0/UDP {from};branch=z9hG4bK-plbc-")),
+            "the relay's Via names the socket it sent from ({from}): {got}"
+        );
+        assert_eq!(vias[1], fake_via);
+        assert_eq!(
+            header(&got, "route"),
+            None,
+            "the cluster's own Route is gone: {got}"
+        );
+        assert_eq!(header(&got, "max-forwards"), Some("69"));
+        assert_eq!(header(&got, "call-id"), Some(call));
+        // The caller answers to the top Via (its sent-by: the source).
+        let mut ok = String::from("SIP/2.0 200 OK\r\n");
+        for v in &vias {
+            ok += &format!("Via: {v}\r\n");
+        }
+        for name in ["from", "to", "call-id", "cseq"] {
+            ok += &format!("{name}: {}\r\n", header(&got, name).unwrap());
+        }
+        ok += "Content-Length: 0\r\n\r\n";
+        client.send_to(ok.as_bytes(), from).unwrap();
+        let answered = |t: &String| {
+            t.starts_with("SIP/2.0 200")
+                && header(t, "call-id") == Some(call)
+                && header(t, "cseq") == Some("1 BYE")
+        };
+        poll(Duration::from_secs(10), || fake.seen().iter().any(answered))
+            .expect("the caller's 200 reaches the upstream");
+        let relayed = fake.seen().into_iter().find(answered).unwrap();
+        assert_eq!(
+            all_headers(&relayed, "via"),
+            [fake_via.as_str()],
+            "{relayed}"
+        );
+    }
+}
+
+/// Failover rewrites the dialog's owner (RFC 3261 12.2.1.2 target
+/// refresh): the owner relays the upstream's 200 with its own id in the
+/// Contact URI; once it is killed, a re-INVITE naming it (Request-URI and
+/// Route) goes to the next ring node of the dialog's key, whose 200 names
+/// itself; after the old owner is back, the BYE (Request-URI from the new
+/// Contact, Route still naming the old owner) goes to the new one. The
+/// upstream never sees the mark: it gets its own Contact as Request-URI.
+#[test]
+fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_returns() {
+    let fake = FakeUas::start();
+    let mut c = Cluster::start_sip(
+        "sip-upstream-failover",
+        3,
+        &format!("sip_app = \"udp:{}\"", fake.addr),
+        "",
+    );
+    let ids = ["n1", "n2", "n3"];
+    let ring = ring(&ids, 1024);
+    // A call that n1 (the entry, which stays up) does not own.
+    let call = (0..)
+        .map(|i| format!("moving-{i}"))
+        .find(|call| *ring.owner(&format!("a{call}|{call}")).unwrap() != "n1")
+        .unwrap();
+    let key = format!("a{call}|{call}");
+    let owner = ring.owner(&key).unwrap().to_string();
+    let next = ring.candidates(&key).nth(1).unwrap().to_string();
+    let entry = c.node("n1").sip.unwrap();
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    let answers = exchange(
+        &client,
+        entry,
+        &request("INVITE", "bob", &call, 1, me, ""),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [180, 200]
+    );
+    let contact = header(&answers[1], "contact").unwrap().to_owned();
+    assert_eq!(
+        contact,
+        format!("<sip:bob@{};peerlb-owner={owner}>", fake.addr)
+    );
+    let route = format!(
+        "\r\nRoute: {}",
+        header(&answers[1], "record-route").unwrap()
+    );
+    let ack = retarget(
+        &request("ACK", "bob", &call, 1, me, ";tag=fake"),
+        contact_uri(&contact),
+        &route,
+    );
+    client.send_to(ack.as_bytes(), entry).unwrap();
+    poll(Duration::from_secs(10), || {
+        !fake.sources_of("ACK", &call).is_empty()
+    })
+    .expect("the ACK reached the upstream");
+
+    c.kill9(&owner);
+    c.wait_converged(2);
+    let reinvite = retarget(
+        &request("INVITE", "bob", &call, 2, me, ";tag=fake"),
+        contact_uri(&contact),
+        &route,
+    );
+    let answers = exchange(&client, entry, &reinvite, Duration::from_secs(20));
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [180, 200],
+        "{answers:?}"
+    );
+    let moved = header(&answers[1], "contact").unwrap().to_owned();
+    assert_eq!(
+        moved,
+        format!("<sip:bob@{};peerlb-owner={next}>", fake.addr)
+    );
+    let ack = retarget(
+        &request("ACK", "bob", &call, 2, me, ";tag=fake"),
+        contact_uri(&moved),
+        &route,
+    );
+    client.send_to(ack.as_bytes(), entry).unwrap();
+
+    // The old owner comes back; every node sees it serving.
+    let i = c.nodes.iter().position(|n| n.id == owner).unwrap();
+    c.spawn(i);
+    c.wait_same_view(3);
+    let bye = retarget(
+        &request("BYE", "bob", &call, 3, me, ";tag=fake"),
+        contact_uri(&moved),
+        &route,
+    );
+    let answers = exchange(&client, entry, &bye, Duration::from_secs(20));
+    assert_eq!(
+        answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
+        [200],
+        "{answers:?}"
+    );
+    // Which node relayed what: one upstream socket per node.
+    let invites = fake.sources_of("INVITE", &call);
+    let (first, moved_to) = (invites[0], *invites.last().unwrap());
+    assert_ne!(
+        first, moved_to,
+        "the re-INVITE came from another node: {invites:?}"
+    );
+    let byes = fake.sources_of("BYE", &call);
+    assert!(
+        !byes.is_empty() && byes.iter().all(|b| *b == moved_to),
+        "the BYE followed the new owner: {byes:?}, re-INVITE from {moved_to}"
+    );
+    // The upstream saw its own Contact as the Request-URI, unmarked.
+    let plain = format!("sip:bob@{}", fake.addr);
+    assert_eq!(fake.uris_of("INVITE", &call).last(), Some(&plain));
+    assert!(fake.uris_of("BYE", &call).iter().all(|u| *u == plain));
 }

@@ -1,8 +1,9 @@
 //! SIPp (Debian `sip-tester`) as the SIP client of a real 3-node cluster:
 //! its built-in `uac` scenario (INVITE, 100/180/200, ACK, BYE, 200) through
-//! one node's `sip_addr`. SIP has no shared sprayer address (`peerlb up`'s
-//! `shared_listen` is HTTP only), so each run targets one node, and the
-//! cluster spreads the calls: every node is some call's owner.
+//! the shared SIP address every node listens on with SO_REUSEPORT (as
+//! under `peerlb up` with `sip_sprayer_addr`: the kernel is the sprayer)
+//! and through each node's own `sip_addr`; the cluster spreads the calls:
+//! every node is some call's owner.
 //!
 //! Every call completes on a healthy cluster. With another node killed
 //! mid-run, every call ends (none hangs) and only calls whose key the
@@ -123,12 +124,15 @@ fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
     let Some(sipp) = sipp_or_skip() else {
         return;
     };
-    let mut c = Cluster::start_sip("sipp", 3, "", "");
+    let mut c = Cluster::start_sip_shared("sipp", 3, "", "");
     let sip = |id: &str| c.node(id).sip.expect("the cluster has sip_addr");
     let (s1, s2) = (sip("n1"), sip("n2"));
+    let shared = c.shared_sip.expect("the cluster has a shared SIP address");
 
-    // Healthy: one run per entry node; each run's calls are spread over
-    // all three owners (the default key is From tag + Call-ID).
+    // Healthy: one run through the sprayer address, one per entry node;
+    // each run's calls are spread over all three owners (the default key
+    // is From tag + Call-ID).
+    run_all_complete(&sipp, &c, shared, "healthy-shared");
     for id in ["n1", "n2", "n3"] {
         run_all_complete(&sipp, &c, sip(id), &format!("healthy-{id}"));
     }
@@ -184,6 +188,7 @@ fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
 
     // Once the survivors see n3 gone, every call completes through them.
     c.wait_converged(2);
+    run_all_complete(&sipp, &c, shared, "after-kill-shared");
     run_all_complete(&sipp, &c, s1, "after-kill-n1");
     run_all_complete(&sipp, &c, s2, "after-kill-n2");
 }

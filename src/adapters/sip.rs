@@ -1,19 +1,26 @@
-//! The SIP front end: UDP and TCP listeners on the node's `sip_addr`, the
-//! entry node's routing and forwarding of SIP requests over the peer wire,
-//! and the owner's built-in demo server ([`SipApp`]).
+//! The SIP front end: UDP and TCP listeners on the node's `sip_addr` (and
+//! on the shared SIP address, SO_REUSEPORT, under `peerlb up`), the entry
+//! node's routing and forwarding of SIP requests over the peer wire, and
+//! the owner's built-in demo server ([`SipApp`]).
 //!
 //! Path of a request (docs/architecture.md, "SIP"):
 //!
 //! 1. Parse (`engine::sip`). Bytes that are not a SIP message get `400`
 //!    when they are a request whose `Via` can be read, else are dropped; a
-//!    response from a client is dropped (the demo server sends no
-//!    requests). On TCP a framing error also closes the connection.
+//!    response from a client is dropped (nothing on a listener waits for
+//!    one: the answers to requests relayed toward a caller come to the
+//!    relay's own socket). On TCP a framing error also closes the
+//!    connection. A UDP request from the upstream SIP server's address is
+//!    the callee's side of a dialog and is relayed toward the caller
+//!    instead (`sip/upstream.rs`).
 //! 2. `Max-Forwards: 0` gets `483` (RFC 3261 16.3 step 3); otherwise it is
 //!    decremented (16.6 step 3). A top `Route` carrying this cluster's
 //!    dialog parameters is this cluster's own: it is removed (16.4).
-//! 3. Route (`NodeState::decide_sip`): the dialog's owner, else the key's
-//!    owner on the ring. A dialog-creating `INVITE` gets a `Record-Route`
-//!    naming the owner and the key (`engine::sip::record_route`).
+//! 3. Route (`NodeState::decide_sip`): the dialog's owner (the
+//!    Request-URI's, then the `Route`'s), else the key's owner on the
+//!    ring. A dialog-creating `INVITE` gets a `Record-Route` naming the
+//!    address the request reached, the owner and the key
+//!    (`engine::sip::record_route`).
 //! 4. Serve locally, or forward to the owner (hop limit 1, marked
 //!    `wire::SIP`) with this node's `Via` on top; a candidate that cannot
 //!    be reached or refuses the stream passes the request to the next ring
@@ -96,6 +103,11 @@ impl SipApp {
         self
     }
 
+    /// The upstream SIP server, when `sip_app` names one.
+    pub(crate) fn upstream(&self) -> Option<&SipUpstream> {
+        self.upstream.as_ref()
+    }
+
     /// The answers to `req`, in order (none for `ACK` or a response): the
     /// demo server's, or the upstream's (`SipUpstream::transact`).
     pub(crate) async fn answer(&self, req: &SipMessage) -> Vec<SipMessage> {
@@ -143,22 +155,19 @@ pub(crate) struct SipEntry {
     state: Arc<NodeState>,
     app: Arc<SipApp>,
     links: Arc<PeerLinks>,
-    addr: SocketAddr,
     response_timeout: Duration,
     read_timeout: Duration,
 }
 
 impl SipEntry {
-    /// The entry side of the node whose state is `state`, listening on
-    /// `addr`; it serves with `app` when it owns a request. An owner's
-    /// answer is awaited at most `response_timeout`; a TCP message
-    /// started but not finished within `read_timeout` closes its
-    /// connection.
+    /// The entry side of the node whose state is `state`; it serves with
+    /// `app` when it owns a request. An owner's answer is awaited at most
+    /// `response_timeout`; a TCP message started but not finished within
+    /// `read_timeout` closes its connection.
     pub(crate) fn new(
         state: Arc<NodeState>,
         app: Arc<SipApp>,
         links: Arc<PeerLinks>,
-        addr: SocketAddr,
         response_timeout: Duration,
         read_timeout: Duration,
     ) -> SipEntry {
@@ -166,14 +175,21 @@ impl SipEntry {
             state,
             app,
             links,
-            addr,
             response_timeout,
             read_timeout,
         }
     }
 
-    /// The answers to one message from `client` (see the module doc).
-    async fn handle(&self, buf: &[u8], client: SocketAddr, tcp: bool) -> Vec<SipMessage> {
+    /// The answers to one message from `client` that reached the listener
+    /// on `local` (the node's `sip_addr` or the shared sprayer address,
+    /// named in this node's `Record-Route` and `Via`; see the module doc).
+    async fn handle(
+        &self,
+        buf: &[u8],
+        client: SocketAddr,
+        tcp: bool,
+        local: SocketAddr,
+    ) -> Vec<SipMessage> {
         let mut msg = match sipmsg::parse(buf) {
             Ok(m) => m,
             Err(e) => {
@@ -218,7 +234,7 @@ impl SipEntry {
         if method == "INVITE" && msg.tag_of_to().is_none() {
             msg.push_front(
                 "Record-Route",
-                record_route(self.addr, tcp, &decision.owner, &decision.key),
+                record_route(local, tcp, &decision.owner, &decision.key),
             );
         }
         let me = self.state.node_id();
@@ -228,7 +244,7 @@ impl SipEntry {
                 if cand == me {
                     return self.app.answer(&msg).await;
                 }
-                match self.forward(cand, &msg, &method, client, tcp, &decision.key, view.version()).await {
+                match self.forward(cand, &msg, &method, (client, local), tcp, &decision.key, view.version()).await {
                     Ok(answers) => return answers,
                     Err(Retry::Next(why)) => {
                         debug!(target: REQUEST_PATH, peer = %cand, %why, "sip owner not reachable: trying the next candidate");
@@ -257,7 +273,7 @@ impl SipEntry {
         peer: &NodeId,
         msg: &SipMessage,
         method: &str,
-        client: SocketAddr,
+        (client, local): (SocketAddr, SocketAddr),
         tcp: bool,
         key: &str,
         view_version: u64,
@@ -285,10 +301,7 @@ impl SipEntry {
         let mut out = msg.clone();
         out.push_front(
             "Via",
-            format!(
-                "SIP/2.0/{transport} {};branch={BRANCH_PREFIX}{branch:016x}",
-                self.addr
-            ),
+            format!("SIP/2.0/{transport} {local};branch={BRANCH_PREFIX}{branch:016x}"),
         );
         let bytes = out.to_bytes();
         let mut headers = http::HeaderMap::new();
@@ -361,17 +374,22 @@ enum Retry {
     No(String),
 }
 
-/// Serves SIP over UDP on `socket` until `stop` turns true: one task per
-/// datagram, answers sent from the same socket.
+/// Serves SIP over UDP on `socket`, bound to `local` (the node's
+/// `sip_addr`, or the shared sprayer address with SO_REUSEPORT), until
+/// `stop` turns true: one task per datagram, answers sent from the same
+/// socket, so a client sees them come from the address it sent to. A
+/// request from the upstream SIP server's address (`sip_app`) is the
+/// callee's side of a dialog: it is relayed toward the caller
+/// (`SipUpstream::relay_from_upstream`) and the answers go back to the
+/// upstream from this socket.
 pub(crate) async fn serve_udp(
     socket: UdpSocket,
+    local: SocketAddr,
     entry: Arc<SipEntry>,
     mut stop: watch::Receiver<bool>,
 ) {
     let socket = Arc::new(socket);
-    if let Ok(addr) = socket.local_addr() {
-        info!(%addr, "listening for sip over udp");
-    }
+    info!(addr = %local, "listening for sip over udp");
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
     let inflight = Arc::new(AtomicUsize::new(0));
     loop {
@@ -395,7 +413,21 @@ pub(crate) async fn serve_udp(
         let guard = InflightGuard(inflight.clone());
         tokio::spawn(async move {
             let _guard = guard;
-            for answer in entry.handle(&datagram, client, false).await {
+            if let Some(up) = entry.app.upstream()
+                && up.addr() == client
+                && let Ok(req) = sipmsg::parse(&datagram)
+                && req.method().is_some()
+            {
+                let emit = |m: &SipMessage| {
+                    if let Some(via) = m.top_via() {
+                        let to = sipmsg::response_destination(&via, client);
+                        let _ = socket.try_send_to(&m.to_bytes(), to);
+                    }
+                };
+                up.relay_from_upstream(req, &emit).await;
+                return;
+            }
+            for answer in entry.handle(&datagram, client, false, local).await {
                 let Some(via) = answer.top_via() else {
                     continue;
                 };
@@ -417,16 +449,16 @@ impl Drop for InflightGuard {
     }
 }
 
-/// Serves SIP over TCP on `listener` until `stop` turns true: one task per
-/// connection, its messages in order, answers on the same connection.
+/// Serves SIP over TCP on `listener`, bound to `local` (as
+/// [`serve_udp`]), until `stop` turns true: one task per connection, its
+/// messages in order, answers on the same connection.
 pub(crate) async fn serve_tcp(
     mut listener: Box<dyn HttpListener>,
+    local: SocketAddr,
     entry: Arc<SipEntry>,
     mut stop: watch::Receiver<bool>,
 ) {
-    if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "listening for sip over tcp");
-    }
+    info!(addr = %local, "listening for sip over tcp");
     loop {
         let (conn, client) = tokio::select! {
             r = listener.accept() => match r {
@@ -439,13 +471,13 @@ pub(crate) async fn serve_tcp(
             _ = stop.wait_for(|s| *s) => return,
         };
         let (entry, stop) = (entry.clone(), stop.clone());
-        tokio::spawn(connection(conn, client, entry, stop));
+        tokio::spawn(connection(conn, (client, local), entry, stop));
     }
 }
 
 async fn connection(
     mut conn: Box<dyn crate::env::Connection>,
-    client: SocketAddr,
+    (client, local): (SocketAddr, SocketAddr),
     entry: Arc<SipEntry>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -457,7 +489,7 @@ async fn connection(
         match sipmsg::frame_len(&buf) {
             Ok(Some(n)) => {
                 let msg: Vec<u8> = buf.drain(..n).collect();
-                for answer in entry.handle(&msg, client, true).await {
+                for answer in entry.handle(&msg, client, true, local).await {
                     if conn.write_all(&answer.to_bytes()).await.is_err() {
                         return;
                     }

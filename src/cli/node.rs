@@ -38,6 +38,10 @@ pub(crate) struct NodeArgs {
     /// Also accept clients on this address, shared with SO_REUSEPORT.
     #[arg(long, env = "PEERLB_SHARED_LISTEN")]
     shared_listen: Option<String>,
+    /// Also accept SIP (UDP and TCP) on this address, shared with
+    /// SO_REUSEPORT (a node with a sip_addr only).
+    #[arg(long, env = "PEERLB_SHARED_SIP_LISTEN")]
+    shared_sip_listen: Option<String>,
     /// Serve HTTPS on every client listener with this PEM certificate
     /// chain (with --tls-key), replacing [listener.tls]'s default one.
     #[arg(long, env = "PEERLB_TLS_CERT", requires = "tls_key")]
@@ -63,6 +67,7 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         weight: a.weight,
         app: a.app,
         shared_listen: a.shared_listen,
+        shared_sip_listen: a.shared_sip_listen,
         tls_cert: a.tls_cert.zip(a.tls_key),
     };
     let mut config = match file.validate(&src, &a.node, &ov) {

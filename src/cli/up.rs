@@ -1,6 +1,7 @@
 //! `peerlb up`: every node of the cluster as a child process on this host,
 //! all sharing the sprayer address with SO_REUSEPORT (the kernel is the
-//! sprayer). In order: certificates, [`spawn`] each node with its log
+//! sprayer), and every node with a `sip_addr` the SIP sprayer address
+//! (`sip_sprayer_addr`) the same way. In order: certificates, [`spawn`] each node with its log
 //! forwarded, [`wait_ready`] until every node sees every other, then
 //! [`supervise`] each child until Ctrl-C or SIGTERM, which [`stop`] passes
 //! on to the nodes so they drain.
@@ -75,6 +76,7 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
         None
     };
     let sprayer = file.sprayer_addr.clone();
+    let sip_sprayer = file.sip_sprayer_addr.clone();
     let exe = std::env::current_exe().context("locating the peerlb binary")?;
     runtime()?.block_on(async move {
         let mut started = Vec::new();
@@ -82,7 +84,7 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
             started.push(spawn(
                 &exe,
                 config,
-                sprayer.as_deref(),
+                (sprayer.as_deref(), sip_sprayer.as_deref()),
                 https.as_ref(),
                 n,
                 (log_format, access_log),
@@ -107,6 +109,9 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
             Some((cert, _)) => print_https_hints(&front, cert),
             None => print_hints(&front, &started[0].spec),
         }
+        if let Some(sip) = &sip_sprayer {
+            println!("SIP (UDP and TCP) through the kernel sprayer: sip:{sip}\n");
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut waits = JoinSet::new();
         for s in started {
@@ -126,16 +131,17 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
 }
 
 /// Starts node `n` as a child (`peerlb node --node <id>`, with the same
-/// config, the sprayer as shared listen address, and the HTTPS certificate
-/// and key when `https` gives them) and forwards its stdout and stderr,
-/// each line prefixed with `[<id>]`.
+/// config, the sprayer as shared listen address, the SIP sprayer as
+/// shared SIP address when `n` has a `sip_addr`, and the HTTPS
+/// certificate and key when `https` gives them) and forwards its stdout
+/// and stderr, each line prefixed with `[<id>]`.
 ///
 /// # Errors
 /// The process could not be started.
 fn spawn(
     exe: &Path,
     config: Option<&Path>,
-    sprayer: Option<&str>,
+    (sprayer, sip_sprayer): (Option<&str>, Option<&str>),
     https: Option<&(PathBuf, PathBuf)>,
     n: &NodeAddrs,
     (log_format, access_log): (super::LogFormat, bool),
@@ -153,6 +159,9 @@ fn spawn(
     }
     if let Some(s) = sprayer {
         cmd.arg("--shared-listen").arg(s);
+    }
+    if let Some(s) = sip_sprayer.filter(|_| n.sip_addr.is_some()) {
+        cmd.arg("--shared-sip-listen").arg(s);
     }
     if let Some((cert, key)) = https {
         // Absolute: the node resolves relative paths against the config's

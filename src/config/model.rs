@@ -34,6 +34,12 @@ pub struct ClusterFile {
     /// node there with SO_REUSEPORT. Optional for multi-machine clusters.
     #[serde(default)]
     pub sprayer_addr: Option<String>,
+    /// The SIP address the sprayer exposes (`ip:port`, UDP and TCP); `peerlb
+    /// up` binds every node that has a `sip_addr` there too, with
+    /// SO_REUSEPORT (`--shared-sip-listen`). Entry nodes name it in the
+    /// `Record-Route` of the dialogs that enter through it.
+    #[serde(default)]
+    pub sip_sprayer_addr: Option<String>,
     /// Gossip seed addresses (`host:port`); empty means every node's `gossip_addr`.
     #[serde(default)]
     pub seeds: Vec<String>,
@@ -504,6 +510,10 @@ pub struct Overrides {
     /// `--shared-listen` / `PEERLB_SHARED_LISTEN`: also listen for clients on
     /// this address with SO_REUSEPORT (what `peerlb up` passes).
     pub shared_listen: Option<String>,
+    /// `--shared-sip-listen` / `PEERLB_SHARED_SIP_LISTEN`: also listen for
+    /// SIP (UDP and TCP) on this address with SO_REUSEPORT (what `peerlb
+    /// up` passes a node with a `sip_addr`: `sip_sprayer_addr`).
+    pub shared_sip_listen: Option<String>,
     /// `--tls-cert` / `PEERLB_TLS_CERT` with `--tls-key` /
     /// `PEERLB_TLS_KEY`: serve HTTPS with this certificate and key on every
     /// client listener (what `peerlb up --https` passes), replacing

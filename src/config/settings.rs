@@ -131,6 +131,9 @@ pub struct NodeConfig {
     pub nodes: Vec<NodeAddrs>,
     /// Extra client listener shared with SO_REUSEPORT, if any.
     pub shared_listen: Option<SocketAddr>,
+    /// Extra SIP listener (UDP and TCP) shared with SO_REUSEPORT, if any
+    /// (`--shared-sip-listen`); only on a node with a `sip_addr`.
+    pub shared_sip_listen: Option<SocketAddr>,
     /// The app (`app`, `--app`).
     pub app: AppKind,
     /// The SIP server the node answers the SIP requests it owns with

@@ -666,3 +666,67 @@ fn sip_addr_is_optional_and_its_clashes_name_the_field() {
         assert!(e.contains(says), "{e}\nwanted {says}");
     }
 }
+
+/// `sip_sprayer_addr` is checked with the file; `--shared-sip-listen`
+/// (what `peerlb up` passes it as) lands in `shared_sip_listen` of a node
+/// with a `sip_addr`, and is refused naming the flag otherwise.
+#[test]
+fn the_shared_sip_address_is_validated_and_reaches_the_node_config() {
+    let sip_one = ONE.replace(
+        "gossip_addr = \"127.0.0.1:3\"",
+        "gossip_addr = \"127.0.0.1:3\"\nsip_addr = \"127.0.0.1:5061\"",
+    );
+    let flag = |addr: &str| Overrides {
+        shared_sip_listen: Some(addr.into()),
+        ..Overrides::default()
+    };
+    let with = |text: &str, ov: &Overrides| {
+        let s = src(text);
+        s.parse().unwrap().validate(&s, "n1", ov)
+    };
+    let c = with(
+        &format!("sip_sprayer_addr = \"127.0.0.1:5060\"\n{sip_one}"),
+        &flag("127.0.0.1:5060"),
+    )
+    .unwrap();
+    assert_eq!(c.shared_sip_listen, Some("127.0.0.1:5060".parse().unwrap()));
+    assert_eq!(
+        with(&sip_one, &Overrides::default())
+            .unwrap()
+            .shared_sip_listen,
+        None
+    );
+    for (text, ov, field) in [
+        (
+            format!("sip_sprayer_addr = \"127.0.0.1:1\"\n{sip_one}"),
+            Overrides::default(),
+            "sip_sprayer_addr",
+        ),
+        (
+            format!("sip_sprayer_addr = \"[::]:5060\"\n{sip_one}"),
+            Overrides::default(),
+            "sip_sprayer_addr",
+        ),
+        (
+            format!("sip_sprayer_addr = \"127.0.0.1:5060\"\n{ONE}"),
+            Overrides::default(),
+            "sip_sprayer_addr",
+        ),
+        (
+            ONE.to_owned(),
+            flag("127.0.0.1:5060"),
+            "--shared-sip-listen",
+        ),
+        (
+            sip_one.clone(),
+            flag("127.0.0.1:5061"),
+            "--shared-sip-listen",
+        ),
+        (sip_one.clone(), flag("127.0.0.1:0"), "--shared-sip-listen"),
+    ] {
+        match with(&text, &ov) {
+            Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}

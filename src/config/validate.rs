@@ -41,6 +41,21 @@ impl ClusterFile {
         if let Some(s) = &self.sprayer_addr {
             parse_addr(s).map_err(|m| inv("sprayer_addr", m))?;
         }
+        if let Some(s) = &self.sip_sprayer_addr {
+            let a = parse_addr(s).map_err(|m| inv("sip_sprayer_addr", m))?;
+            shared_sip_problem(a).map_err(|m| inv("sip_sprayer_addr", m))?;
+            if self
+                .sprayer_addr
+                .as_deref()
+                .and_then(|h| parse_addr(h).ok())
+                == Some(a)
+            {
+                return Err(inv(
+                    "sip_sprayer_addr",
+                    format!("{a} is also sprayer_addr (SIP over TCP would share its port)"),
+                ));
+            }
+        }
         if !(1..=4096).contains(&self.ring.vnodes) {
             return Err(inv(
                 "ring.vnodes",
@@ -278,6 +293,24 @@ impl ClusterFile {
                 format!("{s} is also nodes[{i}].admin_addr; the shared address must be its own"),
             ));
         }
+        if let Some(s) = self
+            .sip_sprayer_addr
+            .as_deref()
+            .and_then(|s| parse_addr(s).ok())
+        {
+            if let Some((i, k)) = used_by(&out, s) {
+                return Err(inv(
+                    "sip_sprayer_addr",
+                    format!("{s} is also nodes[{i}].{k}; the shared address must be its own"),
+                ));
+            }
+            if out.iter().all(|n| n.sip_addr.is_none()) {
+                return Err(inv(
+                    "sip_sprayer_addr",
+                    "no node has a sip_addr, so no node would listen there".into(),
+                ));
+            }
+        }
         let b = &self.balance;
         if let Some(c) = b.hash_balance_factor
             && !(1.0..=1000.0).contains(&c)
@@ -444,6 +477,25 @@ impl ClusterFile {
                 format!("{} is this node's http_addr", me.http_addr),
             ));
         }
+        let shared_sip_listen = addr_flag("--shared-sip-listen", &ov.shared_sip_listen)?;
+        if let Some(a) = shared_sip_listen {
+            let mine = std::slice::from_ref(&me);
+            let clash = shared_sip_problem(a)
+                .err()
+                .or_else(|| used_by(mine, a).map(|(_, k)| format!("{a} is this node's {k}")));
+            let clash = clash.or_else(|| {
+                (me.sip_addr.is_none()).then(|| {
+                    "this node has no sip_addr (only a node that serves SIP joins the shared SIP address)"
+                        .to_owned()
+                })
+            });
+            let clash = clash.or_else(|| {
+                (shared_listen == Some(a)).then(|| format!("{a} is also --shared-listen"))
+            });
+            if let Some(m) = clash {
+                return Err(inv("--shared-sip-listen", m));
+            }
+        }
         let seeds = if self.seeds.is_empty() {
             nodes
                 .iter()
@@ -477,6 +529,7 @@ impl ClusterFile {
             node: me,
             nodes,
             shared_listen,
+            shared_sip_listen,
             app,
             sip_app: parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?,
             tls,
@@ -663,6 +716,37 @@ fn parse_sip_app(s: &str) -> Result<SipAppKind, String> {
         return Err(format!("{s:?}: {addr} cannot be sent to"));
     }
     Ok(SipAppKind::Udp(addr))
+}
+
+/// What a shared SIP address must be on its own: a port other than 0
+/// and an IP clients can be told (it goes into `Record-Route`), not
+/// `0.0.0.0` or `::`.
+fn shared_sip_problem(a: SocketAddr) -> Result<(), String> {
+    if a.port() == 0 {
+        return Err(format!("{a}: port 0 cannot be advertised to clients"));
+    }
+    if a.ip().is_unspecified() {
+        return Err(format!(
+            "{a}: clients are sent this address in Record-Route; give an IP they reach, not 0.0.0.0 or ::"
+        ));
+    }
+    Ok(())
+}
+
+/// The first node of `nodes` with an address equal to `a` (index, field).
+fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'static str)> {
+    nodes.iter().enumerate().find_map(|(i, n)| {
+        [
+            ("http_addr", Some(n.http_addr)),
+            ("peer_addr", Some(n.peer_addr)),
+            ("gossip_addr", Some(n.gossip_addr)),
+            ("admin_addr", Some(n.admin_addr)),
+            ("sip_addr", n.sip_addr),
+        ]
+        .into_iter()
+        .find(|(_, x)| *x == Some(a))
+        .map(|(k, _)| (i, k))
+    })
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {

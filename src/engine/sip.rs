@@ -27,7 +27,10 @@ pub(crate) mod upstream;
 
 #[cfg(test)]
 pub(crate) use dialog::DialogRoute;
-pub(crate) use dialog::{default_key, dialog_route, record_route, uri_params_as_query};
+pub(crate) use dialog::{
+    default_key, dialog_route, mark_contact, record_route, strip_owner_param, target_owner,
+    uri_params_as_query,
+};
 pub(crate) use route::{SipDecision, SipReason, decide};
 pub(crate) use uas::{DialogTable, SERVED_BY, serve as serve_uas};
 
@@ -533,8 +536,7 @@ pub(crate) fn uri_param<'a>(value: &'a str, name: &str) -> Option<&'a str> {
         (Some(a), Some(b)) if a < b => &value[a + 1..b],
         _ => value,
     };
-    let uri = uri.split_once('?').map_or(uri, |(u, _)| u);
-    params_lookup(uri.split_once(';').map_or("", |(_, p)| p), name)
+    params_lookup(dialog::split_uri(uri).1.unwrap_or(""), name)
 }
 
 fn params_lookup<'a>(params: &'a str, name: &str) -> Option<&'a str> {

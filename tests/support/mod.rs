@@ -112,6 +112,17 @@ pub fn admin_of(http: SocketAddr) -> SocketAddr {
     peerlb::config::default_admin_addr(http).expect("a client port under 64536")
 }
 
+/// Which SIP listeners a [`Cluster`]'s nodes have.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sip {
+    /// None.
+    No,
+    /// Each its own `sip_addr`.
+    Own,
+    /// Each its own `sip_addr` and the shared SIP address.
+    Shared,
+}
+
 /// A cluster of real `peerlb node` processes.
 pub struct Cluster {
     pub dir: PathBuf,
@@ -119,6 +130,9 @@ pub struct Cluster {
     pub nodes: Vec<NodeInfo>,
     pub children: BTreeMap<String, Child>,
     pub shared: Option<SocketAddr>,
+    /// The shared SIP address every node also listens on
+    /// (`--shared-sip-listen`), from [`Cluster::start_sip_shared`].
+    pub shared_sip: Option<SocketAddr>,
     /// Extra `peerlb` arguments every node starts with.
     pub args: Vec<String>,
     /// Sockets that keep a killed node's addresses taken until it is
@@ -147,7 +161,7 @@ impl Cluster {
         extra_tail: &str,
         args: &[&str],
     ) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, false, args, PHI, false)
+        Self::start_full(tag, n, extra_head, extra_tail, false, args, PHI, Sip::No)
     }
 
     /// Like [`Cluster::start`]; with `shared`, every node also listens on one
@@ -159,13 +173,20 @@ impl Cluster {
         extra_tail: &str,
         shared: bool,
     ) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, shared, &[], PHI, false)
+        Self::start_full(tag, n, extra_head, extra_tail, shared, &[], PHI, Sip::No)
     }
 
     /// Like [`Cluster::start`], every node with a `sip_addr` too
     /// ([`NodeInfo::sip`]).
     pub fn start_sip(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, true)
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, Sip::Own)
+    }
+
+    /// Like [`Cluster::start_sip`], every node also on one shared SIP
+    /// address with SO_REUSEPORT ([`Cluster::shared_sip`]), as `peerlb up`
+    /// runs them with `sip_sprayer_addr`.
+    pub fn start_sip_shared(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, Sip::Shared)
     }
 
     /// Like [`Cluster::start`] with gossip's phi threshold `phi` instead of
@@ -173,7 +194,7 @@ impl Cluster {
     /// while (it lets a node die, or cuts its gossip) sets it high and
     /// relies on the QUIC path instead.
     pub fn start_phi(tag: &str, n: usize, phi: u32, extra_head: &str, extra_tail: &str) -> Cluster {
-        Self::start_full(tag, n, extra_head, extra_tail, false, &[], phi, false)
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], phi, Sip::No)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -185,7 +206,7 @@ impl Cluster {
         shared: bool,
         args: &[&str],
         phi: u32,
-        sip: bool,
+        sip: Sip,
     ) -> Cluster {
         let dir = temp_dir(tag);
         let nodes: Vec<NodeInfo> = (1..=n)
@@ -195,7 +216,8 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-                sip: sip.then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+                sip: (sip != Sip::No)
+                    .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             })
             .collect();
         ADMIN_OF
@@ -234,6 +256,8 @@ impl Cluster {
             nodes,
             children: BTreeMap::new(),
             shared,
+            shared_sip: (sip == Sip::Shared)
+                .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             args: args.iter().map(|a| a.to_string()).collect(),
             held: BTreeMap::new(),
         };
@@ -259,6 +283,9 @@ impl Cluster {
             .stderr(log);
         if let Some(s) = self.shared {
             cmd.arg("--shared-listen").arg(s.to_string());
+        }
+        if let Some(s) = self.shared_sip {
+            cmd.arg("--shared-sip-listen").arg(s.to_string());
         }
         cmd.args(&self.args);
         let child = cmd.spawn().unwrap();
@@ -336,14 +363,14 @@ impl Cluster {
         self.hold(id);
     }
 
-    /// Takes a stopped node's four addresses (best effort): its TCP ports
+    /// Takes a stopped node's addresses (best effort; its SIP address too): its TCP ports
     /// bound but not listening, so connections to them are still refused,
     /// and its UDP ports bound, so datagrams to them are dropped unread.
     fn hold(&mut self, id: &str) {
         use socket2::{Domain, Socket, Type};
         let node = self.node(id).clone();
         let mut held = Vec::new();
-        for addr in [node.http, node.admin] {
+        for addr in [node.http, node.admin].into_iter().chain(node.sip) {
             let Ok(s) = Socket::new(Domain::for_address(addr), Type::STREAM, None) else {
                 continue;
             };
@@ -351,7 +378,7 @@ impl Cluster {
                 held.push(s);
             }
         }
-        for addr in [node.peer, node.gossip] {
+        for addr in [node.peer, node.gossip].into_iter().chain(node.sip) {
             if let Ok(s) = std::net::UdpSocket::bind(addr) {
                 held.push(s.into());
             }

@@ -1,15 +1,18 @@
 //! A SIP request's hash key and this cluster's dialog parameters:
 //! SailFin's BERoute / BEKey as `Record-Route` / `Route` URI parameters
-//! (docs/architecture.md, "SIP", "Dialog stickiness"), the default key
-//! (From tag + Call-ID), and the Request-URI parameters `<sip-rules>` read.
+//! (docs/architecture.md, "SIP", "Dialog stickiness"), the owner named in
+//! the remote target (`Contact` URI, then Request-URI) so that a target
+//! refresh can move a dialog to a new owner after a failover, the default
+//! key (From tag + Call-ID), and the Request-URI parameters `<sip-rules>`
+//! read.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use super::{SipMessage, uri_param};
 
-/// The `Route` / `Record-Route` URI parameter naming a dialog's owner
-/// (SailFin's `BERoute`): `peerlb-owner=<node id>`.
+/// The `Route` / `Record-Route` / `Contact` URI parameter naming a
+/// dialog's owner (SailFin's `BERoute`): `peerlb-owner=<node id>`.
 const OWNER_PARAM: &str = "peerlb-owner";
 /// The `Route` / `Record-Route` URI parameter carrying a dialog's hash key
 /// (SailFin's `BEKey`), percent-encoded: `peerlb-key=<key>`.
@@ -53,6 +56,137 @@ pub(crate) fn dialog_route(msg: &SipMessage) -> Option<DialogRoute> {
         owner: owner.to_owned(),
         key: key.into_owned(),
     })
+}
+
+/// The `peerlb-owner` parameter of the request's Request-URI: the owner
+/// the dialog's remote target names (the `Contact` an owner answered a
+/// dialog-creating or target-refresh request with, [`with_owner_param`];
+/// RFC 3261 12.2.1.1 has the caller copy that URI into the Request-URI of
+/// every later request). `None` when absent or empty.
+pub(crate) fn target_owner(msg: &SipMessage) -> Option<&str> {
+    let super::StartLine::Request { uri, .. } = &msg.start else {
+        return None;
+    };
+    uri_param(uri, OWNER_PARAM).filter(|o| !o.is_empty())
+}
+
+/// The parts of a SIP URI: everything through the host and port, the
+/// `;`-separated parameters (without the first `;`), and the `?` headers
+/// (without the `?`). The host part starts after the last `@`, since a
+/// user part may hold `;` and `?` (RFC 3261 25.1 `user-unreserved`) and
+/// neither parameters nor headers hold a bare `@`.
+pub(crate) fn split_uri(uri: &str) -> (&str, Option<&str>, Option<&str>) {
+    let host_at = uri.rfind('@').map_or(0, |i| i + 1);
+    let rest = &uri[host_at..];
+    let (main, headers) = match rest.find('?') {
+        Some(q) => (&uri[..host_at + q], Some(&rest[q + 1..])),
+        None => (uri, None),
+    };
+    match main[host_at..].find(';') {
+        Some(p) => (
+            &main[..host_at + p],
+            Some(&main[host_at + p + 1..]),
+            headers,
+        ),
+        None => (main, None, headers),
+    }
+}
+
+/// `uri` with its parameter `name` (case-insensitive) removed and, when
+/// `value` is given, `;name=value` added after the other parameters.
+fn set_uri_param(uri: &str, name: &str, value: Option<&str>) -> String {
+    let (main, params, headers) = split_uri(uri);
+    let mut out = main.to_owned();
+    for p in params.into_iter().flat_map(|p| p.split(';')) {
+        let k = p.split_once('=').map_or(p, |(k, _)| k);
+        if !k.trim().eq_ignore_ascii_case(name) {
+            out.push(';');
+            out.push_str(p);
+        }
+    }
+    if let Some(v) = value {
+        let _ = write!(out, ";{name}={v}");
+    }
+    if let Some(h) = headers {
+        out.push('?');
+        out.push_str(h);
+    }
+    out
+}
+
+/// A Request-URI without this cluster's `peerlb-owner` parameter: what
+/// an owner sends its upstream SIP server, whose own `Contact` URI the
+/// parameter was added to ([`with_owner_param`]), so the server sees the
+/// URI it gave.
+pub(crate) fn strip_owner_param(uri: &str) -> String {
+    set_uri_param(uri, OWNER_PARAM, None)
+}
+
+/// A `Contact` value whose URI names `owner` as `peerlb-owner` (replacing
+/// any such parameter): `<sip:bob@192.0.2.4:5070;peerlb-owner=n2>`, the
+/// display name and header parameters kept; an addr-spec without `<>` is
+/// put in `<>` (RFC 3261 20.10: outside them every `;` parameter is the
+/// header's, not the URI's). `None` for `*` or a value that is not one
+/// name-addr or addr-spec.
+pub(crate) fn with_owner_param(contact: &str, owner: &str) -> Option<String> {
+    let contact = contact.trim();
+    let (before, uri, after) = match (contact.find('<'), contact.rfind('>')) {
+        (Some(a), Some(b)) if a < b => (&contact[..a], &contact[a + 1..b], &contact[b + 1..]),
+        (None, None) => {
+            // An addr-spec: the URI ends at its first `;` (RFC 3261 20.10).
+            let end = contact.find(';').unwrap_or(contact.len());
+            ("", &contact[..end], &contact[end..])
+        }
+        _ => return None,
+    };
+    if !uri.contains(':') || uri.contains([',', ' ', '<', '>']) {
+        return None;
+    }
+    Some(format!(
+        "{before}<{}>{after}",
+        set_uri_param(uri, OWNER_PARAM, Some(owner))
+    ))
+}
+
+/// Methods whose `1xx`/`2xx` answer sets the dialog's remote target from
+/// its `Contact` (RFC 3261 12.1.1 dialog creation, 12.2.1.2 target
+/// refresh; UPDATE RFC 3311, SUBSCRIBE and NOTIFY RFC 6665, REFER RFC
+/// 3515), and whose request's `Contact` does the same for the other side.
+pub(crate) fn sets_remote_target(method: &str) -> bool {
+    matches!(
+        method,
+        "INVITE" | "UPDATE" | "SUBSCRIBE" | "NOTIFY" | "REFER"
+    )
+}
+
+/// Names `owner` in the `Contact` of `msg` (a request, or a `101..=299`
+/// answer to one, of a method that [`sets_remote_target`]): the caller
+/// then addresses the dialog's later requests to a URI naming `owner`
+/// ([`target_owner`]). A message with no `Contact`, several, or `*` is
+/// left alone; so is every other message (a `REGISTER` answer's
+/// `Contact` lists bindings, a `3xx`'s redirect targets).
+pub(crate) fn mark_contact(msg: &mut SipMessage, method: &str, owner: &str) {
+    if !sets_remote_target(method) {
+        return;
+    }
+    if let super::StartLine::Response { status, .. } = msg.start
+        && !(101..=299).contains(&status)
+    {
+        return;
+    }
+    if msg.header_list("contact").len() != 1 {
+        return;
+    }
+    let Some(i) = msg
+        .headers
+        .iter()
+        .position(|(n, _)| super::full_name(n) == "contact")
+    else {
+        return;
+    };
+    if let Some(v) = with_owner_param(&msg.headers[i].1, owner) {
+        msg.headers[i].1 = v;
+    }
 }
 
 /// Percent-encodes everything but RFC 3261 25.1 `unreserved` characters.

@@ -4,11 +4,15 @@
 //!
 //! Order of precedence:
 //!
-//! 1. The topmost `Route` carries this cluster's dialog parameters
-//!    ([`super::dialog_route`]): the dialog's owner while it is serving
-//!    or draining (it finishes its dialogs, as it finishes the sessions of
-//!    its sticky routes), else the owner of the dialog's key on the ring (the next ring node
-//!    for it: [`SipReason::DialogFailover`]).
+//! 1. The Request-URI carries `peerlb-owner` (the remote target an
+//!    owner's `Contact` set, [`super::target_owner`]) or the topmost
+//!    `Route` carries this cluster's dialog parameters
+//!    ([`super::dialog_route`]): the owner the Request-URI names while it
+//!    is serving or draining (it finishes its dialogs, as it finishes the
+//!    sessions of its sticky routes), else the one the `Route` names on
+//!    the same terms, else the owner of the dialog's key (the `Route`'s)
+//!    on the ring (the next ring node for it:
+//!    [`SipReason::DialogFailover`]).
 //! 2. The first `<sip-rules>` rule yielding a key ([`Rules::extract_sip`]).
 //! 3. The default key: From tag + Call-ID ([`super::default_key`]); a
 //!    request without a From tag (RFC 3261 8.1.1.3 requires one) is keyed
@@ -20,7 +24,7 @@ use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 
-use super::{SipMessage, StartLine, dialog_route, full_name, uri_params_as_query};
+use super::{SipMessage, StartLine, dialog_route, full_name, target_owner, uri_params_as_query};
 use crate::engine::membership::MembershipView;
 use crate::engine::node_id::NodeId;
 use crate::engine::rules::{RequestView, Rules};
@@ -28,8 +32,11 @@ use crate::engine::rules::{RequestView, Rules};
 /// Why a [`SipDecision`] picked its owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SipReason {
-    /// The dialog's `peerlb-owner` names a serving or draining member.
+    /// The top `Route`'s `peerlb-owner` names a serving or draining member.
     DialogOwner,
+    /// The Request-URI's `peerlb-owner` (the remote target an owner's
+    /// `Contact` set) names a serving or draining member.
+    TargetOwner,
     /// The dialog's owner is gone: the owner of its key on the ring.
     DialogFailover,
     /// `<sip-rules>` rule `n` (0-based) gave the key.
@@ -45,6 +52,7 @@ impl SipReason {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             SipReason::DialogOwner => "dialog-owner",
+            SipReason::TargetOwner => "dialog-target",
             SipReason::DialogFailover => "dialog-failover",
             SipReason::Rule(_) => "rule",
             SipReason::DefaultKey => "default-key",
@@ -140,27 +148,35 @@ pub(crate) fn decide(
     rules: &Rules,
     view: &MembershipView,
 ) -> SipDecision {
-    let (key, reason) = if let Some(d) = dialog_route(msg) {
-        // Serving or draining, like a sticky route: a draining node
-        // finishes its dialogs.
-        if let Some(id) = view.sticky_target(&d.owner) {
-            return SipDecision {
-                owner: id.clone(),
-                key: d.key,
-                reason: SipReason::DialogOwner,
-            };
-        }
-        (d.key, SipReason::DialogFailover)
-    } else if let Some((i, key)) = (rules.sip_len() > 0)
-        .then(|| rules.extract_sip(&SipView::new(msg).view(client)))
-        .flatten()
-    {
-        (key, SipReason::Rule(i))
-    } else {
-        let key = super::default_key(msg)
-            .or_else(|| msg.call_id().map(str::to_owned))
-            .unwrap_or_default();
-        (key, SipReason::DefaultKey)
+    let route = dialog_route(msg);
+    // The remote target's owner wins over the Route's: a target refresh
+    // answered by a new owner after a failover names it there, while the
+    // route set never changes (RFC 3261 12.2.1.2). Either is taken only
+    // while serving or draining; then the dialog key's owner.
+    let target = target_owner(msg).map(|o| (o, SipReason::TargetOwner));
+    let routed = route
+        .as_ref()
+        .map(|d| (d.owner.as_str(), SipReason::DialogOwner));
+    // Serving or draining, like a sticky route: a draining node finishes
+    // its dialogs.
+    let named = target
+        .into_iter()
+        .chain(routed)
+        .find_map(|(name, reason)| view.sticky_target(name).map(|id| (id, reason)));
+    if let Some((id, reason)) = named {
+        let key = match &route {
+            Some(d) => d.key.clone(),
+            None => request_key(msg, client, rules).0,
+        };
+        return SipDecision {
+            owner: id.clone(),
+            key,
+            reason,
+        };
+    }
+    let (key, reason) = match route {
+        Some(d) => (d.key, SipReason::DialogFailover),
+        None => request_key(msg, client, rules),
     };
     match view.ring().owner(&key) {
         Some(owner) => SipDecision {
@@ -174,4 +190,20 @@ pub(crate) fn decide(
             reason: SipReason::NoMembers,
         },
     }
+}
+
+/// The key of a request outside a dialog of this cluster: the first
+/// `<sip-rules>` rule yielding one, else From tag + Call-ID, else the
+/// Call-ID.
+fn request_key(msg: &SipMessage, client: SocketAddr, rules: &Rules) -> (String, SipReason) {
+    if let Some((i, key)) = (rules.sip_len() > 0)
+        .then(|| rules.extract_sip(&SipView::new(msg).view(client)))
+        .flatten()
+    {
+        return (key, SipReason::Rule(i));
+    }
+    let key = super::default_key(msg)
+        .or_else(|| msg.call_id().map(str::to_owned))
+        .unwrap_or_default();
+    (key, SipReason::DefaultKey)
 }

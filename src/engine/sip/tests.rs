@@ -563,6 +563,55 @@ mod routing {
         assert_eq!(c[0], &next);
     }
 
+    /// After a failover, a target refresh answered by the new owner names
+    /// it in the Contact, so the Request-URI of later requests names it:
+    /// it wins over the Route's owner, even once that one is back.
+    #[test]
+    fn the_request_uris_owner_wins_over_the_routes_and_falls_back_to_it() {
+        let rules = Rules::default();
+        let all = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
+        let bye = |target: &str, route: bool| {
+            let rr = record_route("127.0.0.1:5060".parse().unwrap(), false, "n1", "dialog-key");
+            let route = if route {
+                format!("Route: {rr}\r\n")
+            } else {
+                String::new()
+            };
+            msg(&format!(
+                "BYE {target} SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\n{route}\
+                 From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: other\r\nCSeq: 2 BYE\r\n\r\n"
+            ))
+        };
+        let d = decide(
+            &bye("sip:b@192.0.2.9:5070;peerlb-owner=n3", true),
+            &rules,
+            &all,
+        );
+        assert_eq!((&*d.owner, d.reason), ("n3", SipReason::TargetOwner));
+        assert_eq!(d.key, "dialog-key");
+        // Without a Route the key is the request's own.
+        let d = decide(&bye("sip:b@192.0.2.9;peerlb-owner=n2", false), &rules, &all);
+        assert_eq!((&*d.owner, d.key.as_str()), ("n2", "1|other"));
+        // The target's owner is gone: the Route's owner, then the key's.
+        let no_n3 = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Offline)]);
+        let d = decide(
+            &bye("sip:b@192.0.2.9;peerlb-owner=n3", true),
+            &rules,
+            &no_n3,
+        );
+        assert_eq!((&*d.owner, d.reason), ("n1", SipReason::DialogOwner));
+        let only_n2 = view("n2", &[("n1", Offline), ("n2", Serving), ("n3", Offline)]);
+        let d = decide(
+            &bye("sip:b@192.0.2.9;peerlb-owner=n3", true),
+            &rules,
+            &only_n2,
+        );
+        assert_eq!((&*d.owner, d.reason), ("n2", SipReason::DialogFailover));
+        // An empty parameter names no one.
+        let d = decide(&bye("sip:b@192.0.2.9;peerlb-owner=", true), &rules, &all);
+        assert_eq!((&*d.owner, d.reason), ("n1", SipReason::DialogOwner));
+    }
+
     #[test]
     fn no_member_on_the_ring_leaves_the_request_to_the_entry() {
         let v = view("n1", &[("n1", Draining)]);
@@ -622,4 +671,78 @@ fn responses_go_to_the_source_ip_and_the_rport_or_via_port() {
         dest("SIP/2.0/UDP host;branch=z9hG4bK1"),
         "198.51.100.7:5060".parse().unwrap()
     );
+}
+
+/// The owner's mark in a remote target: added to the URI of a `Contact`
+/// (inside `<>`, before URI headers, replacing an older mark), read back
+/// from a Request-URI, and removed before the upstream sees it.
+#[test]
+fn the_owner_mark_goes_into_the_contact_uri_and_out_of_the_request_uri() {
+    use super::dialog::with_owner_param;
+    assert_eq!(
+        with_owner_param("<sip:bob@192.0.2.4:5070>", "n2").as_deref(),
+        Some("<sip:bob@192.0.2.4:5070;peerlb-owner=n2>")
+    );
+    assert_eq!(
+        with_owner_param(
+            "\"Bob\" <sip:bob@h;transport=udp?Subject=x>;expires=60",
+            "n2"
+        )
+        .as_deref(),
+        Some("\"Bob\" <sip:bob@h;transport=udp;peerlb-owner=n2?Subject=x>;expires=60")
+    );
+    // An addr-spec's parameters are the header's: it is put in <>.
+    assert_eq!(
+        with_owner_param("sip:bob@h;expires=60", "n3").as_deref(),
+        Some("<sip:bob@h;peerlb-owner=n3>;expires=60")
+    );
+    assert_eq!(
+        with_owner_param("<sip:bob@h;peerlb-owner=n1;lr>", "n3").as_deref(),
+        Some("<sip:bob@h;lr;peerlb-owner=n3>")
+    );
+    // A user part may hold ';' and '?' (RFC 3261 25.1 user-unreserved).
+    assert_eq!(
+        with_owner_param("<sip:a;b?c@h>", "n1").as_deref(),
+        Some("<sip:a;b?c@h;peerlb-owner=n1>")
+    );
+    assert_eq!(with_owner_param("*", "n1"), None);
+    assert_eq!(with_owner_param("<sip:a@h", "n1"), None);
+    assert_eq!(
+        strip_owner_param("sip:bob@h:5070;transport=udp;peerlb-owner=n2;x=1"),
+        "sip:bob@h:5070;transport=udp;x=1"
+    );
+    assert_eq!(strip_owner_param("sip:bob@h;PEERLB-OWNER=n2"), "sip:bob@h");
+    assert_eq!(strip_owner_param("sip:bob@h"), "sip:bob@h");
+    let bye = msg(
+        "BYE sip:bob@h;peerlb-owner=n2 SIP/2.0\r\nVia: SIP/2.0/UDP p;branch=z9hG4bK1\r\n\
+        From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: c\r\nCSeq: 2 BYE\r\n\r\n",
+    );
+    assert_eq!(target_owner(&bye), Some("n2"));
+    // Only a 101..=299 answer (or a request) of a method that sets the
+    // remote target gets the mark; REGISTER's bindings never do.
+    let invite = msg(INVITE);
+    for (status, method, marked) in [
+        (200, "INVITE", true),
+        (180, "INVITE", true),
+        (100, "INVITE", false),
+        (302, "INVITE", false),
+        (200, "UPDATE", true),
+        (200, "REGISTER", false),
+        (200, "BYE", false),
+    ] {
+        let mut r = invite.response(status, "X", Some("t"));
+        r.headers
+            .push(("Contact".into(), "<sip:bob@192.0.2.4>".into()));
+        mark_contact(&mut r, method, "n2");
+        assert_eq!(
+            r.header("contact").unwrap().contains("peerlb-owner=n2"),
+            marked,
+            "{status} {method}"
+        );
+    }
+    let mut two = invite.response(200, "OK", Some("t"));
+    two.headers
+        .push(("Contact".into(), "<sip:a@h>, <sip:b@h>".into()));
+    mark_contact(&mut two, "INVITE", "n2");
+    assert_eq!(two.header("contact"), Some("<sip:a@h>, <sip:b@h>"));
 }

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `OPTIONS` | `200` with `Allow` (RFC 3261 11.2) |
 //! | `REGISTER` | `200` with the request's `Contact` (10.3 step 8) |
-//! | `INVITE` (no To tag) | `100`, `180`, `200` with a To tag, `Contact` and the request's `Record-Route` (12.1.1); the dialog is remembered |
+//! | `INVITE` (no To tag) | `100`, `180`, `200` with a To tag, `Contact` (naming the node as `peerlb-owner`) and the request's `Record-Route` (12.1.1); the dialog is remembered |
 //! | `INVITE` (To tag) | re-INVITE: `200` for a known dialog, else `481` (12.2.2) |
 //! | `ACK` | nothing (17.1.1.3) |
 //! | `BYE` | `200` for a known dialog (which ends), else `481` (15.1.2) |
@@ -130,8 +130,10 @@ pub(crate) fn serve(
             Some(local) => {
                 if dialogs.contains(&dialog_id(local)) {
                     let mut ok = req.response(200, "OK", None);
-                    ok.headers
-                        .push(("Contact".into(), format!("<sip:{node}@{contact}>")));
+                    ok.headers.push((
+                        "Contact".into(),
+                        format!("<sip:{node}@{contact};peerlb-owner={node}>"),
+                    ));
                     vec![ok]
                 } else {
                     vec![req.response(481, "Call/Transaction Does Not Exist", None)]
@@ -142,8 +144,10 @@ pub(crate) fn serve(
                 let trying = req.response(100, "Trying", None);
                 let ringing = with_record_route(req, req.response(180, "Ringing", Some(&tag)));
                 let mut ok = with_record_route(req, req.response(200, "OK", Some(&tag)));
-                ok.headers
-                    .push(("Contact".into(), format!("<sip:{node}@{contact}>")));
+                ok.headers.push((
+                    "Contact".into(),
+                    format!("<sip:{node}@{contact};peerlb-owner={node}>"),
+                ));
                 vec![trying, ringing, ok]
             }
         },

@@ -36,6 +36,10 @@ pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
 /// `INVITE` (same Call-ID, CSeq number and client branch), as RFC 3261
 /// 9.1 requires of a proxy's `CANCEL`.
 pub(crate) fn branch(req: &SipMessage, node: &str) -> String {
+    branch_with(OWNER_BRANCH_PREFIX, req, node)
+}
+
+fn branch_with(prefix: &str, req: &SipMessage, node: &str) -> String {
     let h = xxhash_rust::xxh3::xxh3_64(
         format!(
             "{}\n{}\n{}\n{node}",
@@ -45,16 +49,31 @@ pub(crate) fn branch(req: &SipMessage, node: &str) -> String {
         )
         .as_bytes(),
     );
-    format!("{OWNER_BRANCH_PREFIX}{h:016x}")
+    format!("{prefix}{h:016x}")
 }
 
 /// `req` as sent upstream from `local` (the owner's UDP socket): a `Via`
 /// `SIP/2.0/UDP <local>;branch=<branch>;rport` on top (RFC 3261 16.6 step
-/// 8, RFC 3581), everything else as the entry forwarded it.
+/// 8, RFC 3581), this cluster's `peerlb-owner` removed from the
+/// Request-URI (the owner added it to the upstream's own `Contact`,
+/// [`relayed_answer`]), everything else as the entry forwarded it.
 pub(crate) fn upstream_request(req: &SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
     let mut out = req.clone();
+    if let StartLine::Request { uri, .. } = &mut out.start {
+        *uri = super::strip_owner_param(uri);
+    }
     out.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
     out
+}
+
+/// An upstream's answer to `method` as the owner `node` relays it: its
+/// `Contact` names `node` (`peerlb-owner`) when the answer sets the
+/// caller's remote target (a `101..=299` answer to INVITE, UPDATE, ...:
+/// RFC 3261 12.1.1, 12.2.1.2), so the caller's later requests of the
+/// dialog name the owner that relayed it, a new one after a failover.
+pub(crate) fn relayed_answer(mut msg: SipMessage, method: &str, node: &str) -> SipMessage {
+    super::mark_contact(&mut msg, method, node);
+    msg
 }
 
 /// How long the owner waits after the `sent`-th transmission (1-based)
@@ -144,6 +163,136 @@ pub(crate) fn owner_ack(sent: &SipMessage, resp: &SipMessage) -> Option<SipMessa
         return None;
     };
     (sent.method() == Some("INVITE") && status >= 300).then(|| ack_for_non_2xx(sent, resp))
+}
+
+/// The `Via` branch prefix of a request the upstream sent that an owner
+/// relays toward the caller: the magic cookie, then `-plbc-`.
+pub(crate) const CALLEE_BRANCH_PREFIX: &str = "z9hG4bK-plbc-";
+
+/// The branch of the owner's `Via` on a request its upstream sent
+/// ([`CALLEE_BRANCH_PREFIX`], then hashed like [`branch`]): the same for a
+/// retransmission, and for the hop-by-hop ACK of a non-2xx answer to an
+/// INVITE (same Call-ID, CSeq number and upstream branch, RFC 3261
+/// 17.1.1.3), relayed like any ACK (a caller drops one that matches
+/// nothing, 17.2.3).
+pub(crate) fn callee_branch(req: &SipMessage, node: &str) -> String {
+    branch_with(CALLEE_BRANCH_PREFIX, req, node)
+}
+
+/// Why a request the upstream sent is not relayed: the answer the owner
+/// sends the upstream itself, or `None` (an ACK is never answered).
+pub(crate) type Refusal = Option<SipMessage>;
+
+/// A request the upstream server sent (the callee's side of a dialog: a
+/// BYE, a re-INVITE) made ready for the caller, as a stateful proxy does
+/// (RFC 3261 16.3-16.6), and where it goes:
+///
+/// - `Max-Forwards: 0` is refused `483 Too Many Hops` (16.3 step 3);
+///   otherwise decremented, 70 when absent (16.6 step 3).
+/// - A top `Route` carrying this cluster's dialog parameters names this
+///   cluster and is removed (16.4: the owner stands in for any node).
+/// - The destination (16.6 steps 6-7, loose routing only): the next
+///   `Route`'s URI when there is one, else the Request-URI; its host must
+///   be an IP address (no DNS here), its port defaults to 5060, a
+///   `transport` other than UDP or a `sips:` URI is refused `503
+///   Service Unavailable` (the owner cannot send it, 16.9), as is any
+///   other scheme (`416 Unsupported URI Scheme`, 16.3 step 2).
+/// - A request that sets the remote target (re-INVITE, UPDATE, ...) gets
+///   `peerlb-owner=<node>` in its `Contact`, as an answer the owner relays
+///   does ([`relayed_answer`]): the caller's next requests to the callee
+///   name this owner.
+///
+/// The owner's own `Via` is added by [`with_via`] once the sending socket
+/// is known.
+///
+/// # Errors
+/// The [`Refusal`] to send the upstream instead.
+pub(crate) fn callee_request(
+    req: &SipMessage,
+    node: &str,
+) -> Result<(SipMessage, SocketAddr), Refusal> {
+    let method = req.method().unwrap_or("");
+    let refuse = |status: u16, reason: &str| {
+        (method != "ACK").then(|| {
+            let mut r = req.response(status, reason, None);
+            r.headers
+                .push((super::SERVED_BY.to_owned(), node.to_owned()));
+            r
+        })
+    };
+    let hops = match req.header("max-forwards") {
+        Some(v) => v.parse::<u16>().unwrap_or(70),
+        None => 70,
+    };
+    if hops == 0 {
+        return Err(refuse(483, "Too Many Hops"));
+    }
+    let mut out = req.clone();
+    out.headers.retain(|(n, _)| full_name(n) != "max-forwards");
+    out.headers
+        .push(("Max-Forwards".to_owned(), (hops - 1).to_string()));
+    if super::dialog_route(&out).is_some() {
+        out.pop_route();
+    }
+    let target = match out.header_list("route").first() {
+        Some(r) => {
+            let r = *r;
+            match (r.find('<'), r.rfind('>')) {
+                (Some(a), Some(b)) if a < b => r[a + 1..b].to_owned(),
+                _ => r.to_owned(),
+            }
+        }
+        None => match &out.start {
+            StartLine::Request { uri, .. } => uri.clone(),
+            StartLine::Response { .. } => return Err(None),
+        },
+    };
+    let to = match udp_destination(&target) {
+        Ok(to) => to,
+        Err(status) => {
+            let reason = if status == 416 {
+                "Unsupported URI Scheme"
+            } else {
+                "Service Unavailable"
+            };
+            return Err(refuse(status, reason));
+        }
+    };
+    super::mark_contact(&mut out, method, node);
+    Ok((out, to))
+}
+
+/// Where a datagram for SIP URI `uri` goes: `sip:[user@]<ip>[:port]`,
+/// port 5060 when absent, no `transport` or `transport=udp`. `Err(416)`
+/// for a scheme other than `sip`/`sips`, `Err(503)` for what the owner
+/// cannot send to (`sips`, TLS or TCP, a host name).
+fn udp_destination(uri: &str) -> Result<SocketAddr, u16> {
+    let (scheme, rest) = uri.split_once(':').ok_or(416u16)?;
+    if scheme.eq_ignore_ascii_case("sips") {
+        return Err(503);
+    }
+    if !scheme.eq_ignore_ascii_case("sip") {
+        return Err(416);
+    }
+    if super::uri_param(rest, "transport").is_some_and(|t| !t.eq_ignore_ascii_case("udp")) {
+        return Err(503);
+    }
+    let (main, _, _) = super::dialog::split_uri(rest);
+    let hostport = main.rfind('@').map_or(main, |i| &main[i + 1..]);
+    if let Ok(addr) = hostport.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let host = hostport.trim_start_matches('[').trim_end_matches(']');
+    host.parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 5060))
+        .map_err(|_| 503)
+}
+
+/// `msg` with the owner's `Via` on top, naming `local` (the socket the
+/// caller answers to) and `branch` (16.6 step 8, RFC 3581 `rport`).
+pub(crate) fn with_via(mut msg: SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
+    msg.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
+    msg
 }
 
 /// How long an owner waits for its upstream's final response when the
@@ -295,5 +444,121 @@ mod tests {
             Duration::from_secs(5)
         );
         assert_eq!(transaction_timeout(Duration::from_secs(300)), TIMER_B);
+    }
+
+    const CALLEE_BYE: &str = "BYE sip:alice@192.0.2.1:5070 SIP/2.0\r\n\
+        Via: SIP/2.0/UDP 127.0.0.1:5090;branch=z9hG4bKu1\r\n\
+        Route: <sip:127.0.0.1:5062;transport=udp;lr;peerlb-owner=n2;peerlb-key=k>\r\n\
+        From: <sip:bob@h>;tag=u\r\nTo: <sip:alice@h>;tag=1\r\nCall-ID: c\r\nCSeq: 1 BYE\r\n\
+        Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n";
+
+    /// RFC 3261 16.4-16.6: the cluster's own Route is removed, the target
+    /// is the Request-URI (or the next Route), Max-Forwards goes down
+    /// by one, and the owner's Via goes on top.
+    #[test]
+    fn a_request_from_the_upstream_goes_to_the_callers_target_through_the_next_route() {
+        let (out, to) = callee_request(&msg(CALLEE_BYE), "n2").unwrap();
+        assert_eq!(to, "192.0.2.1:5070".parse().unwrap());
+        assert!(out.header("route").is_none());
+        assert_eq!(out.header("max-forwards"), Some("69"));
+        let b = callee_branch(&msg(CALLEE_BYE), "n2");
+        assert!(b.starts_with(CALLEE_BRANCH_PREFIX));
+        let sent = with_via(out, "127.0.0.1:41000".parse().unwrap(), &b);
+        assert_eq!(sent.header_list("via").len(), 2);
+        assert_eq!(sent.top_via().unwrap().param("branch"), Some(b.as_str()));
+        parse(&sent.to_bytes()).unwrap();
+        // A Route after the cluster's own is the next hop.
+        let routed = CALLEE_BYE.replace(
+            "Route: <sip:127.0.0.1:5062",
+            "Route: <sip:127.0.0.1:5062;lr;peerlb-owner=n2;peerlb-key=k>, <sip:[::1]:5099;lr>\r\nX: <sip:x",
+        );
+        let (out, to) = callee_request(&msg(&routed), "n2").unwrap();
+        assert_eq!(to, "[::1]:5099".parse().unwrap());
+        assert_eq!(out.header_list("route"), ["<sip:[::1]:5099;lr>"]);
+        // No port: 5060.
+        let (_, to) = callee_request(
+            &msg(&CALLEE_BYE.replace("192.0.2.1:5070", "192.0.2.1")),
+            "n2",
+        )
+        .unwrap();
+        assert_eq!(to, "192.0.2.1:5060".parse().unwrap());
+    }
+
+    #[test]
+    fn a_request_from_the_upstream_the_owner_cannot_send_is_refused() {
+        for (from, to, status) in [
+            ("Max-Forwards: 70", "Max-Forwards: 0", 483),
+            ("sip:alice@192.0.2.1:5070 SIP", "tel:+15551234 SIP", 416),
+            (
+                "sip:alice@192.0.2.1:5070 SIP",
+                "sips:alice@192.0.2.1 SIP",
+                503,
+            ),
+            (
+                "sip:alice@192.0.2.1:5070 SIP",
+                "sip:alice@pc.example.com SIP",
+                503,
+            ),
+            (
+                "sip:alice@192.0.2.1:5070 SIP",
+                "sip:alice@192.0.2.1;transport=tcp SIP",
+                503,
+            ),
+        ] {
+            let req = msg(&CALLEE_BYE.replace(from, to));
+            let Err(Some(r)) = callee_request(&req, "n2") else {
+                panic!("{to}: relayed");
+            };
+            assert_eq!(
+                r.start,
+                StartLine::Response {
+                    status,
+                    reason: match status {
+                        483 => "Too Many Hops",
+                        416 => "Unsupported URI Scheme",
+                        _ => "Service Unavailable",
+                    }
+                    .into()
+                },
+                "{to}"
+            );
+            // To the upstream: its own Via only.
+            assert_eq!(
+                r.header_list("via"),
+                ["SIP/2.0/UDP 127.0.0.1:5090;branch=z9hG4bKu1"]
+            );
+        }
+        let ack = CALLEE_BYE
+            .replace("BYE sip", "ACK sip")
+            .replace("1 BYE", "1 ACK")
+            .replace("Max-Forwards: 70", "Max-Forwards: 0");
+        assert_eq!(callee_request(&msg(&ack), "n2").unwrap_err(), None);
+    }
+
+    /// The owner's mark: out of the Request-URI sent upstream, into the
+    /// Contact of an answer that sets the caller's remote target.
+    #[test]
+    fn the_owner_mark_leaves_the_request_uri_and_enters_the_relayed_contact() {
+        let req = msg(&INVITE.replace(
+            "INVITE sip:bob@h SIP",
+            "INVITE sip:bob@h;peerlb-owner=n1 SIP",
+        ));
+        let b = branch(&req, "n2");
+        let sent = upstream_request(&req, "127.0.0.1:40000".parse().unwrap(), &b);
+        assert_eq!(
+            sent.start,
+            StartLine::Request {
+                method: "INVITE".into(),
+                uri: "sip:bob@h".into()
+            }
+        );
+        let mut ok = sent.response(200, "OK", Some("u"));
+        ok.headers
+            .push(("Contact".into(), "<sip:bob@192.0.2.5:5080>".into()));
+        let ok = relayed_answer(ok, "INVITE", "n2");
+        assert_eq!(
+            ok.header("contact"),
+            Some("<sip:bob@192.0.2.5:5080;peerlb-owner=n2>")
+        );
     }
 }
