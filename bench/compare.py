@@ -328,17 +328,21 @@ def wait_ok(url, what, procs, timeout=30):
     sys.exit(f"{what} not ready at {url}: {last}")
 
 
-def wait_serving(admin, n, procs, timeout=30):
+def wait_serving(admin, n, procs, timeout=30, client=None):
+    """Waits until the node's status lists n serving members. The status is
+    read on the admin listener, or on the client port `client` (a --before
+    binary older than the admin listener answers it there)."""
     import json
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        try:
-            _, body = get(f"http://{admin}/_peerlb/status")
-            if len(json.loads(body).get("serving", [])) == n:
-                return
-        except Exception:  # noqa: BLE001
-            pass
+        for addr in [admin] + ([client] if client else []):
+            try:
+                _, body = get(f"http://{addr}/_peerlb/status")
+                if len(json.loads(body).get("serving", [])) == n:
+                    return
+            except Exception:  # noqa: BLE001
+                pass
         time.sleep(0.2)
     sys.exit(f"peerlb node (admin {admin}) does not see {n} serving members; logs in {procs.logdir}")
 
@@ -399,7 +403,7 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, w
             argv += ["--shared-listen", listen]
         pids.append(procs.start(nid, argv, env=env).pid)
     for _, http in specs:
-        wait_serving(f"127.0.0.1:{http + 1000}", nodes, procs)
+        wait_serving(f"127.0.0.1:{http + 1000}", nodes, procs, client=f"127.0.0.1:{http}")
     return pids
 
 
