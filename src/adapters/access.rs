@@ -29,14 +29,14 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use tracing::info;
 
 /// The access log's tracing target.
 pub(crate) const ACCESS: &str = "peerlb::access";
 
 /// Request header carrying the request id to the app.
-pub(crate) const X_REQUEST_ID: &str = "x-request-id";
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The id of a client request, as a `u128` (the wire's form); sets
 /// `X-Request-Id` in `headers` to it. `random` is 16 bytes of the entry's
@@ -44,7 +44,7 @@ pub(crate) const X_REQUEST_ID: &str = "x-request-id";
 /// kept instead when `keep_client` holds (see the module doc).
 pub(crate) fn request_id(headers: &mut HeaderMap, random: [u8; 16], keep_client: bool) -> u128 {
     if keep_client {
-        let mut sent = headers.get_all(X_REQUEST_ID).iter();
+        let mut sent = headers.get_all(&X_REQUEST_ID).iter();
         if let (Some(v), None) = (sent.next(), sent.next())
             && let Ok(id) = uuid::Uuid::try_parse_ascii(v.as_bytes())
         {
@@ -102,7 +102,7 @@ mod tests {
         let id = request_id(&mut h, RANDOM, true);
         let u = uuid::Uuid::from_u128(id);
         assert_eq!(u.get_version_num(), 4);
-        assert_eq!(h[X_REQUEST_ID], u.hyphenated().to_string().as_str());
+        assert_eq!(h[&X_REQUEST_ID], u.hyphenated().to_string().as_str());
     }
 
     #[test]
@@ -112,7 +112,7 @@ mod tests {
         h.insert(X_REQUEST_ID, HeaderValue::from_static(sent));
         let id = request_id(&mut h, RANDOM, true);
         assert_eq!(uuid::Uuid::from_u128(id).to_string(), sent);
-        assert_eq!(h[X_REQUEST_ID], sent);
+        assert_eq!(h[&X_REQUEST_ID], sent);
         let id = request_id(&mut h, RANDOM, false);
         assert_ne!(uuid::Uuid::from_u128(id).to_string(), sent);
         assert_eq!(h.get_all(X_REQUEST_ID).iter().count(), 1);

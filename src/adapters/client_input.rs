@@ -4,17 +4,27 @@
 //! `Host` / `Origin` check against browsers, and the forwarding headers the
 //! app receives (`X-Forwarded-For`).
 
-use http::{HeaderMap, HeaderValue, Method, Uri, header};
+use std::io::Write as _;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 
 use super::errors::{AdminError, RequestError};
 
 /// Forwarding headers a client may forge, dropped at the entry when
 /// `headers.trust_client_forwarded` is false.
-pub(crate) const CLIENT_FORWARDING: [&str; 3] = ["x-forwarded-for", "x-real-ip", "forwarded"];
+pub(crate) const CLIENT_FORWARDING: [HeaderName; 3] = [
+    X_FORWARDED_FOR,
+    HeaderName::from_static("x-real-ip"),
+    header::FORWARDED,
+];
+
+/// `X-Forwarded-For`: the client addresses a request came through, the
+/// client's own last ([`append_forwarded_for`]).
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// `X-Forwarded-Proto`: the scheme the client used, as peerlb tells the
 /// app (`http` or `https`); a client-sent one is dropped at the entry.
-pub(crate) const FORWARDED_PROTO: &str = "x-forwarded-proto";
+pub(crate) const FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Checks the request-target's form and the `Host` value (RFC 9112
 /// sections 3.2 and 3.2.1-3.2.4): authority-form is for CONNECT only (which
@@ -334,8 +344,10 @@ fn port_ok(p: &str) -> bool {
 /// the first line still sees peerlb's entry last. The rightmost value is the
 /// one peerlb vouches for.
 pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr) {
-    let mut combined: Vec<u8> = Vec::new();
-    for v in headers.get_all("x-forwarded-for") {
+    // One allocation: the earlier values, then the address written in
+    // place (no intermediate string), handed to the header as is.
+    let mut combined: Vec<u8> = Vec::with_capacity(48);
+    for v in headers.get_all(&X_FORWARDED_FOR) {
         let v = v.as_bytes().trim_ascii();
         if v.is_empty() {
             continue;
@@ -343,10 +355,10 @@ pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr
         combined.extend_from_slice(v);
         combined.extend_from_slice(b", ");
     }
-    combined.extend_from_slice(ip.to_string().as_bytes());
+    write!(combined, "{ip}").expect("writing to a Vec does not fail");
     // Made of header values and an IP address: always a valid value.
-    if let Ok(v) = HeaderValue::from_bytes(&combined) {
-        headers.insert("x-forwarded-for", v);
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
@@ -358,12 +370,7 @@ pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr
 pub(crate) fn set_forwarded_proto(headers: &mut HeaderMap, client: std::net::IpAddr, tls: bool) {
     let proto = if tls { "https" } else { "http" };
     headers.insert(FORWARDED_PROTO, HeaderValue::from_static(proto));
-    // RFC 7239 section 6: an IPv6 address is bracketed and quoted.
-    let node = match client.to_canonical() {
-        std::net::IpAddr::V4(ip) => ip.to_string(),
-        std::net::IpAddr::V6(ip) => format!("\"[{ip}]\""),
-    };
-    let mut combined: Vec<u8> = Vec::new();
+    let mut combined: Vec<u8> = Vec::with_capacity(64);
     for v in headers.get_all(header::FORWARDED) {
         let v = v.as_bytes().trim_ascii();
         if v.is_empty() {
@@ -372,15 +379,20 @@ pub(crate) fn set_forwarded_proto(headers: &mut HeaderMap, client: std::net::IpA
         combined.extend_from_slice(v);
         combined.extend_from_slice(b", ");
     }
-    combined.extend_from_slice(format!("for={node};proto={proto}").as_bytes());
-    if let Ok(v) = HeaderValue::from_bytes(&combined) {
+    // RFC 7239 section 6: an IPv6 address is bracketed and quoted.
+    let written = match client.to_canonical() {
+        std::net::IpAddr::V4(ip) => write!(combined, "for={ip};proto={proto}"),
+        std::net::IpAddr::V6(ip) => write!(combined, "for=\"[{ip}]\";proto={proto}"),
+    };
+    written.expect("writing to a Vec does not fail");
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
         headers.insert(header::FORWARDED, v);
     }
 }
 
 /// Drops the client-sent forwarding headers ([`CLIENT_FORWARDING`]).
 pub(crate) fn drop_client_forwarding(headers: &mut HeaderMap) {
-    for name in CLIENT_FORWARDING {
+    for name in &CLIENT_FORWARDING {
         headers.remove(name);
     }
 }
@@ -575,6 +587,39 @@ mod tests {
             h["x-forwarded-for"],
             "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"
         );
+    }
+
+    #[test]
+    fn forwarded_names_the_client_and_scheme_last_rfc_7239() {
+        let mut h = HeaderMap::new();
+        set_forwarded_proto(&mut h, "127.0.0.1".parse().unwrap(), false);
+        assert_eq!(h[&FORWARDED_PROTO], "http");
+        assert_eq!(h[header::FORWARDED], "for=127.0.0.1;proto=http");
+        // Section 6: an IPv6 node is bracketed and quoted; a v4-mapped
+        // address is written as the IPv4 address it is.
+        let mut h = HeaderMap::new();
+        set_forwarded_proto(&mut h, "2001:db8::7".parse().unwrap(), true);
+        assert_eq!(h[&FORWARDED_PROTO], "https");
+        assert_eq!(h[header::FORWARDED], "for=\"[2001:db8::7]\";proto=https");
+        let mut h = HeaderMap::new();
+        set_forwarded_proto(&mut h, "::ffff:192.0.2.9".parse().unwrap(), false);
+        assert_eq!(h[header::FORWARDED], "for=192.0.2.9;proto=http");
+        // Elements already there (kept by trust_client_forwarded) come
+        // first, in one field; the scheme replaces the client's.
+        let mut h = HeaderMap::new();
+        h.append(
+            header::FORWARDED,
+            HeaderValue::from_static("for=198.51.100.1"),
+        );
+        h.append(header::FORWARDED, HeaderValue::from_static(" "));
+        h.insert(FORWARDED_PROTO, HeaderValue::from_static("gopher"));
+        set_forwarded_proto(&mut h, "127.0.0.1".parse().unwrap(), true);
+        assert_eq!(h.get_all(header::FORWARDED).iter().count(), 1);
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=198.51.100.1, for=127.0.0.1;proto=https"
+        );
+        assert_eq!(h[&FORWARDED_PROTO], "https");
     }
 
     #[test]

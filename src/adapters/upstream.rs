@@ -115,9 +115,10 @@ impl Idle {
     /// The most recently returned live connection that has been idle less
     /// than the timeout; older ones are closed (dropped).
     fn take(&self) -> Option<SendRequest<Body>> {
+        let now = Instant::now();
         let mut idle = self.conns.lock().expect("upstream pool lock");
         while let Some((sender, since)) = idle.pop() {
-            if !sender.is_closed() && since.elapsed() < self.timeout {
+            if !sender.is_closed() && now.saturating_duration_since(since) < self.timeout {
                 return Some(sender);
             }
         }
@@ -128,16 +129,20 @@ impl Idle {
         if sender.is_closed() || self.timeout.is_zero() {
             return;
         }
+        // One clock read for the whole call.
+        let now = Instant::now();
         let mut idle = self.conns.lock().expect("upstream pool lock");
         // The oldest are first: close those past the idle time, so a quiet
         // pool does not hold connections the app has given up on.
         let stale = idle
             .iter()
-            .take_while(|(s, since)| s.is_closed() || since.elapsed() >= self.timeout)
+            .take_while(|(s, since)| {
+                s.is_closed() || now.saturating_duration_since(*since) >= self.timeout
+            })
             .count();
         idle.drain(..stale);
         if idle.len() < MAX_IDLE {
-            idle.push((sender, Instant::now()));
+            idle.push((sender, now));
         }
     }
 }

@@ -19,7 +19,6 @@
 //! is cut.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -28,10 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Buf;
+use futures_util::task::AtomicWaker;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
 
 /// Why a new connection was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +71,10 @@ pub(crate) struct ConnState {
     idle_since: AtomicU64,
     /// Set when the table closed it to admit another.
     closed: AtomicBool,
-    close: Arc<Notify>,
+    /// The connection's reader, woken when the table closes it (one task
+    /// reads a connection; registering is lock-free, unlike a `Notify`'s
+    /// waiter list, which took a mutex on every read).
+    close: AtomicWaker,
 }
 
 /// An admitted connection: removes it from the table when dropped.
@@ -175,7 +176,7 @@ impl ConnTable {
             inner.open.remove(&victim.id);
             inner.release_source(victim.source);
             victim.closed.store(true, Ordering::Release);
-            victim.close.notify_one();
+            victim.close.wake();
             evicted = Some(victim.source);
         }
         let id = self.next_tick();
@@ -185,7 +186,7 @@ impl ConnTable {
             busy: AtomicU32::new(0),
             idle_since: AtomicU64::new(id),
             closed: AtomicBool::new(false),
-            close: Arc::new(Notify::new()),
+            close: AtomicWaker::new(),
         });
         inner.open.insert(id, state.clone());
         *inner.by_source.entry(source).or_insert(0) += 1;
@@ -264,19 +265,27 @@ where
 pub(crate) struct Closable<S> {
     inner: S,
     conn: Arc<ConnState>,
-    notified: Pin<Box<OwnedNotified>>,
 }
 
 impl<S> Closable<S> {
     /// `inner`, closed when `conn` is.
     pub(crate) fn new(inner: S, conn: Arc<ConnState>) -> Self {
-        let notified = Box::pin(conn.close.clone().notified_owned());
-        Closable {
-            inner,
-            conn,
-            notified,
-        }
+        Closable { inner, conn }
     }
+
+    /// The table closed the connection, and no request is in flight on
+    /// it: a request that arrived after the connection was picked
+    /// finishes; only an idle connection is cut.
+    fn cut(&self) -> bool {
+        self.conn.closed.load(Ordering::Acquire) && self.conn.busy.load(Ordering::Acquire) == 0
+    }
+}
+
+fn cut_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed while idle to admit a new connection (limits.max_connections)",
+    )
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
@@ -285,17 +294,20 @@ impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let closed =
-            self.conn.closed.load(Ordering::Acquire) || self.notified.as_mut().poll(cx).is_ready();
-        // A request that arrived after the connection was picked finishes:
-        // only an idle connection is cut.
-        if closed && self.conn.busy.load(Ordering::Acquire) == 0 {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "closed while idle to admit a new connection (limits.max_connections)",
-            )));
+        if self.cut() {
+            return Poll::Ready(Err(cut_error()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if read.is_pending() {
+            // About to wait for the client: be woken by a close too. The
+            // flag is read again after registering, so a close between
+            // the first check and the registration is not missed.
+            self.conn.close.register(cx.waker());
+            if self.cut() {
+                return Poll::Ready(Err(cut_error()));
+            }
+        }
+        read
     }
 }
 
