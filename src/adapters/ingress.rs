@@ -164,7 +164,8 @@ impl Ingress {
         let admin_path = matches!(class, Ok(PathClass::Admin));
         let mut resp = match class {
             Err(e) => self.state.failed(e),
-            Ok(PathClass::Admin) => admin::answer_client_port(&self.state, req).await,
+            // Boxed: a rare path, kept out of every request's future.
+            Ok(PathClass::Admin) => Box::pin(admin::answer_client_port(&self.state, req)).await,
             // Never routed: a normalising app would take it for the admin
             // API's path.
             Ok(PathClass::Disguised) => self.state.failed(RequestError::BadRequest(
