@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Instructions per request of one peerlb node, counted by valgrind's
+# callgrind: a figure a loaded, shared machine does not move (CPU seconds
+# per request move by 10-20 % between rounds on one; instruction counts
+# repeat to within 0.2 %). User space only: the kernel's share (sockets,
+# wakeups) is not counted, so this judges a change to peerlb's own code,
+# not the whole path (bench/compare.sh does that).
+#
+#   bench/instructions.sh [BIN ...]      # each binary, both paths below
+#   N=4000 bench/instructions.sh BIN     # more requests per measurement
+#
+# Two paths, each on one keep-alive connection (a Python client that sends
+# a request, reads its whole answer, sends the next: no pipelining):
+#   local  one node, `app` upstream = a `peerlb app` backend: the entry is
+#          the owner; the node's instructions per request.
+#   hop    two nodes with the built-in app, the entry's weight 0 so every
+#          request is forwarded over the QUIC hop: the entry's
+#          instructions per forwarded request.
+# Each path is measured twice, with N and 2N requests after a warm-up, and
+# the figure is (Ir(2N) - Ir(N)) / N, so the node's fixed cost over the
+# measurement (gossip rounds, timers: they scale with wall time, which
+# valgrind stretches) cancels out.
+#
+# Needs valgrind and python3 (apt-get install -y valgrind). Not part of CI.
+# Ports 127.0.0.1:23001-23300. Default BIN: target/release/peerlb (built).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install -y valgrind)" >&2; exit 1; }
+N=${N:-2000}
+if [ $# -eq 0 ]; then
+  cargo build --release --bin peerlb >/dev/null 2>&1 || cargo build --release --bin peerlb
+  set -- target/release/peerlb
+fi
+work=$(mktemp -d /tmp/peerlb-instr-XXXXXX)
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+
+cat >"$work/client.py" <<'EOF'
+import socket, sys
+n, port = int(sys.argv[1]), int(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port))
+buf = b""
+for i in range(n):
+    s.sendall(b"GET /bytes/200?user=u%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (i % 10000))
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("connection closed")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        sys.exit("unexpected answer: " + head[:60].decode(errors="replace"))
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        rest += s.recv(65536)
+    buf = rest[length:]
+EOF
+
+cat >"$work/local.toml" <<EOF
+name = "instr-local"
+app = "builtin"
+[tls]
+dir = "$work/certs-local"
+[[nodes]]
+id = "l1"
+http_addr = "127.0.0.1:23001"
+peer_addr = "127.0.0.1:23011"
+gossip_addr = "127.0.0.1:23021"
+[[rules]]
+name = "user"
+extract = [{ query = "user" }]
+EOF
+cat >"$work/hop.toml" <<EOF
+name = "instr-hop"
+app = "builtin"
+[tls]
+dir = "$work/certs-hop"
+[[nodes]]
+id = "h1"
+http_addr = "127.0.0.1:23201"
+peer_addr = "127.0.0.1:23211"
+gossip_addr = "127.0.0.1:23221"
+weight = 0
+[[nodes]]
+id = "h2"
+http_addr = "127.0.0.1:23202"
+peer_addr = "127.0.0.1:23212"
+gossip_addr = "127.0.0.1:23222"
+[[rules]]
+name = "user"
+extract = [{ query = "user" }]
+EOF
+
+wait_http() { # port
+  for _ in $(seq 600); do
+    python3 "$work/client.py" 1 "$1" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "no answer on port $1" >&2
+  return 1
+}
+
+# measure BIN PATH COUNT -> total Ir of the node under callgrind over COUNT requests
+measure() {
+  local bin=$1 path=$2 count=$3 out="$work/cg.$2.$3" others=() node port
+  if [ "$path" = local ]; then
+    "$bin" certs --config "$work/local.toml" >/dev/null 2>&1
+    "$bin" app --listen 127.0.0.1:23100 --name app1 >/dev/null 2>&1 &
+    others+=($!)
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" node --config "$work/local.toml" \
+      --node l1 --app http://127.0.0.1:23100 >"$work/node.log" 2>&1 &
+    node=$! port=23001
+  else
+    "$bin" certs --config "$work/hop.toml" >/dev/null 2>&1
+    "$bin" node --config "$work/hop.toml" --node h2 >/dev/null 2>&1 &
+    others+=($!)
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" node --config "$work/hop.toml" \
+      --node h1 >"$work/node.log" 2>&1 &
+    node=$! port=23201
+  fi
+  wait_http $port
+  python3 "$work/client.py" 300 $port
+  callgrind_control -z $node >/dev/null 2>&1
+  python3 "$work/client.py" "$count" $port
+  callgrind_control -d $node >/dev/null 2>&1
+  kill $node "${others[@]}" 2>/dev/null || true
+  wait $node "${others[@]}" 2>/dev/null || true
+  # The dump on demand is part 1; its totals line is the counted interval.
+  awk '/^totals:/ {print $2}' "$out".1
+  rm -f "$out" "$out".*
+}
+
+printf '%-40s %-6s %14s\n' binary path "Ir/request"
+for bin in "$@"; do
+  for path in local hop; do
+    a=$(measure "$bin" $path "$N")
+    b=$(measure "$bin" $path $((2 * N)))
+    printf '%-40s %-6s %14s\n' "$bin" $path $(((b - a) / N))
+  done
+done
