@@ -356,22 +356,10 @@ impl MembershipView {
     /// 1 on a non-empty ring; members off the ring are absent). One pass
     /// over the table (`256 * vnodes` slots, rounded up to a power of two).
     pub fn ring_shares(&self) -> BTreeMap<NodeId, f64> {
-        let ring = self.ring();
-        let slots = ring.len();
-        let mut counts: BTreeMap<NodeId, u64> = BTreeMap::new();
-        if slots == 0 {
-            return BTreeMap::new();
-        }
-        let bits = slots.trailing_zeros();
-        for s in 0..slots as u64 {
-            let point = if bits == 0 { 0 } else { s << (64 - bits) };
-            if let Some(o) = ring.owner_of_point(point) {
-                *counts.entry(o.clone()).or_insert(0) += 1;
-            }
-        }
-        counts
+        self.ring()
+            .shares()
             .into_iter()
-            .map(|(id, n)| (id, n as f64 / slots as f64))
+            .filter(|(_, share)| *share > 0.0)
             .collect()
     }
 
