@@ -2,6 +2,7 @@
 # Simulation speed benchmark (issue: simulated time per wall time, 10 nodes):
 #   bench/sim-speed.sh              # 10 nodes idle, 100 and 1000 req/s; tick 1 ms and 10 ms
 #   bench/sim-speed.sh --nodes 5    # another cluster size
+#   bench/sim-speed.sh --nodes 100 --rates "0 100" --ticks 1   # some variants only
 # Builds peerlb-sim (simulations/peerlb-sim, `sim` profile: opt-level 3,
 # --cfg tokio_unstable, target-sim/) and runs variants of
 # simulations/steady-10.toml, one process each, one after another. Prints
@@ -13,10 +14,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nodes=10
+rates="0 100 1000"
+ticks="1 10"
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --rates) rates="$2"; shift 2 ;;
+    --ticks) ticks="$2"; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -46,15 +51,17 @@ scenario() { # name rate tick
   } > "$dir/$1.toml"
 }
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $nodes nodes, $duration s simulated per run"
-printf '%-6s %-8s %10s %10s %10s %12s %14s\n' tick rate requests wall_s "sim/wall" "wall/sim_s" "peer_dgram/s"
+printf '%-6s %-8s %10s %10s %10s %10s %12s %14s\n' tick rate requests wall_s user_s "sim/wall" "wall/sim_s" "peer_dgram/s"
 results=()
-for tick in 1 10; do
-  for rate in 0 100 1000; do
+for tick in $ticks; do
+  for rate in $rates; do
     name="t${tick}-r${rate}"
     scenario "$name" "$rate" "$tick"
     # Idle runs have nothing to serve: their min_served check fails, which
     # does not matter here (only the speed line is read).
-    out=$("$bin" "$dir/$name.toml" 2>&1 || true)
+    # User CPU time too: wall time on a shared machine says little.
+    out=$( { /usr/bin/time -f 'user-cpu %U' "$bin" "$dir/$name.toml" 2>&1 || true; } 2>&1)
+    user=$(grep -m1 '^user-cpu ' <<<"$out" | cut -d' ' -f2)
     line=$(grep -m1 '^scenario ' <<<"$out")
     wall=$(sed -E 's/.* in ([0-9.]+)s wall.*/\1/' <<<"$line")
     simulated=$(sed -E 's/.*simulated ([0-9.]+)s in.*/\1/' <<<"$line")
@@ -63,7 +70,7 @@ for tick in 1 10; do
     per=$(python3 -c "print(f'{1000*$wall/$simulated:.1f} ms')")
     # Peer-layer datagrams per node per second from 3 s to the end.
     dgrams=$(grep -m1 '^peer datagrams: ' <<<"$out" | sed -E 's/.*running ([0-9.]+) per node.*/\1/; t; s/.*/-/')
-    printf '%-6s %-8s %10s %10s %10s %12s %14s\n' "${tick}ms" "$rate/s" "$sent" "$wall" "$ratio" "$per" "$dgrams"
+    printf '%-6s %-8s %10s %10s %10s %10s %12s %14s\n' "${tick}ms" "$rate/s" "$sent" "$wall" "$user" "$ratio" "$per" "$dgrams"
     results+=("$tick $rate $sent $wall $simulated")
   done
 done
@@ -72,6 +79,8 @@ import sys
 rows = [tuple(float(x) for x in r.split()) for r in sys.argv[1:]]
 for tick in sorted({r[0] for r in rows}):
     rs = {r[1]: r for r in rows if r[0] == tick}
+    if 0 not in rs:
+        continue
     idle = rs[0]
     idle_ms = 1000 * idle[3] / idle[4]
     print(f"tick {tick:.0f} ms: idle cluster {idle_ms:.1f} ms wall per simulated second", end="")

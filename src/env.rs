@@ -23,7 +23,7 @@ use chitchat::transport::Transport;
 use quinn::Runtime as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::adapters::gossip::bounds::{Bounds, MAX_MEMBERS};
+use crate::adapters::gossip::bounds::Bounds;
 use crate::adapters::gossip::keyring::{GossipKeys, Keyring};
 use crate::adapters::gossip::sealed::SealedUdpTransport;
 use crate::adapters::tls::TlsMaterial;
@@ -304,7 +304,7 @@ impl Env {
         let bounds = Arc::new(Bounds::new(
             &n.id,
             generation,
-            MAX_MEMBERS,
+            config.gossip.max_members,
             config.gossip.interval,
         ));
         Ok(Env {

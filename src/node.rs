@@ -533,6 +533,19 @@ async fn wait_for_peers(
 /// always in its own view. Each change is logged and reported to
 /// `observer` ([`NodeEvent::ViewChanged`]).
 ///
+/// Views are built at most once per [`VIEW_INTERVAL`]: changes that
+/// arrive sooner are taken together at its end (a cluster of N nodes
+/// forming sends each node about 2 N changes, each worth a view of N
+/// members), so a dead peer leaves routing at most that much later.
+///
+/// A view's ring table is built when a request first routes with it
+/// ([`MembershipView::ring`]); this task warms it off the request path
+/// once the views stop changing for [`RING_WARM_QUIET`], and at the
+/// latest [`RING_WARM_MAX`] after the first view left cold, so a burst of
+/// views (a cluster forming: one view per member learned and per
+/// handshake) costs one table, not one per view. Routing takes every view
+/// at once, so a dead peer leaves routing as soon as before.
+///
 /// Just after a pause of this node's own ([`PauseWatch::suspected`]), a
 /// peer that leaves gossip's live set or loses its connection stays in
 /// the view (and supervised) until the grace ends: its silence is this
@@ -552,6 +565,11 @@ async fn maintain_view(
     // The members and routable peers of the last view built.
     let mut last_members: Vec<Member> = Vec::new();
     let mut last_up: BTreeSet<NodeId> = BTreeSet::new();
+    // When to build the current view's ring if nothing has: the first
+    // cold view's time plus RING_WARM_MAX, and the last change's plus
+    // RING_WARM_QUIET.
+    let mut cold_since: Option<tokio::time::Instant> = None;
+    let mut warm_at = tokio::time::Instant::now();
     loop {
         let mut members = gossip.borrow_and_update().clone();
         let mut up: BTreeSet<_> = connected.borrow_and_update().clone();
@@ -621,15 +639,45 @@ async fn maintain_view(
                 serving: &serving,
             });
         }
+        let now = tokio::time::Instant::now();
+        let next_view_at = now + VIEW_INTERVAL;
+        if view.ring_is_built() {
+            cold_since = None;
+        } else {
+            let since = *cold_since.get_or_insert(now);
+            warm_at = (now + RING_WARM_QUIET).min(since + RING_WARM_MAX);
+        }
         view_tx.send_replace(Arc::new(view));
-        tokio::select! {
-            r = gossip.changed() => if r.is_err() { return },
-            r = connected.changed() => if r.is_err() { return },
-            // Held peers are looked at again when the grace ends.
-            _ = tokio::time::sleep_until(pause.look_again_at()), if holding => {}
+        loop {
+            tokio::select! {
+                r = gossip.changed() => if r.is_err() { return },
+                r = connected.changed() => if r.is_err() { return },
+                // Held peers are looked at again when the grace ends.
+                _ = tokio::time::sleep_until(pause.look_again_at()), if holding => {}
+                _ = tokio::time::sleep_until(warm_at), if cold_since.is_some() => {
+                    view_tx.borrow().ring();
+                    cold_since = None;
+                    continue;
+                }
+            }
+            break;
+        }
+        if tokio::time::Instant::now() < next_view_at {
+            tokio::time::sleep_until(next_view_at).await;
         }
     }
 }
+
+/// Shortest time between two views built by [`maintain_view`].
+const VIEW_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Quiet time after the last view change before its ring is built off
+/// the request path ([`maintain_view`]).
+const RING_WARM_QUIET: Duration = Duration::from_millis(50);
+
+/// Longest time a view's ring is left for the request path to build
+/// while views keep changing ([`maintain_view`]).
+const RING_WARM_MAX: Duration = Duration::from_millis(500);
 
 /// Why a peer that was serving in this node's view is no longer: the first
 /// of gossip no longer listing it live (dead or gone: `gossip`), a status

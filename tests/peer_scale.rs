@@ -185,3 +185,39 @@ async fn a_node_speaking_only_the_previous_peer_protocol_serves_and_is_served_in
     c.wait_until(Duration::from_secs(10), || peer_connections(n3) == Some(4))
         .unwrap_or_else(|_| panic!("n3 holds {:?} peer connections", peer_connections(n3)));
 }
+
+/// A pair's connection starts with a small stream allowance (quinn makes
+/// state for every stream a peer may open) and the owner raises it as
+/// streams fill it: 300 requests held at the owner at once, far past the
+/// first 64 streams, are all forwarded to it and served there, none of
+/// them waiting out `limits.connect_timeout_ms` (1 s) for a stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_requests_held_at_one_owner_at_once_all_get_a_stream() {
+    let c = Cluster::start("streams", 2, "", USER_RULES);
+    let a = c.nodes[0].http;
+    let r = ring(&["n1", "n2"], 100);
+    let to_n2 = user_where(&r, |o| o == "n2");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let user = to_n2.clone();
+            tokio::spawn(
+                async move { send(a, "GET", &format!("/delay/600?user={user}&i={i}")).await },
+            )
+        })
+        .collect();
+    for t in tasks {
+        let r = t
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("GET via n1: {e}"));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.served_by(), "n2");
+    }
+    // Each request is held 600 ms at the owner: one wave, not five.
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -135,6 +135,7 @@ pub(crate) async fn start(
             phi_threshold: s.phi_threshold,
             initial_interval: s.interval,
             dead_node_grace_period: s.dead_node_grace,
+            sampling_window_size: s.sample_window,
             ..FailureDetectorConfig::default()
         },
         marked_for_deletion_grace_period: Duration::from_secs(3600),

@@ -122,7 +122,7 @@ fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
             .expect("idle timeout fits a QUIC varint"),
     ));
     t.datagram_receive_buffer_size(Some(links::DATAGRAM_BUFFER));
-    t.max_concurrent_bidi_streams(4096u32.into());
+    t.max_concurrent_bidi_streams(FIRST_STREAMS.into());
     t.max_concurrent_uni_streams(0u32.into());
     // Path MTU discovery above Ethernet size: a bulk body then takes
     // about 4x fewer packets where the path allows it (loopback, jumbo
@@ -130,7 +130,7 @@ fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
     // size. A path with a 1500-byte MTU stays at 1452 (discovery just
     // stops there); quinn documents any upper bound as safe.
     let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    mtu.upper_bound(s.max_udp_payload.min(MAX_UDP_PAYLOAD));
     t.mtu_discovery_config(Some(mtu));
     t.ack_frequency_config(Some(ack_frequency()));
     Arc::new(t)
@@ -152,7 +152,21 @@ fn ack_frequency() -> quinn::AckFrequencyConfig {
 /// Ack-eliciting packets a peer may receive without acknowledging at once.
 const ACK_ELICITING_THRESHOLD: u32 = 9;
 
-/// Largest UDP payload a node sends (after MTU discovery) or accepts.
+/// Streams a peer may open at once on a new connection; [`serve_connection`]
+/// doubles the allowance whenever half of it is in use, up to
+/// [`MAX_STREAMS`]. quinn keeps an entry for every stream a peer may open
+/// (two hash maps of the allowance's size per connection, made at the
+/// handshake): 4,096 at once cost about 280 KB per connection, which a
+/// node holds toward every peer it talked to in the last few seconds
+/// (280 MB at 1,000 peers), and a handshake's time to fill them.
+const FIRST_STREAMS: u32 = 64;
+
+/// Most streams a peer may open at once on one connection (past it a
+/// request waits for a stream, at most `limits.connect_timeout_ms`).
+const MAX_STREAMS: u32 = 4096;
+
+/// Largest UDP payload a node accepts, and the most `peer.max_udp_payload`
+/// lets it send (after MTU discovery).
 ///
 /// quinn sends up to 10 packets in one GSO batch (`MAX_TRANSMIT_SEGMENTS`
 /// in quinn 0.11), and a batch must fit one UDP datagram (65,507 bytes):
@@ -519,6 +533,9 @@ async fn serve_connection<H: ProxiedHandler>(
     link: Arc<Link>,
     handler: Arc<H>,
 ) {
+    // Streams the peer has open here, and how many it may open at once.
+    let open = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut allowed = FIRST_STREAMS;
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
@@ -527,15 +544,30 @@ async fn serve_connection<H: ProxiedHandler>(
                 return;
             }
         };
+        let now_open = open.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if let Some(more) = more_streams(now_open, allowed) {
+            allowed = more;
+            conn.set_max_concurrent_bi_streams(allowed.into());
+            debug!(allowed, "peer stream allowance raised");
+        }
         let busy = link.enter();
         let handler = handler.clone();
         let conn = conn.clone();
         let peer = peer.clone();
+        let open = open.clone();
         tokio::spawn(async move {
             serve_stream(conn, send, recv, handler, &peer).await;
             drop(busy);
+            open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
     }
+}
+
+/// The peer's new stream allowance when `open` of `allowed` streams are
+/// open: double once half is used, up to [`MAX_STREAMS`]; `None` to keep
+/// it (it never shrinks).
+fn more_streams(open: u32, allowed: u32) -> Option<u32> {
+    (open * 2 >= allowed && allowed < MAX_STREAMS).then(|| (allowed * 2).min(MAX_STREAMS))
 }
 
 async fn serve_stream<H: ProxiedHandler>(
@@ -673,6 +705,26 @@ async fn serve_stream<H: ProxiedHandler>(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_stream_allowance_doubles_at_half_use_up_to_the_cap() {
+        assert_eq!(more_streams(1, FIRST_STREAMS), None);
+        assert_eq!(
+            more_streams(FIRST_STREAMS / 2, FIRST_STREAMS),
+            Some(2 * FIRST_STREAMS)
+        );
+        let mut allowed = FIRST_STREAMS;
+        for open in 1..=MAX_STREAMS {
+            if let Some(more) = more_streams(open, allowed) {
+                assert!(more > allowed);
+                allowed = more;
+            }
+            // Room for as many more again as are open, until the cap.
+            assert!(allowed >= (2 * open).min(MAX_STREAMS), "{open}: {allowed}");
+        }
+        assert_eq!(allowed, MAX_STREAMS);
+        assert_eq!(more_streams(MAX_STREAMS, MAX_STREAMS), None);
+    }
+
     /// Both sides ask for the ACK frequency extension with the threshold:
     /// without it, an owner acknowledges every second request at once in
     /// ACK-only datagrams (docs/performance.md, third pass).
@@ -683,6 +735,8 @@ mod tests {
             idle_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(1),
             only_v1: false,
+            max_peers: 128,
+            max_udp_payload: 6500,
         });
         let debug = format!("{t:?}");
         let ack = &debug[debug

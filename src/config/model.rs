@@ -419,6 +419,15 @@ pub struct GossipSection {
     pub phi_threshold: f64,
     /// How long a dead member is kept before it is forgotten, in ms (default 3600000).
     pub dead_node_grace_ms: u64,
+    /// Most members (dead ones included) a gossip message may name and a
+    /// node supervises (default 128, 2..=4096). Above 128 the cluster's
+    /// full gossip digest must fit in one datagram with the longest
+    /// configured node id (docs/configuration.md).
+    pub max_members: u32,
+    /// Heartbeat intervals the failure detector keeps per member to
+    /// estimate their mean (default 1000, 10..=1000): 8 bytes each, per
+    /// member, on every node.
+    pub sample_window: u32,
 }
 
 impl Default for GossipSection {
@@ -427,6 +436,8 @@ impl Default for GossipSection {
             interval_ms: 200,
             phi_threshold: 8.0,
             dead_node_grace_ms: 3_600_000,
+            max_members: 128,
+            sample_window: 1000,
         }
     }
 }
@@ -449,6 +460,9 @@ pub struct PeerSection {
     /// serves them on the one it accepted; QUIC keep-alive every
     /// `keep_alive_ms` on every connection), e.g. to roll an upgrade back.
     pub protocol: u8,
+    /// Largest UDP payload the peer layer sends, in bytes (default 6500,
+    /// 1200..=6500): the upper bound of QUIC's path MTU discovery.
+    pub max_udp_payload: u16,
 }
 
 impl Default for PeerSection {
@@ -457,6 +471,7 @@ impl Default for PeerSection {
             keep_alive_ms: 200,
             idle_timeout_ms: 1_000,
             protocol: 2,
+            max_udp_payload: 6500,
         }
     }
 }

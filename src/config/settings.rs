@@ -288,6 +288,12 @@ pub struct PeerSettings {
     /// serves them only on those it accepted (docs/operations.md, "Rolling
     /// upgrade").
     pub only_v1: bool,
+    /// Most peers supervised (dialled and kept) at a time
+    /// (`gossip.max_members`).
+    pub max_peers: usize,
+    /// Largest UDP payload sent, the upper bound of path MTU discovery
+    /// (`peer.max_udp_payload`).
+    pub max_udp_payload: u16,
 }
 
 /// Gossip (chitchat) settings.
@@ -301,6 +307,11 @@ pub struct GossipSettings {
     pub phi_threshold: f64,
     /// How long dead members are kept (`gossip.dead_node_grace_ms`).
     pub dead_node_grace: Duration,
+    /// Most members a gossip message may name (`gossip.max_members`).
+    pub max_members: usize,
+    /// Heartbeat intervals kept per member by the failure detector
+    /// (`gossip.sample_window`).
+    pub sample_window: usize,
 }
 
 /// Start-up and shutdown waits.

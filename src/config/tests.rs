@@ -54,6 +54,48 @@ fn unknown_field_is_named() {
 const ONE: &str = "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:1\"\npeer_addr = \"127.0.0.1:2\"\ngossip_addr = \"127.0.0.1:3\"\n";
 
 #[test]
+fn gossip_max_members_above_the_default_needs_ids_whose_full_digest_fits_one_datagram() {
+    let c = validate(ONE, "n1").unwrap();
+    assert_eq!(c.gossip.max_members, 128);
+    assert_eq!(c.gossip.sample_window, 1000);
+    assert_eq!(c.peer.max_peers, 128);
+    // 1,024 members with the 2-byte id `n1` over IPv4: 43 bytes each.
+    let c = validate(
+        &format!("[gossip]\nmax_members = 1024\nsample_window = 100\n{ONE}"),
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(c.gossip.max_members, 1024);
+    assert_eq!(c.peer.max_peers, 1024);
+    assert_eq!(c.gossip.sample_window, 100);
+    // A 40-byte id: 81 bytes a member, too many for 1,024 in a datagram.
+    let long = ONE.replace("\"n1\"", &format!("\"{}\"", "n".repeat(40)));
+    let e = validate(
+        &format!("[gossip]\nmax_members = 1024\n{long}"),
+        &"n".repeat(40),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("gossip.max_members") && e.contains("at most 706 members"),
+        "{e}"
+    );
+    // The default fits any ids.
+    validate(&long, &"n".repeat(40)).unwrap();
+    for (gossip, field) in [
+        ("max_members = 1", "gossip.max_members"),
+        ("max_members = 5000", "gossip.max_members"),
+        ("sample_window = 5", "gossip.sample_window"),
+        ("sample_window = 1001", "gossip.sample_window"),
+    ] {
+        let e = validate(&format!("[gossip]\n{gossip}\n{ONE}"), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{gossip}: {e}");
+    }
+}
+
+#[test]
 fn bad_address_names_the_field_path() {
     let text = format!(
         "{ONE}[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"nowhere\"\ngossip_addr = \"127.0.0.1:6\"\n"

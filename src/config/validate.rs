@@ -14,6 +14,7 @@ use super::{
     MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
     SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
 };
+use crate::adapters::gossip::bounds;
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
@@ -269,6 +270,58 @@ impl ClusterFile {
             return Err(inv(
                 "nodes",
                 "every node has weight 0: no node would receive requests".into(),
+            ));
+        }
+        let g = &self.gossip;
+        let max_members = g.max_members as usize;
+        if !(2..=bounds::MAX_MAX_MEMBERS).contains(&max_members) {
+            return Err(inv(
+                "gossip.max_members",
+                format!(
+                    "{max_members} is out of range 2..={}",
+                    bounds::MAX_MAX_MEMBERS
+                ),
+            ));
+        }
+        if max_members < out.len() {
+            return Err(inv(
+                "gossip.max_members",
+                format!("{max_members} is less than the {} [[nodes]]", out.len()),
+            ));
+        }
+        // A full digest of `max_members` members like the largest one
+        // configured must fit in one datagram (bounds::DEFAULT_MAX_MEMBERS
+        // says why); the default fits whatever the ids.
+        if max_members > bounds::DEFAULT_MAX_MEMBERS {
+            let entry = out
+                .iter()
+                .map(|n| bounds::digest_entry(n.id.len(), n.gossip_addr.is_ipv6()))
+                .max()
+                .unwrap_or(0);
+            let budget = bounds::digest_budget(&self.name);
+            if max_members * entry > budget {
+                return Err(inv(
+                    "gossip.max_members",
+                    format!(
+                        "{max_members} members of {entry} bytes each (the longest node id and \
+                         address here) make a gossip digest of {} bytes, more than the {budget} \
+                         one datagram has room for: use shorter node ids or at most {} members",
+                        max_members * entry,
+                        budget / entry.max(1)
+                    ),
+                ));
+            }
+        }
+        if !(1200..=6500).contains(&self.peer.max_udp_payload) {
+            return Err(inv(
+                "peer.max_udp_payload",
+                format!("{} is out of range 1200..=6500", self.peer.max_udp_payload),
+            ));
+        }
+        if !(10..=1000).contains(&g.sample_window) {
+            return Err(inv(
+                "gossip.sample_window",
+                format!("{} is out of range 10..=1000", g.sample_window),
             ));
         }
         if let Some(s) = self
@@ -577,12 +630,16 @@ impl ClusterFile {
                 idle_timeout: ms(self.peer.idle_timeout_ms),
                 connect_timeout: ms(self.limits.connect_timeout_ms),
                 only_v1: self.peer.protocol == 1,
+                max_peers: self.gossip.max_members as usize,
+                max_udp_payload: self.peer.max_udp_payload,
             },
             gossip: GossipSettings {
                 seeds,
                 interval: ms(self.gossip.interval_ms),
                 phi_threshold: self.gossip.phi_threshold,
                 dead_node_grace: ms(self.gossip.dead_node_grace_ms),
+                max_members: self.gossip.max_members as usize,
+                sample_window: self.gossip.sample_window as usize,
             },
             lifecycle: LifecycleSettings {
                 startup_wait: ms(self.limits.startup_wait_ms),

@@ -99,7 +99,19 @@ impl Socket for SimGossipSocket {
                 .ok_or_else(|| anyhow::anyhow!("no nonce"))?,
             None => ticket.to_le_bytes().to_vec(),
         };
-        let n = self.socket.send_to(&bytes, to).await?;
+        let n = match self.socket.send_to(&bytes, to).await {
+            Ok(n) => n,
+            Err(e) => {
+                // Never sent (no such host yet: a node that has not
+                // started): nobody will take the letter.
+                self.mailbox
+                    .lock()
+                    .expect("mailbox lock")
+                    .letters
+                    .remove(&ticket);
+                return Err(e.into());
+            }
+        };
         Ok(SendOutcome { num_bytes_sent: n })
     }
 

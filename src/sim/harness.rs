@@ -197,7 +197,7 @@ pub struct Outcome {
     pub nodes: Vec<String>,
     /// Every membership view change the nodes reported (their observers,
     /// not their logs): (time, node, serving ids in id order).
-    pub views: Vec<(Duration, String, Vec<String>)>,
+    pub views: Vec<(Duration, String, Arc<[String]>)>,
     /// Every peer ejection (`false`) and restore (`true`) the nodes
     /// reported: (time, node, peer, routable again).
     pub peer_events: Vec<(Duration, String, String, bool)>,
@@ -287,9 +287,12 @@ struct Run<'s> {
     /// Nodes whose software runs.
     running: BTreeSet<String>,
     draining: BTreeSet<String>,
-    views: BTreeMap<String, Vec<String>>,
+    views: BTreeMap<String, Arc<[String]>>,
     /// Every view change: (time, node, serving ids).
-    view_log: Vec<(Duration, String, Vec<String>)>,
+    view_log: Vec<(Duration, String, Arc<[String]>)>,
+    /// A node event or a fault since the last convergence check (the
+    /// check runs only then: nothing else changes its answer).
+    dirty: bool,
     /// Every ejection (false) and restore (true): (time, node, peer, up).
     peer_events: Vec<(Duration, String, String, bool)>,
     serves: Vec<(Duration, String)>,
@@ -308,10 +311,10 @@ struct Run<'s> {
     /// fault since it started).
     weights: BTreeMap<String, u32>,
     /// Per node: `id=weight` of the serving members of its latest view.
-    view_weights: BTreeMap<String, BTreeMap<String, u32>>,
+    view_weights: BTreeMap<String, Arc<BTreeMap<String, u32>>>,
     /// Every view change with its weights: (node, `id=weight` of the
     /// serving members), in order; read by the slow-start check.
-    view_weight_log: Vec<(String, BTreeMap<String, u32>)>,
+    view_weight_log: Vec<(String, Arc<BTreeMap<String, u32>>)>,
     /// Per node: when it logged `node running`.
     ups: BTreeMap<String, Vec<Duration>>,
     /// Per `weight` fault (script index): the node's answer to its `PUT

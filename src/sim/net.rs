@@ -90,6 +90,15 @@ impl quinn::UdpPoller for AlwaysWritable {
     }
 }
 
+/// Largest peer datagram the simulated network carries: a 1,500-byte
+/// Ethernet path (less the IPv4 and UDP headers). turmoil carries any
+/// size, so quinn's path MTU discovery would otherwise climb to peerlb's
+/// 6,500-byte bound on every connection, each probe padded to its size,
+/// and the receiver parses padding one byte at a time (a third of a
+/// 100-node run's start-up went there); production paths are mostly
+/// Ethernet too.
+pub(crate) const PATH_MTU_PAYLOAD: usize = 1500 - 20 - 8;
+
 impl quinn::AsyncUdpSocket for SimUdp {
     fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn quinn::UdpPoller>> {
         Box::pin(AlwaysWritable)
@@ -103,6 +112,10 @@ impl quinn::AsyncUdpSocket for SimUdp {
             }
             v[second] += 1;
         });
+        if transmit.contents.len() > PATH_MTU_PAYLOAD {
+            // Lost on the way, as on a real path (no ICMP comes back).
+            return Ok(());
+        }
         self.socket
             .try_send_to(transmit.contents, transmit.destination)
             .map(|_| ())

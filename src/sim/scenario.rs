@@ -22,6 +22,12 @@ pub struct Scenario {
     /// fault: `n<nodes+1>` ...
     #[serde(default)]
     pub spare_nodes: usize,
+    /// The `nodes` start one after another over this many virtual seconds
+    /// (`n<i>` at `(i - 1) x start_spread_s / nodes`), not all at time
+    /// zero: a large cluster's start-up handshakes then do not all hold a
+    /// connection at once (default 0).
+    #[serde(default)]
+    pub start_spread_s: f64,
     /// Virtual seconds the run lasts.
     pub duration_s: f64,
     /// Seeds `cargo test` runs this scenario with.
@@ -30,6 +36,11 @@ pub struct Scenario {
     /// Short enough for CI's many-seed sweep.
     #[serde(default)]
     pub short: bool,
+    /// Seeds CI's sweep runs a `short` scenario with, when fewer than its
+    /// default (a large cluster, whose seed costs many small ones'):
+    /// `.ci/run` reads this line.
+    #[serde(default)]
+    pub sweep_seeds: Option<u32>,
     /// Extra `cluster.toml` text (top-level keys and sections such as
     /// `policy`, `[gossip]`, `[peer]`, `[limits]`); the harness appends the
     /// `[[nodes]]` and, unless given here, the default `user` rules.
@@ -292,6 +303,10 @@ impl Scenario {
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.nodes >= 1, "nodes must be at least 1");
         anyhow::ensure!(self.duration_s > 0.0, "duration_s must be positive");
+        anyhow::ensure!(
+            self.start_spread_s >= 0.0 && self.start_spread_s < self.duration_s,
+            "start_spread_s must be in 0..duration_s"
+        );
         anyhow::ensure!(
             self.network.tick_ms >= 1,
             "network.tick_ms must be at least 1"

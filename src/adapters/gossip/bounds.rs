@@ -61,11 +61,49 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Most members (dead ones included) a digest or delta may name, and
-/// (`peer/dial.rs`) the most a node supervises: above the 100 nodes a
-/// cluster is simulated with (`simulations/scale-100.toml`), and a full
-/// digest (about 110 bytes a member, 14 KB) stays inside one datagram.
-pub(crate) const MAX_MEMBERS: usize = 128;
+/// Default `gossip.max_members`: the most members (dead ones included) a
+/// digest or delta may name, and (`peer/dial.rs`) the most a node
+/// supervises. At 128 a full digest fits in one datagram whatever the ids
+/// and addresses: at most 116 bytes a member ([`DIGEST_ENTRY_OVERHEAD`]
+/// plus a 63-byte id), 14.8 KB.
+///
+/// Why a full digest must fit: chitchat sends its digest in full in every
+/// Syn and SynAck (it cannot split one) and fills what is left of the
+/// datagram with the SynAck's delta. A digest that outgrows a datagram
+/// (65,507 bytes) makes the sealed Syn too large to send: the transport
+/// counts it (`oversize`) and refuses it, chitchat logs "failed to gossip"
+/// and the node is no longer heard, so every peer declares it dead. As a
+/// digest nears that size, a SynAck has less room for its delta, and a
+/// joining node takes longer to learn the cluster's state. So
+/// `gossip.max_members` above this default is accepted only when that
+/// many members with the cluster's longest configured id and address
+/// family fit in [`digest_budget`] (see `config/validate.rs`): 1,024
+/// members with ids up to 12 bytes over IPv4, for example.
+pub(crate) const DEFAULT_MAX_MEMBERS: usize = 128;
+/// Largest `gossip.max_members`.
+pub(crate) const MAX_MAX_MEMBERS: usize = 4096;
+/// Bytes of one digest entry besides its node id's bytes: the id's length
+/// (u16), generation (u64), address (family byte, 16 octets for IPv6 or 4
+/// for IPv4, port u16), heartbeat, last_gc_version and max_version (u64).
+pub(crate) const DIGEST_ENTRY_OVERHEAD: usize = 2 + 8 + (1 + 16 + 2) + 3 * 8;
+/// Room kept in a SynAck for its delta, beside a full digest: a joining
+/// node learns about 8 KB of the cluster's state per exchange at least.
+const DELTA_ROOM: usize = 8 * 1024;
+
+/// Bytes a full digest may take in one datagram for a cluster named
+/// `cluster` (chitchat's cluster id, sent in every Syn): the datagram
+/// (65,507 bytes) less the seal, the envelope's header and message type,
+/// the cluster id and [`DELTA_ROOM`].
+pub(crate) fn digest_budget(cluster: &str) -> usize {
+    super::sealed::MAX_DATAGRAM
+        .saturating_sub(super::keyring::SEAL_OVERHEAD + 16 + 2 + cluster.len() + DELTA_ROOM)
+}
+
+/// One digest entry's bytes for a member with an id of `id_len` bytes and
+/// an IPv6 (`v6`) or IPv4 gossip address.
+pub(crate) fn digest_entry(id_len: usize, v6: bool) -> usize {
+    DIGEST_ENTRY_OVERHEAD + id_len - if v6 { 0 } else { 12 }
+}
 /// Longest key, in bytes.
 pub(crate) const MAX_KEY_LEN: usize = 64;
 /// Longest value, in bytes.
@@ -75,10 +113,20 @@ pub(crate) const MAX_KEYS_PER_NODE: usize = 32;
 /// Largest heartbeat, version or garbage-collection version accepted.
 pub(crate) const MAX_COUNTER: u64 = 1 << 40;
 /// Heartbeats an honest member may add per gossip round as seen by this
-/// node: one per round of its own plus one per message it processes (at
-/// most a Syn and an Ack from each of [`MAX_MEMBERS`] members and a few
-/// SynAcks), rounded up to a power of two.
+/// node in a cluster of at most [`DEFAULT_MAX_MEMBERS`]: one per round of
+/// its own plus one per message it processes (at most a Syn and an Ack
+/// from each member and a few SynAcks), rounded up to a power of two.
+/// [`heartbeats_per_round`] gives it for another `gossip.max_members`.
 pub(crate) const HEARTBEATS_PER_ROUND: u64 = 256;
+
+/// [`HEARTBEATS_PER_ROUND`] for a cluster of at most `max_members`: two
+/// messages a member, rounded up to a power of two, never below the
+/// default's.
+pub(crate) fn heartbeats_per_round(max_members: usize) -> u64 {
+    (2 * max_members as u64)
+        .next_power_of_two()
+        .max(HEARTBEATS_PER_ROUND)
+}
 /// Versions an honest member may add per gossip round: each change of one
 /// of its keys adds one (`load` and `inflight` every load tick, `weight`
 /// and `status` on demand).
@@ -92,10 +140,11 @@ const SLACK_ROUNDS: u64 = 4;
 pub(crate) const REPUBLISH_HEARTBEAT_STEP: u64 = HEARTBEATS_PER_ROUND * SLACK_ROUNDS / 2;
 /// Most a node moves its own `max_version` ahead in one republish.
 pub(crate) const REPUBLISH_VERSION_STEP: u64 = VERSIONS_PER_ROUND * SLACK_ROUNDS / 2;
-/// Members whose last accepted heartbeat and version are remembered; the
-/// least recently heard is forgotten first (it is then judged as a new
-/// member: absolute bounds only).
-const KNOWN_CAP: usize = 4 * MAX_MEMBERS;
+/// Members remembered per member allowed: `KNOWN_PER_MEMBER x
+/// max_members` members' last accepted heartbeat and version are kept;
+/// the least recently heard is forgotten first (it is then judged as a
+/// new member: absolute bounds only).
+const KNOWN_PER_MEMBER: usize = 4;
 
 /// Longest node id (as certificate names allow).
 const MAX_NODE_ID_LEN: usize = 63;
@@ -141,7 +190,7 @@ pub(crate) enum BoundsError {
 /// `per_round` [`HEARTBEATS_PER_ROUND`] or [`VERSIONS_PER_ROUND`]. The
 /// allowance grows with silence, so a member (or this node) cut off for a
 /// while is taken back; a member unheard for longer than the memory of
-/// [`KNOWN_CAP`] members is judged as new. A key holder can still move a
+/// `KNOWN_PER_MEMBER x max_members` members is judged as new. A key holder can still move a
 /// member ahead by one allowance per accepted datagram; what it gains is
 /// bounded per datagram, and a member's own datagrams keep counting as
 /// heartbeats to the failure detector (each is larger than the last one
@@ -223,6 +272,8 @@ pub(crate) struct Bounds {
     self_id: String,
     self_generation: u64,
     max_members: usize,
+    /// [`heartbeats_per_round`] of `max_members`.
+    heartbeats_per_round: u64,
     interval: Duration,
     /// Largest heartbeat and version accepted per known member, updated
     /// from every datagram handed to chitchat.
@@ -309,9 +360,15 @@ impl Bounds {
             self_id: self_id.to_owned(),
             self_generation,
             max_members,
+            heartbeats_per_round: heartbeats_per_round(max_members),
             interval,
             known: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The most members a digest or delta may name (`gossip.max_members`).
+    pub(crate) fn max_members(&self) -> usize {
+        self.max_members
     }
 
     /// Checks an opened datagram received now; when it passes, its
@@ -351,7 +408,12 @@ impl Bounds {
             };
             let elapsed = now.saturating_duration_since(k.at);
             for (what, got, had, per_round) in [
-                ("heartbeat", heartbeat, k.heartbeat, HEARTBEATS_PER_ROUND),
+                (
+                    "heartbeat",
+                    heartbeat,
+                    k.heartbeat,
+                    self.heartbeats_per_round,
+                ),
                 ("version", version, k.version, VERSIONS_PER_ROUND),
             ] {
                 let max = Lead::allowed(per_round, elapsed, self.interval);
@@ -376,7 +438,7 @@ impl Bounds {
             k.version = k.version.max(version);
             k.at = now;
         }
-        while known.len() > KNOWN_CAP {
+        while known.len() > KNOWN_PER_MEMBER * self.max_members {
             let oldest = known
                 .iter()
                 .min_by_key(|(_, k)| k.at)

@@ -24,7 +24,7 @@
 //!
 //! A datagram is sent only to a seed (resolved when the socket opens) or
 //! to an address an authenticated datagram came from (the last
-//! [`MAX_HEARD`] of them): chitchat gossips to every member's claimed
+//! [`HEARD_PER_MEMBER`] x `gossip.max_members` of them): chitchat gossips to every member's claimed
 //! gossip address, and a member announced by a key holder with a third
 //! party's address would otherwise draw a Syn from every node every few
 //! rounds, as long as it stays in the state. A real member is heard from
@@ -51,9 +51,9 @@ pub(crate) const MAX_DATAGRAM: usize = 65_507;
 /// Loopback sockets that forward opened datagrams to the codec.
 const IN_SHIMS: usize = 4;
 
-/// Addresses authenticated datagrams came from that are remembered (the
-/// oldest is forgotten first).
-pub(crate) const MAX_HEARD: usize = 4 * super::bounds::MAX_MEMBERS;
+/// Addresses authenticated datagrams came from that are remembered, per
+/// member allowed (`gossip.max_members`); the oldest is forgotten first.
+pub(crate) const HEARD_PER_MEMBER: usize = 4;
 
 /// The production gossip transport: UDP on the gossip address, sealed.
 pub(crate) struct SealedUdpTransport {
@@ -176,7 +176,7 @@ impl SealedSocket {
     fn heard_from(&mut self, from: SocketAddr) {
         if let Some(i) = self.heard.iter().position(|a| *a == from) {
             self.heard.remove(i);
-        } else if self.heard.len() >= MAX_HEARD {
+        } else if self.heard.len() >= HEARD_PER_MEMBER * self.bounds.max_members() {
             self.heard.pop_front();
         }
         self.heard.push_back(from);

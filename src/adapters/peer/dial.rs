@@ -3,9 +3,9 @@
 //! turn the cluster into a traffic source aimed at an address of its
 //! choosing. Two rules:
 //!
-//! - at most [`MAX_DIALED`] members are supervised at a time (members kept
-//!   first, new ones in id order), so made-up members cannot grow a node's
-//!   connection state without bound;
+//! - at most `gossip.max_members` members are supervised at a time
+//!   (members kept first, new ones in id order: [`select`]), so made-up
+//!   members cannot grow a node's connection state without bound;
 //! - the delay between attempts doubles from [`FIRST`]; it stops at
 //!   [`CAP_KNOWN`] for a member that completed a handshake once (a peer
 //!   that restarts is back within about a second) and at
@@ -29,9 +29,6 @@
 //! their dials back may time out meanwhile).
 
 use std::time::Duration;
-
-/// Most members a node dials.
-pub(crate) const MAX_DIALED: usize = crate::adapters::gossip::bounds::MAX_MEMBERS;
 
 /// Delay after the first failed attempt.
 pub(crate) const FIRST: Duration = Duration::from_millis(50);
@@ -65,15 +62,16 @@ pub(crate) fn next_backoff(prev: Duration, ever_connected: bool) -> Duration {
 
 /// Which of `wanted` (id order) to supervise, given those already
 /// supervised: every wanted member already supervised, then new ones in
-/// order, up to [`MAX_DIALED`].
+/// order, up to `max` (`gossip.max_members`).
 pub(crate) fn select<'a, K: Ord + 'a>(
     wanted: impl Iterator<Item = &'a K>,
     supervised: impl Fn(&K) -> bool,
+    max: usize,
 ) -> Vec<&'a K> {
     let (mut kept, new): (Vec<&K>, Vec<&K>) = wanted.partition(|k| supervised(k));
-    let room = MAX_DIALED.saturating_sub(kept.len());
+    let room = max.saturating_sub(kept.len());
     kept.extend(new.into_iter().take(room));
-    kept.truncate(MAX_DIALED);
+    kept.truncate(max);
     kept.sort();
     kept
 }
@@ -115,13 +113,13 @@ mod tests {
     #[test]
     fn supervised_members_are_kept_and_new_ones_fill_up_to_the_cap() {
         let wanted: Vec<u32> = (0..200).collect();
-        let chosen = select(wanted.iter(), |k| *k >= 190);
-        assert_eq!(chosen.len(), MAX_DIALED);
+        let chosen = select(wanted.iter(), |k| *k >= 190, 128);
+        assert_eq!(chosen.len(), 128);
         for k in 190..200 {
             assert!(chosen.contains(&&k), "{k} was dropped");
         }
         assert!(chosen.contains(&&0));
         let few: Vec<u32> = (0..3).collect();
-        assert_eq!(select(few.iter(), |_| false), vec![&0, &1, &2]);
+        assert_eq!(select(few.iter(), |_| false, 128), vec![&0, &1, &2]);
     }
 }

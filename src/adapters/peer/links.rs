@@ -213,8 +213,11 @@ struct Slot {
     addr: SocketAddr,
     /// Open connections to this peer (usually one).
     links: Vec<Arc<Link>>,
-    /// Proved its identity since it was last ejected.
-    up: bool,
+    /// Proved its identity since it was last ejected (in the routable
+    /// set): a watch of its own, so the peer's supervisor wakes on this
+    /// peer's changes only, not on every peer's (a forming cluster of N
+    /// nodes changes the routable set N times on each node).
+    up: watch::Sender<bool>,
     /// One dial at a time per peer.
     dial: Arc<tokio::sync::Mutex<()>>,
     /// The supervisor (none for a peer that connected before gossip
@@ -232,7 +235,7 @@ impl Slot {
         Slot {
             addr,
             links: Vec::new(),
-            up: false,
+            up: watch::channel(false).0,
             dial: Arc::new(tokio::sync::Mutex::new(())),
             task: None,
             generation: 0,
@@ -323,7 +326,7 @@ impl PeerLinks {
         let linger = self.linger();
         let mut c = LinkCounts::default();
         for slot in self.slots.lock().expect("peer slots lock").values() {
-            if slot.up {
+            if *slot.up.borrow() {
                 c.peers_up += 1;
             } else {
                 c.peers_down += 1;
@@ -400,11 +403,11 @@ impl PeerLinks {
                 *e = (*a, *generation);
             }
         }
-        // At most `dial::MAX_DIALED` members are supervised (those already
+        // At most `gossip.max_members` members are supervised (those already
         // supervised first), so a flood of members cannot make this node
         // dial without bound.
         let supervised = |id: &NodeId| slots.get(id).is_some_and(|s| s.task.is_some());
-        let chosen = dial::select(all.keys().copied(), supervised);
+        let chosen = dial::select(all.keys().copied(), supervised, self.settings.max_peers);
         let wanted: BTreeMap<&NodeId, (SocketAddr, u64)> =
             chosen.into_iter().map(|id| (id, all[id])).collect();
         let gone: Vec<NodeId> = slots
@@ -449,12 +452,20 @@ impl PeerLinks {
 
     /// Dials `id` at first sight and whenever it is ejected, with backoff.
     async fn supervise(self: Arc<Self>, id: NodeId) {
-        let mut routable = self.routable.subscribe();
+        let Some(mut routable) = self
+            .slots
+            .lock()
+            .expect("peer slots lock")
+            .get(&id)
+            .map(|s| s.up.subscribe())
+        else {
+            return;
+        };
         if self.self_id > id {
             // The smaller id dials first: one handshake per pair at start.
             let _ = tokio::time::timeout(
                 self.settings.connect_timeout / 2,
-                routable.wait_for(|s| s.contains(&id)),
+                routable.wait_for(|up| *up),
             )
             .await;
         }
@@ -463,7 +474,8 @@ impl PeerLinks {
         // Restarted after a give-up because the peer connected: known.
         let mut ever_connected = self.pick(&id).is_some();
         loop {
-            if routable.wait_for(|s| !s.contains(&id)).await.is_err() {
+            // Ends when the slot is forgotten (this task is aborted then).
+            if routable.wait_for(|up| !*up).await.is_err() {
                 return;
             }
             match self.dial(&id, false).await {
@@ -520,7 +532,7 @@ impl PeerLinks {
         let addr = {
             let slots = self.slots.lock().expect("peer slots lock");
             let s = slots.get(id).ok_or("peer forgotten")?;
-            if on_demand && !s.up {
+            if on_demand && !*s.up.borrow() {
                 return Err("ejected while waiting for a dial".to_owned());
             }
             s.addr
@@ -558,7 +570,7 @@ impl PeerLinks {
 
     fn eject(&self, id: &NodeId) {
         if let Some(s) = self.slots.lock().expect("peer slots lock").get_mut(id) {
-            s.up = false;
+            s.up.send_replace(false);
         }
         if self.routable.send_if_modified(|set| set.remove(id)) {
             self.ejections
@@ -613,7 +625,9 @@ impl PeerLinks {
                 }
             }
             slot.links.push(link.clone());
-            slot.up |= !accepted_v1;
+            if !accepted_v1 {
+                slot.up.send_replace(true);
+            }
             if slot.gave_up.take().is_some() {
                 // The peer completed a handshake after all (it dialled this
                 // node): supervised again, as a member that connected once.
@@ -761,7 +775,7 @@ impl PeerLinks {
             if slot.task.is_none() && slot.links.is_empty() {
                 slots.remove(id);
             } else if eject {
-                slot.up = false;
+                slot.up.send_replace(false);
             }
         }
         drop(slots);
@@ -800,7 +814,7 @@ impl PeerLinks {
                     .lock()
                     .expect("peer slots lock")
                     .get(peer)
-                    .is_some_and(|s| s.up);
+                    .is_some_and(|s| *s.up.borrow());
                 // Just after a pause of this node's own, an ejected peer
                 // is dialled again before any request gives up on it (its
                 // connection most likely ended because this node was
@@ -957,6 +971,8 @@ mod tests {
             idle_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_millis(600),
             only_v1: false,
+            max_peers: 128,
+            max_udp_payload: 6500,
         };
         let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
         // n1 is told n2 lives at an address that never answers: its dials

@@ -171,6 +171,7 @@ impl Run<'_> {
         let observer = self.slots.first().map(|s| s.id.clone());
         let mut last: BTreeMap<&str, &BTreeMap<String, u32>> = BTreeMap::new();
         for (host, view) in &self.view_weight_log {
+            let view: &BTreeMap<String, u32> = view;
             let Some(before) = last.insert(host.as_str(), view) else {
                 continue;
             };

@@ -137,7 +137,7 @@ impl Run<'_> {
         for a in self.applied.iter().filter(|a| a.action == Action::Kill) {
             let dead = a.node.clone().unwrap_or_default();
             let mut holding: BTreeSet<String> = BTreeSet::new();
-            let mut views: BTreeMap<&str, &Vec<String>> = BTreeMap::new();
+            let mut views: BTreeMap<&str, &[String]> = BTreeMap::new();
             let mut gone_at = None;
             for (at, host, ids) in &self.view_log {
                 views.insert(host, ids);

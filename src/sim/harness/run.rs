@@ -29,9 +29,10 @@ use crate::env::{Clock, Env};
 impl<'s> Run<'s> {
     pub(super) fn new(scenario: &'s Scenario, seed: u64, trace: Trace) -> anyhow::Result<Run<'s>> {
         let ids = scenario.node_ids();
-        // turmoil gives hosts 192.168.0.1, .2, ... in lookup order.
+        // turmoil gives the i-th host looked up (from 1) 192.168.(i / 256).(i % 256).
+        anyhow::ensure!(ids.len() < 1 << 16, "at most 65,535 nodes");
         let ips: Vec<IpAddr> = (1..=ids.len())
-            .map(|i| IpAddr::from([192, 168, 0, i as u8]))
+            .map(|i| IpAddr::from([192, 168, (i >> 8) as u8, i as u8]))
             .collect();
         let mut text = scenario.cluster.clone();
         text.insert_str(0, "name = \"sim\"\n");
@@ -58,7 +59,11 @@ impl<'s> Run<'s> {
         let mut weights = BTreeMap::new();
         let mut ring_vnodes = 0;
         for ((id, ip), pem) in ids.iter().zip(&ips).zip(pems) {
-            let config = file.validate(&src, id, &Overrides::default())?;
+            let mut config = file.validate(&src, id, &Overrides::default())?;
+            // The simulated network is an Ethernet path (see `net.rs`), so
+            // the nodes are set up as on one: path MTU discovery stops at
+            // its size instead of probing past it.
+            config.peer.max_udp_payload = super::super::net::PATH_MTU_PAYLOAD as u16;
             ring_vnodes = config.routing.vnodes;
             weights.insert(id.clone(), config.node.weight);
             slots.push(Rc::new(NodeSlot {
@@ -83,6 +88,7 @@ impl<'s> Run<'s> {
             draining: BTreeSet::new(),
             views: BTreeMap::new(),
             view_log: Vec::new(),
+            dirty: true,
             peer_events: Vec::new(),
             serves: Vec::new(),
             serves_by_tag: BTreeMap::new(),
@@ -227,7 +233,20 @@ impl<'s> Run<'s> {
             ),
         );
         let gossip = SimGossip::new();
-        for id in scn.node_ids().into_iter().take(scn.nodes) {
+        // (start time, node) of the nodes not started yet, last first.
+        let mut starts: Vec<(Duration, String)> = scn
+            .node_ids()
+            .into_iter()
+            .take(scn.nodes)
+            .enumerate()
+            .map(|(i, id)| {
+                let at = scn.start_spread_s * i as f64 / scn.nodes as f64;
+                (Duration::from_secs_f64(at), id)
+            })
+            .rev()
+            .collect();
+        while starts.last().is_some_and(|(at, _)| at.is_zero()) {
+            let (_, id) = starts.pop().expect("not empty");
             self.register(&mut sim, &id, &gossip);
         }
         let mut client_no = 0;
@@ -251,11 +270,18 @@ impl<'s> Run<'s> {
         while sim.elapsed() < end + TAIL {
             let now = sim.elapsed();
             trace::set_now(now);
+            while starts.last().is_some_and(|(at, _)| *at <= now) {
+                let (_, id) = starts.pop().expect("not empty");
+                self.trace.line("sim", format_args!("start {id}"));
+                self.register(&mut sim, &id, &gossip);
+                self.dirty = true;
+            }
             while next_fault < scn.faults.len()
                 && Duration::from_secs_f64(scn.faults[next_fault].at_s) <= now
             {
                 self.apply(&mut sim, next_fault, &gossip)?;
                 next_fault += 1;
+                self.dirty = true;
             }
             let clients_done = sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
             trace::set_now(sim.elapsed());
@@ -277,11 +303,14 @@ impl<'s> Run<'s> {
 
     /// Takes the node events of the last step.
     fn absorb(&mut self, sim: &mut turmoil::Sim<'_>) {
-        for ev in self.trace.take_events() {
+        let events = self.trace.take_events();
+        self.dirty |= !events.is_empty();
+        for ev in events {
             match ev {
                 NodeEvent::View { at, host, serving } => {
-                    let ids: Vec<String> = serving.iter().map(|(id, _)| id.clone()).collect();
-                    let weights: BTreeMap<String, u32> = serving.into_iter().collect();
+                    let ids: Arc<[String]> = serving.iter().map(|(id, _)| id.clone()).collect();
+                    let weights: Arc<BTreeMap<String, u32>> =
+                        Arc::new(serving.into_iter().collect());
                     self.view_weight_log.push((host.clone(), weights.clone()));
                     self.view_weights.insert(host.clone(), weights);
                     self.views.insert(host.clone(), ids.clone());
@@ -323,6 +352,7 @@ impl<'s> Run<'s> {
             .cloned()
             .collect();
         for n in finished {
+            self.dirty = true;
             self.trace.line("sim", format_args!("node {n} stopped"));
             self.draining.remove(&n);
             self.running.remove(&n);
@@ -339,9 +369,10 @@ impl<'s> Run<'s> {
     fn check_convergence(&mut self, faults_applied: usize) {
         let slot = faults_applied;
         // While a partition stands there is no one ring to agree on.
-        if self.converged[slot].is_some() || !self.partitions.is_empty() {
+        if self.converged[slot].is_some() || !self.partitions.is_empty() || !self.dirty {
             return;
         }
+        self.dirty = false;
         let expected = self.expected();
         let want: Vec<String> = expected.iter().cloned().collect();
         // Each view must also give every serving node the weight it publishes.
@@ -351,8 +382,8 @@ impl<'s> Run<'s> {
             && expected.iter().all(|n| {
                 self.views
                     .get(n)
-                    .map_or_else(|| want.len() == 1 && want[0] == *n, |v| *v == want)
-                    && self.view_weights.get(n).is_none_or(|w| *w == want_weights)
+                    .map_or_else(|| want.len() == 1 && want[0] == *n, |v| v[..] == want[..])
+                    && self.view_weights.get(n).is_none_or(|w| **w == want_weights)
             })
             && expected
                 .iter()

@@ -344,9 +344,9 @@ fn this_nodes_own_figures_in_a_digest_are_not_judged_but_handed_on() {
 
 #[test]
 fn the_memory_of_members_is_bounded() {
-    let b = Bounds::new("n1", 7, MAX_MEMBERS, INTERVAL);
+    let b = Bounds::new("n1", 7, DEFAULT_MAX_MEMBERS, INTERVAL);
     let t0 = Instant::now();
-    for i in 0..(KNOWN_CAP + 10) {
+    for i in 0..(KNOWN_PER_MEMBER * DEFAULT_MAX_MEMBERS + 10) {
         let at = t0 + Duration::from_millis(i as u64);
         assert_eq!(
             b.check_at_own(&syn_ack(&format!("g{i}"), 5, 5), at),
@@ -354,6 +354,20 @@ fn the_memory_of_members_is_bounded() {
         );
     }
     let known = b.known.lock().unwrap();
-    assert_eq!(known.len(), KNOWN_CAP);
+    assert_eq!(known.len(), KNOWN_PER_MEMBER * DEFAULT_MAX_MEMBERS);
     assert!(!known.contains_key(&("g0".to_owned(), 1)));
+}
+
+#[test]
+fn the_default_member_cap_fits_any_digest_and_the_heartbeat_lead_grows_with_the_cap() {
+    // 128 members with 63-byte ids over IPv6, in the longest cluster name
+    // a datagram leaves room for.
+    assert!(DEFAULT_MAX_MEMBERS * digest_entry(63, true) <= digest_budget(&"c".repeat(1000)));
+    assert_eq!(digest_entry(5, false), 46);
+    assert_eq!(
+        heartbeats_per_round(DEFAULT_MAX_MEMBERS),
+        HEARTBEATS_PER_ROUND
+    );
+    assert_eq!(heartbeats_per_round(2), HEARTBEATS_PER_ROUND);
+    assert_eq!(heartbeats_per_round(1000), 2048);
 }
