@@ -737,6 +737,7 @@ mod tests {
             only_v1: false,
             max_peers: 128,
             max_udp_payload: 6500,
+            dial_on_demand: false,
         });
         let debug = format!("{t:?}");
         let ack = &debug[debug
