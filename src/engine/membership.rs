@@ -276,12 +276,17 @@ mod shared {
     fn is_for(ring: &Ring, input: &[(NodeId, u32)], vnodes: u32) -> bool {
         ring.vnodes() == vnodes
             && ring.node_count() == input.len()
-            && ring.nodes().zip(input).all(|((a, w), (b, v))| a == b && w == *v)
+            && ring
+                .nodes()
+                .zip(input)
+                .all(|((a, w), (b, v))| a == b && w == *v)
     }
 
     /// A ring in use somewhere in this process for `input` and `vnodes`.
     pub(super) fn find(input: &[(NodeId, u32)], vnodes: u32) -> Option<Arc<Ring>> {
-        let table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let table = TABLE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         table
             .rings
             .get(&(vnodes, hash(input)))?
@@ -330,7 +335,9 @@ mod shared {
     /// The ring of this process with `vnodes` nearest to `input` (fewest
     /// nodes to rescore, [`distance`]), with that distance.
     pub(super) fn nearest(input: &[(NodeId, u32)], vnodes: u32) -> Option<(usize, Arc<Ring>)> {
-        let table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let table = TABLE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         table
             .rings
             .range((vnodes, 0)..=(vnodes, u64::MAX))
@@ -341,7 +348,9 @@ mod shared {
 
     /// Makes `ring` (built for `input` and `vnodes`) findable.
     pub(super) fn keep(input: &[(NodeId, u32)], vnodes: u32, ring: &Arc<Ring>) {
-        let mut table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut table = TABLE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let t = &mut *table;
         t.rings
             .entry((vnodes, hash(input)))
@@ -757,8 +766,14 @@ pub(crate) mod tests {
             v.iter().map(|(id, w)| (NodeId::from(*id), *w)).collect()
         };
         let ring = Ring::build(&ids(&[("a", 100), ("b", 100), ("c", 100)]), 4);
-        assert_eq!(shared::distance(&ring, &ids(&[("a", 100), ("b", 100), ("c", 100)])), 0);
-        assert_eq!(shared::distance(&ring, &ids(&[("b", 100), ("c", 200), ("d", 100)])), 3);
+        assert_eq!(
+            shared::distance(&ring, &ids(&[("a", 100), ("b", 100), ("c", 100)])),
+            0
+        );
+        assert_eq!(
+            shared::distance(&ring, &ids(&[("b", 100), ("c", 200), ("d", 100)])),
+            3
+        );
         assert_eq!(shared::distance(&ring, &ids(&[])), 3);
         assert_eq!(shared::distance(&ring, &ids(&[("0", 1), ("z", 1)])), 5);
     }
