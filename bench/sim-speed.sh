@@ -3,6 +3,7 @@
 #   bench/sim-speed.sh              # 10 nodes idle, 100 and 1000 req/s; tick 1 ms and 10 ms
 #   bench/sim-speed.sh --nodes 5    # another cluster size
 #   bench/sim-speed.sh --nodes 100 --rates "0 100" --ticks 1   # some variants only
+#   bench/sim-speed.sh --nodes 100 --dial on_demand   # peer.dial (default at_sight)
 # Builds peerlb-sim (simulations/peerlb-sim, `sim` profile: opt-level 3,
 # --cfg tokio_unstable, target-sim/) and runs variants of
 # simulations/steady-10.toml, one process each, one after another. Prints
@@ -16,12 +17,14 @@ cd "$(dirname "$0")/.."
 nodes=10
 rates="0 100 1000"
 ticks="1 10"
+dial=at_sight
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="$2"; shift 2 ;;
     --rates) rates="$2"; shift 2 ;;
     --ticks) ticks="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --dial) dial="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +40,10 @@ scenario() { # name rate tick
     echo "nodes = $nodes"
     echo "duration_s = $duration"
     echo "seeds = [1]"
+    echo "cluster = '''"
+    echo "[peer]"
+    echo "dial = \"$dial\""
+    echo "'''"
     echo "[network]"
     echo "tick_ms = $3"
     if [ "$2" -gt 0 ]; then
@@ -50,7 +57,7 @@ scenario() { # name rate tick
     fi
   } > "$dir/$1.toml"
 }
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $nodes nodes, $duration s simulated per run"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $nodes nodes, peer.dial $dial, $duration s simulated per run"
 printf '%-6s %-8s %10s %10s %10s %10s %12s %14s\n' tick rate requests wall_s user_s "sim/wall" "wall/sim_s" "peer_dgram/s"
 results=()
 for tick in $ticks; do

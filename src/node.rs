@@ -672,12 +672,18 @@ async fn maintain_view(
 const VIEW_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Quiet time after the last view change before its ring is built off
-/// the request path ([`maintain_view`]).
-const RING_WARM_QUIET: Duration = Duration::from_millis(50);
+/// the request path ([`maintain_view`]): longer than a gossip round at
+/// the default 200 ms, so the views of a cluster forming (changes a round
+/// apart for a second or two) build one table, not one per round. At
+/// 50 ms, a 100-node simulation spent a quarter of its CPU rebuilding
+/// tables no request used (simulations/README.md, Speed).
+const RING_WARM_QUIET: Duration = Duration::from_millis(250);
 
 /// Longest time a view's ring is left for the request path to build
-/// while views keep changing ([`maintain_view`]).
-const RING_WARM_MAX: Duration = Duration::from_millis(500);
+/// while views keep changing ([`maintain_view`]). A request in that time
+/// builds it (a rebuild from the last table: about one score per slot
+/// for each member that changed).
+const RING_WARM_MAX: Duration = Duration::from_millis(1000);
 
 /// Why a peer that was serving in this node's view is no longer: the first
 /// of gossip no longer listing it live (dead or gone: `gossip`), a status

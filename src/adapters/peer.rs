@@ -608,9 +608,17 @@ async fn serve_stream<H: ProxiedHandler>(
         conn.close(2u32.into(), b"certificate does not match entry node id");
         return;
     }
-    let mut builder = Request::builder()
+    let builder = Request::builder()
         .method(head.method.as_str())
         .uri(head.uri.as_str());
+    // The headers go into a map of their own, set on the request once it
+    // is built: through the builder, every header moved the whole request
+    // head. The first invalid header is the builder's error, as it was.
+    // The map starts with at least the 8 slots its first insert would
+    // make (the app path adds forwarding headers), at most 64 (a map's
+    // capacity has a ceiling a hostile head must not reach).
+    let mut headers = http::HeaderMap::with_capacity(head.headers.len().clamp(6, 64));
+    let mut bad_header: Option<http::Error> = None;
     let mut len = None;
     let mut chunked = false;
     let mut tunnel = false;
@@ -625,7 +633,18 @@ async fn serve_stream<H: ProxiedHandler>(
         } else if k == "transfer-encoding" {
             chunked = true;
         }
-        builder = builder.header(k.as_str(), v.as_slice());
+        if bad_header.is_none() {
+            match (
+                http::HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_bytes(v),
+            ) {
+                (Ok(k), Ok(v)) => {
+                    headers.append(k, v);
+                }
+                (Err(e), _) => bad_header = Some(e.into()),
+                (_, Err(e)) => bad_header = Some(e.into()),
+            }
+        }
     }
     // A request with neither Content-Length nor Transfer-Encoding has no
     // body (HTTP/1.1), and the entry sent the FIN with the head: take it
@@ -642,8 +661,15 @@ async fn serve_stream<H: ProxiedHandler>(
             None,
         )
     };
-    let req = match builder.body(body) {
-        Ok(r) => r,
+    let built = builder.body(body).and_then(|r| match bad_header {
+        Some(e) => Err(e),
+        None => Ok(r),
+    });
+    let req = match built {
+        Ok(mut r) => {
+            *r.headers_mut() = headers;
+            r
+        }
         Err(e) => {
             warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "bad request head from peer: closing that stream");
             let _ = send.reset(wire::RESET_BAD_FRAME.into());
@@ -737,6 +763,7 @@ mod tests {
             only_v1: false,
             max_peers: 128,
             max_udp_payload: 6500,
+            dial_on_demand: false,
         });
         let debug = format!("{t:?}");
         let ack = &debug[debug

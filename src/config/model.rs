@@ -463,6 +463,15 @@ pub struct PeerSection {
     /// Largest UDP payload the peer layer sends, in bytes (default 6500,
     /// 1200..=6500): the upper bound of QUIC's path MTU discovery.
     pub max_udp_payload: u16,
+    /// When a node first connects to a member gossip announces (default
+    /// `at_sight`). `at_sight`: it dials the member at once and routes to
+    /// it only once the handshake proved its identity (N (N - 1) / 2
+    /// handshakes as a cluster of N forms). `on_demand`: the member is
+    /// routable on gossip's word (gossip is sealed with the cluster key)
+    /// and is dialled by the first request for it; a dial that fails
+    /// ejects it, as a failed dial does under `at_sight`. Any other value
+    /// is a config error.
+    pub dial: String,
 }
 
 impl Default for PeerSection {
@@ -472,6 +481,7 @@ impl Default for PeerSection {
             idle_timeout_ms: 1_000,
             protocol: 2,
             max_udp_payload: 6500,
+            dial: "at_sight".into(),
         }
     }
 }

@@ -294,6 +294,11 @@ pub struct PeerSettings {
     /// Largest UDP payload sent, the upper bound of path MTU discovery
     /// (`peer.max_udp_payload`).
     pub max_udp_payload: u16,
+    /// A member gossip announces is routable before any handshake and is
+    /// dialled by the first request for it (`peer.dial = "on_demand"`);
+    /// false: dialled at first sight, routable once the handshake
+    /// succeeded.
+    pub dial_on_demand: bool,
 }
 
 /// Gossip (chitchat) settings.

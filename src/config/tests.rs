@@ -127,6 +127,7 @@ fn bad_policy_app_vnodes_and_timeouts_are_named() {
             "peer.keep_alive_ms",
         ),
         (format!("[peer]\nprotocol = 3\n{ONE}"), "peer.protocol"),
+        (format!("[peer]\ndial = \"lazily\"\n{ONE}"), "peer.dial"),
         (
             format!("[limits]\nresponse_timeout_ms = 0\n{ONE}"),
             "limits.response_timeout_ms",
@@ -152,6 +153,14 @@ fn bad_policy_app_vnodes_and_timeouts_are_named() {
         let e = validate(&text, "n1").unwrap_err().to_string();
         assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
     }
+}
+
+#[test]
+fn peer_dial_defaults_to_at_sight_and_takes_on_demand() {
+    let c = validate(ONE, "n1").unwrap();
+    assert!(!c.peer.dial_on_demand);
+    let c = validate(&format!("[peer]\ndial = \"on_demand\"\n{ONE}"), "n1").unwrap();
+    assert!(c.peer.dial_on_demand);
 }
 
 #[test]

@@ -312,6 +312,15 @@ impl ClusterFile {
                 ));
             }
         }
+        if !["at_sight", "on_demand"].contains(&self.peer.dial.as_str()) {
+            return Err(inv(
+                "peer.dial",
+                format!(
+                    "{:?} is neither \"at_sight\" nor \"on_demand\"",
+                    self.peer.dial
+                ),
+            ));
+        }
         if !(1200..=6500).contains(&self.peer.max_udp_payload) {
             return Err(inv(
                 "peer.max_udp_payload",
@@ -632,6 +641,7 @@ impl ClusterFile {
                 only_v1: self.peer.protocol == 1,
                 max_peers: self.gossip.max_members as usize,
                 max_udp_payload: self.peer.max_udp_payload,
+                dial_on_demand: self.peer.dial == "on_demand",
             },
             gossip: GossipSettings {
                 seeds,

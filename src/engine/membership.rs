@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -195,13 +195,31 @@ impl LazyRing {
     }
 
     /// The table, built now if it was not yet (concurrent callers wait
-    /// for one build).
+    /// for one build), or taken from another view of this process that
+    /// built the same one ([`shared`]).
     fn get(&self) -> &Ring {
         self.built.get_or_init(|| {
-            Arc::new(match &self.base {
-                Some(base) => base.rebuild(&self.input, self.vnodes),
+            if let Some(ring) = shared::find(&self.input, self.vnodes) {
+                return ring;
+            }
+            // Rebuilt from whichever ring is nearest (this view's last one,
+            // or one another node of the process built), when that costs
+            // less than a full build.
+            let own = self
+                .base
+                .as_ref()
+                .map(|b| (shared::distance(b, &self.input), b.clone()));
+            let base = match (own, shared::nearest(&self.input, self.vnodes)) {
+                (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+                (a, b) => a.or(b),
+            }
+            .filter(|(d, _)| *d < self.input.len());
+            let ring = Arc::new(match base {
+                Some((_, base)) => base.rebuild(&self.input, self.vnodes),
                 None => Ring::build(&self.input, self.vnodes),
-            })
+            });
+            shared::keep(&self.input, self.vnodes, &ring);
+            ring
         })
     }
 
@@ -213,6 +231,140 @@ impl LazyRing {
     /// True when this ring is the one for `input` and `vnodes`.
     fn is_for(&self, input: &[(NodeId, u32)], vnodes: u32) -> bool {
         self.vnodes == vnodes && self.input == input
+    }
+}
+
+/// Rings in use in this process, found by their input: every node of a
+/// process that routes with the same serving members and weights uses one
+/// table. A production process runs one node and finds only the rings of
+/// its own views here; the simulation runs a whole cluster in one process,
+/// where N nodes that agree on the members build one table instead of N
+/// (at 100 nodes and the default 1,024 vnodes, 100 tables of 262,144 slots
+/// scored against 100 nodes: seconds of CPU per membership change). The
+/// table is a function of its input only ([`Ring::build`]), so which view
+/// built it changes no routing decision. Entries are weak: a ring no view
+/// holds is freed, and its entry is dropped at the next sweep.
+mod shared {
+    use super::*;
+
+    type Rings = BTreeMap<(u32, u64), Vec<Weak<Ring>>>;
+
+    struct Table {
+        rings: Rings,
+        /// Entries after the last sweep; the next sweep comes at twice as
+        /// many (at least 64), so sweeping costs O(1) per entry kept.
+        swept_at: usize,
+        entries: usize,
+    }
+
+    static TABLE: Mutex<Table> = Mutex::new(Table {
+        rings: BTreeMap::new(),
+        swept_at: 0,
+        entries: 0,
+    });
+
+    fn hash(input: &[(NodeId, u32)]) -> u64 {
+        let mut h = Xxh3::new();
+        for (id, weight) in input {
+            h.update(&(id.as_str().len() as u64).to_le_bytes());
+            h.update(id.as_str().as_bytes());
+            h.update(&weight.to_le_bytes());
+        }
+        h.digest()
+    }
+
+    fn is_for(ring: &Ring, input: &[(NodeId, u32)], vnodes: u32) -> bool {
+        ring.vnodes() == vnodes
+            && ring.node_count() == input.len()
+            && ring
+                .nodes()
+                .zip(input)
+                .all(|((a, w), (b, v))| a == b && w == *v)
+    }
+
+    /// A ring in use somewhere in this process for `input` and `vnodes`.
+    pub(super) fn find(input: &[(NodeId, u32)], vnodes: u32) -> Option<Arc<Ring>> {
+        let table = TABLE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        table
+            .rings
+            .get(&(vnodes, hash(input)))?
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|r| is_for(r, input, vnodes))
+    }
+
+    /// How many nodes a rebuild from `ring` to `input` rescores: the
+    /// nodes that join, leave or change weight. A rebuild costs about one
+    /// score per slot for each ([`Ring::rebuild`]), a full build one per
+    /// slot for each node of `input`.
+    pub(super) fn distance(ring: &Ring, input: &[(NodeId, u32)]) -> usize {
+        let (mut a, mut b) = (ring.nodes().peekable(), input.iter().peekable());
+        let mut d = 0;
+        loop {
+            match (a.peek(), b.peek()) {
+                (None, None) => return d,
+                (Some(_), None) => {
+                    a.next();
+                    d += 1;
+                }
+                (None, Some(_)) => {
+                    b.next();
+                    d += 1;
+                }
+                (Some((x, w)), Some((y, v))) => match (*x).cmp(y) {
+                    std::cmp::Ordering::Less => {
+                        a.next();
+                        d += 1;
+                    }
+                    std::cmp::Ordering::Greater => {
+                        b.next();
+                        d += 1;
+                    }
+                    std::cmp::Ordering::Equal => {
+                        d += usize::from(w != v);
+                        a.next();
+                        b.next();
+                    }
+                },
+            }
+        }
+    }
+
+    /// The ring of this process with `vnodes` nearest to `input` (fewest
+    /// nodes to rescore, [`distance`]), with that distance.
+    pub(super) fn nearest(input: &[(NodeId, u32)], vnodes: u32) -> Option<(usize, Arc<Ring>)> {
+        let table = TABLE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        table
+            .rings
+            .range((vnodes, 0)..=(vnodes, u64::MAX))
+            .flat_map(|(_, v)| v.iter().filter_map(Weak::upgrade))
+            .map(|r| (distance(&r, input), r))
+            .min_by_key(|(d, _)| *d)
+    }
+
+    /// Makes `ring` (built for `input` and `vnodes`) findable.
+    pub(super) fn keep(input: &[(NodeId, u32)], vnodes: u32, ring: &Arc<Ring>) {
+        let mut table = TABLE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let t = &mut *table;
+        t.rings
+            .entry((vnodes, hash(input)))
+            .or_default()
+            .push(Arc::downgrade(ring));
+        t.entries += 1;
+        if t.entries >= (2 * t.swept_at).max(64) {
+            t.rings.retain(|_, v| {
+                v.retain(|w| w.strong_count() > 0);
+                !v.is_empty()
+            });
+            t.entries = t.rings.values().map(Vec::len).sum();
+            t.swept_at = t.entries;
+        }
     }
 }
 
@@ -577,5 +729,52 @@ pub(crate) mod tests {
         let next = fresh.with_members(ms[1..].to_vec(), 64);
         assert!(next.ring.base.is_none());
         assert_eq!(*next.ring(), *v4.ring());
+    }
+
+    /// Two nodes of one process (the simulation runs a cluster in one)
+    /// that see the same serving members and weights route with one
+    /// table; another weight or `vnodes` is another table.
+    #[test]
+    fn views_of_one_process_with_the_same_members_share_one_ring() {
+        let ms: Vec<Member> = ["share-a", "share-b", "share-c"]
+            .iter()
+            .map(|id| member(id, 1, NodeStatus::Serving))
+            .collect();
+        let on_a = MembershipView::new("share-a".into(), ms.clone(), 64);
+        let on_b = MembershipView::new("share-b".into(), ms.clone(), 64);
+        assert!(std::ptr::eq(on_a.ring(), on_b.ring()));
+        let mut heavier = ms.clone();
+        heavier[2].weight = 200;
+        let on_c = MembershipView::new("share-c".into(), heavier.clone(), 64);
+        assert!(!std::ptr::eq(on_a.ring(), on_c.ring()));
+        let ids: Vec<(NodeId, u32)> = heavier.iter().map(|m| (m.id.clone(), m.weight)).collect();
+        assert_eq!(*on_c.ring(), Ring::build(&ids, 64));
+        let coarse = MembershipView::new("share-a".into(), ms, 16);
+        assert!(!std::ptr::eq(on_a.ring(), coarse.ring()));
+        assert_eq!(coarse.ring().vnodes(), 16);
+        // The table holds rings weakly: one no view holds is freed.
+        let weak = Arc::downgrade(on_a.ring.built.get().unwrap());
+        drop((on_a, on_b));
+        assert!(weak.upgrade().is_none());
+    }
+
+    /// A rebuild rescores the nodes that join, leave or change weight:
+    /// the distance that picks the nearest ring to rebuild from.
+    #[test]
+    fn distance_counts_nodes_joining_leaving_or_reweighted() {
+        let ids = |v: &[(&str, u32)]| -> Vec<(NodeId, u32)> {
+            v.iter().map(|(id, w)| (NodeId::from(*id), *w)).collect()
+        };
+        let ring = Ring::build(&ids(&[("a", 100), ("b", 100), ("c", 100)]), 4);
+        assert_eq!(
+            shared::distance(&ring, &ids(&[("a", 100), ("b", 100), ("c", 100)])),
+            0
+        );
+        assert_eq!(
+            shared::distance(&ring, &ids(&[("b", 100), ("c", 200), ("d", 100)])),
+            3
+        );
+        assert_eq!(shared::distance(&ring, &ids(&[])), 3);
+        assert_eq!(shared::distance(&ring, &ids(&[("0", 1), ("z", 1)])), 5);
     }
 }

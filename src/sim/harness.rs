@@ -315,12 +315,18 @@ struct Run<'s> {
     /// Every view change with its weights: (node, `id=weight` of the
     /// serving members), in order; read by the slow-start check.
     view_weight_log: Vec<(String, Arc<BTreeMap<String, u32>>)>,
+    /// Every distinct view reported, by the hash of its serving members
+    /// and weights ([`Run::intern_view`]).
+    distinct_views: BTreeMap<u64, Vec<InternedView>>,
     /// Per node: when it logged `node running`.
     ups: BTreeMap<String, Vec<Duration>>,
     /// Per `weight` fault (script index): the node's answer to its `PUT
     /// /_peerlb/weight` (status and body, or the client error).
     weight_answers: WeightAnswers,
 }
+
+/// One distinct view: its serving ids, and `id=weight` of each.
+type InternedView = (Arc<[String]>, Arc<BTreeMap<String, u32>>);
 
 /// Per `weight` fault (script index): the node's answer to `PUT
 /// /_peerlb/weight` (status and body), or why there was none.

@@ -87,6 +87,16 @@ pub fn syn_ack(who: &Id, heartbeat: u64, max_version: u64, kvs: &[(&str, &str, u
     out
 }
 
+/// A Syn of cluster `cluster` with an empty digest: a node that knows
+/// nothing yet, asking for the whole state (the answer is a SynAck whose
+/// delta is as large as a datagram allows).
+pub fn syn(cluster: &str) -> Vec<u8> {
+    let mut out = header(0);
+    out.extend(0u16.to_le_bytes());
+    str16(&mut out, cluster);
+    out
+}
+
 /// A SynAck with an empty digest and delta (asks for the whole state).
 pub fn empty_syn_ack() -> Vec<u8> {
     let mut out = header(1);

@@ -48,6 +48,13 @@ use super::keyring::GossipKeys;
 /// also takes as its datagram limit.
 pub(crate) const MAX_DATAGRAM: usize = 65_507;
 
+// chitchat fills a SynAck's or Ack's delta up to its datagram limit less
+// `TRANSPORT_RESERVED_LEN` (a change of the vendored copy, vendor/README.md):
+// the seal must fit in that room, or a full delta (a joining node's
+// catch-up from a cluster of a few hundred members) would be too large to
+// send, every time.
+const _: () = assert!(super::keyring::SEAL_OVERHEAD <= chitchat::TRANSPORT_RESERVED_LEN);
+
 /// Loopback sockets that forward opened datagrams to the codec.
 const IN_SHIMS: usize = 4;
 

@@ -40,6 +40,15 @@
 //!   or, on a connection quiet for less than half the QUIC idle timeout,
 //!   the keeper closes it within `idle_timeout` (maybe reached: replay
 //!   rules).
+//! - **Dialling on demand** (`peer.dial = "on_demand"`). A cluster of N
+//!   nodes forming at first sight makes N (N - 1) / 2 mutual TLS
+//!   handshakes, most of them for pairs that then fall quiet and close
+//!   (499,500 at 1,000 nodes). On demand, a member gossip announces is
+//!   routable at once, with no handshake, and the first request for it
+//!   dials it (one round trip more, as after any quiet spell); a dial that
+//!   fails ejects it (the request goes to the next candidate), and the
+//!   supervisor re-dials it as above. Identity is still proved by every
+//!   handshake; what is given up is proving it before the first request.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -220,8 +229,11 @@ struct Slot {
     up: watch::Sender<bool>,
     /// One dial at a time per peer.
     dial: Arc<tokio::sync::Mutex<()>>,
-    /// The supervisor (none for a peer that connected before gossip
-    /// named it).
+    /// Gossip names this peer and this node supervises it (false for a
+    /// peer that connected before gossip named it).
+    watched: bool,
+    /// The supervisor: started at first sight, or under `peer.dial =
+    /// "on_demand"` at the first ejection (none until then).
     task: Option<JoinHandle<()>>,
     /// The generation gossip advertises now.
     generation: u64,
@@ -237,6 +249,7 @@ impl Slot {
             links: Vec::new(),
             up: watch::channel(false).0,
             dial: Arc::new(tokio::sync::Mutex::new(())),
+            watched: false,
             task: None,
             generation: 0,
             gave_up: None,
@@ -406,13 +419,13 @@ impl PeerLinks {
         // At most `gossip.max_members` members are supervised (those already
         // supervised first), so a flood of members cannot make this node
         // dial without bound.
-        let supervised = |id: &NodeId| slots.get(id).is_some_and(|s| s.task.is_some());
+        let supervised = |id: &NodeId| slots.get(id).is_some_and(|s| s.watched);
         let chosen = dial::select(all.keys().copied(), supervised, self.settings.max_peers);
         let wanted: BTreeMap<&NodeId, (SocketAddr, u64)> =
             chosen.into_iter().map(|id| (id, all[id])).collect();
         let gone: Vec<NodeId> = slots
             .iter()
-            .filter(|(id, s)| s.task.is_some() && !wanted.contains_key(id))
+            .filter(|(id, s)| s.watched && !wanted.contains_key(id))
             .map(|(id, _)| id.clone())
             .collect();
         for id in gone {
@@ -434,23 +447,40 @@ impl PeerLinks {
             let slot = slots.entry(id.clone()).or_insert_with(|| Slot::new(addr));
             slot.addr = addr;
             slot.generation = generation;
+            let mut sighted = !slot.watched;
+            slot.watched = true;
             if slot.gave_up.is_some_and(|g| g != (addr, generation)) {
                 // Announced anew: a finished supervisor, started again.
                 slot.gave_up = None;
                 slot.task = None;
+                sighted = true;
             }
-            if slot.task.is_none() {
-                let me = Arc::clone(self);
-                let peer = id.clone();
-                slot.task = Some(tokio::spawn(
-                    async move { me.supervise(peer).await }
-                        .instrument(info_span!("peer", peer = %id)),
-                ));
+            if !self.settings.dial_on_demand {
+                if slot.task.is_none() {
+                    slot.task = Some(self.spawn_supervisor(id));
+                }
+            } else if sighted && !*slot.up.borrow() {
+                // Routable on gossip's word: the first request dials it,
+                // and its supervisor starts at its first ejection.
+                slot.up.send_replace(true);
+                if self.routable.send_if_modified(|set| set.insert(id.clone())) {
+                    self.observer.observe(&NodeEvent::PeerRestored { peer: id });
+                }
             }
         }
     }
 
-    /// Dials `id` at first sight and whenever it is ejected, with backoff.
+    fn spawn_supervisor(self: &Arc<Self>, id: &NodeId) -> JoinHandle<()> {
+        let me = Arc::clone(self);
+        let peer = id.clone();
+        tokio::spawn(
+            async move { me.supervise(peer).await }.instrument(info_span!("peer", peer = %id)),
+        )
+    }
+
+    /// Dials `id` at first sight (unless `peer.dial = "on_demand"`: [`Self::sync`]
+    /// made it routable, and a request dials it) and whenever it is
+    /// ejected, with backoff.
     async fn supervise(self: Arc<Self>, id: NodeId) {
         let Some(mut routable) = self
             .slots
@@ -461,7 +491,7 @@ impl PeerLinks {
         else {
             return;
         };
-        if self.self_id > id {
+        if self.self_id > id && !self.settings.dial_on_demand {
             // The smaller id dials first: one handshake per pair at start.
             let _ = tokio::time::timeout(
                 self.settings.connect_timeout / 2,
@@ -559,7 +589,7 @@ impl PeerLinks {
     /// node meanwhile, if one is usable (a peer that restarted dials too;
     /// its handshake completed, so the peer is neither ejected nor given
     /// up on), else the peer is ejected and the error returned.
-    fn dial_failed(&self, id: &NodeId, e: String) -> Result<Arc<Link>, String> {
+    fn dial_failed(self: &Arc<Self>, id: &NodeId, e: String) -> Result<Arc<Link>, String> {
         if let Some(l) = self.pick(id) {
             debug!(error = %e, "peer dial failed, but the peer connected to this node meanwhile");
             return Ok(l);
@@ -568,9 +598,13 @@ impl PeerLinks {
         Err(e)
     }
 
-    fn eject(&self, id: &NodeId) {
+    fn eject(self: &Arc<Self>, id: &NodeId) {
         if let Some(s) = self.slots.lock().expect("peer slots lock").get_mut(id) {
             s.up.send_replace(false);
+            if s.watched && s.task.is_none() {
+                // `peer.dial = "on_demand"`: supervised from now on.
+                s.task = Some(self.spawn_supervisor(id));
+            }
         }
         if self.routable.send_if_modified(|set| set.remove(id)) {
             self.ejections
@@ -631,12 +665,7 @@ impl PeerLinks {
             if slot.gave_up.take().is_some() {
                 // The peer completed a handshake after all (it dialled this
                 // node): supervised again, as a member that connected once.
-                let me = Arc::clone(self);
-                let peer = id.clone();
-                slot.task = Some(tokio::spawn(
-                    async move { me.supervise(peer).await }
-                        .instrument(info_span!("peer", peer = %id)),
-                ));
+                slot.task = Some(self.spawn_supervisor(id));
             }
         }
         if !accepted_v1 && self.routable.send_if_modified(|set| set.insert(id.clone())) {
@@ -755,7 +784,7 @@ impl PeerLinks {
     /// A connection ended: forgets it, and ejects the peer when it was the
     /// connection in use and ended by a loss while busy, a silence, or the
     /// peer's close.
-    fn ended(&self, id: &NodeId, link: &Arc<Link>, why: quinn::ConnectionError) {
+    fn ended(self: &Arc<Self>, id: &NodeId, link: &Arc<Link>, why: quinn::ConnectionError) {
         let busy = link.busy(Instant::now(), self.linger());
         let (retired, silent) = {
             let s = link.state.lock().expect("link state lock");
@@ -772,10 +801,14 @@ impl PeerLinks {
         let mut slots = self.slots.lock().expect("peer slots lock");
         if let Some(slot) = slots.get_mut(id) {
             slot.links.retain(|l| !Arc::ptr_eq(l, link));
-            if slot.task.is_none() && slot.links.is_empty() {
+            if !slot.watched && slot.links.is_empty() {
                 slots.remove(id);
             } else if eject {
                 slot.up.send_replace(false);
+                if slot.watched && slot.task.is_none() {
+                    // `peer.dial = "on_demand"`: supervised from now on.
+                    slot.task = Some(self.spawn_supervisor(id));
+                }
             }
         }
         drop(slots);
@@ -973,6 +1006,7 @@ mod tests {
             only_v1: false,
             max_peers: 128,
             max_udp_payload: 6500,
+            dial_on_demand: false,
         };
         let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
         // n1 is told n2 lives at an address that never answers: its dials
@@ -1003,6 +1037,61 @@ mod tests {
             0,
             "n1's failed dial ejected a connected peer"
         );
+        n1.close().await;
+        n2.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `peer.dial = "on_demand"`: a member gossip announces is routable at
+    /// once with no connection; the first stream to it dials it, and the
+    /// next reuses that connection. A member at an address that never
+    /// answers stays routable until a request's dial fails: the request
+    /// gets an error before anything reached the member (the caller tries
+    /// the next candidate) and the member is ejected.
+    #[tokio::test]
+    async fn on_demand_members_are_routable_at_sight_and_dialled_by_the_first_request() {
+        let dir =
+            std::env::temp_dir().join(format!("peerlb-links-on-demand-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = tls::generate(&dir, "test", &["n1", "n2", "n3"]).unwrap();
+        let settings = PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(600),
+            only_v1: false,
+            max_peers: 128,
+            max_udp_payload: 6500,
+            dial_on_demand: true,
+        };
+        let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
+        let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (id2, id3) = (NodeId::from("n2"), NodeId::from("n3"));
+        n1.sync(&[
+            (id2.clone(), n2.endpoint.local_addr().unwrap(), 1),
+            (id3.clone(), black_hole.local_addr().unwrap(), 1),
+        ]);
+        assert_eq!(
+            *n1.connected().borrow(),
+            BTreeSet::from([id2.clone(), id3.clone()]),
+            "members are routable at sight"
+        );
+        assert_eq!(n1.connection_count(), 0, "nothing is dialled at sight");
+        let first = n1.open(&id2).await.expect("the first request dials n2");
+        assert_eq!(n1.connection_count(), 1);
+        let second = n1.open(&id2).await.expect("the next request reuses it");
+        assert_eq!(n1.connection_count(), 1, "one connection for both requests");
+        drop((first, second));
+        match n1.open(&id3).await {
+            Err(OpenError::Stream { peer, .. }) => assert_eq!(peer, id3),
+            Err(e) => panic!("unexpected error for a dead member: {e}"),
+            Ok(_) => panic!("a stream opened to an address that never answers"),
+        }
+        assert!(
+            !n1.connected().borrow().contains(&id3),
+            "a failed dial ejects the member"
+        );
+        assert!(n1.connected().borrow().contains(&id2));
+        assert_eq!(n1.ejections(), 1);
         n1.close().await;
         n2.close().await;
         let _ = std::fs::remove_dir_all(&dir);

@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash as _, Hasher as _};
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -103,6 +104,7 @@ impl<'s> Run<'s> {
             weights,
             view_weights: BTreeMap::new(),
             view_weight_log: Vec::new(),
+            distinct_views: BTreeMap::new(),
             ups: BTreeMap::new(),
             weight_answers: Rc::default(),
         })
@@ -308,9 +310,7 @@ impl<'s> Run<'s> {
         for ev in events {
             match ev {
                 NodeEvent::View { at, host, serving } => {
-                    let ids: Arc<[String]> = serving.iter().map(|(id, _)| id.clone()).collect();
-                    let weights: Arc<BTreeMap<String, u32>> =
-                        Arc::new(serving.into_iter().collect());
+                    let (ids, weights) = self.intern_view(serving);
                     self.view_weight_log.push((host.clone(), weights.clone()));
                     self.view_weights.insert(host.clone(), weights);
                     self.views.insert(host.clone(), ids.clone());
@@ -359,6 +359,29 @@ impl<'s> Run<'s> {
             self.views.remove(&n);
             self.view_weights.remove(&n);
         }
+    }
+
+    /// The one copy of a view (serving ids, and `id=weight`) that every
+    /// node reporting the same serving members and weights shares: a
+    /// cluster of N nodes reports about N views per member that joins,
+    /// mostly the same ones, and each copy holds N ids (1,000 nodes
+    /// forming would keep gigabytes of copies).
+    fn intern_view(
+        &mut self,
+        serving: Vec<(String, u32)>,
+    ) -> (Arc<[String]>, Arc<BTreeMap<String, u32>>) {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        serving.hash(&mut h);
+        let same = self.distinct_views.entry(h.finish()).or_default();
+        if let Some(v) = same.iter().find(|(_, w)| {
+            w.len() == serving.len() && w.iter().eq(serving.iter().map(|(id, w)| (id, w)))
+        }) {
+            return v.clone();
+        }
+        let ids: Arc<[String]> = serving.iter().map(|(id, _)| id.clone()).collect();
+        let weights: Arc<BTreeMap<String, u32>> = Arc::new(serving.into_iter().collect());
+        same.push((ids.clone(), weights.clone()));
+        (ids, weights)
     }
 
     /// The serving set every ready node should converge to.
