@@ -990,6 +990,20 @@ mod tests {
         links
     }
 
+    /// Loopback test settings: a 600 ms connect timeout, a busy link
+    /// closed after 5 s of silence; `peer.dial = "on_demand"` or not.
+    fn test_settings(dial_on_demand: bool) -> PeerSettings {
+        PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(600),
+            only_v1: false,
+            max_peers: 128,
+            max_udp_payload: 6500,
+            dial_on_demand,
+        }
+    }
+
     /// A dial that fails while the peer's own connection to this node
     /// completed (a peer that restarted under load dials too) leaves the
     /// peer routable: it is neither ejected nor given up on. Before, the
@@ -999,15 +1013,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("peerlb-links-dial-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let certs = tls::generate(&dir, "test", &["n1", "n2"]).unwrap();
-        let settings = PeerSettings {
-            keep_alive: Duration::from_millis(200),
-            idle_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_millis(600),
-            only_v1: false,
-            max_peers: 128,
-            max_udp_payload: 6500,
-            dial_on_demand: false,
-        };
+        let settings = test_settings(false);
         let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
         // n1 is told n2 lives at an address that never answers: its dials
         // (the smaller id dials first) time out after `connect_timeout`.
@@ -1054,15 +1060,7 @@ mod tests {
             std::env::temp_dir().join(format!("peerlb-links-on-demand-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let certs = tls::generate(&dir, "test", &["n1", "n2", "n3"]).unwrap();
-        let settings = PeerSettings {
-            keep_alive: Duration::from_millis(200),
-            idle_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_millis(600),
-            only_v1: false,
-            max_peers: 128,
-            max_udp_payload: 6500,
-            dial_on_demand: true,
-        };
+        let settings = test_settings(true);
         let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
         let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let (id2, id3) = (NodeId::from("n2"), NodeId::from("n3"));
