@@ -34,6 +34,7 @@ use crate::engine::node_id::NodeId;
 mod admission;
 mod dial;
 mod links;
+pub(crate) mod udp;
 
 use links::Link;
 pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
@@ -719,7 +720,9 @@ async fn serve_stream<H: ProxiedHandler>(
             io: tokio::io::join(recv, send),
             _busy: None,
         };
-        handler.relay(Box::new(stream), app).await;
+        // Boxed: a tunnel is rare, and its relay's future would
+        // otherwise make every stream's task as large as itself.
+        Box::pin(handler.relay(Box::new(stream), app)).await;
         return;
     }
     if let Err(e) = body::pump(body, &mut send).await {

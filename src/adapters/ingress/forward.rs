@@ -270,14 +270,12 @@ impl Forwarder {
                     .fetch_add(1, Ordering::Relaxed);
                 let guard = self.state.track(cand, request_bytes);
                 let serving = self.state.enter_serving();
-                // Boxed: rustc lays an awaited future out next to the
-                // future that awaits it (about twice the size per level),
-                // so the app exchange's 3.8 KB made the request's future
-                // 39 KB, copied into place level by level on every
-                // request; 11 KB with this box. Boxing the candidates
-                // loop as well (3.4 KB) cost as much in a 2 KB allocation
-                // per request as it saved in copies (bench/instructions.sh).
-                let resp = Box::pin(self.owner.serve_app(Request::from_parts(parts, b), ctx))
+                // The app exchange is boxed inside `App::serve` (an awaited
+                // future is laid out inside the one awaiting it: unboxed,
+                // the pooled exchange made this request's future 39 KB).
+                let resp = self
+                    .owner
+                    .serve_app(Request::from_parts(parts, b), ctx)
                     .await
                     .map_err(|e| match e.client_body() {
                         Some(b) => RequestError::client_body(b),
