@@ -282,8 +282,8 @@ impl Env {
         size_socket_buffers(&peer_socket);
         // Registered for reads only: quinn's own tokio socket is woken by
         // every datagram it sent (crate::adapters::peer::udp).
-        let peer_socket: Arc<dyn quinn::AsyncUdpSocket> = PeerUdpSocket::wrap(peer_socket)
-            .map_err(err("peer_addr", n.peer_addr))?;
+        let peer_socket: Arc<dyn quinn::AsyncUdpSocket> =
+            PeerUdpSocket::wrap(peer_socket).map_err(err("peer_addr", n.peer_addr))?;
         // chitchat's UDP transport binds its own socket (its envelope codec
         // is private, so a pre-bound socket cannot be handed in): check the
         // address now so a conflict is reported before the node starts.

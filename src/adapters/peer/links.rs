@@ -961,7 +961,7 @@ mod tests {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         socket.set_nonblocking(true).unwrap();
         let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
-        let socket = super::udp::PeerUdpSocket::wrap(socket).unwrap();
+        let socket = super::super::udp::PeerUdpSocket::wrap(socket).unwrap();
         let (endpoint, client) = super::super::endpoint(
             socket,
             runtime,
