@@ -366,13 +366,13 @@ impl Forwarder {
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
-                    let served = NodeId::from(rh.served_by.as_str());
+                    let served = served_by(&rh.served_by, cand);
                     let mut resp = peer::response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok((resp, served, guard));
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
-                    let served = NodeId::from(rh.served_by.as_str());
+                    let served = served_by(&rh.served_by, cand);
                     let status = http::StatusCode::from_u16(rh.status)
                         .unwrap_or(http::StatusCode::BAD_GATEWAY);
                     // A bodiless answer gets an ended body, as the app's
@@ -422,5 +422,16 @@ impl Forwarder {
             }
         }
         Err(last_err.unwrap_or_else(|| RequestError::NoNode("no candidate".into())))
+    }
+}
+
+/// The id of the node that served a forwarded request, as its response
+/// head names it: the candidate's own id (no allocation) when it is the
+/// one, as it always is for a node of this release (hop limit 1).
+fn served_by(named: &str, cand: &NodeId) -> NodeId {
+    if named == &**cand {
+        cand.clone()
+    } else {
+        NodeId::from(named)
     }
 }
