@@ -26,7 +26,10 @@
 # Each path is measured twice, with N and 2N requests after a warm-up, and
 # the figure is (Ir(2N) - Ir(N)) / N, so the node's fixed cost over the
 # measurement (gossip rounds, timers: they scale with wall time, which
-# valgrind stretches) cancels out.
+# valgrind stretches) cancels out. Gossip runs every 2 s here, not every
+# 200 ms: its rounds scale with wall time, which a busy machine stretches
+# under valgrind, and at the default they moved the hop figure by up to
+# 10 % between runs.
 #
 # Needs valgrind and python3 (apt-get install -y valgrind). Not part of CI.
 # Ports 127.0.0.1:23001-23300. Default BIN: target/release/peerlb (built).
@@ -75,6 +78,8 @@ EOF
 cat >"$work/local.toml" <<EOF
 name = "instr-local"
 app = "builtin"
+[gossip]
+interval_ms = 2000
 [tls]
 dir = "$work/certs-local"
 [[nodes]]
@@ -89,6 +94,8 @@ EOF
 cat >"$work/hop.toml" <<EOF
 name = "instr-hop"
 app = "builtin"
+[gossip]
+interval_ms = 2000
 [tls]
 dir = "$work/certs-hop"
 [[nodes]]

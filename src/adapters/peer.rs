@@ -481,9 +481,10 @@ pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Bod
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let h = resp.headers_mut();
     for (k, v) in head.headers {
+        // The value's bytes become the header's without a copy.
         match (
             HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_bytes(&v),
+            HeaderValue::from_maybe_shared(Bytes::from(v)),
         ) {
             (Ok(k), Ok(v)) => {
                 h.append(k, v);

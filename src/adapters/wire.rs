@@ -320,12 +320,20 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_HEAD_LEN>()
 }
 
+/// Bytes reserved for a frame before encoding it: more than most heads
+/// (a browser's request head is 300-700 bytes, a response head less); a
+/// larger one grows as a `Vec` does.
+const ENCODE_CAPACITY: usize = 768;
+
 /// Encodes `head` as a length-prefixed frame: `[u32 BE len][bincode]`.
 ///
 /// # Errors
 /// [`WireError::Encode`] if bincode fails, [`WireError::TooLong`] past [`MAX_HEAD_LEN`].
 pub(crate) fn encode<T: Serialize>(head: &T) -> Result<Vec<u8>, WireError> {
-    let mut buf = vec![0u8; 4];
+    // Room for a usual head at once: grown from the prefix's 4 bytes, the
+    // buffer was reallocated (and copied) seven times on its way to 300.
+    let mut buf = Vec::with_capacity(ENCODE_CAPACITY);
+    buf.extend_from_slice(&[0u8; 4]);
     bincode::serde::encode_into_std_write(head, &mut buf, config())?;
     let len = buf.len() - 4;
     if len > MAX_HEAD_LEN {
