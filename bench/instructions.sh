@@ -9,6 +9,7 @@
 #   bench/instructions.sh [BIN ...]      # each binary, the paths below
 #   N=4000 bench/instructions.sh BIN     # more requests per measurement
 #   bench/instructions.sh --haproxy [BIN ...]   # and HAProxy, for scale
+#   PATHS=hop bench/instructions.sh BIN  # only some of the paths below
 #
 # Two paths, each on one keep-alive connection (a Python client that sends
 # a request, reads its whole answer, sends the next: no pipelining):
@@ -177,7 +178,7 @@ measure() {
     port=23201
   fi
   wait_http $port
-  if [ "$path" = owner ]; then
+  if [ "$path" = hop ] || [ "$path" = owner ]; then
     # The entry serves itself until its connection to the owner is up.
     for _ in $(seq 600); do
       curl -s -D - -o /dev/null "http://127.0.0.1:$port/bytes/1?user=w" | grep -qi '^peerlb-served-by: h2' && break
@@ -197,7 +198,7 @@ measure() {
 
 printf '%-40s %-6s %14s\n' binary path "Ir/request"
 for bin in "$@"; do
-  for path in local hop owner; do
+  for path in ${PATHS:-local hop owner}; do
     a=$(measure "$bin" $path "$N")
     b=$(measure "$bin" $path $((2 * N)))
     printf '%-40s %-6s %14s\n' "$bin" $path $(((b - a) / N))
