@@ -24,8 +24,9 @@ Besides req/s, latency, CPU and RSS, each measurement counts the
 balancer's context switches (voluntary + involuntary, every thread) and
 its UDP sends (sendmsg/sendmmsg calls, counted by `perf stat` on the
 syscall tracepoints; without perf, the machine's UDP datagrams from
-/proc/net/snmp, which other programs move too), both per request: figures
-that a loaded machine moves far less than req/s.
+/proc/net/snmp, which other programs move too) and all its system calls
+(`perf stat` on raw_syscalls:sys_enter; none without perf), each per
+request: figures that a loaded machine moves far less than req/s.
 
 All contenders stay up for the whole run; each measurement resets the
 balancer's peak RSS (/proc/PID/clear_refs 5), reads its CPU ticks from
@@ -189,20 +190,22 @@ def context_switches(pids):
 
 
 UDP_SENDS = "syscalls:sys_enter_sendmsg,syscalls:sys_enter_sendmmsg"
+SYSCALLS = "raw_syscalls:sys_enter"
 
 
 class UdpSends:
-    """Counts the sendmsg/sendmmsg calls of pids while it runs, with `perf
-    stat` on the syscall tracepoints (root, or perf_event_paranoid <= -1).
-    The peerlb nodes send UDP (the QUIC hop, gossip) with sendmsg and TCP
-    with write/writev, so this is their UDP sends alone, whatever else runs
-    on the machine. None when perf is missing or refuses."""
+    """Counts the sendmsg/sendmmsg calls and all system calls of pids while
+    it runs, with `perf stat` on the syscall tracepoints (root, or
+    perf_event_paranoid <= -1). The peerlb nodes send UDP (the QUIC hop,
+    gossip) with sendmsg and TCP with write/writev, so the first is their
+    UDP sends alone, whatever else runs on the machine. `stop` gives
+    (sends, syscalls), each None when perf is missing or refuses."""
 
     def __init__(self, pids, path):
         self.path, self.proc = path, None
         if pids and shutil.which("perf"):
             self.proc = subprocess.Popen(
-                ["perf", "stat", "-x,", "-e", UDP_SENDS, "-o", path,
+                ["perf", "stat", "-x,", "-e", UDP_SENDS + "," + SYSCALLS, "-o", path,
                  "-p", ",".join(str(p) for p in pids)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
@@ -210,20 +213,22 @@ class UdpSends:
 
     def stop(self):
         if not self.proc:
-            return None
+            return None, None
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait()
-        total, seen = 0, False
+        sends = calls = None
         try:
             with open(self.path) as f:
                 for line in f:
                     parts = line.strip().split(",")
-                    if len(parts) > 2 and parts[2].startswith("syscalls:") and parts[0].isdigit():
-                        total += int(parts[0])
-                        seen = True
+                    if len(parts) > 2 and parts[0].isdigit():
+                        if parts[2] == SYSCALLS:
+                            calls = (calls or 0) + int(parts[0])
+                        elif parts[2].startswith("syscalls:"):
+                            sends = (sends or 0) + int(parts[0])
         except OSError:
-            return None
-        return total if seen else None
+            return None, None
+        return sends, calls
 
 
 def udp_out_datagrams():
@@ -608,7 +613,7 @@ def measure(url, pids, app_pids, pt, duration, tmp):
         w = wrk(url, size, conns, think, duration, close=mode(pt) == "close")
     c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
     s1, d1 = context_switches(bal), udp_out_datagrams()
-    udp_sends = sends.stop()
+    udp_sends, syscalls = sends.stop()
     n = max(1, w["requests"])
     secs = w["duration_us"] / 1e6
     errors = w["connect"] + w["read"] + w["write"] + w["status"] + w["timeout"]
@@ -623,6 +628,7 @@ def measure(url, pids, app_pids, pt, duration, tmp):
         "cs": (s1 - s0) / n if pids else float("nan"),
         # The balancer's own UDP sends (perf), else the machine's datagrams.
         "dgrams": (udp_sends if udp_sends is not None else d1 - d0) / n if pids else float("nan"),
+        "syscalls": syscalls / n if pids and syscalls is not None else float("nan"),
         "errors": errors,
     }
 
@@ -643,8 +649,8 @@ def table(results, pt, contenders):
     rows = [
         f"### {point_label(pt)}",
         "",
-        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | ctx sw/req | UDP sends/req | peak RSS MiB | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | ctx sw/req | UDP sends/req | syscalls/req | peak RSS MiB | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in contenders:
         rs = results.get((pt, c), [])
@@ -658,7 +664,8 @@ def table(results, pt, contenders):
             f"| {med([r['p50'] for r in rs]):.2f} | {med([r['p99'] for r in rs]):.2f} "
             f"| {med([r['p999'] for r in rs]):.2f} | {fmt(med([r['cpu'] for r in rs]), '.2f')} "
             f"| {med([r['app_cpu'] for r in rs]):.2f} | {fmt(med([r['cs'] for r in rs]), '.2f')} "
-            f"| {fmt(med([r['dgrams'] for r in rs]), '.2f')} | {fmt(med([r['rss'] for r in rs]), '.1f')} "
+            f"| {fmt(med([r['dgrams'] for r in rs]), '.2f')} | {fmt(med([r.get('syscalls', float('nan')) for r in rs]), '.2f')} "
+            f"| {fmt(med([r['rss'] for r in rs]), '.1f')} "
             f"| {sum(r['errors'] for r in rs)} |"
         )
     return "\n".join(rows)
@@ -712,7 +719,8 @@ def ratio_lines(results, contenders, pts):
             for pt in (b, m):
                 if pt in pts:
                     for key, what in (("cpu", "CPU per request"), ("cs", "context switches per request"),
-                                      ("dgrams", "UDP sends per request")):
+                                      ("dgrams", "UDP sends per request"),
+                                      ("syscalls", "system calls per request")):
                         ratios.append(f"ratio {p}/{q} {what} = {fmt(per_round_ratio(results, pt, p, q, key), '.2f')}  "
                                       f"(lower is better; {point_label(pt)})")
     for h in ("peerlb-hop", "peerlb-hop-before"):
@@ -869,7 +877,7 @@ def run(args, contenders, tmp, procs):
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "
                       f"{m['rps']:>9,.0f} req/s  p50 {m['p50']:.2f} p99 {m['p99']:.2f} "
                       f"p99.9 {m['p999']:.2f} ms  cpu {fmt(m['cpu'], '.2f')} s/10k  "
-                      f"cs {fmt(m['cs'], '.2f')} udp {fmt(m['dgrams'], '.2f')} /req  "
+                      f"cs {fmt(m['cs'], '.2f')} udp {fmt(m['dgrams'], '.2f')} sys {fmt(m['syscalls'], '.1f')} /req  "
                       f"errors {m['errors']}", flush=True)
     load1 = os.getloadavg()
     out = [

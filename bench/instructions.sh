@@ -6,8 +6,10 @@
 # wakeups) is not counted, so this judges a change to peerlb's own code,
 # not the whole path (bench/compare.sh does that).
 #
-#   bench/instructions.sh [BIN ...]      # each binary, both paths below
+#   bench/instructions.sh [BIN ...]      # each binary, the paths below
 #   N=4000 bench/instructions.sh BIN     # more requests per measurement
+#   bench/instructions.sh --haproxy [BIN ...]   # and HAProxy, for scale
+#   PATHS=hop bench/instructions.sh BIN  # only some of the paths below
 #
 # Two paths, each on one keep-alive connection (a Python client that sends
 # a request, reads its whole answer, sends the next: no pipelining):
@@ -16,10 +18,19 @@
 #   hop    two nodes with the built-in app, the entry's weight 0 so every
 #          request is forwarded over the QUIC hop: the entry's
 #          instructions per forwarded request.
+#   owner  the same two nodes: the owner's instructions per forwarded
+#          request.
+# With --haproxy, HAProxy (one thread, Debian's haproxy) in front of the
+# same backend as `local`, configured as bench/compare.sh's contender
+# (consistent hash on `user`, pooled keep-alive): HAProxy's instructions
+# per request, the scale for the figures above.
 # Each path is measured twice, with N and 2N requests after a warm-up, and
 # the figure is (Ir(2N) - Ir(N)) / N, so the node's fixed cost over the
 # measurement (gossip rounds, timers: they scale with wall time, which
-# valgrind stretches) cancels out.
+# valgrind stretches) cancels out. Gossip runs every 2 s here, not every
+# 200 ms: its rounds scale with wall time, which a busy machine stretches
+# under valgrind, and at the default they moved the hop figure by up to
+# 10 % between runs.
 #
 # Needs valgrind and python3 (apt-get install -y valgrind). Not part of CI.
 # Ports 127.0.0.1:23001-23300. Default BIN: target/release/peerlb (built).
@@ -27,6 +38,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install -y valgrind)" >&2; exit 1; }
 N=${N:-2000}
+haproxy=false
+if [ "${1:-}" = --haproxy ]; then
+  haproxy=true
+  shift
+  command -v haproxy >/dev/null || { echo "haproxy is missing (apt-get install -y haproxy)" >&2; exit 1; }
+fi
 if [ $# -eq 0 ]; then
   cargo build --release --bin peerlb >/dev/null 2>&1 || cargo build --release --bin peerlb
   set -- target/release/peerlb
@@ -62,6 +79,8 @@ EOF
 cat >"$work/local.toml" <<EOF
 name = "instr-local"
 app = "builtin"
+[gossip]
+interval_ms = 2000
 [tls]
 dir = "$work/certs-local"
 [[nodes]]
@@ -76,6 +95,8 @@ EOF
 cat >"$work/hop.toml" <<EOF
 name = "instr-hop"
 app = "builtin"
+[gossip]
+interval_ms = 2000
 [tls]
 dir = "$work/certs-hop"
 [[nodes]]
@@ -94,6 +115,27 @@ name = "user"
 extract = [{ query = "user" }]
 EOF
 
+cat >"$work/haproxy.cfg" <<EOF
+global
+    maxconn 4096
+    nbthread 1
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    timeout http-keep-alive 30s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:23050
+    default_backend apps
+backend apps
+    balance url_param user
+    hash-type consistent
+    server app1 127.0.0.1:23100
+EOF
+
 wait_http() { # port
   for _ in $(seq 600); do
     python3 "$work/client.py" 1 "$1" 2>/dev/null && return 0
@@ -106,22 +148,43 @@ wait_http() { # port
 # measure BIN PATH COUNT -> total Ir of the node under callgrind over COUNT requests
 measure() {
   local bin=$1 path=$2 count=$3 out="$work/cg.$2.$3" others=() node port
-  if [ "$path" = local ]; then
+  if [ "$path" = haproxy ]; then
+    "$bin" app --listen 127.0.0.1:23100 --name app1 >/dev/null 2>&1 &
+    others+=($!)
+    valgrind --tool=callgrind --callgrind-out-file="$out" haproxy -f "$work/haproxy.cfg" -db \
+      >"$work/node.log" 2>&1 &
+    node=$! port=23050
+  elif [ "$path" = local ]; then
     "$bin" certs --config "$work/local.toml" >/dev/null 2>&1
     "$bin" app --listen 127.0.0.1:23100 --name app1 >/dev/null 2>&1 &
     others+=($!)
     valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" node --config "$work/local.toml" \
       --node l1 --app http://127.0.0.1:23100 >"$work/node.log" 2>&1 &
     node=$! port=23001
-  else
+  elif [ "$path" = hop ]; then
     "$bin" certs --config "$work/hop.toml" >/dev/null 2>&1
     "$bin" node --config "$work/hop.toml" --node h2 >/dev/null 2>&1 &
     others+=($!)
     valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" node --config "$work/hop.toml" \
       --node h1 >"$work/node.log" 2>&1 &
     node=$! port=23201
+  else
+    "$bin" certs --config "$work/hop.toml" >/dev/null 2>&1
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" node --config "$work/hop.toml" \
+      --node h2 >"$work/node.log" 2>&1 &
+    node=$!
+    "$bin" node --config "$work/hop.toml" --node h1 >/dev/null 2>&1 &
+    others+=($!)
+    port=23201
   fi
   wait_http $port
+  if [ "$path" = hop ] || [ "$path" = owner ]; then
+    # The entry serves itself until its connection to the owner is up.
+    for _ in $(seq 600); do
+      curl -s -D - -o /dev/null "http://127.0.0.1:$port/bytes/1?user=w" | grep -qi '^peerlb-served-by: h2' && break
+      sleep 0.2
+    done
+  fi
   python3 "$work/client.py" 300 $port
   callgrind_control -z $node >/dev/null 2>&1
   python3 "$work/client.py" "$count" $port
@@ -135,9 +198,14 @@ measure() {
 
 printf '%-40s %-6s %14s\n' binary path "Ir/request"
 for bin in "$@"; do
-  for path in local hop; do
+  for path in ${PATHS:-local hop owner}; do
     a=$(measure "$bin" $path "$N")
     b=$(measure "$bin" $path $((2 * N)))
     printf '%-40s %-6s %14s\n' "$bin" $path $(((b - a) / N))
   done
 done
+if $haproxy; then
+  a=$(measure "$1" haproxy "$N")
+  b=$(measure "$1" haproxy $((2 * N)))
+  printf '%-40s %-6s %14s\n' haproxy local $(((b - a) / N))
+fi

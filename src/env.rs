@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use chitchat::transport::Transport;
-use quinn::Runtime as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::adapters::gossip::bounds::Bounds;
 use crate::adapters::gossip::keyring::{GossipKeys, Keyring};
 use crate::adapters::gossip::sealed::SealedUdpTransport;
+use crate::adapters::peer::udp::PeerUdpSocket;
 use crate::adapters::tls::TlsMaterial;
 use crate::config::NodeConfig;
 use crate::engine::node_id::NodeId;
@@ -280,9 +280,10 @@ impl Env {
             .set_nonblocking(true)
             .map_err(err("peer_addr", n.peer_addr))?;
         size_socket_buffers(&peer_socket);
-        let peer_socket = quinn::TokioRuntime
-            .wrap_udp_socket(peer_socket)
-            .map_err(err("peer_addr", n.peer_addr))?;
+        // Registered for reads only: quinn's own tokio socket is woken by
+        // every datagram it sent (crate::adapters::peer::udp).
+        let peer_socket: Arc<dyn quinn::AsyncUdpSocket> =
+            PeerUdpSocket::wrap(peer_socket).map_err(err("peer_addr", n.peer_addr))?;
         // chitchat's UDP transport binds its own socket (its envelope codec
         // is private, so a pre-bound socket cannot be handed in): check the
         // address now so a conflict is reported before the node starts.

@@ -162,7 +162,12 @@ fn fuzz_peer_wire_heads() {
             *p = *b;
         }
         let _ = wire::head_len(prefix);
-        if let Ok(h) = wire::decode::<wire::RequestHead>(&bytes) {
+        // The owner decodes in place: it accepts exactly what the owned
+        // decoder accepts.
+        let view = wire::decode_view::<wire::RequestHeadView<'_>>(&bytes);
+        let owned = wire::decode::<wire::RequestHead>(&bytes);
+        assert_eq!(view.is_ok(), owned.is_ok(), "{view:?} against {owned:?}");
+        if let Ok(h) = owned {
             // What the owner does with a head (peer.rs `serve_stream`).
             let mut b = http::Request::builder()
                 .method(h.method.as_str())

@@ -182,7 +182,13 @@ impl App {
                 }
                 Ok(builtin(req, ctx, sessions))
             }
-            App::Upstream { base, pool, .. } => upstream(base, pool, req, ctx).await,
+            // Boxed: rustc lays an awaited future out inside the one that
+            // awaits it, so the pooled exchange (about 3.8 KB) made every
+            // future above it that large, the built-in app's included, and
+            // each was copied whole when moved (into a spawned task, into
+            // hyper's dispatcher). One allocation per upstream exchange
+            // instead (docs/performance.md, "The sixth pass").
+            App::Upstream { base, pool, .. } => Box::pin(upstream(base, pool, req, ctx)).await,
         }
     }
 }

@@ -20,7 +20,7 @@ use super::node_state::{NodeState, track_body};
 use super::peer::ProxiedHandler;
 use super::sip::SipApp;
 use super::tunnel::{BoxIo, Role, Tunnel};
-use super::wire::RequestHead;
+use super::wire::RequestHeadView;
 
 /// The local app of one node, with the node state its serve times and
 /// counters go to.
@@ -63,7 +63,7 @@ impl ProxiedHandler for Owner {
         self.state.accepting()
     }
 
-    async fn serve(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
+    async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
         let start = tokio::time::Instant::now();
         let method = req.method().clone();
         let resp = self.serve_proxied(head, req).await;
@@ -71,7 +71,7 @@ impl ProxiedHandler for Owner {
             self.state.node_id(),
             "owner",
             head.request_id,
-            &head.entry,
+            head.entry,
             self.state.node_id(),
             resp.status().as_u16(),
             start.elapsed(),
@@ -93,25 +93,29 @@ impl ProxiedHandler for Owner {
 
 impl Owner {
     /// Serves a proxied request with the local app (hop limit 1).
-    async fn serve_proxied(&self, head: &RequestHead, req: Request<Body>) -> Response<Body> {
+    async fn serve_proxied(
+        &self,
+        head: &RequestHeadView<'_>,
+        req: Request<Body>,
+    ) -> Response<Body> {
         let state = &self.state;
         // An admin change a peer's admin API forwarded (only a peer can
         // send the header: entries strip client-sent `peerlb-*` headers).
         if head
             .headers
             .iter()
-            .any(|(k, _)| k == super::admin::members::ADMIN_HEADER)
+            .any(|&(k, _)| k == super::admin::members::ADMIN_HEADER)
         {
             return super::admin::members::answer_peer(state, head, req.into_body()).await;
         }
-        if head.headers.iter().any(|(k, _)| k == super::wire::SIP) {
+        if head.headers.iter().any(|&(k, _)| k == super::wire::SIP) {
             state.metrics.count_proxied_in();
             let _inflight = state.enter_proxied();
             return self.sip.serve_proxied(req.into_body()).await;
         }
         state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();
-        if let Some(k) = &head.hash_key {
+        if let Some(k) = head.hash_key {
             let view = state.view();
             if view.ring().owner(k).is_some_and(|o| o != state.node_id()) {
                 state
@@ -124,8 +128,8 @@ impl Owner {
         state.counters.served_local.fetch_add(1, Ordering::Relaxed);
         let ctx = ServeCtx {
             node: state.node_id(),
-            entry: &head.entry,
-            key: head.hash_key.as_deref(),
+            entry: head.entry,
+            key: head.hash_key,
             client: head.client,
             tls: head.tls.as_ref(),
         };

@@ -27,13 +27,14 @@ use tracing::{Instrument, debug, debug_span, info_span, warn};
 use super::body::{self, Body, QuicBody};
 use super::tls::{self, TlsMaterial};
 use super::tunnel::{BoxIo, Tunnel};
-use super::wire::{self, RequestHead, ResponseHead};
+use super::wire::{self, RequestHeadView, ResponseHead};
 use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
 
 mod admission;
 mod dial;
 mod links;
+pub(crate) mod udp;
 
 use links::Link;
 pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
@@ -103,7 +104,7 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     /// Serves one proxied request (never forwarded again: hop limit 1).
     fn serve(
         &self,
-        head: &RequestHead,
+        head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
     /// Relays a tunnel: `peer_side` (the request's stream, after both
@@ -228,7 +229,7 @@ pub(crate) fn endpoint(
 
 /// Sends one request on an opened stream and waits for the response head.
 /// `head` is the encoded request head frame ([`wire::encode`] of a
-/// [`RequestHead`] or [`wire::RequestHeadRef`]), made once per request and
+/// [`wire::RequestHead`] or [`wire::RequestHeadRef`]), made once per request and
 /// shared by every attempt.
 ///
 /// The request body streams in a task of its own, so a large upload and
@@ -421,6 +422,26 @@ impl tokio::io::AsyncWrite for StreamTunnel {
     }
 }
 
+/// Ends a stream whose request head could not be read or decoded: that
+/// stream only, never the connection.
+fn refuse_bad_head(e: &HeadError, send: &mut quinn::SendStream, recv: &mut quinn::RecvStream) {
+    match e {
+        // The entry gave up on the request before its head was read (the
+        // client's body broke at once): nothing of ours went wrong.
+        HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
+            if code.into_inner() == u64::from(wire::RESET_BODY_FAILED) =>
+        {
+            debug!("peer abandoned a request before its head was read");
+            let _ = send.reset(wire::RESET_BODY_FAILED.into());
+        }
+        e => {
+            warn!(error = %e, "bad request frame from peer: closing that stream");
+            let _ = recv.stop(wire::RESET_BAD_FRAME.into());
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+        }
+    }
+}
+
 /// Polls `recv` once (never waits); true when nothing was there yet. The
 /// usual answer is the FIN; bytes or an error after a head that announced
 /// no body are dropped with the stream.
@@ -439,12 +460,17 @@ enum HeadError {
 async fn read_head<T: serde::de::DeserializeOwned>(
     recv: &mut quinn::RecvStream,
 ) -> Result<T, HeadError> {
+    Ok(wire::decode(&read_frame(recv).await?)?)
+}
+
+/// Reads one length-prefixed head frame's bytes (after the prefix).
+async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Vec<u8>, HeadError> {
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
     let len = wire::head_len(prefix)?;
     let mut buf = vec![0u8; len];
     recv.read_exact(&mut buf).await?;
-    Ok(wire::decode(&buf)?)
+    Ok(buf)
 }
 
 /// Turns a response head from a peer into an HTTP response with `body`.
@@ -455,9 +481,10 @@ pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Bod
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let h = resp.headers_mut();
     for (k, v) in head.headers {
+        // The value's bytes become the header's without a copy.
         match (
             HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_bytes(&v),
+            HeaderValue::from_maybe_shared(Bytes::from(v)),
         ) {
             (Ok(k), Ok(v)) => {
                 h.append(k, v);
@@ -577,23 +604,14 @@ async fn serve_stream<H: ProxiedHandler>(
     handler: Arc<H>,
     peer: &NodeId,
 ) {
-    let head: RequestHead = match read_head(&mut recv).await {
+    // The head is decoded in place: its strings borrow `frame`.
+    let frame = match read_frame(&mut recv).await {
+        Ok(f) => f,
+        Err(e) => return refuse_bad_head(&e, &mut send, &mut recv),
+    };
+    let head = match wire::decode_view::<RequestHeadView<'_>>(&frame) {
         Ok(h) => h,
-        // The entry gave up on the request before its head was read (the
-        // client's body broke at once): nothing of ours went wrong.
-        Err(HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code))))
-            if code.into_inner() == u64::from(wire::RESET_BODY_FAILED) =>
-        {
-            debug!("peer abandoned a request before its head was read");
-            let _ = send.reset(wire::RESET_BODY_FAILED.into());
-            return;
-        }
-        Err(e) => {
-            warn!(error = %e, "bad request frame from peer: closing that stream");
-            let _ = recv.stop(wire::RESET_BAD_FRAME.into());
-            let _ = send.reset(wire::RESET_BAD_FRAME.into());
-            return;
-        }
+        Err(e) => return refuse_bad_head(&HeadError::Wire(e), &mut send, &mut recv),
     };
     if !handler.accepting() {
         debug!(entry = %head.entry, "refusing a proxied request: this node is shutting down");
@@ -603,14 +621,12 @@ async fn serve_stream<H: ProxiedHandler>(
     }
     // The connection's certificate proved `peer` at accept time; a head
     // claiming another entry is refused with the whole connection.
-    if head.entry.as_str() != &**peer {
+    if head.entry != &**peer {
         warn!(claimed = %head.entry, proved = %peer, "peer certificate does not match the entry it claims: refusing the connection");
         conn.close(2u32.into(), b"certificate does not match entry node id");
         return;
     }
-    let builder = Request::builder()
-        .method(head.method.as_str())
-        .uri(head.uri.as_str());
+    let builder = Request::builder().method(head.method).uri(head.uri);
     // The headers go into a map of their own, set on the request once it
     // is built: through the builder, every header moved the whole request
     // head. The first invalid header is the builder's error, as it was.
@@ -622,7 +638,7 @@ async fn serve_stream<H: ProxiedHandler>(
     let mut len = None;
     let mut chunked = false;
     let mut tunnel = false;
-    for (k, v) in &head.headers {
+    for &(k, v) in &head.headers {
         if k == wire::TUNNEL {
             // peerlb's own mark: the app never sees it.
             tunnel = true;
@@ -688,7 +704,7 @@ async fn serve_stream<H: ProxiedHandler>(
     // would have written it for the client on this node (`framing`), so
     // the entry answers with Content-Length, not chunked, and invents none.
     if let Some(n) = super::framing::length_to_carry(
-        &head.method,
+        head.method,
         parts.status,
         &parts.headers,
         body.is_end_stream(),
@@ -719,7 +735,9 @@ async fn serve_stream<H: ProxiedHandler>(
             io: tokio::io::join(recv, send),
             _busy: None,
         };
-        handler.relay(Box::new(stream), app).await;
+        // Boxed: a tunnel is rare, and its relay's future would
+        // otherwise make every stream's task as large as itself.
+        Box::pin(handler.relay(Box::new(stream), app)).await;
         return;
     }
     if let Err(e) = body::pump(body, &mut send).await {

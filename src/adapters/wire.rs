@@ -75,7 +75,11 @@ pub(crate) const TUNNEL: &str = "peerlb-tunnel";
 /// value is the client's transport (`udp` or `tcp`).
 pub(crate) const SIP: &str = "peerlb-sip";
 
-/// The head of a proxied request (entry -> owner).
+/// The head of a proxied request (entry -> owner), in its owned form: the
+/// reference for the layout. The entry encodes [`RequestHeadRef`] and the
+/// owner decodes [`RequestHeadView`], the same bytes; tests and the fuzz
+/// harness build this one.
+#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RequestHead {
     /// Request id (UUID as u128), the same in both nodes' logs.
@@ -136,6 +140,36 @@ pub(crate) struct ResponseHead {
     pub headers: Vec<(String, Vec<u8>)>,
     /// Node id of the node that served the request.
     pub served_by: String,
+}
+
+/// A [`RequestHead`] decoded in place (the owner's serve path): the
+/// strings and header values borrow the frame's bytes instead of being
+/// copied into an allocation each (two per header line). Same bytes on
+/// the wire; [`decode_view`] reads it.
+#[derive(Debug, PartialEq, Eq, Deserialize)]
+pub(crate) struct RequestHeadView<'a> {
+    /// See [`RequestHead::request_id`].
+    pub request_id: u128,
+    /// See [`RequestHead::entry`].
+    pub entry: &'a str,
+    /// See [`RequestHead::hops`].
+    pub hops: u8,
+    /// See [`RequestHead::view_version`].
+    pub view_version: u64,
+    /// See [`RequestHead::method`].
+    pub method: &'a str,
+    /// See [`RequestHead::uri`].
+    pub uri: &'a str,
+    /// See [`RequestHead::headers`].
+    #[serde(borrow)]
+    pub headers: Vec<(&'a str, &'a [u8])>,
+    /// See [`RequestHead::client`].
+    pub client: SocketAddr,
+    /// See [`RequestHead::hash_key`].
+    #[serde(borrow)]
+    pub hash_key: Option<&'a str>,
+    /// See [`RequestHead::tls`].
+    pub tls: Option<TlsFacts>,
 }
 
 /// A [`RequestHead`] encoded straight from borrowed parts: the same bytes,
@@ -286,12 +320,20 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_HEAD_LEN>()
 }
 
+/// Bytes reserved for a frame before encoding it: more than most heads
+/// (a browser's request head is 300-700 bytes, a response head less); a
+/// larger one grows as a `Vec` does.
+const ENCODE_CAPACITY: usize = 768;
+
 /// Encodes `head` as a length-prefixed frame: `[u32 BE len][bincode]`.
 ///
 /// # Errors
 /// [`WireError::Encode`] if bincode fails, [`WireError::TooLong`] past [`MAX_HEAD_LEN`].
 pub(crate) fn encode<T: Serialize>(head: &T) -> Result<Vec<u8>, WireError> {
-    let mut buf = vec![0u8; 4];
+    // Room for a usual head at once: grown from the prefix's 4 bytes, the
+    // buffer was reallocated (and copied) seven times on its way to 300.
+    let mut buf = Vec::with_capacity(ENCODE_CAPACITY);
+    buf.extend_from_slice(&[0u8; 4]);
     bincode::serde::encode_into_std_write(head, &mut buf, config())?;
     let len = buf.len() - 4;
     if len > MAX_HEAD_LEN {
@@ -327,9 +369,44 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, 
     Ok(v)
 }
 
+/// Decodes a head borrowing from `bytes` (exactly the bytes after the
+/// length prefix), such as [`RequestHeadView`].
+///
+/// # Errors
+/// [`WireError::Decode`] when the bytes are not one complete head.
+pub(crate) fn decode_view<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
+    let (v, used) = bincode::serde::borrow_decode_from_slice(bytes, config())?;
+    if used != bytes.len() {
+        return Err(WireError::Decode(bincode::error::DecodeError::OtherString(
+            format!("{} trailing bytes after the head", bytes.len() - used),
+        )));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The view of `head`'s frame, checked field by field against it.
+    fn assert_view_matches(frame_body: &[u8], head: &RequestHead) {
+        let v: RequestHeadView<'_> = decode_view(frame_body).unwrap();
+        assert_eq!(v.request_id, head.request_id);
+        assert_eq!(v.entry, head.entry);
+        assert_eq!(v.hops, head.hops);
+        assert_eq!(v.view_version, head.view_version);
+        assert_eq!(v.method, head.method);
+        assert_eq!(v.uri, head.uri);
+        let headers: Vec<(&str, &[u8])> = head
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(v.headers, headers);
+        assert_eq!(v.client, head.client);
+        assert_eq!(v.hash_key, head.hash_key.as_deref());
+        assert_eq!(v.tls, head.tls);
+    }
 
     fn head() -> RequestHead {
         RequestHead {
@@ -413,6 +490,7 @@ mod tests {
         golden.extend_from_slice(body);
         assert_eq!(encode(&head).unwrap(), golden);
         assert_eq!(decode::<RequestHead>(body).unwrap(), head);
+        assert_view_matches(body, &head);
     }
 
     #[test]
@@ -456,6 +534,7 @@ mod tests {
         let frame = encode(&borrowed).unwrap();
         assert_eq!(frame, encode(&owned).unwrap());
         assert_eq!(decode::<RequestHead>(&frame[4..]).unwrap(), owned);
+        assert_view_matches(&frame[4..], &owned);
 
         let rh = ResponseHeadRef {
             status: 200,
@@ -500,10 +579,16 @@ mod tests {
             decode::<RequestHead>(&[0xff; 7]),
             Err(WireError::Decode(_))
         ));
+        assert!(matches!(
+            decode_view::<RequestHeadView<'_>>(&[0xff; 7]),
+            Err(WireError::Decode(_))
+        ));
         let buf = encode(&head()).unwrap();
         assert!(decode::<RequestHead>(&buf[4..buf.len() - 1]).is_err());
+        assert!(decode_view::<RequestHeadView<'_>>(&buf[4..buf.len() - 1]).is_err());
         let mut long = buf[4..].to_vec();
         long.push(0);
         assert!(decode::<RequestHead>(&long).is_err());
+        assert!(decode_view::<RequestHeadView<'_>>(&long).is_err());
     }
 }

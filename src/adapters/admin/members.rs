@@ -21,7 +21,7 @@ use crate::adapters::body::{self, Body};
 use crate::adapters::errors::{AdminError, StateError, WeightError, error_response, json_response};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::peer;
-use crate::adapters::wire::{self, RequestHead, RequestHeadRef};
+use crate::adapters::wire::{self, RequestHeadRef, RequestHeadView};
 use crate::engine::membership::NodeStatus;
 use crate::engine::node_id::NodeId;
 
@@ -302,19 +302,19 @@ async fn ask_peer(
 /// [`COUNTERS`]. 404 for any other path or method.
 pub(crate) async fn answer_peer(
     state: &NodeState,
-    head: &RequestHead,
+    head: &RequestHeadView<'_>,
     body: Body,
 ) -> Response<Body> {
     let me = state.node_id();
     let (path, query) = match head.uri.split_once('?') {
         Some((p, q)) => (p, Some(q)),
-        None => (head.uri.as_str(), None),
+        None => (head.uri, None),
     };
     let known = matches!(
-        (head.method.as_str(), path),
+        (head.method, path),
         ("POST", super::STATE) | ("PUT", super::WEIGHT)
     );
-    if (head.method.as_str(), path) == ("GET", COUNTERS) {
+    if (head.method, path) == ("GET", COUNTERS) {
         return json_response(
             StatusCode::OK,
             serde_json::to_string(&own_counters(state)).unwrap_or_default(),

@@ -270,14 +270,12 @@ impl Forwarder {
                     .fetch_add(1, Ordering::Relaxed);
                 let guard = self.state.track(cand, request_bytes);
                 let serving = self.state.enter_serving();
-                // Boxed: rustc lays an awaited future out next to the
-                // future that awaits it (about twice the size per level),
-                // so the app exchange's 3.8 KB made the request's future
-                // 39 KB, copied into place level by level on every
-                // request; 11 KB with this box. Boxing the candidates
-                // loop as well (3.4 KB) cost as much in a 2 KB allocation
-                // per request as it saved in copies (bench/instructions.sh).
-                let resp = Box::pin(self.owner.serve_app(Request::from_parts(parts, b), ctx))
+                // The app exchange is boxed inside `App::serve` (an awaited
+                // future is laid out inside the one awaiting it: unboxed,
+                // the pooled exchange made this request's future 39 KB).
+                let resp = self
+                    .owner
+                    .serve_app(Request::from_parts(parts, b), ctx)
                     .await
                     .map_err(|e| match e.client_body() {
                         Some(b) => RequestError::client_body(b),
@@ -368,13 +366,13 @@ impl Forwarder {
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
-                    let served = NodeId::from(rh.served_by.as_str());
+                    let served = served_by(&rh.served_by, cand);
                     let mut resp = peer::response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok((resp, served, guard));
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
-                    let served = NodeId::from(rh.served_by.as_str());
+                    let served = served_by(&rh.served_by, cand);
                     let status = http::StatusCode::from_u16(rh.status)
                         .unwrap_or(http::StatusCode::BAD_GATEWAY);
                     // A bodiless answer gets an ended body, as the app's
@@ -424,5 +422,16 @@ impl Forwarder {
             }
         }
         Err(last_err.unwrap_or_else(|| RequestError::NoNode("no candidate".into())))
+    }
+}
+
+/// The id of the node that served a forwarded request, as its response
+/// head names it: the candidate's own id (no allocation) when it is the
+/// one, as it always is for a node of this release (hop limit 1).
+fn served_by(named: &str, cand: &NodeId) -> NodeId {
+    if named == &**cand {
+        cand.clone()
+    } else {
+        NodeId::from(named)
     }
 }

@@ -959,8 +959,9 @@ mod tests {
         let (_, cert, key) = certs.nodes.iter().find(|(n, ..)| n == id).unwrap();
         let material = tls::TlsMaterial::load(&certs.ca_cert, cert, key).unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
         let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
-        let socket = runtime.wrap_udp_socket(socket).unwrap();
+        let socket = super::super::udp::PeerUdpSocket::wrap(socket).unwrap();
         let (endpoint, client) = super::super::endpoint(
             socket,
             runtime,
