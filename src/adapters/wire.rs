@@ -360,13 +360,7 @@ pub(crate) fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
 /// # Errors
 /// [`WireError::Decode`] when the bytes are not one complete head.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
-    let (v, used) = bincode::serde::decode_from_slice(bytes, config())?;
-    if used != bytes.len() {
-        return Err(WireError::Decode(bincode::error::DecodeError::OtherString(
-            format!("{} trailing bytes after the head", bytes.len() - used),
-        )));
-    }
-    Ok(v)
+    decode_view(bytes)
 }
 
 /// Decodes a head borrowing from `bytes` (exactly the bytes after the

@@ -4,11 +4,11 @@
 //! quinn's own tokio socket (`quinn::TokioRuntime::wrap_udp_socket`)
 //! registers for reads and writes, edge-triggered. Linux signals a UDP
 //! socket writable each time a datagram it sent is freed
-//! (`sock_def_write_space`; on loopback that is when the peer reads it),
-//! so every datagram a node sent came back to it as an `EPOLLOUT` event
-//! with nothing to do: one `epoll_wait` more per datagram, and a whole
-//! wakeup (a context switch) whenever the node had gone to sleep before
-//! its peer read the datagram. Here:
+//! (`sock_def_write_space`: on loopback during the send itself, on a
+//! network card at its transmit completion), so every datagram a node
+//! sent came back to it as an `EPOLLOUT` event with nothing to do: one
+//! `epoll_wait` more per datagram, and a whole wakeup (a context switch)
+//! whenever the completion came after the node had gone to sleep. Here:
 //!
 //! - A send is a plain non-blocking `sendmsg`. Only after a send refused
 //!   for a full buffer (`EAGAIN`, rare on UDP) does quinn's check before
@@ -222,8 +222,7 @@ mod tests {
 
     /// A datagram sent after a short read (which cleared the readiness
     /// without an `EAGAIN`) still wakes the reader: the edge of its arrival
-    /// is not lost. The sender's socket never reports its sends back as
-    /// read events.
+    /// is not lost.
     #[tokio::test]
     async fn a_datagram_after_a_short_read_still_wakes_the_reader() {
         let a = PeerUdpSocket::wrap(bound()).unwrap();
@@ -240,9 +239,6 @@ mod tests {
             got.extend(recv_some(&b).await);
         }
         assert_eq!(got, vec![b"two".to_vec(), b"three".to_vec()]);
-        // Nothing arrived at `a`, whatever it sent.
-        let nothing = tokio::time::timeout(Duration::from_millis(50), recv_some(&a)).await;
-        assert!(nothing.is_err(), "a read nothing: {nothing:?}");
     }
 
     /// quinn asks the poller before every send: without a refused send it
