@@ -29,7 +29,9 @@ use http::{HeaderMap, HeaderValue, Method, Uri};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-use crate::adapters::{client_input, wire};
+use crate::adapters::front::client_input;
+use crate::adapters::ops::admin::browser;
+use crate::adapters::wire;
 use crate::engine::rules::Rules;
 use crate::engine::session_id::{SessionIdForm, SessionRoute};
 use crate::engine::sticky;
@@ -385,7 +387,7 @@ fn fuzz_request_target_and_host_checks() {
             let _ = client_input::check_target_and_host(&method, &uri, &headers);
             let _ = client_input::classify_path(uri.path(), "/_peerlb/");
             let _ = client_input::host_from_authority(&uri, &mut headers);
-            let _ = client_input::check_admin_browser(&headers);
+            let _ = browser::check_admin_browser(&headers);
         },
     );
 }

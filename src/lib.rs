@@ -57,12 +57,12 @@ pub mod explain;
 #[cfg(test)]
 mod fuzz;
 pub mod node;
+mod seam;
 #[cfg(feature = "sim")]
 pub mod sim;
 
-pub use adapters::app::{AppListener, serve_standalone as serve_app};
-pub use adapters::gossip::keyring;
-pub use adapters::tls;
+pub use adapters::cluster::keyring;
+pub use adapters::serve::app::{AppListener, serve_standalone as serve_app};
 pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};
 pub use engine::balance::PolicyKind;
 pub use engine::membership::{Member, MembershipView, NodeStatus};
@@ -77,3 +77,14 @@ pub use engine::sticky::{RouteCookie, SameSite};
 pub use engine::testing;
 pub use env::{Env, SipSockets};
 pub use node::Node;
+
+/// Mutual TLS for the peer wire (`adapters/transport/tls.rs`: certificate
+/// generation, loading, the rustls/quinn configurations) and, in
+/// [`entry`](tls::entry), HTTPS at the entry's client listeners
+/// (`adapters/http/entry_tls.rs`).
+pub mod tls {
+    #[doc(inline)]
+    pub use crate::adapters::http::entry_tls as entry;
+    #[doc(inline)]
+    pub use crate::adapters::transport::tls::*;
+}

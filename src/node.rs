@@ -10,16 +10,17 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::adapters::admin_server::{self, AdminServer};
-use crate::adapters::app::App;
-use crate::adapters::gossip::{self, GossipIdentity, Published};
-use crate::adapters::ingress::{self, Ingress, ListenerSetup};
+use crate::adapters::cluster::gossip::{self, GossipIdentity, Published};
+use crate::adapters::cluster::pause::PauseWatch;
+use crate::adapters::front::ingress::{self, Ingress, ListenerSetup};
+use crate::adapters::front::sip::{self, SipApp, SipEntry, SipUpstream};
+use crate::adapters::http::entry_tls;
 use crate::adapters::node_state::NodeState;
-use crate::adapters::owner::Owner;
-use crate::adapters::pause::PauseWatch;
-use crate::adapters::peer::{self, PeerLinks};
-use crate::adapters::sip::{self, SipApp, SipEntry, SipUpstream};
-use crate::adapters::tls::{self, TlsMaterial};
+use crate::adapters::ops::admin_server::{self, AdminServer};
+use crate::adapters::serve::app::App;
+use crate::adapters::serve::owner::Owner;
+use crate::adapters::transport::peer::{self, PeerLinks};
+use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::config::{NodeConfig, SipAppKind};
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
@@ -39,9 +40,9 @@ fn listener_setup(
 ) -> Result<ListenerSetup, NodeError> {
     let tls = match &l.tls {
         Some(t) => {
-            let certs = tls::entry::EntryCerts::load(t)?;
+            let certs = entry_tls::EntryCerts::load(t)?;
             let config =
-                tls::entry::server_config(certs.clone()).map_err(NodeError::EntryTlsConfig)?;
+                entry_tls::server_config(certs.clone()).map_err(NodeError::EntryTlsConfig)?;
             Some((tokio_rustls::TlsAcceptor::from(config), certs))
         }
         None => None,
@@ -77,7 +78,7 @@ pub enum NodeError {
     /// A client listener's certificate or key cannot be used (`peerlb
     /// node` checks them before binding, so this is a file changed since).
     #[error(transparent)]
-    EntryTls(#[from] tls::entry::EntryTlsError),
+    EntryTls(#[from] entry_tls::EntryTlsError),
     /// A client listener's TLS configuration could not be made.
     #[error("listener tls: {0}")]
     EntryTlsConfig(rustls::Error),
@@ -291,7 +292,7 @@ impl Node {
             if let Some((_, certs)) = &setup.tls {
                 entry_certs.push(certs.clone());
                 let st = state.clone();
-                cert_watches.push(tokio::spawn(tls::entry::watch_files(
+                cert_watches.push(tokio::spawn(entry_tls::watch_files(
                     certs.clone(),
                     move |r| {
                         let c = &st.counters;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
 
-use super::wire;
+use crate::adapters::wire;
 
 /// The body type of every request and response inside the node.
 pub(crate) type Body = UnsyncBoxBody<Bytes, BodyError>;

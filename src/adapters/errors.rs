@@ -7,11 +7,11 @@
 //! [`StateError`]) become a
 //! JSON body `{"error": "<cause>"}`.
 
-use super::gossip::keyring::KeyringError;
+use crate::adapters::cluster::keyring::KeyringError;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use super::app::AppError;
-use super::body::{self, Body};
+use crate::adapters::body::{self, Body};
+use crate::adapters::serve::app::AppError;
 use crate::config::MAX_WEIGHT;
 
 /// Response header naming the node that made an error answer.
@@ -199,7 +199,7 @@ pub(crate) enum AdminError {
     /// `POST /_peerlb/tls/reload`: a listener's certificate or key cannot
     /// be used (422); its certificates in force stay.
     #[error(transparent)]
-    TlsReload(#[from] super::tls::entry::EntryTlsError),
+    TlsReload(#[from] crate::adapters::http::entry_tls::EntryTlsError),
     /// `POST /_peerlb/state` was refused (400 not a state, 409 leaving).
     #[error(transparent)]
     State(#[from] StateError),
@@ -361,7 +361,7 @@ mod tests {
             (AdminError::MethodNotAllowed { allow: "GET" }, 405),
             (AdminError::Reload(ReloadError::Embedded), 409),
             (
-                AdminError::TlsReload(crate::adapters::tls::entry::EntryTlsError {
+                AdminError::TlsReload(crate::adapters::http::entry_tls::EntryTlsError {
                     field: "listener.tls.cert".into(),
                     message: "x".into(),
                 }),

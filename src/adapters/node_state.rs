@@ -4,7 +4,7 @@
 //! router with its rules. The ingress, the owner side and the admin API
 //! read and change the node through it; it imports none of them.
 
-use super::peer::PeerLinks;
+use crate::adapters::transport::peer::PeerLinks;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,10 +16,10 @@ use rand::Rng;
 use tokio::sync::watch;
 use tracing::{debug, info};
 
-use super::REQUEST_PATH;
-use super::body::{self, Body};
-use super::errors::{ReloadError, RequestError, StateError, WeightError, error_response};
-use super::gossip::Publisher;
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::body::{self, Body};
+use crate::adapters::cluster::gossip::Publisher;
+use crate::adapters::errors::{ReloadError, RequestError, StateError, WeightError, error_response};
 use crate::config::{MAX_WEIGHT, RulesSource};
 use crate::engine::balance::PolicyKind;
 use crate::engine::membership::{MembershipView, NodeStatus};
@@ -298,13 +298,13 @@ pub(crate) struct NodeState {
     published_weight: AtomicU32,
     /// The certificates of this node's HTTPS listeners, for `POST
     /// /_peerlb/tls/reload` (set once the listeners are made).
-    entry_certs: std::sync::OnceLock<Vec<Arc<crate::adapters::tls::entry::EntryCerts>>>,
+    entry_certs: std::sync::OnceLock<Vec<Arc<crate::adapters::http::entry_tls::EntryCerts>>>,
     /// Request counters.
     pub counters: Counters,
     /// Latency histograms and reload counters (`GET /_peerlb/metrics`).
-    pub metrics: super::metrics::Metrics,
+    pub metrics: crate::adapters::metrics::Metrics,
     /// The WebSocket tunnels this node relays.
-    pub tunnels: super::tunnel::Tunnels,
+    pub tunnels: crate::adapters::tunnel::Tunnels,
 }
 
 impl NodeState {
@@ -346,8 +346,8 @@ impl NodeState {
             forwarded_changes: AtomicU64::new(0),
             manager_token: std::sync::OnceLock::new(),
             counters: Counters::default(),
-            metrics: super::metrics::Metrics::default(),
-            tunnels: super::tunnel::Tunnels::default(),
+            metrics: crate::adapters::metrics::Metrics::default(),
+            tunnels: crate::adapters::tunnel::Tunnels::default(),
         }
     }
 
@@ -370,7 +370,7 @@ impl NodeState {
     }
 
     /// The peer connections and peers by state (metrics).
-    pub(crate) fn peer_link_counts(&self) -> super::peer::LinkCounts {
+    pub(crate) fn peer_link_counts(&self) -> crate::adapters::transport::peer::LinkCounts {
         self.links.counts()
     }
 
@@ -381,7 +381,10 @@ impl NodeState {
 
     /// Records the certificates of this node's HTTPS listeners (once; a
     /// second call changes nothing).
-    pub(crate) fn set_entry_certs(&self, certs: Vec<Arc<crate::adapters::tls::entry::EntryCerts>>) {
+    pub(crate) fn set_entry_certs(
+        &self,
+        certs: Vec<Arc<crate::adapters::http::entry_tls::EntryCerts>>,
+    ) {
         let _ = self.entry_certs.set(certs);
     }
 
@@ -392,7 +395,7 @@ impl NodeState {
     /// The first listener's error (the others are still reloaded).
     pub(crate) fn reload_entry_certs(
         &self,
-    ) -> Result<usize, crate::adapters::tls::entry::EntryTlsError> {
+    ) -> Result<usize, crate::adapters::http::entry_tls::EntryTlsError> {
         let mut loaded = 0;
         let mut first_err = None;
         for c in self.entry_certs.get().into_iter().flatten() {
@@ -422,7 +425,7 @@ impl NodeState {
     }
 
     /// The gossip keyring and its drop counters (admin API).
-    pub(crate) fn gossip_keys(&self) -> &Arc<crate::adapters::gossip::keyring::GossipKeys> {
+    pub(crate) fn gossip_keys(&self) -> &Arc<crate::adapters::cluster::keyring::GossipKeys> {
         self.publisher.keys()
     }
 

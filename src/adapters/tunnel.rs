@@ -32,8 +32,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tracing::debug;
 
-pub(crate) mod extended_connect;
-
 /// A byte stream both ways (a client connection, a QUIC stream pair, an
 /// app connection).
 pub(crate) trait Duplex: AsyncRead + AsyncWrite + Send + Unpin + 'static {}

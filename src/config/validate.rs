@@ -14,7 +14,7 @@ use super::{
     MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
     SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
 };
-use crate::adapters::gossip::bounds;
+use crate::adapters::cluster::bounds;
 use crate::engine::balance::Policy;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;

@@ -14,7 +14,7 @@ use rcgen::{
 };
 use rustls_pki_types::PrivatePkcs8KeyDer;
 
-use crate::adapters::tls::{self, TlsError, TlsMaterial};
+use crate::adapters::transport::tls::{self, TlsError, TlsMaterial};
 use crate::engine::node_id::NodeId;
 
 /// An Ed25519 key from a 32-byte seed, as PKCS#8 v1 (RFC 8410).
@@ -42,8 +42,8 @@ fn key_seed(seed: u64, n: u64) -> [u8; 32] {
 
 /// The simulation's gossip keyring: one key derived from the seed (as the
 /// certificate keys are), so a seed gives the same sealed bytes.
-pub fn gossip_keyring(seed: u64) -> crate::adapters::gossip::keyring::Keyring {
-    use crate::adapters::gossip::keyring::{GossipKey, Keyring};
+pub fn gossip_keyring(seed: u64) -> crate::adapters::cluster::keyring::Keyring {
+    use crate::adapters::cluster::keyring::{GossipKey, Keyring};
     Keyring::single(GossipKey::from_bytes(key_seed(seed, u64::MAX)))
 }
 

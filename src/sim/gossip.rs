@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
 
-use crate::adapters::gossip::keyring::GossipKeys;
+use crate::adapters::cluster::keyring::GossipKeys;
 
 /// Envelopes in flight; beyond this many the oldest half is dropped (their
 /// tickets were lost on partitioned or crashed links).

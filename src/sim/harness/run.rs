@@ -23,7 +23,7 @@ use super::{
     clients, sessions,
 };
 use crate::Node;
-use crate::adapters::gossip::keyring::GossipKeys;
+use crate::adapters::cluster::keyring::GossipKeys;
 use crate::config::{ClusterFile, Overrides, Source};
 use crate::env::{Clock, Env};
 

@@ -1,0 +1,370 @@
+//! Membership through chitchat gossip: publish this node's state, watch the
+//! live set and turn it into [`Member`] values.
+//!
+//! Keys each node publishes: `peer_addr`, `http_addr`, `weight`, `status`
+//! (`serving` | `draining` | `leaving`), `load` (0..=100, 100 idle),
+//! `inflight`. chitchat's phi-accrual detector decides liveness; a member is
+//! only considered once it has published `peer_addr`. Every datagram is
+//! sealed with the cluster keyring ([`keyring`], [`sealed`]) and checked
+//! against [`bounds`] before chitchat sees it. Gossip stays a hint: the
+//! peer layer admits a member to routing only after an mTLS handshake
+//! proves its identity.
+
+use crate::adapters::cluster::{bounds, keyring};
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chitchat::transport::Transport;
+use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, NodeState};
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::config::GossipSettings;
+use crate::engine::membership::{Member, NodeStatus};
+use crate::engine::node_id::NodeId;
+
+/// Who this node is in gossip (its chitchat id and cluster); the tunables
+/// come from the config ([`GossipSettings`]).
+#[derive(Debug, Clone)]
+pub(crate) struct GossipIdentity {
+    /// chitchat cluster id (the cluster name).
+    pub cluster: String,
+    /// This node's id.
+    pub node_id: NodeId,
+    /// This run's generation (increases on every restart).
+    pub generation: u64,
+    /// The address to gossip on (bound by the transport).
+    pub gossip_addr: SocketAddr,
+}
+
+/// The state this node publishes.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    /// Peer QUIC address.
+    pub peer_addr: SocketAddr,
+    /// Client HTTP address.
+    pub http_addr: SocketAddr,
+    /// Weight.
+    pub weight: u32,
+    /// Status.
+    pub status: NodeStatus,
+}
+
+/// Gossip could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("gossip on {addr}: {message}")]
+pub struct GossipError {
+    /// The gossip address.
+    pub addr: SocketAddr,
+    /// chitchat's message.
+    pub message: String,
+}
+
+/// Publishes this node's keys (status, load, weight) into gossip, and
+/// holds the keyring gossip is sealed with.
+#[derive(Clone)]
+pub(crate) struct Publisher(
+    std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
+    std::sync::Arc<keyring::GossipKeys>,
+);
+
+impl Publisher {
+    /// The gossip keyring and drop counters.
+    pub(crate) fn keys(&self) -> &std::sync::Arc<keyring::GossipKeys> {
+        &self.1
+    }
+
+    /// Publishes a new status (e.g. `leaving` on SIGTERM).
+    pub(crate) async fn set_status(&self, status: NodeStatus) {
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("status", status.as_str());
+        self.1.echo.set_own_version(st.max_version());
+    }
+
+    /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
+    /// caller checks the range).
+    pub(crate) async fn set_weight(&self, weight: u32) {
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("weight", weight);
+        self.1.echo.set_own_version(st.max_version());
+    }
+
+    /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
+    pub(crate) async fn set_load(&self, load: u8, inflight: u32) {
+        let mut c = self.0.lock().await;
+        let st = c.self_node_state();
+        st.set("load", load.min(100));
+        st.set("inflight", inflight);
+        self.1.echo.set_own_version(st.max_version());
+    }
+}
+
+/// A running gossip member.
+pub(crate) struct Gossip {
+    handle: ChitchatHandle,
+    keys: std::sync::Arc<keyring::GossipKeys>,
+    members: watch::Receiver<Vec<Member>>,
+    republisher: tokio::task::JoinHandle<()>,
+}
+
+/// Starts gossip on `transport` (which opens the UDP socket and seals
+/// with `keys`).
+///
+/// # Errors
+/// [`GossipError`] when chitchat cannot open its socket.
+pub(crate) async fn start(
+    who: &GossipIdentity,
+    s: &GossipSettings,
+    me: &Published,
+    transport: &dyn Transport,
+    keys: std::sync::Arc<keyring::GossipKeys>,
+) -> Result<Gossip, GossipError> {
+    let config = ChitchatConfig {
+        chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),
+        cluster_id: who.cluster.clone(),
+        gossip_interval: s.interval,
+        listen_addr: who.gossip_addr,
+        seed_nodes: s.seeds.clone(),
+        failure_detector_config: FailureDetectorConfig {
+            phi_threshold: s.phi_threshold,
+            initial_interval: s.interval,
+            dead_node_grace_period: s.dead_node_grace,
+            sampling_window_size: s.sample_window,
+            ..FailureDetectorConfig::default()
+        },
+        marked_for_deletion_grace_period: Duration::from_secs(3600),
+        catchup_callback: None,
+        extra_liveness_predicate: Some(Box::new(|st: &NodeState| st.get("peer_addr").is_some())),
+        protocol_version: chitchat::ProtocolVersion::V0,
+    };
+    let initial = vec![
+        ("peer_addr".to_owned(), me.peer_addr.to_string()),
+        ("http_addr".to_owned(), me.http_addr.to_string()),
+        ("weight".to_owned(), me.weight.to_string()),
+        ("status".to_owned(), me.status.as_str().to_owned()),
+        ("load".to_owned(), "100".to_owned()),
+        ("inflight".to_owned(), "0".to_owned()),
+    ];
+    let handle = chitchat::spawn_chitchat(config, initial, transport)
+        .await
+        .map_err(|e| GossipError {
+            addr: who.gossip_addr,
+            message: format!("{e:#}"),
+        })?;
+    let mut live = {
+        let chitchat = handle.chitchat();
+        let mut c = chitchat.lock().await;
+        keys.echo.set_own_version(c.self_node_state().max_version());
+        c.live_nodes_watcher()
+    };
+    let first = to_members(&live.borrow_and_update());
+    let (tx, members) = watch::channel(first);
+    tokio::spawn(async move {
+        while live.changed().await.is_ok() {
+            let m = to_members(&live.borrow_and_update());
+            if tx.send(m).is_err() {
+                return;
+            }
+        }
+    });
+    let republisher = tokio::spawn(republish_over_echoes(
+        std::sync::Arc::downgrade(&handle.chitchat()),
+        keys.clone(),
+    ));
+    Ok(Gossip {
+        handle,
+        keys,
+        members,
+        republisher,
+    })
+}
+
+/// Whenever a peer's digest names this node with a heartbeat or version
+/// above its own ([`bounds::SelfEcho`]: forged state about it that the
+/// peer took), republishes over it (see [`republish`]). Ends with chitchat.
+async fn republish_over_echoes(
+    chitchat: std::sync::Weak<tokio::sync::Mutex<chitchat::Chitchat>>,
+    keys: std::sync::Arc<keyring::GossipKeys>,
+) {
+    loop {
+        keys.echo.grown().await;
+        let Some(chitchat) = chitchat.upgrade() else {
+            return;
+        };
+        let (heartbeat, version) = keys.echo.take();
+        let mut c = chitchat.lock().await;
+        let republished = republish(&mut c, heartbeat, version);
+        keys.echo.set_own_version(c.self_node_state().max_version());
+        if republished {
+            warn!(
+                heartbeat,
+                version,
+                "a peer holds forged gossip state about this node: republished this node's own state over it"
+            );
+        }
+    }
+}
+
+/// Moves this node's heartbeat past `heartbeat` and, when `version` is
+/// above its `max_version`, sets every key again at a new version past
+/// `version` (values unchanged), so that peers holding forged state about
+/// this node (up to those figures) take its real state and heartbeats
+/// again. One call moves at most [`bounds::REPUBLISH_HEARTBEAT_STEP`] and
+/// [`bounds::REPUBLISH_VERSION_STEP`] ahead: peers take such a jump, and
+/// a key holder's digest naming this node with 2^40 sent to it directly
+/// cannot push its figures past the bounds (peers that really hold a
+/// figure further ahead keep echoing it, and each echo moves one step
+/// closer). True when something changed. chitchat offers no setter for a
+/// key's version or a heartbeat value: the versions move through
+/// `set_max_version` then a delete and set of each key (only the set, at
+/// the newest version, is ever sent), the heartbeat through
+/// `try_set_heartbeat` with a [`chitchat::Heartbeat`] built by its serde
+/// form (a bare integer).
+fn republish(c: &mut chitchat::Chitchat, heartbeat: u64, version: u64) -> bool {
+    let st = c.self_node_state();
+    let mut changed = false;
+    // An honest peer echoes at most this node's own heartbeat (equal when
+    // it answers before this node's next increment).
+    let own_heartbeat = u64::from(st.heartbeat());
+    if heartbeat > own_heartbeat {
+        let target = heartbeat.min(own_heartbeat + bounds::REPUBLISH_HEARTBEAT_STEP - 1);
+        let next = serde_json::Value::from(target + 1);
+        if let Ok(h) = serde_json::from_value::<chitchat::Heartbeat>(next) {
+            changed |= st.try_set_heartbeat(h);
+        }
+    }
+    if version > st.max_version() {
+        let version = version.min(st.max_version() + bounds::REPUBLISH_VERSION_STEP);
+        let kvs: Vec<(String, String)> = st
+            .key_values()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        st.set_max_version(version);
+        for (k, v) in kvs {
+            st.delete(&k);
+            st.set(k, v);
+        }
+        changed = true;
+    }
+    changed
+}
+
+fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<Member> {
+    live.iter()
+        .filter_map(|(id, st)| match member(id, st) {
+            Ok(m) => Some(m),
+            Err(key) => {
+                warn!(node = %id.node_id, key, "ignoring member with a missing or invalid key");
+                None
+            }
+        })
+        .collect()
+}
+
+fn member(id: &ChitchatId, st: &NodeState) -> Result<Member, &'static str> {
+    fn get<T: std::str::FromStr>(st: &NodeState, key: &'static str) -> Result<T, &'static str> {
+        st.get(key).and_then(|v| v.parse().ok()).ok_or(key)
+    }
+    Ok(Member {
+        id: NodeId::from(&*id.node_id),
+        generation: id.generation_id,
+        peer_addr: get(st, "peer_addr")?,
+        http_addr: get(st, "http_addr")?,
+        weight: get(st, "weight")?,
+        status: get(st, "status")?,
+        load: get::<u8>(st, "load")?.min(100),
+        inflight: get(st, "inflight")?,
+    })
+}
+
+impl Gossip {
+    /// The live members (this node included), updated on every change.
+    pub(crate) fn members(&self) -> watch::Receiver<Vec<Member>> {
+        self.members.clone()
+    }
+
+    /// A clonable handle that publishes this node's state.
+    pub(crate) fn publisher(&self) -> Publisher {
+        Publisher(self.handle.chitchat(), self.keys.clone())
+    }
+
+    /// Stops gossiping.
+    pub(crate) async fn shutdown(self) {
+        self.republisher.abort();
+        if let Err(e) = self.handle.shutdown().await {
+            warn!(error = %e, "gossip shutdown");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn chitchat() -> chitchat::Chitchat {
+        let addr: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let config = ChitchatConfig {
+            chitchat_id: ChitchatId::new("n1".to_owned(), 1, addr),
+            cluster_id: "c".into(),
+            gossip_interval: Duration::from_millis(100),
+            listen_addr: addr,
+            seed_nodes: vec![],
+            failure_detector_config: FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(3600),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: chitchat::ProtocolVersion::V0,
+        };
+        let (_, seeds) = watch::channel(HashSet::new());
+        chitchat::Chitchat::with_chitchat_id_and_seeds(
+            config,
+            seeds,
+            vec![
+                ("status".into(), "serving".into()),
+                ("load".into(), "7".into()),
+            ],
+        )
+    }
+
+    #[test]
+    fn republishing_moves_own_heartbeat_and_every_key_past_the_forged_figures() {
+        let mut c = chitchat();
+        let st = c.self_node_state();
+        let (h0, v0) = (u64::from(st.heartbeat()), st.max_version());
+        // Figures at or below its own change nothing (an honest echo).
+        assert!(!republish(&mut c, h0, v0));
+        assert!(!republish(&mut c, h0 - 1, v0 - 1));
+        assert_eq!(c.self_node_state().max_version(), v0);
+        assert!(republish(&mut c, h0 + 300, v0 + 1000));
+        let st = c.self_node_state();
+        assert_eq!(u64::from(st.heartbeat()), h0 + 301);
+        let v1 = st.max_version();
+        for key in ["status", "load"] {
+            let v = st.get_versioned(key).unwrap();
+            assert!(v.version > v0 + 1000, "{key} at {}", v.version);
+            assert!(!v.is_deleted(), "{key}");
+        }
+        // A figure far ahead (a lie sent to this node directly) moves it
+        // one step only, so its peers still take its figures.
+        assert!(republish(&mut c, 1 << 40, 1 << 40));
+        let st = c.self_node_state();
+        assert_eq!(
+            u64::from(st.heartbeat()),
+            h0 + 301 + bounds::REPUBLISH_HEARTBEAT_STEP
+        );
+        let v2 = st.max_version();
+        assert!(
+            v2 > v1 + bounds::REPUBLISH_VERSION_STEP
+                && v2 < v1 + bounds::REPUBLISH_VERSION_STEP + 10,
+            "{v1} -> {v2}"
+        );
+        assert_eq!(st.get("status"), Some("serving"));
+        assert_eq!(st.get("load"), Some("7"));
+        assert_eq!(st.num_key_values(), 2);
+    }
+}

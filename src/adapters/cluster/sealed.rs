@@ -1,0 +1,438 @@
+//! chitchat's gossip over UDP, every datagram sealed with the cluster
+//! keyring ([`super::keyring`]).
+//!
+//! chitchat 0.13 keeps its envelope codec crate-private but ships a public
+//! UDP socket ([`chitchat::transport::UdpSocket`]) that encodes and decodes
+//! envelopes. A [`SealedSocket`] puts one of those on a loopback port (the
+//! *codec*) and passes bytes to and from it through loopback sockets of its
+//! own, so no line of chitchat is forked or copied:
+//!
+//! ```text
+//! send: envelope -> codec --loopback--> out shim -> seal -> gossip socket -> peer
+//! recv: peer -> gossip socket -> open, bounds -> in shim k --loopback--> codec -> envelope
+//! ```
+//!
+//! A datagram no key of the ring opens, or whose content breaks a bound
+//! ([`super::bounds`]), is dropped and counted before chitchat sees it. The
+//! codec reports the in shim as the sender; each of the [`IN_SHIMS`]
+//! shims remembers the real sender of the datagram it last forwarded, so a
+//! datagram the codec drops (chitchat discards what it cannot decode) never
+//! shifts the sender of the next one. Loopback delivery is synchronous on
+//! Linux and the codec is polled first, so at most one forwarded datagram
+//! waits in the codec at a time. Anything reaching the codec from another
+//! loopback address (another local process) is dropped.
+//!
+//! A datagram is sent only to a seed (resolved when the socket opens) or
+//! to an address an authenticated datagram came from (the last
+//! [`HEARD_PER_MEMBER`] x `gossip.max_members` of them): chitchat gossips to every member's claimed
+//! gossip address, and a member announced by a key holder with a third
+//! party's address would otherwise draw a Syn from every node every few
+//! rounds, as long as it stays in the state. A real member is heard from
+//! within a round or two of joining (it gossips to its seeds and to the
+//! members it learns of), and is then gossiped to.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context as _;
+use chitchat::ChitchatEnvelope;
+use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
+use tracing::{debug, warn};
+
+use super::bounds::Bounds;
+use super::keyring::GossipKeys;
+
+/// The largest UDP payload over IPv4 (65,535 - 8 - 20), which chitchat
+/// also takes as its datagram limit.
+pub(crate) const MAX_DATAGRAM: usize = 65_507;
+
+// chitchat fills a SynAck's or Ack's delta up to its datagram limit less
+// `TRANSPORT_RESERVED_LEN` (a change of the vendored copy, vendor/README.md):
+// the seal must fit in that room, or a full delta (a joining node's
+// catch-up from a cluster of a few hundred members) would be too large to
+// send, every time.
+const _: () = assert!(super::keyring::SEAL_OVERHEAD <= chitchat::TRANSPORT_RESERVED_LEN);
+
+/// Loopback sockets that forward opened datagrams to the codec.
+const IN_SHIMS: usize = 4;
+
+/// Addresses authenticated datagrams came from that are remembered, per
+/// member allowed (`gossip.max_members`); the oldest is forgotten first.
+pub(crate) const HEARD_PER_MEMBER: usize = 4;
+
+/// The production gossip transport: UDP on the gossip address, sealed.
+pub(crate) struct SealedUdpTransport {
+    keys: Arc<GossipKeys>,
+    bounds: Arc<Bounds>,
+    seeds: Vec<String>,
+}
+
+impl SealedUdpTransport {
+    /// A transport sealing with `keys`, checking what it receives against
+    /// `bounds` and sending only to `seeds` (`host:port`) and to addresses
+    /// it heard from (see the module doc).
+    pub(crate) fn new(
+        keys: Arc<GossipKeys>,
+        bounds: Arc<Bounds>,
+        seeds: Vec<String>,
+    ) -> SealedUdpTransport {
+        SealedUdpTransport {
+            keys,
+            bounds,
+            seeds,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SealedUdpTransport {
+    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        let outer = tokio::net::UdpSocket::bind(listen_addr)
+            .await
+            .with_context(|| format!("failed to bind to {listen_addr}/UDP for gossip"))?;
+        let mut socket = SealedSocket::new(outer, self.keys.clone(), self.bounds.clone()).await?;
+        for seed in &self.seeds {
+            match tokio::net::lookup_host(seed).await {
+                Ok(addrs) => addrs.for_each(|a| socket.add_seed(a)),
+                Err(e) => warn!(%seed, error = %e, "gossip seed does not resolve"),
+            }
+        }
+        Ok(Box::new(socket))
+    }
+}
+
+/// One in shim: its socket, its address and the real sender of the
+/// datagram it last forwarded.
+struct InShim {
+    socket: tokio::net::UdpSocket,
+    addr: SocketAddr,
+    from: Option<SocketAddr>,
+}
+
+/// A bound gossip socket that seals what chitchat sends and opens what it
+/// receives (see the module doc).
+pub(crate) struct SealedSocket {
+    outer: tokio::net::UdpSocket,
+    codec: chitchat::transport::UdpSocket,
+    out_shim: tokio::net::UdpSocket,
+    out_shim_addr: SocketAddr,
+    in_shims: Vec<InShim>,
+    next_shim: usize,
+    buf: Box<[u8]>,
+    keys: Arc<GossipKeys>,
+    bounds: Arc<Bounds>,
+    /// Seed addresses: always sent to.
+    seeds: std::collections::HashSet<SocketAddr>,
+    /// Addresses an authenticated datagram came from, oldest first.
+    heard: std::collections::VecDeque<SocketAddr>,
+}
+
+impl SealedSocket {
+    /// Wraps the bound gossip socket `outer`; binds the codec and shims on
+    /// 127.0.0.1.
+    ///
+    /// # Errors
+    /// When a loopback socket cannot be bound.
+    pub(crate) async fn new(
+        outer: tokio::net::UdpSocket,
+        keys: Arc<GossipKeys>,
+        bounds: Arc<Bounds>,
+    ) -> anyhow::Result<SealedSocket> {
+        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let codec = chitchat::transport::UdpSocket::open(lo).await?;
+        let codec_addr = Socket::local_addr(&codec)?;
+        let shim = || async {
+            let s = tokio::net::UdpSocket::bind(lo).await?;
+            s.connect(codec_addr).await?;
+            let a = s.local_addr()?;
+            io::Result::Ok((s, a))
+        };
+        let (out_shim, out_shim_addr) = shim().await.context("gossip loopback socket")?;
+        let mut in_shims = Vec::with_capacity(IN_SHIMS);
+        for _ in 0..IN_SHIMS {
+            let (socket, addr) = shim().await.context("gossip loopback socket")?;
+            in_shims.push(InShim {
+                socket,
+                addr,
+                from: None,
+            });
+        }
+        Ok(SealedSocket {
+            outer,
+            codec,
+            out_shim,
+            out_shim_addr,
+            in_shims,
+            next_shim: 0,
+            buf: vec![0u8; MAX_DATAGRAM + 1].into_boxed_slice(),
+            keys,
+            bounds,
+            seeds: std::collections::HashSet::new(),
+            heard: std::collections::VecDeque::new(),
+        })
+    }
+
+    /// Sends to `seed` even before hearing from it.
+    pub(crate) fn add_seed(&mut self, seed: SocketAddr) {
+        self.seeds.insert(seed);
+    }
+
+    /// Remembers that an authenticated datagram came from `from`.
+    fn heard_from(&mut self, from: SocketAddr) {
+        if let Some(i) = self.heard.iter().position(|a| *a == from) {
+            self.heard.remove(i);
+        } else if self.heard.len() >= HEARD_PER_MEMBER * self.bounds.max_members() {
+            self.heard.pop_front();
+        }
+        self.heard.push_back(from);
+    }
+
+    /// True when gossip may be sent to `to`.
+    fn may_send(&self, to: SocketAddr) -> bool {
+        self.seeds.contains(&to) || self.heard.contains(&to)
+    }
+
+    /// Opens one received datagram and hands it to the codec through the
+    /// next in shim, or drops it (counted).
+    fn forward(&mut self, n: usize, from: SocketAddr) {
+        let Some(plain) = self.keys.open(&self.buf[..n]) else {
+            let count = self.keys.counters.unauthenticated.load(Ordering::Relaxed);
+            if count % 1000 == 1 {
+                // Forged, or this node's ring is out of date (it was down
+                // during a key rotation): say which, once in a while.
+                warn!(%from, dropped = count, file = "tls.gossip_keyring", "gossip datagram dropped: no key of this node's ring opens it (forged, or this node's keyring lacks the cluster's current key)");
+            }
+            debug!(%from, len = n, "gossip datagram dropped: no key of the ring opens it");
+            return;
+        };
+        // Authenticated: whoever holds the key at that address hears back,
+        // even when its content is then refused.
+        self.heard_from(from);
+        match self.bounds.check(&plain, self.keys.echo.own_version()) {
+            Ok(Some((heartbeat, version))) => self.keys.echo.see(heartbeat, version),
+            Ok(None) => {}
+            Err(e) => {
+                let count = 1 + self
+                    .keys
+                    .counters
+                    .out_of_bounds
+                    .fetch_add(1, Ordering::Relaxed);
+                if count % 1000 == 1 {
+                    // Sealed, so sent by a holder of the gossip key: say
+                    // so once in a while.
+                    warn!(%from, error = %e, dropped = count, "gossip datagram dropped: out of bounds");
+                } else {
+                    debug!(%from, error = %e, "gossip datagram dropped: out of bounds");
+                }
+                return;
+            }
+        }
+        let shim = &mut self.in_shims[self.next_shim];
+        self.next_shim = (self.next_shim + 1) % IN_SHIMS;
+        shim.from = Some(from);
+        // Loopback to a socket that is read right after: a full buffer
+        // means the codec is far behind, and gossip tolerates loss.
+        if let Err(e) = shim.socket.try_send(&plain) {
+            self.keys
+                .counters
+                .codec_busy
+                .fetch_add(1, Ordering::Relaxed);
+            debug!(error = %e, "gossip datagram dropped: codec busy");
+        } else {
+            self.keys.counters.received.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Socket for SealedSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.outer
+            .local_addr()
+            .context("failed to get UDP socket address")
+    }
+
+    async fn send(
+        &mut self,
+        to: SocketAddr,
+        envelope: ChitchatEnvelope,
+    ) -> anyhow::Result<SendOutcome> {
+        if !self.may_send(to) {
+            debug!(%to, "gossip not sent: no authenticated datagram came from this address yet");
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        }
+        // A send cancelled half-way (only at shutdown) may leave bytes
+        // behind: clear them so they are never sent to the wrong address.
+        while self.out_shim.try_recv(&mut self.buf).is_ok() {}
+        let kind = match envelope.message {
+            chitchat::ChitchatMessage::Syn { .. } => 0,
+            chitchat::ChitchatMessage::SynAck { .. } => 1,
+            chitchat::ChitchatMessage::Ack { .. } => 2,
+            _ => 3,
+        };
+        self.codec.send(self.out_shim_addr, envelope).await?;
+        let n = self
+            .out_shim
+            .recv(&mut self.buf)
+            .await
+            .context("gossip loopback receive")?;
+        let Some(sealed) = self.keys.seal(&self.buf[..n]) else {
+            anyhow::bail!("no nonce: the operating system's random generator failed");
+        };
+        if sealed.len() > MAX_DATAGRAM {
+            self.keys.counters.oversize.fetch_add(1, Ordering::Relaxed);
+            anyhow::bail!(
+                "sealed gossip datagram of {} bytes is too large",
+                sealed.len()
+            );
+        }
+        let num_bytes_sent = self
+            .outer
+            .send_to(&sealed, to)
+            .await
+            .context("failed to send chitchat message to peer")?;
+        self.keys.counters.sent[kind].fetch_add(1, Ordering::Relaxed);
+        Ok(SendOutcome { num_bytes_sent })
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
+        loop {
+            // Both branches are cancel safe (chitchat cancels recv every
+            // gossip round); the codec goes first so a forwarded datagram
+            // is taken before the next one is opened.
+            let outer = tokio::select! {
+                biased;
+                r = self.codec.recv() => Err(r?),
+                r = self.outer.recv_from(&mut self.buf) => Ok(r),
+            };
+            match outer {
+                Err(mut got) => {
+                    let shim = self.in_shims.iter_mut().find(|s| s.addr == got.from_addr);
+                    if let Some(from) = shim.and_then(|s| s.from.take()) {
+                        got.from_addr = from;
+                        return Ok(got);
+                    }
+                }
+                Ok(Ok((n, from))) => self.forward(n, from),
+                Ok(Err(e)) if is_transient(&e) => debug!(error = %e, "transient gossip recv error"),
+                Ok(Err(e)) => return Err(e).context("fatal UDP recv error"),
+            }
+        }
+    }
+}
+
+/// Errors after which the socket keeps working (as chitchat's own UDP
+/// transport treats them).
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::OutOfMemory
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use chitchat::{ChitchatMessage, ProtocolVersion};
+
+    use super::*;
+    use crate::adapters::cluster::keyring::{GossipKey, Keyring};
+
+    fn transport(key: u8) -> (SealedUdpTransport, Arc<GossipKeys>) {
+        let keys = Arc::new(GossipKeys::new(Keyring::single(GossipKey::from_bytes(
+            [key; 32],
+        ))));
+        let bounds = Arc::new(Bounds::new(
+            "self",
+            1,
+            8,
+            std::time::Duration::from_millis(100),
+        ));
+        (SealedUdpTransport::new(keys.clone(), bounds, vec![]), keys)
+    }
+
+    fn bad_cluster() -> ChitchatEnvelope {
+        ChitchatEnvelope {
+            version: ProtocolVersion::V0,
+            message: ChitchatMessage::BadCluster,
+        }
+    }
+
+    #[tokio::test]
+    async fn envelopes_cross_sealed_and_forgeries_are_dropped_and_counted() {
+        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let (ta, _) = transport(1);
+        let (tb, kb) = transport(1);
+        let (tc, _) = transport(2);
+        let mut b = tb.open(lo).await.unwrap();
+        let b_addr = b.local_addr().unwrap();
+        let seeded = |t: SealedUdpTransport| SealedUdpTransport {
+            seeds: vec![b_addr.to_string()],
+            ..t
+        };
+        let mut a = seeded(ta).open(lo).await.unwrap();
+        let mut c = seeded(tc).open(lo).await.unwrap();
+        let a_addr = a.local_addr().unwrap();
+        // b never heard from an authenticated a yet: nothing is sent.
+        assert_eq!(
+            b.send(a_addr, bad_cluster()).await.unwrap().num_bytes_sent,
+            0
+        );
+        // Unsealed chitchat bytes (a BadCluster), then a datagram sealed
+        // with another key, then the real one: only the last arrives,
+        // with its real sender.
+        let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        raw.send_to(&[0x53, 0xb0, 0, 3], b_addr).await.unwrap();
+        c.send(b_addr, bad_cluster()).await.unwrap();
+        let sent = a.send(b_addr, bad_cluster()).await.unwrap();
+        assert_eq!(
+            sent.num_bytes_sent,
+            4 + crate::adapters::cluster::keyring::SEAL_OVERHEAD
+        );
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), b.recv())
+            .await
+            .expect("the sealed envelope arrives")
+            .unwrap();
+        assert_eq!(got.from_addr, a_addr);
+        assert_eq!(got.envelope, bad_cluster());
+        assert_eq!(kb.counters.unauthenticated.load(Ordering::Relaxed), 2);
+        // The answer goes back sealed too.
+        b.send(a_addr, bad_cluster()).await.unwrap();
+        let back = tokio::time::timeout(std::time::Duration::from_secs(5), a.recv())
+            .await
+            .expect("the answer arrives")
+            .unwrap();
+        assert_eq!(back.from_addr, b_addr);
+    }
+
+    #[tokio::test]
+    async fn a_local_process_writing_to_the_codec_is_not_heard() {
+        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let (tb, keys) = transport(1);
+        let outer = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        let mut b = SealedSocket::new(
+            outer,
+            keys,
+            Arc::new(Bounds::new(
+                "self",
+                1,
+                8,
+                std::time::Duration::from_millis(100),
+            )),
+        )
+        .await
+        .unwrap();
+        drop(tb);
+        let codec = Socket::local_addr(&b.codec).unwrap();
+        let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        raw.send_to(&[0x53, 0xb0, 0, 3], codec).await.unwrap();
+        let r = tokio::time::timeout(std::time::Duration::from_millis(300), b.recv()).await;
+        assert!(
+            r.is_err(),
+            "a datagram from outside the shims reached chitchat"
+        );
+    }
+}

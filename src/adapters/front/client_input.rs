@@ -1,0 +1,401 @@
+//! Checks of what a client sends that more than one stage relies on: the
+//! request-target's form and the `Host` header (RFC 9112 section 3.2), the
+//! admin path as a normalising app would resolve it, the admin API's
+//! `Host` / `Origin` check against browsers, and the forwarding headers the
+//! app receives (`X-Forwarded-For`).
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
+
+use crate::adapters::errors::RequestError;
+pub(crate) use crate::adapters::serve::forwarded::{FORWARDED_PROTO, X_FORWARDED_FOR};
+
+/// Forwarding headers a client may forge, dropped at the entry when
+/// `headers.trust_client_forwarded` is false.
+pub(crate) const CLIENT_FORWARDING: [HeaderName; 3] = [
+    X_FORWARDED_FOR,
+    HeaderName::from_static("x-real-ip"),
+    header::FORWARDED,
+];
+
+/// Checks the request-target's form and the `Host` value (RFC 9112
+/// sections 3.2 and 3.2.1-3.2.4): authority-form is for CONNECT only (which
+/// peerlb refuses before this), asterisk-form for OPTIONS only, absolute-form
+/// takes `http` or `https`; a `Host` value must be a valid `uri-host [":"
+/// port]` (RFC 3986 section 3.2.2), not empty.
+///
+/// # Errors
+/// [`RequestError::BadRequest`] naming what is wrong (400).
+pub(crate) fn check_target_and_host(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(), RequestError> {
+    match (uri.scheme_str(), uri.authority()) {
+        (None, Some(_)) => {
+            return Err(RequestError::BadRequest(
+                "authority-form request-target is for CONNECT only",
+            ));
+        }
+        (Some(s), _) if !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https") => {
+            return Err(RequestError::BadRequest(
+                "absolute-form request-target must be http or https",
+            ));
+        }
+        (Some(_), a) if a.is_none_or(|a| a.host().is_empty()) => {
+            return Err(RequestError::BadRequest(
+                "absolute-form request-target without a host",
+            ));
+        }
+        _ => {}
+    }
+    if uri.path() == "*" && uri.scheme().is_none() && method != Method::OPTIONS {
+        return Err(RequestError::BadRequest(
+            "asterisk-form request-target is for OPTIONS only",
+        ));
+    }
+    if let Some(h) = headers.get(header::HOST)
+        && !valid_host(h.as_bytes())
+    {
+        return Err(RequestError::BadRequest(
+            "the Host header is not a valid host[:port]",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `v` is `uri-host [":" port]` (RFC 3986 section 3.2.2 and 3.2.3):
+/// an IP-literal in brackets or a non-empty reg-name / IPv4 address of
+/// unreserved, sub-delims and `%XX`, then an optional port of digits.
+fn valid_host(v: &[u8]) -> bool {
+    let (host, port) = match v.first() {
+        Some(b'[') => match v.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let inner = &v[1..end];
+                let ok = !inner.is_empty()
+                    && inner
+                        .iter()
+                        .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'));
+                if !ok {
+                    return false;
+                }
+                (&v[..=end], &v[end + 1..])
+            }
+            None => return false,
+        },
+        _ => match v.iter().position(|&b| b == b':') {
+            Some(i) => (&v[..i], &v[i..]),
+            None => (v, &v[v.len()..]),
+        },
+    };
+    let port_ok = match port.split_first() {
+        None => true,
+        Some((b':', digits)) => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    };
+    let host_ok = host.first() == Some(&b'[') || { !host.is_empty() && valid_reg_name(host) };
+    host_ok && port_ok
+}
+
+/// RFC 3986 reg-name: unreserved / pct-encoded / sub-delims.
+fn valid_reg_name(h: &[u8]) -> bool {
+    let mut i = 0;
+    while i < h.len() {
+        let b = h[i];
+        if b == b'%' {
+            if i + 2 >= h.len() || !(h[i + 1].is_ascii_hexdigit() && h[i + 2].is_ascii_hexdigit()) {
+                return false;
+            }
+            i += 3;
+            continue;
+        }
+        let ok = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        if !ok {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Absolute-form (RFC 9112 section 3.2.2): the request-target's authority
+/// wins over the `Host` header, for the routing rules and for the app, so
+/// `Host` is replaced by it. True when `Host` was changed.
+pub(crate) fn host_from_authority(uri: &Uri, headers: &mut HeaderMap) -> bool {
+    let Some(a) = uri.authority() else {
+        return false;
+    };
+    if headers.get(header::HOST).map(HeaderValue::as_bytes) == Some(a.as_str().as_bytes()) {
+        return false;
+    }
+    match HeaderValue::from_str(a.as_str()) {
+        Ok(v) => {
+            headers.insert(header::HOST, v);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// An HTTP/2 request head in the HTTP/1.1 form the rest of the request
+/// path checks, routes and forwards (RFC 9113 section 8.3.1): the
+/// `:authority` becomes `Host` (it wins over a `Host` field, as an
+/// absolute-form target does in HTTP/1.1), the target becomes origin-form
+/// (`:path`), several `cookie` fields become one line joined by `"; "`
+/// (section 8.2.3), and the version becomes HTTP/1.1, so a request with
+/// neither `:authority` nor `Host` fails the HTTP/1.1 Host check (400).
+/// HTTP/2 carries no connection-specific fields (section 8.2.2: the h2
+/// crate refuses a request with any), so none is left to remove.
+pub(crate) fn http2_as_http11(uri: &mut Uri, headers: &mut HeaderMap, version: &mut http::Version) {
+    host_from_authority(uri, headers);
+    if uri.scheme().is_some() || uri.authority().is_some() {
+        *uri = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
+            .into();
+    }
+    let cookies = headers.get_all(header::COOKIE).iter().count();
+    if cookies > 1 {
+        let mut joined = Vec::new();
+        for v in headers.get_all(header::COOKIE) {
+            if !joined.is_empty() {
+                joined.extend_from_slice(b"; ");
+            }
+            joined.extend_from_slice(v.as_bytes());
+        }
+        if let Ok(v) = HeaderValue::from_bytes(&joined) {
+            headers.insert(header::COOKIE, v);
+        }
+    }
+    *version = http::Version::HTTP_11;
+}
+
+/// What a request path is to the admin check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PathClass {
+    /// Not an admin path, however an app would normalise it.
+    App,
+    /// An admin path as written (`/_peerlb/...`).
+    Admin,
+    /// Not written as an admin path but resolving to one once normalised
+    /// (`//_peerlb/status`, `/%5Fpeerlb/status`, `/x/../_peerlb/status`,
+    /// `/_PEERLB/status`, `/_peerlb%2Fstatus`, ...): answered 400, never
+    /// routed to the app.
+    Disguised,
+}
+
+/// Classifies `path` (the raw path of the request-target) against the admin
+/// prefix `prefix` (`/_peerlb/`), resolving it as the most lenient app
+/// would: percent-decoding (repeatedly, so `%255F` counts), `\` as `/`,
+/// empty and `.` segments dropped, `..` resolved, `;` path parameters cut,
+/// ASCII case ignored (nginx and Envoy normalise before matching too).
+pub(crate) fn classify_path(path: &str, prefix: &str) -> PathClass {
+    if path.starts_with(prefix) {
+        return PathClass::Admin;
+    }
+    let name = prefix.trim_matches('/');
+    // Fast path: no escape and no spelling of the name in any case.
+    if !path.contains('%') && !contains_ignore_case(path.as_bytes(), name.as_bytes()) {
+        return PathClass::App;
+    }
+    let mut decoded = path.as_bytes().to_vec();
+    for _ in 0..4 {
+        let next = percent_decode_all(&decoded);
+        if next == decoded {
+            break;
+        }
+        decoded = next;
+    }
+    let mut segments: Vec<&[u8]> = Vec::new();
+    for seg in decoded.split(|&b| b == b'/' || b == b'\\') {
+        let seg = seg.split(|&b| b == b';').next().unwrap_or_default();
+        match seg {
+            b"" | b"." => {}
+            b".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    match segments.first() {
+        Some(first) if first.eq_ignore_ascii_case(name.as_bytes()) => PathClass::Disguised,
+        _ => PathClass::App,
+    }
+}
+
+fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// Decodes every valid `%XX` of `s` once.
+fn percent_decode_all(s: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%'
+            && i + 2 < s.len()
+            && let (Some(h), Some(l)) = (hex(s[i + 1]), hex(s[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Drops the client-sent forwarding headers ([`CLIENT_FORWARDING`]).
+pub(crate) fn drop_client_forwarding(headers: &mut HeaderMap) {
+    for name in &CLIENT_FORWARDING {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: Method, target: &str, host: Option<&str>) -> Result<(), RequestError> {
+        let uri: Uri = target.parse().unwrap();
+        let mut h = HeaderMap::new();
+        if let Some(host) = host {
+            h.insert(header::HOST, HeaderValue::from_str(host).unwrap());
+        }
+        check_target_and_host(&method, &uri, &h)
+    }
+
+    #[test]
+    fn host_values_are_checked_as_rfc_3986_authorities() {
+        for ok in [
+            "example.com",
+            "example.com:8080",
+            "127.0.0.1:80",
+            "[::1]:8081",
+            "[::1]",
+            "a-b_c~d.e",
+            "xn--bcher-kva.example",
+            "%41b",
+        ] {
+            assert!(req(Method::GET, "/", Some(ok)).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "a b/c@d", "a b", "a/b", "u@h", "h:x", "h:123456", "[::1", "[zz]", ":80",
+            "h:80:90", "%4", "%zz",
+        ] {
+            let e = req(Method::GET, "/", Some(bad)).unwrap_err();
+            assert!(matches!(e, RequestError::BadRequest(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn request_target_forms_follow_rfc_9112() {
+        assert!(req(Method::GET, "host:80", Some("host:80")).is_err());
+        assert!(req(Method::GET, "*", Some("h")).is_err());
+        assert!(req(Method::OPTIONS, "*", Some("h")).is_ok());
+        assert!(req(Method::GET, "http://h/x", Some("h")).is_ok());
+        assert!(req(Method::GET, "ftp://h/x", Some("h")).is_err());
+        assert!(req(Method::GET, "/x", Some("h")).is_ok());
+    }
+
+    #[test]
+    fn absolute_form_authority_replaces_host() {
+        let uri: Uri = "http://tenant-a.example/x?user=bob".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("tenant-b.example"));
+        assert!(host_from_authority(&uri, &mut h));
+        assert_eq!(h[header::HOST], "tenant-a.example");
+        assert!(!host_from_authority(&uri, &mut h));
+        let origin: Uri = "/x".parse().unwrap();
+        assert!(!host_from_authority(&origin, &mut h));
+    }
+
+    #[test]
+    fn http2_heads_take_the_http11_form() {
+        let mut uri: Uri = "https://example.com:8443/a/b?x=1".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("other"));
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("peerlb-route=n2"));
+        let mut v = http::Version::HTTP_2;
+        http2_as_http11(&mut uri, &mut h, &mut v);
+        assert_eq!(uri, "/a/b?x=1");
+        assert_eq!(h[header::HOST], "example.com:8443");
+        assert_eq!(h.get_all(header::COOKIE).iter().count(), 1);
+        assert_eq!(h[header::COOKIE], "a=1; peerlb-route=n2");
+        assert_eq!(v, http::Version::HTTP_11);
+        // No :authority: the Host field stays (and is checked later).
+        let mut uri: Uri = "/x".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("h"));
+        let mut v = http::Version::HTTP_2;
+        http2_as_http11(&mut uri, &mut h, &mut v);
+        assert_eq!(
+            (uri.to_string().as_str(), &h[header::HOST]),
+            ("/x", &HeaderValue::from_static("h"))
+        );
+    }
+
+    #[test]
+    fn disguised_admin_paths_are_caught() {
+        let p = "/_peerlb/";
+        assert_eq!(classify_path("/_peerlb/status", p), PathClass::Admin);
+        for d in [
+            "//_peerlb/status",
+            "/%5Fpeerlb/status",
+            "/%5fpeerlb/status",
+            "/%255Fpeerlb/status",
+            "/x/../_peerlb/status",
+            "/./_peerlb/status",
+            "/_PEERLB/status",
+            "/_peerlb%2Fstatus",
+            "/_peerlb",
+            "\\_peerlb\\status",
+            "/_peerlb;x=1/status",
+        ] {
+            assert_eq!(classify_path(d, p), PathClass::Disguised, "{d}");
+        }
+        for a in [
+            "/",
+            "/x",
+            "/x/_peerlb/status",
+            "/_peerlbx/status",
+            "/a%20b",
+            "/peerlb/status",
+            "/../x",
+        ] {
+            assert_eq!(classify_path(a, p), PathClass::App, "{a}");
+        }
+    }
+
+    #[test]
+    fn client_forwarding_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        for n in CLIENT_FORWARDING {
+            h.insert(n, HeaderValue::from_static("10.0.0.1"));
+        }
+        h.insert("x-user", HeaderValue::from_static("a"));
+        drop_client_forwarding(&mut h);
+        assert_eq!(h.len(), 1);
+    }
+}

@@ -1,0 +1,437 @@
+//! Forward with failover and replay: the engine decides the owner and the
+//! candidates, and the replay plan ([`ReplayPlan`]) says how the body is
+//! sent and whether the next candidate is tried after a failure; this file
+//! reads the body, serves locally or opens the peer streams, and applies
+//! the sticky route the engine announces.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, header};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use tracing::{Instrument, debug, debug_span, warn};
+
+use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route_param};
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::access;
+use crate::adapters::body::{self, Body};
+use crate::adapters::errors::RequestError;
+use crate::adapters::http::ConnInfo;
+use crate::adapters::node_state::{NodeState, Outstanding, track_body};
+use crate::adapters::serve::app::ServeCtx;
+use crate::adapters::serve::owner::Owner;
+use crate::adapters::transport::peer::{self, ExchangeError, PeerLinks, TunnelAnswer};
+use crate::adapters::tunnel::{self, Tunnel};
+use crate::adapters::wire::{self, RequestHeadRef};
+use crate::engine::RouteCookie;
+use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+use crate::engine::membership::MembershipView;
+use crate::engine::node_id::NodeId;
+use crate::engine::route::{Decision, EntryDecision};
+use crate::engine::rules::RequestView;
+use crate::engine::sticky::Session;
+
+/// Response header naming the node that served the request.
+pub(crate) const SERVED_BY: &str = "peerlb-served-by";
+
+fn content_length(h: &http::HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// Settings of routing and forwarding.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ForwardSettings {
+    /// Longest wait for an owner's response head.
+    pub(super) response_timeout: Duration,
+    /// Longest wait between two reads of a request body.
+    pub(super) body_read_timeout: Duration,
+    /// Add `peerlb-served-by`.
+    pub(super) header_served_by: bool,
+    /// Keep a client-sent `X-Request-Id` that is a UUID
+    /// (`headers.trust_client_forwarded`).
+    pub(super) keep_client_request_id: bool,
+}
+
+/// Routes client requests and serves them: locally through the owner side,
+/// or forwarded to a peer with failover and replay.
+pub(super) struct Forwarder {
+    state: Arc<NodeState>,
+    /// Serves the requests this node is the first candidate for.
+    owner: Arc<Owner>,
+    links: Arc<PeerLinks>,
+    rng: Mutex<SmallRng>,
+    epoch: tokio::time::Instant,
+    settings: ForwardSettings,
+    /// This node's id as a header value (`peerlb-served-by`), made once.
+    id_header: Option<HeaderValue>,
+    /// The sticky route cookie's name and attributes (`[sticky]`).
+    route_cookie: RouteCookie,
+}
+
+impl Forwarder {
+    /// A forwarder for the node whose state is `state`; `seed` seeds
+    /// request ids and random picks.
+    pub(super) fn new(
+        state: Arc<NodeState>,
+        owner: Arc<Owner>,
+        links: Arc<PeerLinks>,
+        settings: ForwardSettings,
+        route_cookie: RouteCookie,
+        seed: u64,
+    ) -> Forwarder {
+        Forwarder {
+            route_cookie,
+            id_header: HeaderValue::from_str(state.node_id()).ok(),
+            state,
+            owner,
+            links,
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            epoch: tokio::time::Instant::now(),
+            settings,
+        }
+    }
+
+    /// 16 bytes from the forwarder's seeded RNG: the nonce of a
+    /// `Sec-WebSocket-Key` the entry makes (RFC 6455 section 4.1).
+    pub(super) fn nonce(&self) -> [u8; 16] {
+        self.rng.lock().expect("rng lock").random()
+    }
+
+    /// Routes a client request that passed the limits and serves it: the
+    /// response, and the guard that keeps it outstanding to its server;
+    /// `Err` is the error answer (already counted). Either way the request
+    /// is counted by owner, and its access log line written
+    /// (`access::access_log`).
+    pub(super) async fn route_and_serve(
+        &self,
+        mut req: Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Result<(Response<Body>, Option<Outstanding>), Response<Body>> {
+        let start = tokio::time::Instant::now();
+        strip_peerlb_headers(req.headers_mut());
+        let client = conn.client;
+        let view = self.state.view();
+        let now = self.epoch.elapsed();
+        let (EntryDecision { decision, sticky }, random_id) = {
+            let rv = RequestView {
+                method: req.method(),
+                uri: req.uri(),
+                headers: req.headers(),
+                client,
+                tls: conn.tls.is_some(),
+                sni: conn.tls.as_ref().and_then(|t| t.sni.as_deref()),
+            };
+            let mut rng = self.rng.lock().expect("rng lock");
+            let d = self.state.decide(&rv, &view, now, &mut *rng);
+            (d, rng.random::<[u8; 16]>())
+        };
+        let request_id = access::request_id(
+            req.headers_mut(),
+            random_id,
+            self.settings.keep_client_request_id,
+        );
+        let method = req.method().clone();
+        let reason = decision.reason.as_str();
+        let served = self
+            .serve_decided(req, conn, &view, decision, sticky, request_id)
+            .await;
+        let (status, owner) = match &served {
+            Ok((resp, _, owner)) => (resp.status(), owner),
+            Err((e, owner)) => (e.status(), owner),
+        };
+        self.state.metrics.count_owner(owner);
+        access::access_log(
+            self.state.node_id(),
+            "entry",
+            request_id,
+            self.state.node_id(),
+            owner,
+            status.as_u16(),
+            start.elapsed(),
+            reason,
+            &method,
+        );
+        match served {
+            Ok((resp, guard, _)) => Ok((resp, guard)),
+            Err((e, _)) => Err(self.state.failed(e)),
+        }
+    }
+
+    /// Serves a decided request: the response, its outstanding guard and
+    /// who served it; or the error and the owner the decision picked.
+    async fn serve_decided(
+        &self,
+        mut req: Request<Incoming>,
+        conn: &ConnInfo,
+        view: &MembershipView,
+        decision: Decision,
+        sticky: Option<Session>,
+        request_id: u128,
+    ) -> Result<(Response<Body>, Option<Outstanding>, NodeId), (RequestError, NodeId)> {
+        // The route parameter is peerlb's own mark: the app never sees it.
+        let route_in_url = strip_route_param(req.uri_mut());
+        // Per-request spans are debug level: at info, creating and closing
+        // one (fields formatted into the registry) costs several percent of
+        // a node's CPU per hop (docs/performance.md). Events that matter at
+        // info carry the request id themselves.
+        let span = debug_span!(target: REQUEST_PATH, "request", id = %uuid::Uuid::from_u128(request_id), owner = %decision.owner, reason = decision.reason.as_str());
+        let (mut resp, served_by, guard) = self
+            .serve_candidates(
+                req,
+                conn,
+                decision.candidates(view),
+                decision.key.as_deref(),
+                request_id,
+                view.version(),
+            )
+            .instrument(span)
+            .await
+            .map_err(|e| (e, decision.owner.clone()))?;
+        let announcement = sticky.as_ref().and_then(|s| {
+            let sets_cookie = resp.headers().contains_key(header::SET_COOKIE);
+            s.announce(&served_by, sets_cookie, route_in_url)
+        });
+        if let Some(a) = announcement {
+            set_route(&mut resp, &self.route_cookie, &served_by, a);
+        }
+        if self.settings.header_served_by {
+            let v = if served_by == *self.state.node_id() {
+                self.id_header.clone()
+            } else {
+                HeaderValue::from_str(&served_by).ok()
+            };
+            if let Some(v) = v {
+                resp.headers_mut().insert(SERVED_BY, v);
+            }
+        }
+        Ok((resp, guard, served_by))
+    }
+
+    /// Tries each candidate in order; returns the response and who served it.
+    async fn serve_candidates(
+        &self,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+        candidates: impl Iterator<Item = &NodeId>,
+        key: Option<&str>,
+        request_id: u128,
+        view_version: u64,
+    ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
+        let me = self.state.node_id();
+        let (mut parts, incoming) = req.into_parts();
+        // A WebSocket request: its stream to a peer is a tunnel (`wire`).
+        let tunnel = tunnel::wants_websocket(&parts.method, parts.version, &parts.headers);
+        let request_bytes = content_length(&parts.headers).unwrap_or(0);
+        let plan = ReplayPlan::new(
+            &parts.method,
+            incoming.is_end_stream(),
+            content_length(&parts.headers),
+        );
+        // A small body of an idempotent request is kept so the request can
+        // be replayed on the next candidate; other bodies stream once.
+        let timed = body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout);
+        let (replay, mut body) = match plan.body() {
+            BodyPlan::Buffer => {
+                let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
+                    .collect()
+                    .await
+                    .map_err(|e| match e.downcast_ref::<body::BodyError>() {
+                        Some(b) => RequestError::client_body(b),
+                        None => RequestError::ClientBody(e.to_string()),
+                    })?;
+                (Some(collected.to_bytes()), None)
+            }
+            BodyPlan::Empty | BodyPlan::Stream => (None, Some(timed)),
+        };
+        let empty_body = plan.body() == BodyPlan::Empty;
+        let mut last_err: Option<RequestError> = None;
+        let mut head: Option<bytes::Bytes> = None;
+        for cand in candidates {
+            if cand == me {
+                let b = match &replay {
+                    Some(bytes) => body::full(bytes.clone()),
+                    None => body.take().unwrap_or_else(body::empty),
+                };
+                let ctx = ServeCtx {
+                    node: me,
+                    entry: me,
+                    key,
+                    client: conn.client,
+                    tls: conn.tls.as_ref(),
+                };
+                self.state
+                    .counters
+                    .served_local
+                    .fetch_add(1, Ordering::Relaxed);
+                let guard = self.state.track(cand, request_bytes);
+                let serving = self.state.enter_serving();
+                // The app exchange is boxed inside `App::serve` (an awaited
+                // future is laid out inside the one awaiting it: unboxed,
+                // the pooled exchange made this request's future 39 KB).
+                let resp = self
+                    .owner
+                    .serve_app(Request::from_parts(parts, b), ctx)
+                    .await
+                    .map_err(|e| match e.client_body() {
+                        Some(b) => RequestError::client_body(b),
+                        None => RequestError::App(e),
+                    })?;
+                let resp = track_body(resp, None, serving);
+                return Ok((resp, me.clone(), guard));
+            }
+            let pair = match self.links.open(cand).await {
+                Ok(p) => p,
+                Err(e) => {
+                    debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
+                    let err = RequestError::NoNode(e.to_string());
+                    if plan.after(Failure::Unreachable) == AfterFailure::Fail {
+                        return Err(err);
+                    }
+                    self.state
+                        .counters
+                        .failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                    last_err = Some(err);
+                    continue;
+                }
+            };
+            // The head is encoded once, straight from the request parts,
+            // and shared by every attempt.
+            let h = match &head {
+                Some(h) => h.clone(),
+                None => {
+                    if tunnel {
+                        parts
+                            .headers
+                            .insert(wire::TUNNEL, HeaderValue::from_static("websocket"));
+                    }
+                    let uri = request_target(&parts.uri);
+                    let encoded = wire::encode(&RequestHeadRef {
+                        request_id,
+                        entry: me,
+                        hops: 1,
+                        view_version,
+                        method: parts.method.as_str(),
+                        uri: &uri,
+                        headers: &parts.headers,
+                        client: conn.client,
+                        hash_key: key,
+                        tls: conn.tls.as_ref(),
+                    });
+                    drop(uri);
+                    if tunnel {
+                        parts.headers.remove(wire::TUNNEL);
+                    }
+                    match encoded {
+                        Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
+                        Err(e) => {
+                            // A head too large for the wire: no peer can
+                            // take it; the entry itself still may.
+                            let err = RequestError::OwnerFailed(format!("peer {cand}: {e}"));
+                            if plan.after(Failure::HeadTooLarge) == AfterFailure::Fail {
+                                return Err(err);
+                            }
+                            last_err = Some(err);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let b = match (&replay, empty_body) {
+                (Some(bytes), _) => body::full(bytes.clone()),
+                (None, true) => body::empty(),
+                (None, false) => match body.take() {
+                    Some(b) => b,
+                    None => break,
+                },
+            };
+            self.state
+                .counters
+                .forwarded
+                .fetch_add(1, Ordering::Relaxed);
+            let guard = self.state.track(cand, request_bytes);
+            let sent = tokio::time::Instant::now();
+            let exchanged = if tunnel {
+                peer::exchange_tunnel(cand, pair, h, self.settings.response_timeout).await
+            } else {
+                peer::exchange(cand, pair, h, b, self.settings.response_timeout)
+                    .await
+                    .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
+            };
+            self.state.metrics.observe_hop(sent.elapsed());
+            match exchanged {
+                Ok((rh, TunnelAnswer::Tunnel(io))) => {
+                    let served = served_by(&rh.served_by, cand);
+                    let mut resp = peer::response_from_head(rh, body::empty());
+                    resp.extensions_mut().insert(Tunnel::ready(io));
+                    return Ok((resp, served, guard));
+                }
+                Ok((rh, TunnelAnswer::Body(mut qb))) => {
+                    let served = served_by(&rh.served_by, cand);
+                    let status = http::StatusCode::from_u16(rh.status)
+                        .unwrap_or(http::StatusCode::BAD_GATEWAY);
+                    // A bodiless answer gets an ended body, as the app's
+                    // does on the local path (`framing`); the owner sent
+                    // none and its FIN usually came with the head: taken
+                    // if it is here, so the stream ends read to its end.
+                    let body = if crate::adapters::framing::bodiless(parts.method.as_str(), status)
+                    {
+                        let _ = std::future::poll_fn(|cx| {
+                            std::task::Poll::Ready(std::pin::Pin::new(&mut qb).poll_frame(cx))
+                        })
+                        .await;
+                        body::empty()
+                    } else {
+                        qb.boxed_unsync()
+                    };
+                    let resp = peer::response_from_head(rh, body);
+                    return Ok((resp, served, guard));
+                }
+                Err(e) => {
+                    let failure = match &e {
+                        ExchangeError::Refused(_) => Failure::Refused,
+                        ExchangeError::Failed { .. } => Failure::Lost,
+                        ExchangeError::Timeout(_) => Failure::Timeout,
+                        ExchangeError::ClientBody(_) => Failure::ClientBody,
+                    };
+                    let retry = plan.after(failure) == AfterFailure::NextCandidate;
+                    let err = match e {
+                        ExchangeError::Timeout(p) => RequestError::Timeout(p.to_string()),
+                        // The client's body broke before the owner
+                        // answered: the client's fault.
+                        ExchangeError::ClientBody(b) => RequestError::client_body(&b),
+                        e => {
+                            warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
+                            RequestError::OwnerFailed(e.to_string())
+                        }
+                    };
+                    if !retry {
+                        return Err(err);
+                    }
+                    self.state
+                        .counters
+                        .failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                    last_err = Some(err);
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| RequestError::NoNode("no candidate".into())))
+    }
+}
+
+/// The id of the node that served a forwarded request, as its response
+/// head names it: the candidate's own id (no allocation) when it is the
+/// one, as it always is for a node of this release (hop limit 1).
+fn served_by(named: &str, cand: &NodeId) -> NodeId {
+    if named == &**cand {
+        cand.clone()
+    } else {
+        NodeId::from(named)
+    }
+}

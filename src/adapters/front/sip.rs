@@ -1,0 +1,500 @@
+//! The SIP front end: UDP and TCP listeners on the node's `sip_addr` (and
+//! on the shared SIP address, SO_REUSEPORT, under `peerlb up`), the entry
+//! node's routing and forwarding of SIP requests over the peer wire, and
+//! the owner's built-in demo server ([`SipApp`]).
+//!
+//! Path of a request (docs/architecture.md, "SIP"):
+//!
+//! 1. Parse (`engine::sip`). Bytes that are not a SIP message get `400`
+//!    when they are a request whose `Via` can be read, else are dropped; a
+//!    response from a client is dropped (nothing on a listener waits for
+//!    one: the answers to requests relayed toward a caller come to the
+//!    relay's own socket). On TCP a framing error also closes the
+//!    connection. A UDP request from the upstream SIP server's address is
+//!    the callee's side of a dialog and is relayed toward the caller
+//!    instead (`sip/upstream.rs`).
+//! 2. `Max-Forwards: 0` gets `483` (RFC 3261 16.3 step 3); otherwise it is
+//!    decremented (16.6 step 3). A top `Route` carrying this cluster's
+//!    dialog parameters is this cluster's own: it is removed (16.4).
+//! 3. Route (`NodeState::decide_sip`): the dialog's owner (the
+//!    Request-URI's, then the `Route`'s), else the key's owner on the
+//!    ring. A dialog-creating `INVITE` gets a `Record-Route` naming the
+//!    address the request reached, the owner and the key
+//!    (`engine::sip::record_route`).
+//! 4. Serve locally, or forward to the owner (hop limit 1, marked
+//!    `wire::SIP`) with this node's `Via` on top; a candidate that cannot
+//!    be reached or refuses the stream passes the request to the next ring
+//!    node. The owner's answers come back on the same stream; this node
+//!    removes its `Via` and sends them to the client: over TCP on the same
+//!    connection, over UDP to the address `engine::sip::response_destination`
+//!    gives.
+//!
+//! With `sip_app = "udp:<ip>:<port>"` the owner forwards the request to
+//! that upstream SIP server instead (`sip/upstream.rs`) and its answers
+//! take the same way back.
+//!
+//! The listeners run inside the node's runtime only in production: the
+//! simulation binds no SIP sockets (`Env::sip` is `None` there).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use tracing::{Instrument as _, debug, debug_span, info};
+
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::body;
+use crate::adapters::node_state::NodeState;
+use crate::adapters::transport::peer::{self, PeerLinks};
+use crate::adapters::wire::{self, RequestHeadRef};
+use crate::engine::node_id::NodeId;
+use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, record_route};
+use crate::seam::HttpListener;
+
+pub(crate) use crate::adapters::serve::sip::{SipApp, SipUpstream};
+
+/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's magic
+/// cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
+const BRANCH_PREFIX: &str = "z9hG4bK-plb-";
+
+/// Longest body of a proxied SIP answer (every response of one request).
+const MAX_ANSWERS: usize = 4 * MAX_MESSAGE;
+
+/// UDP datagrams handled at once; more are dropped unread (their senders
+/// retransmit, RFC 3261 17.1.1.2), so a flood cannot pile up tasks.
+const MAX_UDP_INFLIGHT: usize = 10_000;
+
+/// The entry side of SIP on one node.
+pub(crate) struct SipEntry {
+    state: Arc<NodeState>,
+    app: Arc<SipApp>,
+    links: Arc<PeerLinks>,
+    response_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl SipEntry {
+    /// The entry side of the node whose state is `state`; it serves with
+    /// `app` when it owns a request. An owner's answer is awaited at most
+    /// `response_timeout`; a TCP message started but not finished within
+    /// `read_timeout` closes its connection.
+    pub(crate) fn new(
+        state: Arc<NodeState>,
+        app: Arc<SipApp>,
+        links: Arc<PeerLinks>,
+        response_timeout: Duration,
+        read_timeout: Duration,
+    ) -> SipEntry {
+        SipEntry {
+            state,
+            app,
+            links,
+            response_timeout,
+            read_timeout,
+        }
+    }
+
+    /// The answers to one message from `client` that reached the listener
+    /// on `local` (the node's `sip_addr` or the shared sprayer address,
+    /// named in this node's `Record-Route` and `Via`; see the module doc).
+    async fn handle(
+        &self,
+        buf: &[u8],
+        client: SocketAddr,
+        tcp: bool,
+        local: SocketAddr,
+    ) -> Vec<SipMessage> {
+        let mut msg = match sipmsg::parse(buf) {
+            Ok(m) => m,
+            Err(e) => {
+                self.state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, %client, error = %e, "malformed sip message");
+                return sipmsg::bad_request(buf, &e).into_iter().collect();
+            }
+        };
+        let Some(method) = msg.method().map(str::to_owned) else {
+            debug!(target: REQUEST_PATH, %client, "sip response from a client: dropped");
+            return Vec::new();
+        };
+        self.state
+            .counters
+            .sip_requests
+            .fetch_add(1, Ordering::Relaxed);
+        // Decided on the message as received (its Route still on top).
+        let view = self.state.view();
+        let decision = self.state.decide_sip(&msg, client, &view);
+        // At most 3 digits (the parser checked): 0..=999.
+        let hops = match msg.header("max-forwards") {
+            Some(v) => v.parse::<u16>().unwrap_or(70),
+            None => 70,
+        };
+        if hops == 0 {
+            return if method == "ACK" {
+                Vec::new()
+            } else {
+                vec![msg.response(483, "Too Many Hops", None)]
+            };
+        }
+        msg.headers
+            .retain(|(n, _)| sipmsg::full_name(n) != "max-forwards");
+        msg.headers
+            .push(("Max-Forwards".into(), (hops - 1).to_string()));
+        if sipmsg::dialog_route(&msg).is_some() {
+            msg.pop_route();
+        }
+        if method == "INVITE" && msg.tag_of_to().is_none() {
+            msg.push_front(
+                "Record-Route",
+                record_route(local, tcp, &decision.owner, &decision.key),
+            );
+        }
+        let me = self.state.node_id();
+        let span = debug_span!(target: REQUEST_PATH, "sip", %client, method = %method, owner = %decision.owner, reason = decision.reason.as_str());
+        async {
+            for cand in decision.candidates(&view) {
+                if cand == me {
+                    return self.app.answer(&msg).await;
+                }
+                match self.forward(cand, &msg, &method, (client, local), tcp, &decision.key, view.version()).await {
+                    Ok(answers) => return answers,
+                    Err(Retry::Next(why)) => {
+                        debug!(target: REQUEST_PATH, peer = %cand, %why, "sip owner not reachable: trying the next candidate");
+                    }
+                    Err(Retry::No(why)) => {
+                        debug!(target: REQUEST_PATH, peer = %cand, %why, "sip forward failed");
+                        break;
+                    }
+                }
+            }
+            if method == "ACK" {
+                Vec::new()
+            } else {
+                vec![msg.response(503, "Service Unavailable", None)]
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Forwards `msg` to `peer` and returns its answers, this node's `Via`
+    /// removed.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward(
+        &self,
+        peer: &NodeId,
+        msg: &SipMessage,
+        method: &str,
+        (client, local): (SocketAddr, SocketAddr),
+        tcp: bool,
+        key: &str,
+        view_version: u64,
+    ) -> Result<Vec<SipMessage>, Retry> {
+        self.state
+            .counters
+            .sip_forwarded
+            .fetch_add(1, Ordering::Relaxed);
+        let stream = self
+            .links
+            .open(peer)
+            .await
+            .map_err(|e| Retry::Next(e.to_string()))?;
+        let transport = if tcp { "TCP" } else { "UDP" };
+        let branch = xxhash_rust::xxh3::xxh3_64(
+            format!(
+                "{}\n{}\n{}\n{}",
+                msg.call_id().unwrap_or(""),
+                msg.header("cseq").unwrap_or(""),
+                msg.top_via().and_then(|v| v.param("branch")).unwrap_or(""),
+                self.state.node_id()
+            )
+            .as_bytes(),
+        );
+        let mut out = msg.clone();
+        out.push_front(
+            "Via",
+            format!("SIP/2.0/{transport} {local};branch={BRANCH_PREFIX}{branch:016x}"),
+        );
+        let bytes = out.to_bytes();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            wire::SIP,
+            http::HeaderValue::from_static(if tcp { "tcp" } else { "udp" }),
+        );
+        headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+        let request_id = xxhash_rust::xxh3::xxh3_128(&bytes);
+        let head = wire::encode(&RequestHeadRef {
+            request_id,
+            entry: self.state.node_id(),
+            hops: 1,
+            view_version,
+            method,
+            uri: "/",
+            headers: &headers,
+            client,
+            hash_key: Some(key),
+            tls: None,
+        })
+        .map_err(|e| Retry::No(e.to_string()))?;
+        let (head, body) = peer::exchange(
+            peer,
+            stream,
+            Bytes::from(head),
+            body::full(bytes),
+            self.response_timeout,
+        )
+        .await
+        .map_err(|e| match e {
+            peer::ExchangeError::Refused(_) => Retry::Next(e.to_string()),
+            e => Retry::No(e.to_string()),
+        })?;
+        let answers = http_body_util::Limited::new(body, MAX_ANSWERS)
+            .collect()
+            .await
+            .map_err(|e| Retry::No(e.to_string()))?
+            .to_bytes();
+        if head.status != 200 {
+            return Err(Retry::No(format!("owner answered status {}", head.status)));
+        }
+        let mut rest = &answers[..];
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let n = match sipmsg::frame_len(rest) {
+                Ok(Some(n)) => n,
+                _ => return Err(Retry::No("owner's answers do not frame as SIP".into())),
+            };
+            let mut m =
+                sipmsg::parse(&rest[..n]).map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
+            if m.top_via()
+                .and_then(|v| v.param("branch"))
+                .is_some_and(|b| b.starts_with(BRANCH_PREFIX))
+            {
+                m.pop_via();
+            }
+            out.push(m);
+            rest = &rest[n..];
+        }
+        Ok(out)
+    }
+}
+
+/// What a failed forward leaves the entry to do.
+enum Retry {
+    /// Nothing of the request reached the owner: try the next candidate.
+    Next(String),
+    /// The owner may have taken it: answer `503`.
+    No(String),
+}
+
+/// Serves SIP over UDP on `socket`, bound to `local` (the node's
+/// `sip_addr`, or the shared sprayer address with SO_REUSEPORT), until
+/// `stop` turns true: one task per datagram, answers sent from the same
+/// socket, so a client sees them come from the address it sent to. A
+/// request from the upstream SIP server's address (`sip_app`) is the
+/// callee's side of a dialog: it is relayed toward the caller
+/// (`SipUpstream::relay_from_upstream`) and the answers go back to the
+/// upstream from this socket.
+pub(crate) async fn serve_udp(
+    socket: UdpSocket,
+    local: SocketAddr,
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let socket = Arc::new(socket);
+    info!(addr = %local, "listening for sip over udp");
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    let inflight = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (n, client) = tokio::select! {
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(error = %e, "sip udp receive failed");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if inflight.load(Ordering::Relaxed) >= MAX_UDP_INFLIGHT {
+            debug!(%client, "sip udp: too many datagrams in flight, dropped one");
+            continue;
+        }
+        let datagram = buf[..n].to_vec();
+        let (socket, entry) = (socket.clone(), entry.clone());
+        inflight.fetch_add(1, Ordering::Relaxed);
+        let guard = InflightGuard(inflight.clone());
+        tokio::spawn(async move {
+            let _guard = guard;
+            if let Some(up) = entry.app.upstream()
+                && up.addr() == client
+                && let Ok(req) = sipmsg::parse(&datagram)
+                && req.method().is_some()
+            {
+                let emit = |m: &SipMessage| {
+                    if let Some(via) = m.top_via() {
+                        let to = sipmsg::response_destination(&via, client);
+                        let _ = socket.try_send_to(&m.to_bytes(), to);
+                    }
+                };
+                up.relay_from_upstream(req, &emit).await;
+                return;
+            }
+            for answer in entry.handle(&datagram, client, false, local).await {
+                let Some(via) = answer.top_via() else {
+                    continue;
+                };
+                let to = sipmsg::response_destination(&via, client);
+                if let Err(e) = socket.send_to(&answer.to_bytes(), to).await {
+                    debug!(error = %e, %to, "sip udp send failed");
+                }
+            }
+        });
+    }
+}
+
+/// Counts one datagram in flight until dropped.
+struct InflightGuard(Arc<AtomicUsize>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves SIP over TCP on `listener`, bound to `local` (as
+/// [`serve_udp`]), until `stop` turns true: one task per connection, its
+/// messages in order, answers on the same connection.
+pub(crate) async fn serve_tcp(
+    mut listener: Box<dyn HttpListener>,
+    local: SocketAddr,
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    info!(addr = %local, "listening for sip over tcp");
+    loop {
+        let (conn, client) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(error = %e, "sip tcp accept failed");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (entry, stop) = (entry.clone(), stop.clone());
+        tokio::spawn(connection(conn, (client, local), entry, stop));
+    }
+}
+
+async fn connection(
+    mut conn: Box<dyn crate::seam::Connection>,
+    (client, local): (SocketAddr, SocketAddr),
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        let skip = sipmsg::leading_crlf(&buf);
+        buf.drain(..skip);
+        match sipmsg::frame_len(&buf) {
+            Ok(Some(n)) => {
+                let msg: Vec<u8> = buf.drain(..n).collect();
+                for answer in entry.handle(&msg, client, true, local).await {
+                    if conn.write_all(&answer.to_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                entry
+                    .state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
+                if let Some(answer) = sipmsg::bad_request(&buf, &e) {
+                    let _ = conn.write_all(&answer.to_bytes()).await;
+                }
+                let _ = conn.shutdown().await;
+                return;
+            }
+        }
+        // A message begun must be finished within the read timeout; an
+        // idle connection between messages may stay open.
+        let read = async {
+            if buf.is_empty() {
+                conn.read(&mut chunk).await
+            } else {
+                match tokio::time::timeout(entry.read_timeout, conn.read(&mut chunk)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+                }
+            }
+        };
+        let n = tokio::select! {
+            r = read => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INVITE: &str = "INVITE sip:bob@h SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.9:5060;branch=z9hG4bK-plb-1\r\n\
+        Via: SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bKc\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:bob@h>\r\n\
+        Call-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
+
+    /// The owner's side of the `peerlb-sip` exchange: every answer of the
+    /// demo server in the body, each framed by its Content-Length; a body
+    /// that is not a SIP request is a 400 with no body.
+    #[tokio::test]
+    async fn a_proxied_sip_request_is_answered_with_framed_sip_responses() {
+        let app = SipApp::new(NodeId::from("n2"), Some("127.0.0.1:5062".parse().unwrap()));
+        let r = app
+            .serve_proxied(body::full(INVITE.as_bytes().to_vec()))
+            .await;
+        assert_eq!(r.status(), 200);
+        let len: usize = r.headers()[http::header::CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes.len(), len);
+        let mut rest = &bytes[..];
+        let mut statuses = Vec::new();
+        while !rest.is_empty() {
+            let n = sipmsg::frame_len(rest).unwrap().unwrap();
+            let m = sipmsg::parse(&rest[..n]).unwrap();
+            // The entry's Via is still on top: the entry removes it.
+            assert_eq!(m.top_via().unwrap().param("branch"), Some("z9hG4bK-plb-1"));
+            if let sipmsg::StartLine::Response { status, .. } = m.start {
+                statuses.push(status);
+            }
+            rest = &rest[n..];
+        }
+        assert_eq!(statuses, vec![100, 180, 200]);
+        for junk in [&b"garbage"[..], b"SIP/2.0 200 OK\r\n\r\n"] {
+            let r = app.serve_proxied(body::full(junk.to_vec())).await;
+            assert_eq!(r.status(), 400);
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The HTTP server kit the client listeners (`front/ingress`) and the
+//! admin listener (`ops/admin_server`) share: the accept loop and the
+//! connection settings, HTTP/1.1 and HTTP/2 ([`server`]); the connection
+//! table and its limits ([`conns`]); what a connection goes through before
+//! HTTP ([`conn`]: the PROXY header, [`proxy_protocol`], and the TLS
+//! handshake, [`entry_tls`]); HTTP/2 prior knowledge on cleartext
+//! ([`preface`]); the client socket's send timeout ([`send_timeout`]).
+
+pub(crate) mod conn;
+pub(crate) mod conns;
+pub mod entry_tls;
+pub(crate) mod preface;
+pub(crate) mod proxy_protocol;
+pub(crate) mod send_timeout;
+pub(crate) mod server;
+
+pub(crate) use conn::{ConnInfo, ListenerSetup};
+pub(crate) use conns::{ConnTable, Refusal};
+pub(crate) use server::{ConnEvent, Handler, serve};

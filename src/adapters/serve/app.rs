@@ -1,0 +1,656 @@
+//! The app a node serves requests with: the built-in demo app or an upstream
+//! HTTP application behind a connection pool.
+//!
+//! Built-in demo app endpoints:
+//!
+//! | path | answer |
+//! | --- | --- |
+//! | `/session` | starts a session: sets the cookie `session=<node>-<n>` |
+//! | `/bytes/<n>` | streams a body of `n` bytes (at most 1 GiB), in 64 KiB chunks |
+//! | `/echo` | streams the request body back |
+//! | `/delay/<ms>` | waits `ms` milliseconds (at most 60000), then answers like any other path |
+//! | `/ws/echo` | a WebSocket (RFC 6455) that echoes every text and binary message; the text message `close` makes the app close it (code 1000); 426 to a request that is not a WebSocket opening |
+//! | anything else | JSON: `node`, `entry`, `proxied`, `method`, `path`, `key`, `client`, `request_id` (the `X-Request-Id` it received), `peerlb_headers` (the `peerlb-*` header names the app received: always empty) |
+//!
+//! Case code (H4) names a case of `docs/cases.md`: the input, the
+//! value peerlb must give, and where it is tested.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::adapters::body::{self, Body, BodyError};
+use crate::adapters::serve::upstream::{Upstream, UpstreamError};
+use crate::adapters::tunnel::{self, Tunnel};
+
+mod websocket;
+use crate::config::AppKind;
+use crate::seam::{NoObserver, NodeEvent, Observer};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+
+/// Largest body `/bytes/<n>` streams (1 GiB).
+pub(crate) const MAX_BYTES_BODY: u64 = 1 << 30;
+
+/// Longest wait `/delay/<ms>` accepts, in milliseconds.
+pub(crate) const MAX_DELAY_MS: u64 = 60_000;
+
+/// What the app is told about a request besides the request itself.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ServeCtx<'a> {
+    /// The node serving it.
+    pub node: &'a str,
+    /// The node that received it from the client.
+    pub entry: &'a str,
+    /// The hash key it was routed on.
+    pub key: Option<&'a str>,
+    /// The client address the entry saw.
+    pub client: SocketAddr,
+    /// The client connection's TLS facts (`None`: cleartext HTTP).
+    pub tls: Option<&'a crate::adapters::wire::TlsFacts>,
+}
+
+/// The upstream app could not be reached or failed before a response head.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream app {uri}: {source}")]
+pub(crate) struct AppError {
+    /// The upstream base URI.
+    pub uri: String,
+    /// What failed.
+    pub source: UpstreamError,
+}
+
+impl AppError {
+    /// The client's own request body failed (malformed chunked encoding, a
+    /// connection cut mid-body, stalled) while it was sent to the app: the
+    /// client's fault, not the app's. That body error, if so.
+    pub(crate) fn client_body(&self) -> Option<&BodyError> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&self.source);
+        while let Some(e) = cause {
+            if let Some(b @ (BodyError::Client(_) | BodyError::ClientTimeout(_))) =
+                e.downcast_ref::<BodyError>()
+            {
+                return Some(b);
+            }
+            cause = e.source();
+        }
+        None
+    }
+}
+
+/// The local app of a node.
+pub(crate) enum App {
+    /// The built-in demo app.
+    Builtin {
+        /// Sessions started so far, for session ids.
+        sessions: AtomicU64,
+        /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
+        /// simulation's slow-node fault raises it (see [`App::with_slowdown`]).
+        slowdown: Arc<AtomicU32>,
+        /// Told of every request served (see [`App::with_observer`]).
+        observer: Arc<dyn Observer>,
+    },
+    /// A local upstream application.
+    Upstream {
+        /// Where the app listens (`http://host:port` or `unix:/path`), as
+        /// errors name it.
+        base: String,
+        /// Its connection pool.
+        pool: Upstream,
+        /// Told of every request served (see [`App::with_observer`]).
+        observer: Arc<dyn Observer>,
+    },
+}
+
+impl App {
+    /// Builds the app (does no I/O: the pool connects lazily).
+    pub(crate) fn new(kind: &AppKind) -> App {
+        match kind {
+            AppKind::Builtin => App::Builtin {
+                sessions: AtomicU64::new(0),
+                slowdown: Arc::new(AtomicU32::new(1)),
+                observer: Arc::new(NoObserver),
+            },
+            AppKind::Upstream(up) => App::Upstream {
+                base: up.addr.to_string(),
+                pool: Upstream::new(&up.addr, up.idle_timeout),
+                observer: Arc::new(NoObserver),
+            },
+        }
+    }
+
+    /// Shares `slowdown` with the built-in app: its `/delay/<ms>` work then
+    /// takes `slowdown` times `ms` (the simulation's slow-node fault;
+    /// [`crate::Env`] hands in 1). No effect on an upstream app.
+    #[must_use]
+    pub(crate) fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
+        if let App::Builtin { slowdown, .. } = &mut self {
+            *slowdown = factor;
+        }
+        self
+    }
+
+    /// Reports every request this app serves to `observer`
+    /// ([`NodeEvent::Served`]; [`App::new`] reports to no one).
+    #[must_use]
+    pub(crate) fn with_observer(mut self, to: Arc<dyn Observer>) -> App {
+        match &mut self {
+            App::Builtin { observer, .. } | App::Upstream { observer, .. } => *observer = to,
+        }
+        self
+    }
+
+    /// Serves one request. `req`'s URI is the request-target as received
+    /// (path and query).
+    ///
+    /// # Errors
+    /// [`AppError`] when the upstream app cannot be reached; the built-in
+    /// app never fails.
+    pub(crate) async fn serve(
+        &self,
+        req: Request<Body>,
+        ctx: ServeCtx<'_>,
+    ) -> Result<Response<Body>, AppError> {
+        // One event per request the app serves: the simulation counts them
+        // to prove no request is served twice.
+        tracing::debug!(uri = %req.uri(), "app serving");
+        let (App::Builtin { observer, .. } | App::Upstream { observer, .. }) = self;
+        observer.observe(&NodeEvent::Served {
+            entry: ctx.entry,
+            key: ctx.key,
+            path_and_query: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+        });
+        match self {
+            App::Builtin {
+                sessions, slowdown, ..
+            } => {
+                if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
+                    match ms.parse::<u64>() {
+                        Ok(ms) if ms <= MAX_DELAY_MS => {
+                            let factor = u64::from(slowdown.load(Ordering::Relaxed).max(1));
+                            tokio::time::sleep(Duration::from_millis(ms * factor)).await;
+                        }
+                        _ => {
+                            return Ok(text(
+                                StatusCode::BAD_REQUEST,
+                                "want /delay/<ms> with ms <= 60000\n",
+                            ));
+                        }
+                    }
+                }
+                Ok(builtin(req, ctx, sessions))
+            }
+            // Boxed: rustc lays an awaited future out inside the one that
+            // awaits it, so the pooled exchange (about 3.8 KB) made every
+            // future above it that large, the built-in app's included, and
+            // each was copied whole when moved (into a spawned task, into
+            // hyper's dispatcher). One allocation per upstream exchange
+            // instead (docs/performance.md, "The sixth pass").
+            App::Upstream { base, pool, .. } => Box::pin(upstream(base, pool, req, ctx)).await,
+        }
+    }
+}
+
+/// Where `peerlb app` listens: a TCP listener or a Unix domain socket.
+pub enum AppListener {
+    /// TCP (`--listen 127.0.0.1:9001`).
+    Tcp(tokio::net::TcpListener),
+    /// A Unix domain socket (`--listen unix:/path.sock`).
+    Unix(tokio::net::UnixListener),
+}
+
+/// Serves the built-in demo app alone over plain HTTP/1.1 on `listener`
+/// (keep-alive, `TCP_NODELAY` over TCP), with no cluster, gossip or peer
+/// link: `peerlb app`, the backend of the side-by-side benchmark (bench/)
+/// and the tests' app on a Unix socket. Every request is answered as if
+/// node `name` were both entry and owner; a client on a Unix socket is
+/// reported as `0.0.0.0:0` (it has no IP address). Runs until the listener
+/// fails for good; a failed accept is logged and retried.
+pub async fn serve_standalone(listener: AppListener, name: String) {
+    use tracing::warn;
+
+    let app = Arc::new(App::new(&AppKind::Builtin));
+    let name: Arc<str> = name.into();
+    loop {
+        let accepted = match &listener {
+            AppListener::Tcp(l) => l.accept().await.map(|(stream, client)| {
+                let _ = stream.set_nodelay(true);
+                spawn_standalone(stream, client, app.clone(), name.clone());
+            }),
+            AppListener::Unix(l) => l.accept().await.map(|(stream, _)| {
+                let client = SocketAddr::from(([0, 0, 0, 0], 0));
+                spawn_standalone(stream, client, app.clone(), name.clone());
+            }),
+        };
+        if let Err(e) = accepted {
+            warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Serves one connection of [`serve_standalone`].
+fn spawn_standalone<S>(stream: S, client: SocketAddr, app: Arc<App>, name: Arc<str>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+
+    let svc = service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        let (app, name) = (app.clone(), name.clone());
+        let upgrade = tunnel::wants_websocket(req.method(), req.version(), req.headers())
+            .then(|| hyper::upgrade::on(&mut req));
+        async move {
+            let ctx = ServeCtx {
+                node: &name,
+                entry: &name,
+                key: None,
+                client,
+                tls: None,
+            };
+            let mut resp = app
+                .serve(req.map(body::from_incoming), ctx)
+                .await
+                .unwrap_or_else(|e| text_owned(StatusCode::BAD_GATEWAY, e.to_string()));
+            // The echo's 101: its tunnel is relayed to the client's
+            // connection once hyper hands that over.
+            if let (Some(on), Some(t)) = (upgrade, resp.extensions_mut().remove::<Tunnel>()) {
+                tokio::spawn(async move {
+                    if let (Ok(client), Ok(mut app)) = (on.await, t.open().await) {
+                        let mut client = TokioIo::new(client);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut app).await;
+                    }
+                });
+            }
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = hyper::server::conn::http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades()
+            .await
+        {
+            tracing::debug!(error = %e, %client, "app connection ended with an error");
+        }
+    });
+}
+
+fn text_owned(status: StatusCode, msg: String) -> Response<Body> {
+    let mut r = Response::new(body::full(msg));
+    *r.status_mut() = status;
+    r
+}
+
+fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Response<Body> {
+    let path = req.uri().path();
+    if path == websocket::PATH {
+        return websocket::answer(&req);
+    }
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        return match n.parse::<u64>() {
+            Ok(n) if n <= MAX_BYTES_BODY => bytes_response(n),
+            _ => text(
+                StatusCode::BAD_REQUEST,
+                "want /bytes/<n> with n <= 1073741824\n",
+            ),
+        };
+    }
+    if path == "/echo" {
+        let len = req.headers().get(header::CONTENT_LENGTH).cloned();
+        let mut resp = Response::new(req.into_body());
+        if let Some(len) = len {
+            resp.headers_mut().insert(header::CONTENT_LENGTH, len);
+        }
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        return resp;
+    }
+    let mut info = serde_json::json!({
+        "node": ctx.node,
+        "entry": ctx.entry,
+        "proxied": ctx.node != ctx.entry,
+        "method": req.method().as_str(),
+        "path": path,
+        "key": ctx.key,
+        "client": ctx.client.to_string(),
+        // The request id the entry gave the request (`access.rs`).
+        "request_id": req
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok()),
+        "proto": if ctx.tls.is_some() { "https" } else { "http" },
+        "sni": ctx.tls.and_then(|t| t.sni.as_deref()),
+        "tls_version": ctx.tls.map(|t| t.version_name()),
+        // Marks the node uses itself; a client must never be able to set them (H4).
+        "peerlb_headers": req
+            .headers()
+            .keys()
+            .filter(|k| k.as_str().starts_with("peerlb-"))
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>(),
+    });
+    let mut resp = Response::builder().header(header::CONTENT_TYPE, "application/json");
+    if path == "/session" {
+        let id = format!(
+            "{}-{}",
+            ctx.node,
+            sessions.fetch_add(1, Ordering::Relaxed) + 1
+        );
+        resp = resp.header(header::SET_COOKIE, format!("session={id}; Path=/"));
+        info["session"] = id.into();
+    }
+    let mut text = info.to_string();
+    text.push('\n');
+    resp.body(body::full(text))
+        .expect("static response parts are valid")
+}
+
+fn text(status: StatusCode, msg: &'static str) -> Response<Body> {
+    let mut r = Response::new(body::full(Bytes::from_static(msg.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// Chunk size of `/bytes/<n>` bodies.
+const CHUNK: usize = 64 * 1024;
+
+/// The `/bytes/<n>` pattern: byte `i` of every chunk is `i % 251`. Built
+/// at compile time, so a response costs no allocation or fill.
+static PATTERN: [u8; CHUNK] = {
+    let mut a = [0u8; CHUNK];
+    let mut i = 0;
+    while i < CHUNK {
+        a[i] = (i % 251) as u8;
+        i += 1;
+    }
+    a
+};
+
+/// `n` bytes of a repeating pattern, streamed in 64 KiB chunks.
+fn bytes_response(n: u64) -> Response<Body> {
+    let pattern = Bytes::from_static(&PATTERN);
+    let mut left = n;
+    let stream = std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        let take = left.min(CHUNK as u64) as usize;
+        left -= take as u64;
+        Some(Ok::<_, BodyError>(http_body::Frame::data(
+            pattern.slice(..take),
+        )))
+    });
+    let body = http_body_util::StreamBody::new(IterStream(stream));
+    let mut r = Response::new(body.boxed_unsync());
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    r
+}
+
+/// An iterator as a (always ready) stream, so a generated body is polled
+/// lazily chunk by chunk instead of being built whole.
+struct IterStream<I>(I);
+
+impl<I: Iterator + Unpin> futures_core::Stream for IterStream<I> {
+    type Item = I::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<I::Item>> {
+        std::task::Poll::Ready(self.0.next())
+    }
+}
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Removes the hop-by-hop headers (RFC 9110 7.6.1): the fixed list and
+/// every header the `Connection` header names. One pass over the (usually
+/// few) names first: when none is hop-by-hop (`Connection` included),
+/// there is nothing to look up.
+fn strip_hop_by_hop(h: &mut http::HeaderMap) {
+    if !h.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+        return;
+    }
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for n in named {
+        h.remove(n.as_str());
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}
+
+async fn upstream(
+    base: &str,
+    pool: &Upstream,
+    req: Request<Body>,
+    ctx: ServeCtx<'_>,
+) -> Result<Response<Body>, AppError> {
+    let (mut parts, body) = req.into_parts();
+    // Origin-form: the pool's connection already names the app.
+    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        parts.uri = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
+            .into();
+    }
+    // A WebSocket opening keeps its upgrade (the only hop-by-hop fields
+    // that reach the app): the app's 101 becomes a tunnel.
+    let websocket =
+        crate::adapters::tunnel::wants_websocket(&parts.method, parts.version, &parts.headers)
+            .then(|| parts.headers.get(header::UPGRADE).cloned())
+            .flatten();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(upgrade) = websocket {
+        set_upgrade(&mut parts.headers, upgrade);
+    }
+    // One combined line, the client's own address last.
+    crate::adapters::serve::forwarded::append_forwarded_for(&mut parts.headers, ctx.client.ip());
+    crate::adapters::serve::forwarded::set_forwarded_proto(
+        &mut parts.headers,
+        ctx.client.ip(),
+        ctx.tls.is_some(),
+    );
+    let resp = pool
+        .send(Request::from_parts(parts, body))
+        .await
+        .map_err(|source| AppError {
+            uri: base.to_owned(),
+            source,
+        })?;
+    let (mut parts, body) = resp.into_parts();
+    let upgrade = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.headers.get(header::UPGRADE).cloned())
+        .flatten();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(upgrade) = upgrade {
+        set_upgrade(&mut parts.headers, upgrade);
+    }
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Puts back `Connection: Upgrade` and `upgrade` as the `Upgrade` field.
+fn set_upgrade(h: &mut http::HeaderMap, upgrade: HeaderValue) {
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, upgrade);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> ServeCtx<'static> {
+        ServeCtx {
+            node: "n2",
+            entry: "n1",
+            key: Some("alice"),
+            client: "127.0.0.1:4000".parse().unwrap(),
+            tls: None,
+        }
+    }
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).body(body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn json_answer_names_node_entry_and_key() {
+        let app = App::new(&AppKind::Builtin);
+        let r = app.serve(get("/x?user=alice"), ctx()).await.unwrap();
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["node"], "n2");
+        assert_eq!(v["entry"], "n1");
+        assert_eq!(v["proxied"], true);
+        assert_eq!(v["key"], "alice");
+        assert_eq!(v["path"], "/x");
+    }
+
+    /// Records what it is told: (entry, key, path and query).
+    #[derive(Default)]
+    struct Served(std::sync::Mutex<Vec<(String, Option<String>, String)>>);
+
+    impl Observer for Served {
+        fn observe(&self, event: &NodeEvent<'_>) {
+            if let NodeEvent::Served {
+                entry,
+                key,
+                path_and_query,
+            } = *event
+            {
+                let mut g = self.0.lock().unwrap();
+                g.push((entry.into(), key.map(Into::into), path_and_query.into()));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn every_request_served_is_reported_to_the_observer() {
+        let seen = Arc::new(Served::default());
+        let app = App::new(&AppKind::Builtin).with_observer(seen.clone());
+        app.serve(get("/x?user=alice&r=c1-7"), ctx()).await.unwrap();
+        app.serve(get("/delay/abc"), ctx()).await.unwrap();
+        let got = seen.0.lock().unwrap().clone();
+        let alice = || (String::from("n1"), Some(String::from("alice")));
+        assert_eq!(
+            got,
+            vec![
+                (alice().0, alice().1, "/x?user=alice&r=c1-7".to_owned()),
+                (alice().0, alice().1, "/delay/abc".to_owned()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn session_sets_a_cookie_with_increasing_ids() {
+        let app = App::new(&AppKind::Builtin);
+        for n in 1..=2 {
+            let r = app.serve(get("/session"), ctx()).await.unwrap();
+            assert_eq!(
+                r.headers()[header::SET_COOKIE],
+                format!("session=n2-{n}; Path=/").as_str()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_streams_exactly_n_bytes_of_the_pattern() {
+        let app = App::new(&AppKind::Builtin);
+        let r = app.serve(get("/bytes/200000"), ctx()).await.unwrap();
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "200000");
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(b.len(), 200_000);
+        assert!(
+            b.iter()
+                .enumerate()
+                .all(|(i, &x)| x == ((i % (64 * 1024)) % 251) as u8)
+        );
+        let r = app.serve(get("/bytes/huge"), ctx()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_waits_then_answers_and_refuses_too_long() {
+        let app = App::new(&AppKind::Builtin);
+        let t0 = tokio::time::Instant::now();
+        let r = app.serve(get("/delay/1500"), ctx()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(t0.elapsed(), Duration::from_millis(1500));
+        let r = app.serve(get("/delay/60001"), ctx()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn echo_returns_the_body() {
+        let app = App::new(&AppKind::Builtin);
+        let req = Request::post("/echo")
+            .header(header::CONTENT_LENGTH, "5")
+            .body(body::full("hello"))
+            .unwrap();
+        let r = app.serve(req, ctx()).await.unwrap();
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "5");
+        assert_eq!(
+            &r.into_body().collect().await.unwrap().to_bytes()[..],
+            b"hello"
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
+    }
+
+    #[tokio::test]
+    async fn unreachable_upstream_is_an_app_error() {
+        // Port 9 on loopback: nothing listens (discard service is not run here).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let app = App::new(&AppKind::Upstream(crate::config::UpstreamApp {
+            addr: crate::config::AppAddr::Http(format!("http://{addr}").parse().unwrap()),
+            idle_timeout: Duration::from_secs(2),
+        }));
+        let e = app.serve(get("/"), ctx()).await.unwrap_err();
+        assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    }
+}

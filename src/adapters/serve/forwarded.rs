@@ -1,0 +1,180 @@
+//! The forwarding headers the serving node writes for the app:
+//! `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` (RFC 7239). The
+//! entry drops the client-sent ones first (`front/client_input.rs`,
+//! `headers.trust_client_forwarded`).
+
+use std::io::Write as _;
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+
+/// `X-Forwarded-For`: the client addresses a request came through, the
+/// client's own last ([`append_forwarded_for`]).
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// `X-Forwarded-Proto`: the scheme the client used, as peerlb tells the
+/// app (`http` or `https`); a client-sent one is dropped at the entry.
+pub(crate) const FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Adds the client address `ip` to `X-Forwarded-For` as one combined line
+/// (RFC 9110 section 5.3: a recipient may combine field lines into one,
+/// comma-separated, in order): a client-sent `X-Forwarded-For: 10.0.0.1`
+/// becomes `X-Forwarded-For: 10.0.0.1, 127.0.0.1`, so an app that reads only
+/// the first line still sees peerlb's entry last. The rightmost value is the
+/// one peerlb vouches for.
+pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr) {
+    // One allocation: the earlier values, then the address written in
+    // place (no intermediate string), handed to the header as is.
+    let mut combined: Vec<u8> = Vec::with_capacity(48);
+    for v in headers.get_all(&X_FORWARDED_FOR) {
+        let v = v.as_bytes().trim_ascii();
+        if v.is_empty() {
+            continue;
+        }
+        combined.extend_from_slice(v);
+        combined.extend_from_slice(b", ");
+    }
+    write_ip(&mut combined, ip);
+    // Made of header values and an IP address: always a valid value.
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+}
+
+/// Tells the app the scheme the client used: `X-Forwarded-Proto` set to
+/// `https` or `http` (replacing any value), and a `Forwarded` element
+/// (RFC 7239) `for=<client>;proto=<scheme>` appended as the last one, so
+/// an app reading the last element reads peerlb's (client-sent elements,
+/// when `headers.trust_client_forwarded` keeps them, come before it).
+pub(crate) fn set_forwarded_proto(headers: &mut HeaderMap, client: std::net::IpAddr, tls: bool) {
+    let proto = if tls { "https" } else { "http" };
+    headers.insert(FORWARDED_PROTO, HeaderValue::from_static(proto));
+    let mut combined: Vec<u8> = Vec::with_capacity(64);
+    for v in headers.get_all(header::FORWARDED) {
+        let v = v.as_bytes().trim_ascii();
+        if v.is_empty() {
+            continue;
+        }
+        combined.extend_from_slice(v);
+        combined.extend_from_slice(b", ");
+    }
+    // RFC 7239 section 6: an IPv6 address is bracketed and quoted.
+    match client.to_canonical() {
+        ip @ std::net::IpAddr::V4(_) => {
+            combined.extend_from_slice(b"for=");
+            write_ip(&mut combined, ip);
+        }
+        std::net::IpAddr::V6(ip) => {
+            write!(combined, "for=\"[{ip}]\"").expect("writing to a Vec does not fail")
+        }
+    }
+    combined.extend_from_slice(b";proto=");
+    combined.extend_from_slice(proto.as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(combined)) {
+        headers.insert(header::FORWARDED, v);
+    }
+}
+
+/// Appends `ip` as text (an IPv4 address digit by digit: `Display` goes
+/// through the formatter for each octet, several hundred instructions per
+/// address, on every request).
+fn write_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        std::net::IpAddr::V6(v6) => write!(out, "{v6}").expect("writing to a Vec does not fail"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_for_is_one_combined_line() {
+        let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, ip);
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_static("10.0.0.2, 10.0.0.3"),
+        );
+        append_forwarded_for(&mut h, ip);
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(
+            h["x-forwarded-for"],
+            "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"
+        );
+    }
+
+    #[test]
+    fn forwarded_names_the_client_and_scheme_last_rfc_7239() {
+        let mut h = HeaderMap::new();
+        set_forwarded_proto(&mut h, "127.0.0.1".parse().unwrap(), false);
+        assert_eq!(h[&FORWARDED_PROTO], "http");
+        assert_eq!(h[header::FORWARDED], "for=127.0.0.1;proto=http");
+        // Section 6: an IPv6 node is bracketed and quoted; a v4-mapped
+        // address is written as the IPv4 address it is.
+        let mut h = HeaderMap::new();
+        set_forwarded_proto(&mut h, "2001:db8::7".parse().unwrap(), true);
+        assert_eq!(h[&FORWARDED_PROTO], "https");
+        assert_eq!(h[header::FORWARDED], "for=\"[2001:db8::7]\";proto=https");
+        let mut h = HeaderMap::new();
+        set_forwarded_proto(&mut h, "::ffff:192.0.2.9".parse().unwrap(), false);
+        assert_eq!(h[header::FORWARDED], "for=192.0.2.9;proto=http");
+        // Elements already there (kept by trust_client_forwarded) come
+        // first, in one field; the scheme replaces the client's.
+        let mut h = HeaderMap::new();
+        h.append(
+            header::FORWARDED,
+            HeaderValue::from_static("for=198.51.100.1"),
+        );
+        h.append(header::FORWARDED, HeaderValue::from_static(" "));
+        h.insert(FORWARDED_PROTO, HeaderValue::from_static("gopher"));
+        set_forwarded_proto(&mut h, "127.0.0.1".parse().unwrap(), true);
+        assert_eq!(h.get_all(header::FORWARDED).iter().count(), 1);
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=198.51.100.1, for=127.0.0.1;proto=https"
+        );
+        assert_eq!(h[&FORWARDED_PROTO], "https");
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "127.0.0.1",
+            "255.255.255.255",
+            "198.51.100.7",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut out = Vec::new();
+            write_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string().into_bytes());
+        }
+        for o in 0..=255u8 {
+            let ip = std::net::IpAddr::from([o, 255 - o, o / 2, 0]);
+            let mut out = Vec::new();
+            write_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string().into_bytes());
+        }
+    }
+}

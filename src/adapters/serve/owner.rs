@@ -1,0 +1,146 @@
+//! The owner side of the request path: serving a request with the local
+//! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
+//! calls, never forwarded again: hop limit 1) or this node's own ingress
+//! is the first candidate. A peer's forwarded admin change (a state or
+//! weight change for this member) is answered by the admin API instead;
+//! and it relays the tunnels (WebSocket) of the proxied requests its app
+//! upgraded.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use http::{Request, Response};
+use tracing::debug;
+
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::body::Body;
+use crate::adapters::errors::RequestError;
+use crate::adapters::node_state::{NodeState, track_body};
+use crate::adapters::serve::app::{App, AppError, ServeCtx};
+use crate::adapters::serve::sip::SipApp;
+use crate::adapters::transport::peer::ProxiedHandler;
+use crate::adapters::tunnel::{BoxIo, Role, Tunnel};
+use crate::adapters::wire::RequestHeadView;
+
+/// The local app of one node, with the node state its serve times and
+/// counters go to.
+pub(crate) struct Owner {
+    state: Arc<NodeState>,
+    app: App,
+    sip: Arc<SipApp>,
+}
+
+impl Owner {
+    /// The owner side of the node whose state is `state`, serving with `app`.
+    pub(crate) fn new(state: Arc<NodeState>, app: App, sip: Arc<SipApp>) -> Owner {
+        Owner { state, app, sip }
+    }
+
+    /// Serves with the local app, adding its time to the response head to
+    /// the cumulative processing time of the load metric
+    /// ([`NodeState::observe_latency`]).
+    ///
+    /// # Errors
+    /// [`AppError`] when the upstream app fails before a response head.
+    pub(crate) async fn serve_app(
+        &self,
+        req: Request<Body>,
+        ctx: ServeCtx<'_>,
+    ) -> Result<Response<Body>, AppError> {
+        let start = tokio::time::Instant::now();
+        let r = self.app.serve(req, ctx).await;
+        self.state.observe_latency(start.elapsed());
+        r
+    }
+}
+
+impl ProxiedHandler for Owner {
+    fn node_id(&self) -> &str {
+        self.state.node_id()
+    }
+
+    fn accepting(&self) -> bool {
+        self.state.accepting()
+    }
+
+    async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
+        let start = tokio::time::Instant::now();
+        let method = req.method().clone();
+        let resp = self.serve_proxied(head, req).await;
+        crate::adapters::access::access_log(
+            self.state.node_id(),
+            "owner",
+            head.request_id,
+            head.entry,
+            self.state.node_id(),
+            resp.status().as_u16(),
+            start.elapsed(),
+            "proxied",
+            &method,
+        );
+        resp
+    }
+
+    async fn relay(&self, peer_side: BoxIo, app: Tunnel) {
+        match app.open().await {
+            Ok(app_io) => {
+                self.state.tunnels.run(Role::Owner, peer_side, app_io).await;
+            }
+            Err(e) => debug!(target: REQUEST_PATH, error = %e, "app side of a tunnel failed"),
+        }
+    }
+}
+
+impl Owner {
+    /// Serves a proxied request with the local app (hop limit 1).
+    async fn serve_proxied(
+        &self,
+        head: &RequestHeadView<'_>,
+        req: Request<Body>,
+    ) -> Response<Body> {
+        let state = &self.state;
+        // An admin change a peer's admin API forwarded (only a peer can
+        // send the header: entries strip client-sent `peerlb-*` headers).
+        if head
+            .headers
+            .iter()
+            .any(|&(k, _)| k == crate::adapters::ops::admin::members::ADMIN_HEADER)
+        {
+            return crate::adapters::ops::admin::members::answer_peer(state, head, req.into_body())
+                .await;
+        }
+        if head
+            .headers
+            .iter()
+            .any(|&(k, _)| k == crate::adapters::wire::SIP)
+        {
+            state.metrics.count_proxied_in();
+            let _inflight = state.enter_proxied();
+            return self.sip.serve_proxied(req.into_body()).await;
+        }
+        state.metrics.count_proxied_in();
+        let inflight = state.enter_proxied();
+        if let Some(k) = head.hash_key {
+            let view = state.view();
+            if view.ring().owner(k).is_some_and(|o| o != state.node_id()) {
+                state
+                    .counters
+                    .proxied_disagree
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, key = %k, "proxied request for a key this node's view gives to another owner: serving it (hop limit 1)");
+            }
+        }
+        state.counters.served_local.fetch_add(1, Ordering::Relaxed);
+        let ctx = ServeCtx {
+            node: state.node_id(),
+            entry: head.entry,
+            key: head.hash_key,
+            client: head.client,
+            tls: head.tls.as_ref(),
+        };
+        match self.serve_app(req, ctx).await {
+            Ok(r) => track_body(r, None, inflight),
+            Err(e) => state.failed(RequestError::App(e)),
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The owner's side of SIP: the built-in demo server ([`SipApp`]), with
+//! the dialogs it established, or a relay to an upstream SIP server
+//! (`sip_app = "udp:<ip>:<port>"`, [`upstream`]). The entry side (the
+//! listeners, routing and forwarding) is `front/sip.rs`.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+use http::Response;
+use http_body_util::BodyExt as _;
+
+use crate::adapters::body::{self, Body};
+use crate::engine::node_id::NodeId;
+use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage};
+
+mod upstream;
+
+pub(crate) use upstream::SipUpstream;
+
+/// The SIP server of one node: the built-in demo server (`engine::sip`
+/// `uas`), with the dialogs it established, or a relay to an upstream SIP
+/// server (`sip_app`).
+pub(crate) struct SipApp {
+    node: NodeId,
+    contact: String,
+    dialogs: Mutex<DialogTable>,
+    upstream: Option<SipUpstream>,
+}
+
+impl SipApp {
+    /// The demo server of node `node`; its `Contact` names `sip_addr`
+    /// (`<node>.invalid` on a node with no SIP listener).
+    pub(crate) fn new(node: NodeId, sip_addr: Option<SocketAddr>) -> SipApp {
+        let contact = sip_addr.map_or_else(|| format!("{node}.invalid"), |a| a.to_string());
+        SipApp {
+            node,
+            contact,
+            dialogs: Mutex::new(DialogTable::default()),
+            upstream: None,
+        }
+    }
+
+    /// The same node relaying every request to `upstream` instead of
+    /// answering it with the demo server.
+    pub(crate) fn with_upstream(mut self, upstream: Option<SipUpstream>) -> SipApp {
+        self.upstream = upstream;
+        self
+    }
+
+    /// The upstream SIP server, when `sip_app` names one.
+    pub(crate) fn upstream(&self) -> Option<&SipUpstream> {
+        self.upstream.as_ref()
+    }
+
+    /// The answers to `req`, in order (none for `ACK` or a response): the
+    /// demo server's, or the upstream's (`SipUpstream::transact`).
+    pub(crate) async fn answer(&self, req: &SipMessage) -> Vec<SipMessage> {
+        if let Some(up) = &self.upstream {
+            return up.transact(req, self.node.as_str()).await;
+        }
+        let mut dialogs = self.dialogs.lock().expect("dialog table lock");
+        sipmsg::serve_uas(req, &self.node, &self.contact, &mut dialogs)
+    }
+
+    /// Serves a SIP request a peer forwarded (`wire::SIP`): the body is
+    /// the SIP message; the answer is `200` with the SIP responses one
+    /// after the other, or `400` (no body) when the body is not a SIP
+    /// request.
+    pub(crate) async fn serve_proxied(&self, body: Body) -> Response<Body> {
+        let status = |s: u16| {
+            let mut r = Response::new(body::empty());
+            *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
+            r
+        };
+        let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE)
+            .collect()
+            .await
+        else {
+            return status(400);
+        };
+        let req = match sipmsg::parse(&bytes.to_bytes()) {
+            Ok(m) if m.method().is_some() => m,
+            _ => return status(400),
+        };
+        let mut out = Vec::new();
+        for a in self.answer(&req).await {
+            out.extend_from_slice(&a.to_bytes());
+        }
+        let len = out.len();
+        let mut r = Response::new(body::full(out));
+        r.headers_mut()
+            .insert(http::header::CONTENT_LENGTH, len.into());
+        r
+    }
+}

@@ -1,0 +1,508 @@
+//! The owner's relay to an upstream SIP server over UDP (`sip_app =
+//! "udp:<ip>:<port>"`): one client transaction per request, all on one
+//! ephemeral UDP socket per node, connected to the upstream (so the kernel
+//! delivers only the upstream's datagrams and a closed port shows as a
+//! refused receive), bound on the first request. One reader task hands
+//! each answer to its transaction by the top `Via`'s branch and the
+//! `CSeq` method. One socket, because a UAS may answer every request of a
+//! dialog at the address its first request came from (SIPp's `uas` does).
+//!
+//! A request the upstream sends (the callee's BYE or re-INVITE) arrives
+//! on that socket too, since a UAS such as SIPp's sends it where the
+//! dialog's requests came from; one that reaches a SIP listener from the
+//! upstream's address is taken the same way (`SipEntry`). Either is
+//! relayed toward the caller ([`SipUpstream::relay_from_upstream`]): a
+//! client transaction on an ephemeral socket connected to the caller's
+//! target, whose answers go back to the upstream. What to send, when to
+//! resend and what to relay is decided by `engine::sip::upstream`; this
+//! file only sends and waits (tokio time).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio::sync::{OnceCell, mpsc, watch};
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::adapters::REQUEST_PATH;
+use crate::engine::sip::upstream::{self as up, Received};
+use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage};
+
+/// The answers of a transaction in flight, once it ends (`None` until
+/// then).
+type Outcome = watch::Receiver<Option<Arc<Vec<SipMessage>>>>;
+
+/// An upstream SIP server, how long a transaction with it may take, and
+/// the transactions in flight.
+#[derive(Debug)]
+pub(crate) struct SipUpstream {
+    addr: SocketAddr,
+    timeout: Duration,
+    /// Keyed by (owner branch, method): a CANCEL shares its INVITE's
+    /// branch but is a transaction of its own (RFC 3261 9.1).
+    inflight: Mutex<BTreeMap<(String, String), Outcome>>,
+    /// The node's socket toward the upstream, bound on first use.
+    socket: OnceCell<Arc<UdpSocket>>,
+    /// Transactions waiting for answers, by (owner branch, method).
+    waiting: Arc<Waiting>,
+    /// The relay of the requests the upstream sends.
+    callee: Arc<CalleeRelay>,
+}
+
+/// Requests the upstream sent that are being relayed toward the caller
+/// at most at once; more are dropped (the upstream retransmits).
+const MAX_CALLEE_INFLIGHT: usize = 1_000;
+
+/// The relay of requests from the upstream toward the caller, and the
+/// ones in flight by (owner branch, method): a retransmission of one in
+/// flight is absorbed (RFC 3261 17.2: the server transaction answers it
+/// once the answer exists).
+#[derive(Debug)]
+struct CalleeRelay {
+    node: String,
+    inflight: Mutex<BTreeSet<(String, String)>>,
+}
+
+/// What the reader task hands a transaction.
+enum Datagram {
+    /// An answer whose top `Via` carries the transaction's branch.
+    Answer(SipMessage),
+    /// The socket reported an error (the upstream's port is closed).
+    Failed,
+}
+
+type Waiting = Mutex<BTreeMap<(String, String), mpsc::UnboundedSender<Datagram>>>;
+
+impl SipUpstream {
+    /// The server at `addr` (UDP) of node `node`; a request it has not
+    /// answered finally within `timeout` is answered `408` by the owner.
+    pub(crate) fn new(addr: SocketAddr, timeout: Duration, node: &str) -> SipUpstream {
+        SipUpstream {
+            addr,
+            timeout,
+            inflight: Mutex::new(BTreeMap::new()),
+            socket: OnceCell::new(),
+            waiting: Arc::new(Mutex::new(BTreeMap::new())),
+            callee: Arc::new(CalleeRelay {
+                node: node.to_owned(),
+                inflight: Mutex::new(BTreeSet::new()),
+            }),
+        }
+    }
+
+    /// The upstream's address (`sip_app`).
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Relays `req`, a request the upstream sent, toward the caller and
+    /// hands every answer for the upstream to `emit`, in order (see
+    /// `CalleeRelay::relay`).
+    pub(crate) async fn relay_from_upstream(
+        &self,
+        req: SipMessage,
+        emit: &(dyn Fn(&SipMessage) + Send + Sync),
+    ) {
+        self.callee.relay(req, emit).await;
+    }
+
+    /// The node's socket toward the upstream; the first call binds it and
+    /// starts its reader task.
+    async fn socket(&self) -> std::io::Result<Arc<UdpSocket>> {
+        let s = self
+            .socket
+            .get_or_try_init(|| async {
+                let s = Arc::new(connected(self.addr).await?);
+                tokio::spawn(read_answers(
+                    s.clone(),
+                    self.waiting.clone(),
+                    self.callee.clone(),
+                ));
+                Ok::<_, std::io::Error>(s)
+            })
+            .await?;
+        Ok(s.clone())
+    }
+
+    /// [`Self::exchange`], except that a request whose transaction is
+    /// already in flight (a client's retransmission: same owner branch and
+    /// method) starts no second one: it waits for that transaction and
+    /// gets the same answers (the client absorbs the duplicates, 17.1.3).
+    /// So at most one transaction waits under a (branch, method) key of
+    /// `waiting`, where a second would take the first one's answers. An
+    /// `ACK` is always sent.
+    pub(crate) async fn transact(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
+        let method = req.method().unwrap_or("");
+        if method == "ACK" {
+            return self.exchange(req, node).await;
+        }
+        let key = (up::branch(req, node), method.to_owned());
+        let waiting = {
+            let mut map = self.inflight.lock().expect("inflight lock");
+            match map.get(&key) {
+                Some(rx) => Err(rx.clone()),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    map.insert(key.clone(), rx);
+                    Ok(tx)
+                }
+            }
+        };
+        match waiting {
+            Err(mut rx) => match rx.wait_for(Option::is_some).await {
+                Ok(answers) => answers.as_deref().cloned().unwrap_or_default(),
+                // The first one was dropped unfinished: the client resends.
+                Err(_) => Vec::new(),
+            },
+            Ok(tx) => {
+                let _entry = InflightEntry {
+                    map: &self.inflight,
+                    key,
+                };
+                let answers = self.exchange(req, node).await;
+                let _ = tx.send(Some(Arc::new(answers.clone())));
+                answers
+            }
+        }
+    }
+
+    /// Sends `req` upstream as node `node` and returns the answers to
+    /// relay, in order, the owner's `Via` removed: every provisional
+    /// answer but `100`, then the final one. An `ACK` is sent once and
+    /// has none. Without a final answer within the timeout: `408 Request
+    /// Timeout` (RFC 3261 16.7 step 1, 16.8); a transport error (the port
+    /// is closed, the socket fails): `503 Service Unavailable` (16.9).
+    /// Either generated answer carries `Peerlb-Served-By: <node>`.
+    async fn exchange(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
+        let branch = up::branch(req, node);
+        let generated = |status: u16, reason: &str| {
+            let tag = &branch[branch.len() - 8..];
+            let mut r = req.response(status, reason, Some(tag));
+            r.headers
+                .push((sipmsg::SERVED_BY.to_owned(), node.to_owned()));
+            r
+        };
+        let method = req.method().unwrap_or("");
+        let (invite, ack) = (method == "INVITE", method == "ACK");
+        let socket = match self.socket().await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream socket failed");
+                return if ack {
+                    Vec::new()
+                } else {
+                    vec![generated(503, "Service Unavailable")]
+                };
+            }
+        };
+        let Ok(local) = socket.local_addr() else {
+            return if ack {
+                Vec::new()
+            } else {
+                vec![generated(503, "Service Unavailable")]
+            };
+        };
+        let sent = up::upstream_request(req, local, &branch);
+        let bytes = sent.to_bytes();
+        // Registered before the first send, so that no answer (nor the
+        // error of a closed port) can come before the transaction waits.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _registered = (!ack).then(|| {
+            let key = (branch.clone(), method.to_owned());
+            self.waiting
+                .lock()
+                .expect("waiting lock")
+                .insert(key.clone(), tx);
+            Registered {
+                map: &self.waiting,
+                key,
+            }
+        });
+        let mut answers = Vec::new();
+        if let Err(e) = socket.send(&bytes).await {
+            debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream send failed");
+            if !ack {
+                answers.push(generated(503, "Service Unavailable"));
+            }
+            return answers;
+        }
+        if ack {
+            return answers;
+        }
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let mut transmissions = 1;
+        let mut resend = Some(start + up::retransmit_interval(invite, 1));
+        loop {
+            let wake = resend.map_or(deadline, |r| r.min(deadline));
+            let got = tokio::select! {
+                r = rx.recv() => Some(r.unwrap_or(Datagram::Failed)),
+                _ = tokio::time::sleep_until(wake) => None,
+            };
+            match got {
+                None if Instant::now() >= deadline => {
+                    debug!(target: REQUEST_PATH, upstream = %self.addr, "sip upstream gave no final answer in time");
+                    answers.push(generated(408, "Request Timeout"));
+                    return answers;
+                }
+                None => {
+                    // A lost datagram is resent (RFC 3261 17.1.1.2, 17.1.2.2).
+                    let _ = socket.send(&bytes).await;
+                    transmissions += 1;
+                    resend = Some(Instant::now() + up::retransmit_interval(invite, transmissions));
+                }
+                Some(Datagram::Failed) => {
+                    debug!(target: REQUEST_PATH, upstream = %self.addr, "sip upstream transport error");
+                    answers.push(generated(503, "Service Unavailable"));
+                    return answers;
+                }
+                Some(Datagram::Answer(msg)) => match up::receive(msg, &branch) {
+                    Received::Ignore => {}
+                    Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
+                    Received::Provisional(m) => {
+                        resend = (!invite).then(|| Instant::now() + up::T2);
+                        answers.push(up::relayed_answer(m, method, node));
+                    }
+                    Received::Final(m) => {
+                        if let Some(a) = up::owner_ack(&sent, &m) {
+                            let _ = socket.send(&a.to_bytes()).await;
+                        }
+                        answers.push(up::relayed_answer(m, method, node));
+                        return answers;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Reads the upstream's datagrams on `socket` for as long as the node
+/// runs: an answer goes to the transaction its top `Via` branch and `CSeq`
+/// method name (anything else is dropped), a request to `callee` (its
+/// answers go back on `socket`); a socket error goes to every waiting
+/// transaction.
+async fn read_answers(socket: Arc<UdpSocket>, waiting: Arc<Waiting>, callee: Arc<CalleeRelay>) {
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    loop {
+        match socket.recv(&mut buf).await {
+            Ok(n) => {
+                let Ok(msg) = sipmsg::parse(&buf[..n]) else {
+                    continue;
+                };
+                if msg.method().is_some() {
+                    let (socket, callee) = (socket.clone(), callee.clone());
+                    tokio::spawn(async move {
+                        let emit = move |m: &SipMessage| {
+                            let _ = socket.try_send(&m.to_bytes());
+                        };
+                        callee.relay(msg, &emit).await;
+                    });
+                    continue;
+                }
+                let key = match (msg.top_via().and_then(|v| v.param("branch")), msg.cseq()) {
+                    (Some(b), Some((_, m))) => (b.to_owned(), m.to_owned()),
+                    _ => continue,
+                };
+                let map = waiting.lock().expect("waiting lock");
+                if let Some(tx) = map.get(&key) {
+                    let _ = tx.send(Datagram::Answer(msg));
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, "sip upstream socket error");
+                for tx in waiting.lock().expect("waiting lock").values() {
+                    let _ = tx.send(Datagram::Failed);
+                }
+            }
+        }
+    }
+}
+
+impl CalleeRelay {
+    /// Relays `req`, sent by the upstream, toward the caller as a
+    /// transaction-stateful proxy (RFC 3261 16): `engine::sip::upstream`
+    /// `callee_request` prepares it (or refuses it: the refusal goes to
+    /// `emit`); an INVITE is answered `100 Trying` at once (17.2.1); the
+    /// request goes out from an ephemeral socket connected to the target,
+    /// with the owner's `Via` naming that socket, and is resent on Timer
+    /// A/E; the answers on that socket whose top `Via` has the owner's
+    /// branch and whose `CSeq` method is the request's lose that `Via` and
+    /// go to `emit` (`100` excepted) until the final one; a non-2xx final
+    /// answer to an INVITE is ACKed by the owner (17.1.1.3). No final
+    /// answer within Timer B (32 s): `408`; the caller's port closed or
+    /// the socket failing: `503`. An ACK is sent once, unanswered.
+    async fn relay(&self, req: SipMessage, emit: &(dyn Fn(&SipMessage) + Send + Sync)) {
+        let method = req.method().unwrap_or("").to_owned();
+        let (ack, invite) = (method == "ACK", method == "INVITE");
+        let (out, to) = match up::callee_request(&req, &self.node) {
+            Ok(x) => x,
+            Err(refusal) => {
+                if let Some(r) = refusal {
+                    emit(&r);
+                }
+                return;
+            }
+        };
+        let branch = up::callee_branch(&req, &self.node);
+        let _inflight = if ack {
+            None
+        } else {
+            let key = (branch.clone(), method.clone());
+            let mut set = self.inflight.lock().expect("callee inflight lock");
+            if set.contains(&key) || set.len() >= MAX_CALLEE_INFLIGHT {
+                return;
+            }
+            set.insert(key.clone());
+            Some(CalleeEntry {
+                set: &self.inflight,
+                key,
+            })
+        };
+        let generated = |status: u16, reason: &str| {
+            let mut r = req.response(status, reason, None);
+            r.headers
+                .push((sipmsg::SERVED_BY.to_owned(), self.node.clone()));
+            r
+        };
+        if invite {
+            emit(&req.response(100, "Trying", None));
+        }
+        let sock = match connected(to).await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: no socket");
+                if !ack {
+                    emit(&generated(503, "Service Unavailable"));
+                }
+                return;
+            }
+        };
+        let Ok(local) = sock.local_addr() else {
+            if !ack {
+                emit(&generated(503, "Service Unavailable"));
+            }
+            return;
+        };
+        let sent = up::with_via(out, local, &branch);
+        let bytes = sent.to_bytes();
+        if let Err(e) = sock.send(&bytes).await {
+            debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: send failed");
+            if !ack {
+                emit(&generated(503, "Service Unavailable"));
+            }
+            return;
+        }
+        if ack {
+            return;
+        }
+        let start = Instant::now();
+        let deadline = start + up::TIMER_B;
+        let mut transmissions = 1;
+        let mut resend = Some(start + up::retransmit_interval(invite, 1));
+        let mut buf = vec![0u8; MAX_MESSAGE + 1];
+        loop {
+            let wake = resend.map_or(deadline, |r| r.min(deadline));
+            let got = tokio::select! {
+                r = sock.recv(&mut buf) => Some(r),
+                _ = tokio::time::sleep_until(wake) => None,
+            };
+            match got {
+                None if Instant::now() >= deadline => {
+                    debug!(target: REQUEST_PATH, %to, "sip relay to the caller: no final answer in time");
+                    emit(&generated(408, "Request Timeout"));
+                    return;
+                }
+                None => {
+                    let _ = sock.send(&bytes).await;
+                    transmissions += 1;
+                    resend = Some(Instant::now() + up::retransmit_interval(invite, transmissions));
+                }
+                Some(Err(e)) => {
+                    debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: transport error");
+                    emit(&generated(503, "Service Unavailable"));
+                    return;
+                }
+                Some(Ok(n)) => {
+                    let Ok(msg) = sipmsg::parse(&buf[..n]) else {
+                        continue;
+                    };
+                    if msg.cseq().map(|(_, m)| m) != Some(method.as_str()) {
+                        continue;
+                    }
+                    match up::receive(msg, &branch) {
+                        Received::Ignore => {}
+                        Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
+                        Received::Provisional(m) => {
+                            resend = (!invite).then(|| Instant::now() + up::T2);
+                            emit(&m);
+                        }
+                        Received::Final(m) => {
+                            if let Some(a) = up::owner_ack(&sent, &m) {
+                                let _ = sock.send(&a.to_bytes()).await;
+                            }
+                            emit(&m);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A relayed request's place in `CalleeRelay::inflight`, removed when its
+/// transaction ends.
+struct CalleeEntry<'a> {
+    set: &'a Mutex<BTreeSet<(String, String)>>,
+    key: (String, String),
+}
+
+impl Drop for CalleeEntry<'_> {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .expect("callee inflight lock")
+            .remove(&self.key);
+    }
+}
+
+/// A transaction's place in `SipUpstream::waiting`, removed when it ends
+/// or is dropped unfinished.
+struct Registered<'a> {
+    map: &'a Waiting,
+    key: (String, String),
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.map.lock().expect("waiting lock").remove(&self.key);
+    }
+}
+
+/// A transaction's place in `SipUpstream::inflight`, removed when the
+/// transaction ends or is dropped unfinished.
+struct InflightEntry<'a> {
+    map: &'a Mutex<BTreeMap<(String, String), Outcome>>,
+    key: (String, String),
+}
+
+impl Drop for InflightEntry<'_> {
+    fn drop(&mut self) {
+        self.map.lock().expect("inflight lock").remove(&self.key);
+    }
+}
+
+/// A UDP socket on an ephemeral port, connected to `to`.
+async fn connected(to: SocketAddr) -> std::io::Result<UdpSocket> {
+    let any: SocketAddr = if to.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let s = UdpSocket::bind(any).await?;
+    s.connect(to).await?;
+    Ok(s)
+}

@@ -1,0 +1,462 @@
+//! The connection pool to a node's upstream app: HTTP/1.1 keep-alive
+//! connections over TCP or a Unix domain socket, one request at a time
+//! each, kept for reuse once a response body has been read to its end.
+//!
+//! A leaner path than `hyper_util`'s legacy client (no per-request pool
+//! key, connector service, checkout channel or URI rebuilding): idle
+//! connections are a LIFO stack (the most recently used, warmest, first),
+//! and a connection goes back on it when the response body it carried
+//! ends. docs/performance.md gives the effect.
+//!
+//! Stale connections (the app closed a keep-alive connection while it sat
+//! idle here, or right after its last response without saying so):
+//!
+//! - an idle connection older than the pool's idle time
+//!   (`limits.upstream_idle_timeout_ms`, default 2 s: below the 5 s that
+//!   uvicorn, Node.js and Apache keep an idle connection) is closed, not
+//!   reused;
+//! - a request that a reused connection could not even start is retried
+//!   once per idle connection, then on a new one: hyper hands such a
+//!   request back untouched
+//!   ([`hyper::client::conn::http1::SendRequest::try_send_request`]), so
+//!   nothing is sent twice;
+//! - a request sent on a reused connection that the app closed or reset
+//!   before any response head is sent again once, on a new connection,
+//!   when the engine's replay rules allow sending it again after it may
+//!   have been processed ([`ReplayPlan::after`] with [`Failure::Lost`]: no
+//!   body or a small buffered one, and an idempotent method). Anything
+//!   else gets the error (a 502).
+//!
+//! The app's response framing is checked before it goes further: a
+//! `Content-Length` beside a `Transfer-Encoding` is removed (RFC 9112
+//! section 6.3: the transfer coding decides the length), and a
+//! `101 Switching Protocols` is an error unless the request asked for a
+//! WebSocket: such a request goes on a connection of its own, which a
+//! `101` hands to the tunnel ([`crate::adapters::tunnel`]).
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, Version, header};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
+
+use crate::adapters::body::{self, Body, BodyError};
+use crate::adapters::tunnel::{self, Tunnel};
+use crate::config::AppAddr;
+use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+
+/// Longest wait for a connection to the app.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Most idle connections kept; more are closed when their response ends.
+const MAX_IDLE: usize = 256;
+
+/// Why the app could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// The connection failed (for a Unix socket: no such file, not a
+    /// socket, or nothing listening on it).
+    #[error("connecting: {0}")]
+    Connect(std::io::Error),
+    /// No connection within [`CONNECT_TIMEOUT`].
+    #[error("connecting: no answer within {} s", CONNECT_TIMEOUT.as_secs())]
+    ConnectTimeout,
+    /// The HTTP/1.1 connection could not be set up, or failed before a
+    /// response head.
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    /// The request's body failed while it was read to be kept for a
+    /// resend (the client's or the peer stream's fault, not the app's).
+    #[error("request body: {0}")]
+    RequestBody(#[source] BodyError),
+    /// The request's body, kept for a resend, is longer than its
+    /// `Content-Length` said (hyper refuses to send such a body too).
+    #[error("request body longer than its content-length")]
+    RequestBodyTooLong,
+    /// The app answered `101 Switching Protocols` to a request that asked
+    /// for no upgrade (peerlb removes `Upgrade` from every request but a
+    /// WebSocket's): a broken app; the connection is closed.
+    #[error("answered 101 Switching Protocols to a request that asked for no upgrade")]
+    SwitchingProtocols,
+}
+
+/// Where the app listens, ready to connect to.
+enum Target {
+    /// A TCP host (an IP literal or a name) and port.
+    Tcp { host: String, port: u16 },
+    /// A Unix domain socket.
+    Unix(PathBuf),
+}
+
+/// A pool of HTTP/1.1 connections to one app.
+pub(crate) struct Upstream {
+    target: Target,
+    authority: HeaderValue,
+    idle: Arc<Idle>,
+}
+
+/// The idle connections, most recently returned last, and how long one
+/// may stay idle.
+struct Idle {
+    conns: Mutex<Vec<(SendRequest<Body>, Instant)>>,
+    timeout: Duration,
+}
+
+impl Idle {
+    /// The most recently returned live connection that has been idle less
+    /// than the timeout; older ones are closed (dropped).
+    fn take(&self) -> Option<SendRequest<Body>> {
+        let now = Instant::now();
+        let mut idle = self.conns.lock().expect("upstream pool lock");
+        while let Some((sender, since)) = idle.pop() {
+            if !sender.is_closed() && now.saturating_duration_since(since) < self.timeout {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn put(&self, sender: SendRequest<Body>) {
+        if sender.is_closed() || self.timeout.is_zero() {
+            return;
+        }
+        // One clock read for the whole call.
+        let now = Instant::now();
+        let mut idle = self.conns.lock().expect("upstream pool lock");
+        // The oldest are first: close those past the idle time, so a quiet
+        // pool does not hold connections the app has given up on.
+        let stale = idle
+            .iter()
+            .take_while(|(s, since)| {
+                s.is_closed() || now.saturating_duration_since(*since) >= self.timeout
+            })
+            .count();
+        idle.drain(..stale);
+        if idle.len() < MAX_IDLE {
+            idle.push((sender, now));
+        }
+    }
+}
+
+/// True when `e`, from a request on a reused connection, says the app
+/// closed or reset the connection before any response head: the request
+/// may not have been read at all (the app closed the idle connection as it
+/// was sent), and was certainly not answered.
+fn never_answered(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        cause = c.source();
+    }
+    false
+}
+
+impl Upstream {
+    /// A pool for the app at `addr` (`http://host:port` as config
+    /// validation leaves it: scheme `http`, a host, a port or 80; or a
+    /// Unix socket path) whose idle connections are closed after
+    /// `idle_timeout` (zero: never reused). Does no I/O: connections open
+    /// on first use.
+    pub(crate) fn new(addr: &AppAddr, idle_timeout: Duration) -> Upstream {
+        let (target, authority) = match addr {
+            AppAddr::Http(base) => {
+                let host = base.host().unwrap_or("127.0.0.1");
+                let authority = base
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                    .unwrap_or_else(|| HeaderValue::from_static("localhost"));
+                let target = Target::Tcp {
+                    // `[::1]` in a URI is `::1` to connect to.
+                    host: host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                    port: base.port_u16().unwrap_or(80),
+                };
+                (target, authority)
+            }
+            // A socket has no authority: `localhost`, as nginx and curl
+            // send to one.
+            AppAddr::Unix(path) => (
+                Target::Unix(path.clone()),
+                HeaderValue::from_static("localhost"),
+            ),
+        };
+        Upstream {
+            target,
+            authority,
+            idle: Arc::new(Idle {
+                conns: Mutex::default(),
+                timeout: idle_timeout,
+            }),
+        }
+    }
+
+    /// Sends `req` (origin-form target, the client's headers) to the app and
+    /// returns its response, whose body streams from the app; the
+    /// connection is reused once that body has been read to its end. Adds
+    /// a `Host` header (the app's authority) when the request has none,
+    /// and always speaks HTTP/1.1 to the app. A request the app never
+    /// answered on a reused connection is sent again as the module doc
+    /// says. A response with both `Content-Length` and `Transfer-Encoding`
+    /// loses its `Content-Length`.
+    ///
+    /// # Errors
+    /// [`UpstreamError`] when no connection could be made, the app failed
+    /// or closed the connection before a response head, answered 101, or
+    /// the request body kept for a resend failed.
+    pub(crate) async fn send(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+        let (mut parts, body) = req.into_parts();
+        parts.version = Version::HTTP_11;
+        if !parts.headers.contains_key(header::HOST) {
+            parts.headers.insert(header::HOST, self.authority.clone());
+        }
+        if tunnel::wants_websocket(&parts.method, parts.version, &parts.headers) {
+            return self.send_upgrade(Request::from_parts(parts, body)).await;
+        }
+        // The engine's replay rules: may the request be sent again after
+        // the app may have read it, and how is its body kept?
+        let plan = ReplayPlan::new(
+            &parts.method,
+            body.is_end_stream(),
+            parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok()),
+        );
+        let resendable = plan.after(Failure::Lost) == AfterFailure::NextCandidate;
+        // The head and body kept for a resend, and the first attempt. A
+        // copy of the head is made only for a request that may be resent.
+        let (kept, mut req) = match plan.body() {
+            BodyPlan::Empty if resendable => {
+                let kept = (parts, Bytes::new());
+                let first = rebuild(&kept);
+                (Some(kept), first)
+            }
+            BodyPlan::Buffer if resendable => {
+                let kept = (parts, buffer(body).await?);
+                let first = rebuild(&kept);
+                (Some(kept), first)
+            }
+            _ => (None, Request::from_parts(parts, body)),
+        };
+        let mut resent = false;
+        loop {
+            let (mut sender, reused) = match (resent, self.idle.take()) {
+                (false, Some(s)) => (s, true),
+                _ => (self.connect().await?, false),
+            };
+            if let Err(e) = sender.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            match sender.try_send_request(req).await {
+                Ok(resp) => return self.response(resp, sender),
+                Err(mut e) => match (e.take_message(), &kept) {
+                    // Never started on a connection the app had closed:
+                    // try the next one.
+                    (Some(r), _) if reused => req = r,
+                    (None, Some(k)) if reused && never_answered(e.error()) => {
+                        tracing::debug!(error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
+                        resent = true;
+                        req = rebuild(k);
+                    }
+                    _ => return Err(e.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// The app's response, its framing checked, with a body that puts
+    /// `sender`'s connection back in the pool once read to its end.
+    fn response(
+        &self,
+        resp: Response<Incoming>,
+        sender: SendRequest<Body>,
+    ) -> Result<Response<Body>, UpstreamError> {
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // The connection now speaks something else: dropped with
+            // `sender`, never pooled.
+            return Err(UpstreamError::SwitchingProtocols);
+        }
+        let (mut parts, body) = resp.into_parts();
+        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        let body = Pooled {
+            body,
+            ended: false,
+            sender: Some(sender),
+            idle: Arc::clone(&self.idle),
+        };
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(BodyError::Upstream).boxed_unsync(),
+        ))
+    }
+
+    /// Sends a WebSocket request on a new connection of its own (never
+    /// pooled: it becomes the tunnel's app side). A `101` answer carries
+    /// the connection being upgraded as a [`Tunnel`] in its extensions,
+    /// with an empty body; any other answer is returned as the app sent
+    /// it.
+    async fn send_upgrade(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
+        let mut sender = self.connect_for(true).await?;
+        sender.ready().await?;
+        let mut resp = sender.send_request(req).await?;
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let on = hyper::upgrade::on(&mut resp);
+            let (mut parts, _) = resp.into_parts();
+            parts.extensions.insert(Tunnel::hyper(on));
+            return Ok(Response::from_parts(parts, body::empty()));
+        }
+        let (mut parts, body) = resp.into_parts();
+        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(BodyError::Upstream).boxed_unsync(),
+        ))
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
+        self.connect_for(false).await
+    }
+
+    /// A new connection; `upgrades`: one that may be upgraded (a
+    /// WebSocket's).
+    async fn connect_for(&self, upgrades: bool) -> Result<SendRequest<Body>, UpstreamError> {
+        let connecting = async {
+            match &self.target {
+                Target::Tcp { host, port } => {
+                    let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                        .await
+                        .map_err(UpstreamError::Connect)?;
+                    let _ = stream.set_nodelay(true);
+                    handshake(stream, upgrades).await
+                }
+                Target::Unix(path) => {
+                    let stream = tokio::net::UnixStream::connect(path)
+                        .await
+                        .map_err(UpstreamError::Connect)?;
+                    handshake(stream, upgrades).await
+                }
+            }
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout)?
+    }
+}
+
+/// Sets up HTTP/1.1 on a new connection and spawns its driver (one that
+/// hands the connection over on a `101` when `upgrades`).
+async fn handshake<S>(stream: S, upgrades: bool) -> Result<SendRequest<Body>, UpstreamError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let r = if upgrades {
+            conn.with_upgrades().await
+        } else {
+            conn.await
+        };
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "upstream app connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// A request from a kept head and body.
+fn rebuild((parts, body): &(http::request::Parts, Bytes)) -> Request<Body> {
+    let body = if body.is_empty() {
+        body::empty()
+    } else {
+        body::full(body.clone())
+    };
+    Request::from_parts(parts.clone(), body)
+}
+
+/// Reads a request body the replay plan keeps (at most [`REPLAY_LIMIT`]
+/// bytes: its `Content-Length` said so).
+async fn buffer(body: Body) -> Result<Bytes, UpstreamError> {
+    let limited = http_body_util::Limited::new(body, REPLAY_LIMIT as usize);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => Err(match e.downcast::<BodyError>() {
+            Ok(b) => UpstreamError::RequestBody(*b),
+            Err(_) => UpstreamError::RequestBodyTooLong,
+        }),
+    }
+}
+
+/// A response body from the app that puts its connection back in the pool
+/// when it has been read to its end (and closes it when dropped earlier).
+struct Pooled {
+    body: Incoming,
+    ended: bool,
+    sender: Option<SendRequest<Body>>,
+    idle: Arc<Idle>,
+}
+
+impl HttpBody for Pooled {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = r {
+            self.ended = true;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if (self.ended || self.body.is_end_stream())
+            && let Some(sender) = self.sender.take()
+        {
+            self.idle.put(sender);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

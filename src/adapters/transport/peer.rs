@@ -1,0 +1,797 @@
+//! The peer layer: one quinn endpoint per node, serving proxied requests
+//! from peers and forwarding this node's requests to their owners.
+//!
+//! - One QUIC connection in use per unordered peer pair, carrying requests
+//!   both ways (ALPN `peerlb/2`, mutual TLS with the cluster CA); liveness
+//!   pings only while a connection is busy, so a quiet cluster sends
+//!   nothing on the peer layer (see [`links`]).
+//! - With a node of an older release (ALPN `peerlb/1`, negotiated when it
+//!   offers nothing else, or when this node is configured with
+//!   `peer.protocol = 1`), the previous protocol: each node opens streams
+//!   only on the connection it dialled and serves streams only on the one
+//!   it accepted, so a pair holds two connections (see [`links`]).
+//! - The set of peers that proved their identity and were not ejected
+//!   since is published on a watch channel: a peer is routable only while
+//!   it is in that set, so a connection lost while busy ejects it at once
+//!   (no waiting for gossip) and a new connection takes it back.
+//! - One bidirectional stream per request (see [`crate::adapters::wire`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response};
+use http_body::Body as _;
+use tracing::{Instrument, debug, debug_span, info_span, warn};
+
+use crate::adapters::body::{self, Body, QuicBody};
+use crate::adapters::transport::tls::{self, TlsMaterial};
+use crate::adapters::tunnel::{BoxIo, Tunnel};
+use crate::adapters::wire::{self, RequestHeadView, ResponseHead};
+use crate::config::PeerSettings;
+use crate::engine::node_id::NodeId;
+
+mod admission;
+mod dial;
+mod links;
+pub(crate) mod udp;
+
+use links::Link;
+pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
+
+/// Errors setting up the endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerSetupError {
+    /// The TLS material could not be turned into QUIC configs.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The UDP socket could not be used by quinn.
+    #[error("peer endpoint: {0}")]
+    Endpoint(std::io::Error),
+}
+
+/// A forward that failed before any byte of the request reached the owner:
+/// always safe to retry on the next candidate.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    /// No live authenticated connection to that peer right now.
+    #[error("no connection to peer {0}")]
+    NotConnected(NodeId),
+    /// Opening a stream failed (connection lost, or timed out waiting for
+    /// stream credit).
+    #[error("cannot open a stream to peer {peer}: {reason}")]
+    Stream {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A forward that failed after the request head was sent: the owner may
+/// have processed it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExchangeError {
+    /// The owner refused the stream before processing it (shutting down):
+    /// safe to retry.
+    #[error("peer {0} refused the request")]
+    Refused(NodeId),
+    /// The connection or stream failed before the response head.
+    #[error("peer {peer}: {reason}")]
+    Failed {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: String,
+    },
+    /// No response head within the response timeout.
+    #[error("peer {0} sent no response head in time")]
+    Timeout(NodeId),
+    /// The client's request body failed (malformed, cut off, stalled)
+    /// before the response head arrived; the stream was reset.
+    #[error("{0}")]
+    ClientBody(body::BodyError),
+}
+
+/// Serves requests that peers forward to this node.
+pub(crate) trait ProxiedHandler: Send + Sync + 'static {
+    /// This node's id (the `served_by` of every response head).
+    fn node_id(&self) -> &str;
+    /// False once the node is shutting down: new streams are refused with
+    /// [`wire::RESET_REFUSED`] before they are processed, so the entry may
+    /// retry them elsewhere.
+    fn accepting(&self) -> bool;
+    /// Serves one proxied request (never forwarded again: hop limit 1).
+    fn serve(
+        &self,
+        head: &RequestHeadView<'_>,
+        req: Request<Body>,
+    ) -> impl std::future::Future<Output = Response<Body>> + Send;
+    /// Relays a tunnel: `peer_side` (the request's stream, after both
+    /// heads) and the app's side `app` (from the app's 101), until it ends.
+    fn relay(&self, peer_side: BoxIo, app: Tunnel) -> impl std::future::Future<Output = ()> + Send;
+}
+
+fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    // No QUIC keep-alive: the link keeper pings only while busy. A node
+    // speaking only `peerlb/1` keeps every connection alive, as releases
+    // before one connection per pair did.
+    t.keep_alive_interval(s.only_v1.then_some(s.keep_alive));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(links::quic_idle_timeout(s))
+            .expect("idle timeout fits a QUIC varint"),
+    ));
+    t.datagram_receive_buffer_size(Some(links::DATAGRAM_BUFFER));
+    t.max_concurrent_bidi_streams(FIRST_STREAMS.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    // Path MTU discovery above Ethernet size: a bulk body then takes
+    // about 4x fewer packets where the path allows it (loopback, jumbo
+    // LANs), and each packet costs quinn about the same work whatever its
+    // size. A path with a 1500-byte MTU stays at 1452 (discovery just
+    // stops there); quinn documents any upper bound as safe.
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(s.max_udp_payload.min(MAX_UDP_PAYLOAD));
+    t.mtu_discovery_config(Some(mtu));
+    t.ack_frequency_config(Some(ack_frequency()));
+    Arc::new(t)
+}
+
+/// How often the peer acknowledges: after [`ACK_ELICITING_THRESHOLD`] + 1
+/// ack-eliciting packets at the latest (QUIC's default is every second
+/// one), else within its `max_ack_delay` (25 ms). Requests and responses
+/// carry each other's ACKs, so under load an owner that received two
+/// requests no longer sends an ACK-only datagram before its answers, which
+/// carry it anyway (draft-ietf-quic-ack-frequency; quinn negotiates it,
+/// and a peer without it keeps acknowledging every second packet).
+fn ack_frequency() -> quinn::AckFrequencyConfig {
+    let mut a = quinn::AckFrequencyConfig::default();
+    a.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
+    a
+}
+
+/// Ack-eliciting packets a peer may receive without acknowledging at once.
+const ACK_ELICITING_THRESHOLD: u32 = 9;
+
+/// Streams a peer may open at once on a new connection; [`serve_connection`]
+/// doubles the allowance whenever half of it is in use, up to
+/// [`MAX_STREAMS`]. quinn keeps an entry for every stream a peer may open
+/// (two hash maps of the allowance's size per connection, made at the
+/// handshake): 4,096 at once cost about 280 KB per connection, which a
+/// node holds toward every peer it talked to in the last few seconds
+/// (280 MB at 1,000 peers), and a handshake's time to fill them.
+const FIRST_STREAMS: u32 = 64;
+
+/// Most streams a peer may open at once on one connection (past it a
+/// request waits for a stream, at most `limits.connect_timeout_ms`).
+const MAX_STREAMS: u32 = 4096;
+
+/// Largest UDP payload a node accepts, and the most `peer.max_udp_payload`
+/// lets it send (after MTU discovery).
+///
+/// quinn sends up to 10 packets in one GSO batch (`MAX_TRANSMIT_SEGMENTS`
+/// in quinn 0.11), and a batch must fit one UDP datagram (65,507 bytes):
+/// above 6,550 the kernel refuses whole batches (EMSGSIZE), quinn counts
+/// them lost, and its black-hole detection drops the path to 1,200 bytes
+/// for 10 minutes. quinn's receive buffers grow linearly with this value.
+const MAX_UDP_PAYLOAD: u16 = 6500;
+
+/// Builds the endpoint on `socket` (bound by the caller; DESIGN: constructors
+/// never bind), driven by `runtime`. `seed` seeds quinn's endpoint RNG;
+/// `clock` dates its address-validation tokens.
+///
+/// # Errors
+/// [`PeerSetupError`] when the TLS material does not make valid configs or
+/// the socket cannot be used.
+pub(crate) fn endpoint(
+    socket: Arc<dyn quinn::AsyncUdpSocket>,
+    runtime: Arc<dyn quinn::Runtime>,
+    tls_material: &TlsMaterial,
+    settings: &PeerSettings,
+    seed: u64,
+    clock: Arc<dyn crate::seam::Clock>,
+) -> Result<(quinn::Endpoint, quinn::ClientConfig), PeerSetupError> {
+    let (mut server_tls, mut client_tls) = (
+        tls::server_config(tls_material)?,
+        tls::client_config(tls_material)?,
+    );
+    if settings.only_v1 {
+        server_tls.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
+        client_tls.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
+    }
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(server_tls)
+            .map_err(|error| tls::TlsError::Quic { error })?,
+    ));
+    server.transport_config(transport(settings));
+    server.time_source(Arc::new(crate::seam::ClockAdapter(clock)));
+    admission::limit_server(&mut server);
+    let mut client = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(client_tls)
+            .map_err(|error| tls::TlsError::Quic { error })?,
+    ));
+    client.transport_config(transport(settings));
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .expect("MAX_UDP_PAYLOAD is within QUIC's limits");
+    let mut rng_seed = [0u8; 32];
+    for (i, chunk) in rng_seed.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(
+            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
+    }
+    config.rng_seed(Some(rng_seed));
+    let ep = quinn::Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)
+        .map_err(PeerSetupError::Endpoint)?;
+    Ok((ep, client))
+}
+
+/// Sends one request on an opened stream and waits for the response head.
+/// `head` is the encoded request head frame ([`wire::encode`] of a
+/// [`wire::RequestHead`] or [`wire::RequestHeadRef`]), made once per request and
+/// shared by every attempt.
+///
+/// The request body streams in a task of its own, so a large upload and
+/// the response flow at the same time.
+///
+/// # Errors
+/// [`ExchangeError`]; the owner may have processed the request unless it
+/// is [`ExchangeError::Refused`].
+pub(crate) async fn exchange(
+    peer: &NodeId,
+    stream: PeerStream,
+    head: Bytes,
+    body: Body,
+    timeout: Duration,
+) -> Result<(ResponseHead, PeerBody), ExchangeError> {
+    let PeerStream {
+        mut send,
+        mut recv,
+        busy,
+    } = stream;
+    let failed = |reason: String| ExchangeError::Failed {
+        peer: peer.clone(),
+        reason,
+    };
+    send.write_chunk(head)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    // Told when the client's own body fails while it is pumped (no channel
+    // for a request without a body).
+    let client_failure = if body.is_end_stream() {
+        let _ = send.finish();
+        None
+    } else {
+        let (client_failed, client_failure) = tokio::sync::oneshot::channel::<body::BodyError>();
+        tokio::spawn(async move {
+            match body::pump(body, &mut send).await {
+                Ok(_) => {}
+                Err(body::PumpError::Source(
+                    e @ (body::BodyError::Client(_) | body::BodyError::ClientTimeout(_)),
+                )) => {
+                    debug!(error = %e, "client request body failed: stream reset");
+                    let _ = client_failed.send(e);
+                }
+                Err(e) => debug!(error = %e, "request body to peer stopped"),
+            }
+        });
+        Some(client_failure)
+    };
+    let read = async {
+        // A client body failure before the head is a bad request; a pump
+        // that ended otherwise (the sender dropped) changes nothing.
+        let client_body = async {
+            match client_failure {
+                Some(rx) => match rx.await {
+                    Ok(why) => why,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let resp = async {
+            read_head::<ResponseHead>(&mut recv)
+                .await
+                .map_err(|e| response_head_error(peer, e))
+        };
+        tokio::select! {
+            biased;
+            why = client_body => Err(ExchangeError::ClientBody(why)),
+            resp = resp => resp,
+        }
+    };
+    let resp = tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
+    let len = content_length(&resp);
+    Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
+}
+
+/// The exchange error of a response head that could not be read.
+fn response_head_error(peer: &NodeId, e: HeadError) -> ExchangeError {
+    match e {
+        HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
+            if code.into_inner() == u64::from(wire::RESET_REFUSED) =>
+        {
+            ExchangeError::Refused(peer.clone())
+        }
+        e => ExchangeError::Failed {
+            peer: peer.clone(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+fn content_length(head: &ResponseHead) -> Option<u64> {
+    head.headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
+}
+
+/// What an owner answered to a tunnel request.
+pub(crate) enum TunnelAnswer {
+    /// `101`: the stream is the tunnel now (both directions raw bytes).
+    Tunnel(BoxIo),
+    /// Any other status: an ordinary response body.
+    Body(PeerBody),
+}
+
+/// Sends a tunnel request (a WebSocket upgrade, marked [`wire::TUNNEL`] in
+/// `head`; no body) on an opened stream and waits for the response head:
+/// on `101` the stream itself is the tunnel's owner side, else the entry
+/// ends its direction and the response body follows as in [`exchange`].
+/// See the tunnel section of [`crate::adapters::wire`].
+///
+/// # Errors
+/// As [`exchange`] (no client body can fail: there is none).
+pub(crate) async fn exchange_tunnel(
+    peer: &NodeId,
+    stream: PeerStream,
+    head: Bytes,
+    timeout: Duration,
+) -> Result<(ResponseHead, TunnelAnswer), ExchangeError> {
+    let PeerStream {
+        mut send,
+        mut recv,
+        busy,
+    } = stream;
+    send.write_chunk(head)
+        .await
+        .map_err(|e| ExchangeError::Failed {
+            peer: peer.clone(),
+            reason: e.to_string(),
+        })?;
+    let resp = tokio::time::timeout(timeout, read_head::<ResponseHead>(&mut recv))
+        .await
+        .map_err(|_| ExchangeError::Timeout(peer.clone()))?
+        .map_err(|e| response_head_error(peer, e))?;
+    if resp.status == http::StatusCode::SWITCHING_PROTOCOLS.as_u16() {
+        let io = StreamTunnel {
+            io: tokio::io::join(recv, send),
+            _busy: Some(busy),
+        };
+        return Ok((resp, TunnelAnswer::Tunnel(Box::new(io))));
+    }
+    let _ = send.finish();
+    let len = content_length(&resp);
+    Ok((
+        resp,
+        TunnelAnswer::Body(PeerBody::new(QuicBody::new(recv, len), busy)),
+    ))
+}
+
+/// A request stream as a tunnel's byte stream: reads from the peer,
+/// writes to it, and its end of writes is the stream's FIN. Holds its
+/// connection busy (liveness checks on) while open, at the entry.
+struct StreamTunnel {
+    io: tokio::io::Join<quinn::RecvStream, quinn::SendStream>,
+    _busy: Option<links::Busy>,
+}
+
+impl tokio::io::AsyncRead for StreamTunnel {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for StreamTunnel {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Ends a stream whose request head could not be read or decoded: that
+/// stream only, never the connection.
+fn refuse_bad_head(e: &HeadError, send: &mut quinn::SendStream, recv: &mut quinn::RecvStream) {
+    match e {
+        // The entry gave up on the request before its head was read (the
+        // client's body broke at once): nothing of ours went wrong.
+        HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
+            if code.into_inner() == u64::from(wire::RESET_BODY_FAILED) =>
+        {
+            debug!("peer abandoned a request before its head was read");
+            let _ = send.reset(wire::RESET_BODY_FAILED.into());
+        }
+        e => {
+            warn!(error = %e, "bad request frame from peer: closing that stream");
+            let _ = recv.stop(wire::RESET_BAD_FRAME.into());
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+        }
+    }
+}
+
+/// Polls `recv` once (never waits); true when nothing was there yet. The
+/// usual answer is the FIN; bytes or an error after a head that announced
+/// no body are dropped with the stream.
+async fn nothing_read_yet(recv: &mut quinn::RecvStream) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(body::poll_chunk(recv, cx).is_pending())).await
+}
+
+#[derive(Debug, thiserror::Error)]
+enum HeadError {
+    #[error("reading head: {0}")]
+    Read(#[from] quinn::ReadExactError),
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+}
+
+async fn read_head<T: serde::de::DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+) -> Result<T, HeadError> {
+    Ok(wire::decode(&read_frame(recv).await?)?)
+}
+
+/// Reads one length-prefixed head frame's bytes (after the prefix).
+async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Vec<u8>, HeadError> {
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await?;
+    let len = wire::head_len(prefix)?;
+    let mut buf = vec![0u8; len];
+    recv.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+/// Turns a response head from a peer into an HTTP response with `body`.
+/// Header lines that are not valid HTTP are dropped (and logged).
+pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let h = resp.headers_mut();
+    for (k, v) in head.headers {
+        // The value's bytes become the header's without a copy.
+        match (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_maybe_shared(Bytes::from(v)),
+        ) {
+            (Ok(k), Ok(v)) => {
+                h.append(k, v);
+            }
+            _ => warn!(header = %k, "dropping invalid header from peer"),
+        }
+    }
+    resp
+}
+
+/// Serves peers: every connection in `links` (accepted, or dialled by
+/// this node) has the streams the peer opens on it served by `handler`.
+/// Sets that up at once; the future accepts connections until the
+/// endpoint is closed, each recorded under the node id its client
+/// certificate proves.
+pub(crate) fn serve<H: ProxiedHandler>(
+    links: Arc<PeerLinks>,
+    handler: Arc<H>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // Weak: the handler holds the links, which hold this function (a
+    // cycle would keep the endpoint and its socket alive for ever).
+    let handler = Arc::downgrade(&handler);
+    links.set_server(Arc::new(
+        move |peer: NodeId, conn: quinn::Connection, link: Arc<Link>| {
+            let Some(handler) = handler.upgrade() else {
+                return;
+            };
+            let remote = conn.remote_address();
+            tokio::spawn(
+                serve_connection(conn, peer, link, handler)
+                    .instrument(info_span!("peer_conn", %remote)),
+            );
+        },
+    ));
+    async move {
+        let half_open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        while let Some(incoming) = links.endpoint().accept().await {
+            // Admission before authentication: a cap on half-open
+            // handshakes, address validation (Retry) when they pile up.
+            let n = half_open.load(std::sync::atomic::Ordering::Relaxed);
+            match admission::admit(n, incoming.remote_address_validated(), incoming.may_retry()) {
+                admission::Admit::Accept => {}
+                admission::Admit::Retry => {
+                    let _ = incoming.retry();
+                    continue;
+                }
+                admission::Admit::Ignore => {
+                    incoming.ignore();
+                    continue;
+                }
+            }
+            let pending = admission::HalfOpen::start(&half_open);
+            let links = links.clone();
+            let remote = incoming.remote_address();
+            tokio::spawn(
+                async move {
+                    let r = incoming.await;
+                    drop(pending);
+                    match r {
+                        Ok(conn) => links.accepted(conn),
+                        Err(e) => debug!(error = %e, "peer handshake failed"),
+                    }
+                }
+                .instrument(info_span!("peer_conn", %remote)),
+            );
+        }
+    }
+}
+
+async fn serve_connection<H: ProxiedHandler>(
+    conn: quinn::Connection,
+    peer: NodeId,
+    link: Arc<Link>,
+    handler: Arc<H>,
+) {
+    // Streams the peer has open here, and how many it may open at once.
+    let open = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut allowed = FIRST_STREAMS;
+    loop {
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(reason = %e, "peer connection closed");
+                return;
+            }
+        };
+        let now_open = open.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if let Some(more) = more_streams(now_open, allowed) {
+            allowed = more;
+            conn.set_max_concurrent_bi_streams(allowed.into());
+            debug!(allowed, "peer stream allowance raised");
+        }
+        let busy = link.enter();
+        let handler = handler.clone();
+        let conn = conn.clone();
+        let peer = peer.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            serve_stream(conn, send, recv, handler, &peer).await;
+            drop(busy);
+            open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+}
+
+/// The peer's new stream allowance when `open` of `allowed` streams are
+/// open: double once half is used, up to [`MAX_STREAMS`]; `None` to keep
+/// it (it never shrinks).
+fn more_streams(open: u32, allowed: u32) -> Option<u32> {
+    (open * 2 >= allowed && allowed < MAX_STREAMS).then(|| (allowed * 2).min(MAX_STREAMS))
+}
+
+async fn serve_stream<H: ProxiedHandler>(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    handler: Arc<H>,
+    peer: &NodeId,
+) {
+    // The head is decoded in place: its strings borrow `frame`.
+    let frame = match read_frame(&mut recv).await {
+        Ok(f) => f,
+        Err(e) => return refuse_bad_head(&e, &mut send, &mut recv),
+    };
+    let head = match wire::decode_view::<RequestHeadView<'_>>(&frame) {
+        Ok(h) => h,
+        Err(e) => return refuse_bad_head(&HeadError::Wire(e), &mut send, &mut recv),
+    };
+    if !handler.accepting() {
+        debug!(entry = %head.entry, "refusing a proxied request: this node is shutting down");
+        let _ = recv.stop(wire::RESET_REFUSED.into());
+        let _ = send.reset(wire::RESET_REFUSED.into());
+        return;
+    }
+    // The connection's certificate proved `peer` at accept time; a head
+    // claiming another entry is refused with the whole connection.
+    if head.entry != &**peer {
+        warn!(claimed = %head.entry, proved = %peer, "peer certificate does not match the entry it claims: refusing the connection");
+        conn.close(2u32.into(), b"certificate does not match entry node id");
+        return;
+    }
+    let builder = Request::builder().method(head.method).uri(head.uri);
+    // The headers go into a map of their own, set on the request once it
+    // is built: through the builder, every header moved the whole request
+    // head. The first invalid header is the builder's error, as it was.
+    // The map starts with at least the 8 slots its first insert would
+    // make (the app path adds forwarding headers), at most 64 (a map's
+    // capacity has a ceiling a hostile head must not reach).
+    let mut headers = http::HeaderMap::with_capacity(head.headers.len().clamp(6, 64));
+    let mut bad_header: Option<http::Error> = None;
+    let mut len = None;
+    let mut chunked = false;
+    let mut tunnel = false;
+    for &(k, v) in &head.headers {
+        if k == wire::TUNNEL {
+            // peerlb's own mark: the app never sees it.
+            tunnel = true;
+            continue;
+        }
+        if k == "content-length" {
+            len = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+        } else if k == "transfer-encoding" {
+            chunked = true;
+        }
+        if bad_header.is_none() {
+            match (
+                http::HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_bytes(v),
+            ) {
+                (Ok(k), Ok(v)) => {
+                    headers.append(k, v);
+                }
+                (Err(e), _) => bad_header = Some(e.into()),
+                (_, Err(e)) => bad_header = Some(e.into()),
+            }
+        }
+    }
+    // A request with neither Content-Length nor Transfer-Encoding has no
+    // body (HTTP/1.1), and the entry sent the FIN with the head: take it
+    // now, so the app sees a known-empty body and the stream ends read to
+    // its end (no STOP_SENDING when it is dropped).
+    // A tunnel request has no body; its stream stays open for the tunnel.
+    let (body, tunnel_recv) = if tunnel {
+        (body::empty(), Some(recv))
+    } else if len.is_none() && !chunked && !nothing_read_yet(&mut recv).await {
+        (body::empty(), None)
+    } else {
+        (
+            http_body_util::BodyExt::boxed_unsync(QuicBody::new(recv, len)),
+            None,
+        )
+    };
+    let built = builder.body(body).and_then(|r| match bad_header {
+        Some(e) => Err(e),
+        None => Ok(r),
+    });
+    let req = match built {
+        Ok(mut r) => {
+            *r.headers_mut() = headers;
+            r
+        }
+        Err(e) => {
+            warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "bad request head from peer: closing that stream");
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+            return;
+        }
+    };
+    // Debug level, like the entry's `request` span (cost per request).
+    let span =
+        debug_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
+    let resp = handler.serve(&head, req).instrument(span).await;
+    let (mut parts, body) = resp.into_parts();
+    let app_tunnel = (parts.status == http::StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.extensions.remove::<Tunnel>())
+        .flatten();
+    // A body of known size keeps its length across the hop where hyper
+    // would have written it for the client on this node (`framing`), so
+    // the entry answers with Content-Length, not chunked, and invents none.
+    if let Some(n) = crate::adapters::framing::length_to_carry(
+        head.method,
+        parts.status,
+        &parts.headers,
+        body.is_end_stream(),
+        body.size_hint().exact(),
+    ) {
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    let rh = wire::ResponseHeadRef {
+        status: parts.status.as_u16(),
+        headers: &parts.headers,
+        served_by: handler.node_id(),
+    };
+    let frame = match wire::encode(&rh) {
+        Ok(f) => f,
+        Err(e) => {
+            warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "cannot encode response head");
+            let _ = send.reset(wire::RESET_BAD_FRAME.into());
+            return;
+        }
+    };
+    if send.write_chunk(Bytes::from(frame)).await.is_err() {
+        return;
+    }
+    if let (Some(app), Some(recv)) = (app_tunnel, tunnel_recv) {
+        let stream = StreamTunnel {
+            io: tokio::io::join(recv, send),
+            _busy: None,
+        };
+        // Boxed: a tunnel is rare, and its relay's future would
+        // otherwise make every stream's task as large as itself.
+        Box::pin(handler.relay(Box::new(stream), app)).await;
+        return;
+    }
+    if let Err(e) = body::pump(body, &mut send).await {
+        debug!(error = %e, "response body to peer stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stream_allowance_doubles_at_half_use_up_to_the_cap() {
+        assert_eq!(more_streams(1, FIRST_STREAMS), None);
+        assert_eq!(
+            more_streams(FIRST_STREAMS / 2, FIRST_STREAMS),
+            Some(2 * FIRST_STREAMS)
+        );
+        let mut allowed = FIRST_STREAMS;
+        for open in 1..=MAX_STREAMS {
+            if let Some(more) = more_streams(open, allowed) {
+                assert!(more > allowed);
+                allowed = more;
+            }
+            // Room for as many more again as are open, until the cap.
+            assert!(allowed >= (2 * open).min(MAX_STREAMS), "{open}: {allowed}");
+        }
+        assert_eq!(allowed, MAX_STREAMS);
+        assert_eq!(more_streams(MAX_STREAMS, MAX_STREAMS), None);
+    }
+
+    /// Both sides ask for the ACK frequency extension with the threshold:
+    /// without it, an owner acknowledges every second request at once in
+    /// ACK-only datagrams (docs/performance.md, third pass).
+    #[test]
+    fn transport_asks_peers_to_acknowledge_every_tenth_packet() {
+        let t = transport(&PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+            only_v1: false,
+            max_peers: 128,
+            max_udp_payload: 6500,
+            dial_on_demand: false,
+        });
+        let debug = format!("{t:?}");
+        let ack = &debug[debug
+            .find("ack_frequency_config: Some(")
+            .unwrap_or_else(|| panic!("no ACK frequency config: {debug}"))..];
+        assert!(
+            ack.contains(&format!(
+                "ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}"
+            )),
+            "{ack}"
+        );
+    }
+}

@@ -1,0 +1,1098 @@
+//! Connection management of the peer layer: one QUIC connection in use per
+//! unordered node pair, liveness that costs nothing while a pair is quiet.
+//!
+//! - **One connection per pair, both ways.** A connection carries requests
+//!   in both directions: the side that accepted it opens streams on it as
+//!   the side that dialled it does. A node dials a peer only when it has no
+//!   usable connection to it. When two connections to the same peer are
+//!   usable (both nodes dialled at once), both nodes pick the one dialled
+//!   by the smaller node id ([`dialler_wins`]) and open no new stream on
+//!   the other, which still serves the streams already on it and then
+//!   closes by itself once quiet. Nothing is closed under a stream, so no
+//!   request is lost or sent twice while the pair settles.
+//! - **Liveness only while busy.** While a connection has streams open, or
+//!   had one less than `idle_timeout` ago, a keeper task wakes every
+//!   `keep_alive`, sends a 1-byte QUIC DATAGRAM when nothing arrived since
+//!   its last wake, and closes the connection when nothing arrived for
+//!   `idle_timeout` (measured from the wake before the last packet seen, so
+//!   the peer is ejected within `idle_timeout` of its last packet). A quiet
+//!   connection sends nothing; QUIC's idle timeout (3 x `idle_timeout`)
+//!   closes it silently, and the first request after the quiet spell dials
+//!   again (one round trip). A connection is used for a new stream only
+//!   within half that QUIC timeout of its last ping, so both ends still
+//!   hold it.
+//! - **The previous protocol.** A connection that negotiated ALPN
+//!   `peerlb/1` (a node of a release before one connection per pair, or
+//!   one configured with `peer.protocol = 1`) works as that release did:
+//!   this node opens streams only on such a connection it dialled (usable
+//!   while open: the `peerlb/1` end keeps it alive with QUIC keep-alives,
+//!   so its idle timeout means the peer is gone) and serves streams only on
+//!   one it accepted (retired from the start; it does not make the peer
+//!   routable). Such a pair holds two connections.
+//! - **Routable set.** A peer is routable once a handshake proved its
+//!   identity (dialled or accepted), until it is ejected: its connection
+//!   was lost while busy, the peer closed it, or a dial failed. A
+//!   supervisor task per peer dials at first sight (the larger id first
+//!   waits a moment for the smaller's dial) and re-dials an ejected peer
+//!   with backoff. A dead quiet peer is removed by gossip's failure
+//!   detector; a request sent to it before that finds no usable
+//!   connection, its dial fails (not reached: the next candidate is tried)
+//!   or, on a connection quiet for less than half the QUIC idle timeout,
+//!   the keeper closes it within `idle_timeout` (maybe reached: replay
+//!   rules).
+//! - **Dialling on demand** (`peer.dial = "on_demand"`). A cluster of N
+//!   nodes forming at first sight makes N (N - 1) / 2 mutual TLS
+//!   handshakes, most of them for pairs that then fall quiet and close
+//!   (499,500 at 1,000 nodes). On demand, a member gossip announces is
+//!   routable at once, with no handshake, and the first request for it
+//!   dials it (one round trip more, as after any quiet spell); a dial that
+//!   fails ejects it (the request goes to the next candidate), and the
+//!   supervisor re-dials it as above. Identity is still proved by every
+//!   handshake; what is given up is proving it before the first request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::dial;
+use super::{OpenError, PeerSettings};
+use crate::adapters::body::{BodyError, QuicBody};
+use crate::adapters::cluster::pause::PauseWatch;
+use crate::adapters::transport::tls;
+use crate::engine::node_id::NodeId;
+use crate::seam::{NodeEvent, Observer};
+
+/// Application close code: the keeper heard nothing from a busy peer for
+/// `idle_timeout`.
+const CLOSE_SILENT: u32 = 3;
+
+/// The keeper's ping: one DATAGRAM frame (ack-eliciting, so the peer's ACK
+/// proves it alive). The receiver never reads it; quinn drops it once its
+/// small datagram buffer ([`DATAGRAM_BUFFER`]) is full.
+const PING: Bytes = Bytes::from_static(b"p");
+
+/// Bytes of received DATAGRAM frames a connection buffers (they are pings,
+/// never read).
+pub(super) const DATAGRAM_BUFFER: usize = 1024;
+
+/// True when the connection dialled by `dialler` is the one a pair keeps
+/// when both nodes dialled each other: the smaller node id's dial wins.
+/// Both nodes of the pair compute the same answer.
+pub(crate) fn dialler_wins(dialler: &NodeId, other: &NodeId) -> bool {
+    dialler < other
+}
+
+/// QUIC idle timeout of a peer connection: `idle_timeout` x 3. A busy
+/// connection's keeper closes it sooner; a quiet one ends after this.
+pub(super) fn quic_idle_timeout(s: &PeerSettings) -> Duration {
+    s.idle_timeout * 3
+}
+
+/// One QUIC connection to a peer.
+pub(super) struct Link {
+    conn: quinn::Connection,
+    /// Dialled by this node (else accepted from the peer).
+    dialled: bool,
+    /// Negotiated the previous protocol (ALPN `peerlb/1`): this node opens
+    /// streams on it only if it dialled it, serves them only if it
+    /// accepted it, and the peer keeps it alive (QUIC keep-alive).
+    legacy: bool,
+    established: Instant,
+    state: Mutex<LinkState>,
+    /// Told when the first stream opens on a quiet connection.
+    wake: Notify,
+}
+
+struct LinkState {
+    /// Streams open on it (opened or accepted by this node).
+    streams: u32,
+    /// When the last stream ended (or the connection was established).
+    last_busy: Instant,
+    /// This node opens no new stream on it (another connection won).
+    retired: bool,
+    /// The keeper closed it: the peer went silent while busy.
+    silent: bool,
+}
+
+impl Link {
+    /// Busy: streams open, or the last one ended less than `linger` ago.
+    fn busy(&self, now: Instant, linger: Duration) -> bool {
+        let s = self.state.lock().expect("link state lock");
+        s.streams > 0 || now < s.last_busy + linger
+    }
+
+    /// Usable for a new stream: open, not retired, and busy or quiet for
+    /// less than `usable` after its last ping.
+    /// A `peerlb/1` connection is usable while open: its ends keep it
+    /// alive.
+    fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
+        let s = self.state.lock().expect("link state lock");
+        self.conn.close_reason().is_none()
+            && !s.retired
+            && (self.legacy || s.streams > 0 || now < s.last_busy + linger + usable)
+    }
+
+    /// Marks a stream open on this connection until the [`Busy`] drops.
+    pub(super) fn enter(self: &Arc<Self>) -> Busy {
+        let first = {
+            let mut s = self.state.lock().expect("link state lock");
+            s.streams += 1;
+            s.streams == 1
+        };
+        if first {
+            self.wake.notify_one();
+        }
+        Busy(self.clone())
+    }
+}
+
+/// Holds a connection busy (its keeper pings) while a stream is open on it.
+pub(crate) struct Busy(Arc<Link>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().expect("link state lock");
+        s.streams = s.streams.saturating_sub(1);
+        s.last_busy = Instant::now();
+    }
+}
+
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Busy")
+            .field("connection", &self.0.conn.stable_id())
+            .finish()
+    }
+}
+
+/// A request stream opened by [`PeerLinks::open`]: the send and receive
+/// halves, and the hold that keeps its connection's liveness checks on.
+#[derive(Debug)]
+pub(crate) struct PeerStream {
+    /// Request direction.
+    pub(crate) send: quinn::SendStream,
+    /// Response direction.
+    pub(crate) recv: quinn::RecvStream,
+    /// Dropped with the response body.
+    pub(crate) busy: Busy,
+}
+
+/// A response body from a peer: a [`QuicBody`] that holds its connection
+/// busy until the body is dropped.
+pub(crate) struct PeerBody {
+    inner: QuicBody,
+    _busy: Busy,
+}
+
+impl PeerBody {
+    pub(super) fn new(inner: QuicBody, busy: Busy) -> PeerBody {
+        PeerBody { inner, _busy: busy }
+    }
+}
+
+impl http_body::Body for PeerBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+struct Slot {
+    /// The address gossip advertises now; dialled on the next dial.
+    addr: SocketAddr,
+    /// Open connections to this peer (usually one).
+    links: Vec<Arc<Link>>,
+    /// Proved its identity since it was last ejected (in the routable
+    /// set): a watch of its own, so the peer's supervisor wakes on this
+    /// peer's changes only, not on every peer's (a forming cluster of N
+    /// nodes changes the routable set N times on each node).
+    up: watch::Sender<bool>,
+    /// One dial at a time per peer.
+    dial: Arc<tokio::sync::Mutex<()>>,
+    /// Gossip names this peer and this node supervises it (false for a
+    /// peer that connected before gossip named it).
+    watched: bool,
+    /// The supervisor: started at first sight, or under `peer.dial =
+    /// "on_demand"` at the first ejection (none until then).
+    task: Option<JoinHandle<()>>,
+    /// The generation gossip advertises now.
+    generation: u64,
+    /// The (address, generation) the supervisor gave up on: it never
+    /// completed a handshake there in [`dial::GIVE_UP_AFTER`] attempts.
+    gave_up: Option<(SocketAddr, u64)>,
+}
+
+impl Slot {
+    fn new(addr: SocketAddr) -> Slot {
+        Slot {
+            addr,
+            links: Vec::new(),
+            up: watch::channel(false).0,
+            dial: Arc::new(tokio::sync::Mutex::new(())),
+            watched: false,
+            task: None,
+            generation: 0,
+            gave_up: None,
+        }
+    }
+}
+
+/// Connections to every known peer, and the set of routable peers.
+pub(crate) struct PeerLinks {
+    /// Told of every ejection and restore.
+    observer: Arc<dyn Observer>,
+    /// Holds failure decisions just after a pause of this node's own.
+    pause: Arc<PauseWatch>,
+    self_id: NodeId,
+    endpoint: quinn::Endpoint,
+    client: quinn::ClientConfig,
+    settings: PeerSettings,
+    slots: Mutex<BTreeMap<NodeId, Slot>>,
+    routable: watch::Sender<BTreeSet<NodeId>>,
+    /// Serves the streams a peer opens on a connection (dialled or
+    /// accepted); until it is set, connections wait in `unserved`.
+    server: Mutex<Server>,
+    /// Peers ejected from routing since start (a failed dial or a lost
+    /// connection), for the metrics.
+    ejections: std::sync::atomic::AtomicU64,
+}
+
+/// The peer links by state, read at a scrape (`metrics.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LinkCounts {
+    /// Connections with streams open, or whose last stream ended less than
+    /// the linger ago (the keeper pings them).
+    pub busy: u64,
+    /// Open connections that are quiet (no ping, nothing sent).
+    pub idle: u64,
+    /// Connections this node opens no new stream on (another won).
+    pub retired: u64,
+    /// Peers that proved their identity and were not ejected since.
+    pub peers_up: u64,
+    /// Peers gossip names that are not routable (ejected, or not yet
+    /// connected).
+    pub peers_down: u64,
+}
+
+/// Starts serving the streams a peer opens on one connection.
+pub(super) type ServeConn = Arc<dyn Fn(NodeId, quinn::Connection, Arc<Link>) + Send + Sync>;
+
+#[derive(Default)]
+struct Server {
+    serve: Option<ServeConn>,
+    unserved: Vec<(NodeId, quinn::Connection, Arc<Link>)>,
+}
+
+impl PeerLinks {
+    /// Creates the link table (no connections yet: see [`Self::sync`]).
+    pub(crate) fn new(
+        self_id: NodeId,
+        endpoint: quinn::Endpoint,
+        client: quinn::ClientConfig,
+        settings: PeerSettings,
+        observer: Arc<dyn Observer>,
+        pause: Arc<PauseWatch>,
+    ) -> Arc<PeerLinks> {
+        Arc::new(PeerLinks {
+            observer,
+            pause,
+            self_id,
+            endpoint,
+            client,
+            settings,
+            slots: Mutex::new(BTreeMap::new()),
+            routable: watch::channel(BTreeSet::new()).0,
+            server: Mutex::new(Server::default()),
+            ejections: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Peers ejected from routing since start.
+    pub(crate) fn ejections(&self) -> u64 {
+        self.ejections.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The connections and peers by state now (takes the slots lock and
+    /// each link's lock once: for a scrape, not for the request path).
+    pub(crate) fn counts(&self) -> LinkCounts {
+        let now = Instant::now();
+        let linger = self.linger();
+        let mut c = LinkCounts::default();
+        for slot in self.slots.lock().expect("peer slots lock").values() {
+            if *slot.up.borrow() {
+                c.peers_up += 1;
+            } else {
+                c.peers_down += 1;
+            }
+            for l in &slot.links {
+                if l.state.lock().expect("link state lock").retired {
+                    c.retired += 1;
+                } else if l.busy(now, linger) {
+                    c.busy += 1;
+                } else {
+                    c.idle += 1;
+                }
+            }
+        }
+        c
+    }
+
+    /// Peers that proved their identity and were not ejected since;
+    /// changes on every ejection and restore.
+    pub(crate) fn connected(&self) -> watch::Receiver<BTreeSet<NodeId>> {
+        self.routable.subscribe()
+    }
+
+    /// Open QUIC connections to peers (dialled and accepted, including
+    /// ones that lost a simultaneous dial and are ending).
+    pub(crate) fn connection_count(&self) -> usize {
+        self.slots
+            .lock()
+            .expect("peer slots lock")
+            .values()
+            .map(|s| s.links.len())
+            .sum()
+    }
+
+    /// Sets what serves the streams peers open (on every connection,
+    /// dialled or accepted, including those made before this call).
+    pub(super) fn set_server(&self, serve: ServeConn) {
+        let waiting = {
+            let mut s = self.server.lock().expect("server lock");
+            s.serve = Some(serve.clone());
+            std::mem::take(&mut s.unserved)
+        };
+        for (id, conn, link) in waiting {
+            serve(id, conn, link);
+        }
+    }
+
+    /// The endpoint connections are dialled from and accepted on.
+    pub(super) fn endpoint(&self) -> &quinn::Endpoint {
+        &self.endpoint
+    }
+
+    fn linger(&self) -> Duration {
+        self.settings.idle_timeout
+    }
+
+    fn usable_window(&self) -> Duration {
+        quic_idle_timeout(&self.settings) / 2
+    }
+
+    /// Makes the supervised peer set equal to `peers` (id, peer address,
+    /// generation; the largest generation of an id counts):
+    /// starts supervisors for new peers and forgets the rest (their
+    /// connections are retired, not closed). A new address is dialled on the next dial; a
+    /// working authenticated connection is kept. A peer whose supervisor
+    /// gave up ([`dial::GIVE_UP_AFTER`]) is dialled again once gossip
+    /// announces it with another address or generation.
+    pub(crate) fn sync(self: &Arc<Self>, peers: &[(NodeId, SocketAddr, u64)]) {
+        let mut slots = self.slots.lock().expect("peer slots lock");
+        let mut all: BTreeMap<&NodeId, (SocketAddr, u64)> = BTreeMap::new();
+        for (id, a, generation) in peers.iter().filter(|(id, ..)| *id != self.self_id) {
+            let e = all.entry(id).or_insert((*a, *generation));
+            if *generation >= e.1 {
+                *e = (*a, *generation);
+            }
+        }
+        // At most `gossip.max_members` members are supervised (those already
+        // supervised first), so a flood of members cannot make this node
+        // dial without bound.
+        let supervised = |id: &NodeId| slots.get(id).is_some_and(|s| s.watched);
+        let chosen = dial::select(all.keys().copied(), supervised, self.settings.max_peers);
+        let wanted: BTreeMap<&NodeId, (SocketAddr, u64)> =
+            chosen.into_iter().map(|id| (id, all[id])).collect();
+        let gone: Vec<NodeId> = slots
+            .iter()
+            .filter(|(id, s)| s.watched && !wanted.contains_key(id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(s) = slots.remove(&id) {
+                if let Some(t) = s.task {
+                    t.abort();
+                }
+                // Its connections are not closed: the peer may still be
+                // live in its own view and use them (this node serves its
+                // streams until they end by themselves, once quiet).
+                for l in s.links {
+                    l.state.lock().expect("link state lock").retired = true;
+                }
+                self.routable.send_if_modified(|set| set.remove(&id));
+                debug!(peer = %id, "peer forgotten");
+            }
+        }
+        for (id, (addr, generation)) in wanted {
+            let slot = slots.entry(id.clone()).or_insert_with(|| Slot::new(addr));
+            slot.addr = addr;
+            slot.generation = generation;
+            let mut sighted = !slot.watched;
+            slot.watched = true;
+            if slot.gave_up.is_some_and(|g| g != (addr, generation)) {
+                // Announced anew: a finished supervisor, started again.
+                slot.gave_up = None;
+                slot.task = None;
+                sighted = true;
+            }
+            if !self.settings.dial_on_demand {
+                if slot.task.is_none() {
+                    slot.task = Some(self.spawn_supervisor(id));
+                }
+            } else if sighted && !*slot.up.borrow() {
+                // Routable on gossip's word: the first request dials it,
+                // and its supervisor starts at its first ejection.
+                slot.up.send_replace(true);
+                if self.routable.send_if_modified(|set| set.insert(id.clone())) {
+                    self.observer.observe(&NodeEvent::PeerRestored { peer: id });
+                }
+            }
+        }
+    }
+
+    fn spawn_supervisor(self: &Arc<Self>, id: &NodeId) -> JoinHandle<()> {
+        let me = Arc::clone(self);
+        let peer = id.clone();
+        tokio::spawn(
+            async move { me.supervise(peer).await }.instrument(info_span!("peer", peer = %id)),
+        )
+    }
+
+    /// Dials `id` at first sight (unless `peer.dial = "on_demand"`: [`Self::sync`]
+    /// made it routable, and a request dials it) and whenever it is
+    /// ejected, with backoff.
+    async fn supervise(self: Arc<Self>, id: NodeId) {
+        let Some(mut routable) = self
+            .slots
+            .lock()
+            .expect("peer slots lock")
+            .get(&id)
+            .map(|s| s.up.subscribe())
+        else {
+            return;
+        };
+        if self.self_id > id && !self.settings.dial_on_demand {
+            // The smaller id dials first: one handshake per pair at start.
+            let _ = tokio::time::timeout(
+                self.settings.connect_timeout / 2,
+                routable.wait_for(|up| *up),
+            )
+            .await;
+        }
+        let mut backoff = dial::FIRST;
+        let mut failures = 0u32;
+        // Restarted after a give-up because the peer connected: known.
+        let mut ever_connected = self.pick(&id).is_some();
+        loop {
+            // Ends when the slot is forgotten (this task is aborted then).
+            if routable.wait_for(|up| !*up).await.is_err() {
+                return;
+            }
+            match self.dial(&id, false).await {
+                Ok(_) => {
+                    backoff = dial::FIRST;
+                    failures = 0;
+                    ever_connected = true;
+                    continue;
+                }
+                Err(e) => {
+                    failures += 1;
+                    // A handshake refused for identity (wrong CA or name)
+                    // is an alarm; a peer that is simply down is expected
+                    // noise.
+                    let identity = e.contains("certificate")
+                        || e.contains("UnknownIssuer")
+                        || e.contains("name");
+                    if identity {
+                        warn!(error = %e, "peer handshake refused: not routing to it");
+                    } else if failures == 3 {
+                        warn!(error = %e, "peer unreachable: retrying");
+                    } else {
+                        debug!(error = %e, "peer connect failed");
+                    }
+                    if dial::give_up(failures, ever_connected) {
+                        let mut slots = self.slots.lock().expect("peer slots lock");
+                        if let Some(s) = slots.get_mut(&id) {
+                            warn!(addr = %s.addr, generation = s.generation, attempts = failures, "peer never completed a handshake: not dialling it again until gossip announces it with another address or generation");
+                            s.gave_up = Some((s.addr, s.generation));
+                        }
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = dial::next_backoff(backoff, ever_connected);
+        }
+    }
+
+    /// Dials `id` unless a usable connection appeared meanwhile; returns
+    /// the connection to use. A failed dial ejects the peer. `on_demand`
+    /// (a request's dial) gives up at once when the peer was ejected while
+    /// it waited for another dial: requests queued behind a failed dial
+    /// do not each wait for a dial of their own.
+    async fn dial(self: &Arc<Self>, id: &NodeId, on_demand: bool) -> Result<Arc<Link>, String> {
+        let lock = {
+            let slots = self.slots.lock().expect("peer slots lock");
+            slots.get(id).ok_or("peer forgotten")?.dial.clone()
+        };
+        let _one = lock.lock().await;
+        if let Some(l) = self.pick(id) {
+            return Ok(l);
+        }
+        let addr = {
+            let slots = self.slots.lock().expect("peer slots lock");
+            let s = slots.get(id).ok_or("peer forgotten")?;
+            if on_demand && !*s.up.borrow() {
+                return Err("ejected while waiting for a dial".to_owned());
+            }
+            s.addr
+        };
+        let server_name = tls::node_server_name(id);
+        let attempt = async {
+            let connecting = self
+                .endpoint
+                .connect_with(self.client.clone(), addr, &server_name)
+                .map_err(|e| e.to_string())?;
+            connecting.await.map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
+            Ok(Ok(conn)) => {
+                info!(%addr, "peer connected");
+                Ok(self.register(id, conn, true))
+            }
+            Ok(Err(e)) => self.dial_failed(id, e),
+            Err(_) => self.dial_failed(id, "timed out".to_owned()),
+        }
+    }
+
+    /// After a failed dial to `id`: the connection the peer opened to this
+    /// node meanwhile, if one is usable (a peer that restarted dials too;
+    /// its handshake completed, so the peer is neither ejected nor given
+    /// up on), else the peer is ejected and the error returned.
+    fn dial_failed(self: &Arc<Self>, id: &NodeId, e: String) -> Result<Arc<Link>, String> {
+        if let Some(l) = self.pick(id) {
+            debug!(error = %e, "peer dial failed, but the peer connected to this node meanwhile");
+            return Ok(l);
+        }
+        self.eject(id);
+        Err(e)
+    }
+
+    fn eject(self: &Arc<Self>, id: &NodeId) {
+        if let Some(s) = self.slots.lock().expect("peer slots lock").get_mut(id) {
+            s.up.send_replace(false);
+            if s.watched && s.task.is_none() {
+                // `peer.dial = "on_demand"`: supervised from now on.
+                s.task = Some(self.spawn_supervisor(id));
+            }
+        }
+        if self.routable.send_if_modified(|set| set.remove(id)) {
+            self.ejections
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.observer.observe(&NodeEvent::PeerEjected { peer: id });
+        }
+    }
+
+    /// Records an authenticated connection with `id` (dialled by this node
+    /// or accepted), marks the peer routable and starts its keeper. An
+    /// accepted connection retires this node's quiet connections to the
+    /// peer that are older than a dial: the peer dials only when it holds
+    /// no usable connection (it restarted, or found ours quiet too long).
+    fn register(
+        self: &Arc<Self>,
+        id: &NodeId,
+        conn: quinn::Connection,
+        dialled: bool,
+    ) -> Arc<Link> {
+        let now = Instant::now();
+        let legacy = negotiated_v1(&conn);
+        // The previous protocol: streams go out only on the connection
+        // this node dialled, so one it accepted is retired from the start
+        // (it is only served) and says nothing of the peer's routability.
+        let accepted_v1 = legacy && !dialled;
+        let link = Arc::new(Link {
+            conn,
+            dialled,
+            legacy,
+            established: now,
+            state: Mutex::new(LinkState {
+                streams: 0,
+                last_busy: now,
+                retired: accepted_v1,
+                silent: false,
+            }),
+            wake: Notify::new(),
+        });
+        {
+            let mut slots = self.slots.lock().expect("peer slots lock");
+            let slot = slots
+                .entry(id.clone())
+                .or_insert_with(|| Slot::new(link.conn.remote_address()));
+            if !dialled && !legacy {
+                for old in &slot.links {
+                    let mut s = old.state.lock().expect("link state lock");
+                    if s.streams == 0
+                        && now.duration_since(old.established) >= self.settings.connect_timeout
+                    {
+                        s.retired = true;
+                    }
+                }
+            }
+            slot.links.push(link.clone());
+            if !accepted_v1 {
+                slot.up.send_replace(true);
+            }
+            if slot.gave_up.take().is_some() {
+                // The peer completed a handshake after all (it dialled this
+                // node): supervised again, as a member that connected once.
+                slot.task = Some(self.spawn_supervisor(id));
+            }
+        }
+        if !accepted_v1 && self.routable.send_if_modified(|set| set.insert(id.clone())) {
+            self.observer.observe(&NodeEvent::PeerRestored { peer: id });
+        }
+        // A `peerlb/1` peer never opens streams on a connection it
+        // accepted (and a node speaking only `peerlb/1` serves none on
+        // one it dialled, as releases before one connection per pair).
+        let serve_it = !(legacy && dialled);
+        let serve = {
+            let mut s = self.server.lock().expect("server lock");
+            if s.serve.is_none() && serve_it {
+                s.unserved
+                    .push((id.clone(), link.conn.clone(), link.clone()));
+            }
+            s.serve.clone().filter(|_| serve_it)
+        };
+        if let Some(serve) = serve {
+            serve(id.clone(), link.conn.clone(), link.clone());
+        }
+        let me = Arc::clone(self);
+        let (peer, l) = (id.clone(), link.clone());
+        tokio::spawn(
+            async move { me.keep(peer, l).await }
+                .instrument(info_span!("peer_link", peer = %id, dialled)),
+        );
+        link
+    }
+
+    /// The connection for a new stream to `id`: among the usable ones,
+    /// the one the pair keeps ([`dialler_wins`]), else the newest; the
+    /// others are retired.
+    fn pick(&self, id: &NodeId) -> Option<Arc<Link>> {
+        let now = Instant::now();
+        let slots = self.slots.lock().expect("peer slots lock");
+        let slot = slots.get(id)?;
+        // Just after a pause of this node's own, a connection from before
+        // it is replaced by a new dial (its peer may have closed it while
+        // this node was away): retired, it still serves its streams.
+        if self.pause.suspected() {
+            for l in slot
+                .links
+                .iter()
+                .filter(|l| self.pause.predates_pause(l.established))
+            {
+                l.state.lock().expect("link state lock").retired = true;
+            }
+        }
+        let mut usable: Vec<&Arc<Link>> = slot
+            .links
+            .iter()
+            .filter(|l| l.usable(now, self.linger(), self.usable_window()))
+            .collect();
+        let wins = |l: &Link| {
+            if l.dialled {
+                dialler_wins(&self.self_id, id)
+            } else {
+                dialler_wins(id, &self.self_id)
+            }
+        };
+        usable.sort_by_key(|l| (wins(l), l.established));
+        let chosen = usable.pop()?.clone();
+        for other in usable {
+            other.state.lock().expect("link state lock").retired = true;
+        }
+        Some(chosen)
+    }
+
+    /// Watches one connection: liveness pings while busy, and what its
+    /// end means (a loss while busy, or a close by the peer, ejects it).
+    async fn keep(self: Arc<Self>, id: NodeId, link: Arc<Link>) {
+        let tick = self.settings.keep_alive;
+        let silent_after = self.settings.idle_timeout;
+        let linger = self.linger();
+        let closed = link.conn.closed();
+        tokio::pin!(closed);
+        let mut seen = link.conn.stats().udp_rx.datagrams;
+        let mut last_wake = Instant::now();
+        // The wake before the last packet seen: a bound on when it came.
+        let mut heard = last_wake;
+        loop {
+            let busy = link.busy(Instant::now(), linger);
+            tokio::select! {
+                why = &mut closed => {
+                    self.ended(&id, &link, why);
+                    return;
+                }
+                _ = link.wake.notified(), if !busy => {
+                    last_wake = Instant::now();
+                    heard = last_wake;
+                    seen = link.conn.stats().udp_rx.datagrams;
+                }
+                _ = tokio::time::sleep(tick), if busy => {
+                    let now = Instant::now();
+                    let rx = link.conn.stats().udp_rx.datagrams;
+                    if rx != seen {
+                        seen = rx;
+                        heard = last_wake;
+                    } else if self.pause.suspected() {
+                        // This node was stopped, not the peer silent:
+                        // silence counts again from now.
+                        heard = now;
+                        let _ = link.conn.send_datagram(PING);
+                    } else if now.duration_since(heard) >= silent_after {
+                        link.state.lock().expect("link state lock").silent = true;
+                        link.conn.close(CLOSE_SILENT.into(), b"peer silent");
+                    } else {
+                        let _ = link.conn.send_datagram(PING);
+                    }
+                    last_wake = now;
+                }
+            }
+        }
+    }
+
+    /// A connection ended: forgets it, and ejects the peer when it was the
+    /// connection in use and ended by a loss while busy, a silence, or the
+    /// peer's close.
+    fn ended(self: &Arc<Self>, id: &NodeId, link: &Arc<Link>, why: quinn::ConnectionError) {
+        let busy = link.busy(Instant::now(), self.linger());
+        let (retired, silent) = {
+            let s = link.state.lock().expect("link state lock");
+            (s.retired, s.silent)
+        };
+        let eject = !retired
+            && match &why {
+                quinn::ConnectionError::LocallyClosed => silent,
+                // A `peerlb/1` connection is kept alive by its ends: its
+                // idle timeout means the peer is gone.
+                quinn::ConnectionError::TimedOut => busy || link.legacy,
+                _ => true,
+            };
+        let mut slots = self.slots.lock().expect("peer slots lock");
+        if let Some(slot) = slots.get_mut(id) {
+            slot.links.retain(|l| !Arc::ptr_eq(l, link));
+            if !slot.watched && slot.links.is_empty() {
+                slots.remove(id);
+            } else if eject {
+                slot.up.send_replace(false);
+                if slot.watched && slot.task.is_none() {
+                    // `peer.dial = "on_demand"`: supervised from now on.
+                    slot.task = Some(self.spawn_supervisor(id));
+                }
+            }
+        }
+        drop(slots);
+        if eject {
+            if silent {
+                warn!(
+                    reason = "silent",
+                    "peer connection lost: ejected until it reconnects"
+                );
+            } else {
+                warn!(reason = %why, "peer connection lost: ejected until it reconnects");
+            }
+            if self.routable.send_if_modified(|set| set.remove(id)) {
+                self.ejections
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.observer.observe(&NodeEvent::PeerEjected { peer: id });
+            }
+        } else {
+            debug!(reason = %why, "peer connection ended");
+        }
+    }
+
+    /// Opens a request stream to `peer`, dialling it if no connection is
+    /// usable (the first request after a quiet spell: one round trip).
+    /// Nothing has reached the peer when this fails.
+    ///
+    /// # Errors
+    /// [`OpenError`] when the peer is not routable, cannot be dialled, or
+    /// no stream could be opened.
+    pub(crate) async fn open(self: &Arc<Self>, peer: &NodeId) -> Result<PeerStream, OpenError> {
+        let link = match self.pick(peer) {
+            Some(l) => l,
+            None => {
+                let up = self
+                    .slots
+                    .lock()
+                    .expect("peer slots lock")
+                    .get(peer)
+                    .is_some_and(|s| *s.up.borrow());
+                // Just after a pause of this node's own, an ejected peer
+                // is dialled again before any request gives up on it (its
+                // connection most likely ended because this node was
+                // away).
+                let revalidate = !up && self.pause.suspected();
+                if !up && !revalidate {
+                    return Err(OpenError::NotConnected(peer.clone()));
+                }
+                self.dial(peer, !revalidate)
+                    .await
+                    .map_err(|reason| OpenError::Stream {
+                        peer: peer.clone(),
+                        reason,
+                    })?
+            }
+        };
+        let busy = link.enter();
+        match tokio::time::timeout(self.settings.connect_timeout, link.conn.open_bi()).await {
+            Ok(Ok((send, recv))) => Ok(PeerStream { send, recv, busy }),
+            Ok(Err(e)) => Err(OpenError::Stream {
+                peer: peer.clone(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(OpenError::Stream {
+                peer: peer.clone(),
+                reason: "timed out waiting for stream credit".into(),
+            }),
+        }
+    }
+
+    /// Records an accepted connection: its client certificate names the
+    /// dialler, whose connection is then used both ways (its streams are
+    /// served by the [`Self::set_server`] function). Closes it when the
+    /// certificate proves no single node id.
+    pub(super) fn accepted(self: &Arc<Self>, conn: quinn::Connection) {
+        if let Some(id) = dialler_id(&conn) {
+            self.register(&id, conn, false);
+        }
+    }
+
+    /// Closes every connection and the endpoint, and waits for the close
+    /// frames to be sent.
+    pub(crate) async fn close(&self) {
+        for (_, s) in std::mem::take(&mut *self.slots.lock().expect("peer slots lock")) {
+            if let Some(t) = s.task {
+                t.abort();
+            }
+        }
+        self.endpoint.close(0u32.into(), b"node stopping");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}
+
+/// True when the connection negotiated the previous peer protocol (ALPN
+/// `peerlb/1`).
+fn negotiated_v1(conn: &quinn::Connection) -> bool {
+    conn.handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+        .is_some_and(|p| p == tls::ALPN_V1)
+}
+
+/// The node id an accepted connection's client certificate proves, or
+/// `None` (the connection is then closed): the certificate must name
+/// exactly one node id and verify for it.
+fn dialler_id(conn: &quinn::Connection) -> Option<NodeId> {
+    let certs = conn.peer_identity().and_then(|id| {
+        id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    let Some(certs) = certs else {
+        conn.close(1u32.into(), b"client certificate required");
+        return None;
+    };
+    let id = tls::peer_node_id(&certs);
+    match id.map(|id| tls::verify_peer_is(&certs, &id).map(|()| id)) {
+        Some(Ok(id)) => Some(NodeId::from(id.as_str())),
+        Some(Err(e)) => {
+            warn!(error = %e, "peer certificate does not verify for the node it names: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match a node id");
+            None
+        }
+        None => {
+            warn!("peer certificate names no single node id: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match a node id");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_nodes_of_a_pair_keep_the_same_connection() {
+        let (a, b) = (NodeId::from("n1"), NodeId::from("n2"));
+        // At n1: its own dial (dialler n1) against n2's (accepted).
+        let n1_keeps_own = dialler_wins(&a, &b);
+        // At n2: its own dial (dialler n2) against n1's (accepted).
+        let n2_keeps_own = dialler_wins(&b, &a);
+        assert!(n1_keeps_own);
+        assert!(!n2_keeps_own, "n2 must keep n1's dial too");
+    }
+
+    /// A node on real loopback endpoints, its accepted connections
+    /// registered as `peer::serve` does (no handler: nothing is served).
+    fn node(certs: &tls::GeneratedCerts, id: &str, settings: &PeerSettings) -> Arc<PeerLinks> {
+        let (_, cert, key) = certs.nodes.iter().find(|(n, ..)| n == id).unwrap();
+        let material = tls::TlsMaterial::load(&certs.ca_cert, cert, key).unwrap();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+        let socket = super::super::udp::PeerUdpSocket::wrap(socket).unwrap();
+        let (endpoint, client) = super::super::endpoint(
+            socket,
+            runtime,
+            &material,
+            settings,
+            7,
+            Arc::new(crate::seam::SystemClock),
+        )
+        .unwrap();
+        let pause = Arc::new(PauseWatch::new(Duration::from_secs(60), Duration::ZERO));
+        let links = PeerLinks::new(
+            NodeId::from(id),
+            endpoint,
+            client,
+            settings.clone(),
+            Arc::new(crate::seam::NoObserver),
+            pause,
+        );
+        let l = links.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = l.endpoint.accept().await {
+                if let Ok(conn) = incoming.await {
+                    l.accepted(conn);
+                }
+            }
+        });
+        links
+    }
+
+    /// Loopback test settings: a 600 ms connect timeout, a busy link
+    /// closed after 5 s of silence; `peer.dial = "on_demand"` or not.
+    fn test_settings(dial_on_demand: bool) -> PeerSettings {
+        PeerSettings {
+            keep_alive: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(600),
+            only_v1: false,
+            max_peers: 128,
+            max_udp_payload: 6500,
+            dial_on_demand,
+        }
+    }
+
+    /// A dial that fails while the peer's own connection to this node
+    /// completed (a peer that restarted under load dials too) leaves the
+    /// peer routable: it is neither ejected nor given up on. Before, the
+    /// failed dial ejected it, and three of them gave it up for good.
+    #[tokio::test]
+    async fn a_failed_dial_keeps_a_peer_that_connected_meanwhile() {
+        let dir = std::env::temp_dir().join(format!("peerlb-links-dial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = tls::generate(&dir, "test", &["n1", "n2"]).unwrap();
+        let settings = test_settings(false);
+        let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
+        // n1 is told n2 lives at an address that never answers: its dials
+        // (the smaller id dials first) time out after `connect_timeout`.
+        let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let n1_addr = n1.endpoint.local_addr().unwrap();
+        n1.sync(&[(NodeId::from("n2"), black_hole.local_addr().unwrap(), 1)]);
+        // n2 knows n1's real address and dials it after half a connect
+        // timeout: while n1's own dial is still waiting.
+        n2.sync(&[(NodeId::from("n1"), n1_addr, 1)]);
+        let mut routable = n1.connected();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            routable.wait_for(|s| s.contains(&NodeId::from("n2"))),
+        )
+        .await
+        .expect("n2's connection reaches n1")
+        .unwrap();
+        // n1's dial has a hard deadline of one connect timeout from the
+        // start; past three of them every attempt it made has ended.
+        tokio::time::sleep(settings.connect_timeout * 3).await;
+        assert!(
+            n1.connected().borrow().contains(&NodeId::from("n2")),
+            "n1 dropped n2, which is connected to it"
+        );
+        assert_eq!(
+            n1.ejections(),
+            0,
+            "n1's failed dial ejected a connected peer"
+        );
+        n1.close().await;
+        n2.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `peer.dial = "on_demand"`: a member gossip announces is routable at
+    /// once with no connection; the first stream to it dials it, and the
+    /// next reuses that connection. A member at an address that never
+    /// answers stays routable until a request's dial fails: the request
+    /// gets an error before anything reached the member (the caller tries
+    /// the next candidate) and the member is ejected.
+    #[tokio::test]
+    async fn on_demand_members_are_routable_at_sight_and_dialled_by_the_first_request() {
+        let dir =
+            std::env::temp_dir().join(format!("peerlb-links-on-demand-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = tls::generate(&dir, "test", &["n1", "n2", "n3"]).unwrap();
+        let settings = test_settings(true);
+        let (n1, n2) = (node(&certs, "n1", &settings), node(&certs, "n2", &settings));
+        let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (id2, id3) = (NodeId::from("n2"), NodeId::from("n3"));
+        n1.sync(&[
+            (id2.clone(), n2.endpoint.local_addr().unwrap(), 1),
+            (id3.clone(), black_hole.local_addr().unwrap(), 1),
+        ]);
+        assert_eq!(
+            *n1.connected().borrow(),
+            BTreeSet::from([id2.clone(), id3.clone()]),
+            "members are routable at sight"
+        );
+        assert_eq!(n1.connection_count(), 0, "nothing is dialled at sight");
+        let first = n1.open(&id2).await.expect("the first request dials n2");
+        assert_eq!(n1.connection_count(), 1);
+        let second = n1.open(&id2).await.expect("the next request reuses it");
+        assert_eq!(n1.connection_count(), 1, "one connection for both requests");
+        drop((first, second));
+        match n1.open(&id3).await {
+            Err(OpenError::Stream { peer, .. }) => assert_eq!(peer, id3),
+            Err(e) => panic!("unexpected error for a dead member: {e}"),
+            Ok(_) => panic!("a stream opened to an address that never answers"),
+        }
+        assert!(
+            !n1.connected().borrow().contains(&id3),
+            "a failed dial ejects the member"
+        );
+        assert!(n1.connected().borrow().contains(&id2));
+        assert_eq!(n1.ejections(), 1);
+        n1.close().await;
+        n2.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
