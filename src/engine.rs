@@ -39,12 +39,15 @@
 //!   parameter in `Record-Route` / `Route`, the built-in demo user
 //!   agent server's answers (`sip/uas`), and the owner's client
 //!   transaction toward an upstream SIP server (`sip/upstream`).
+//! - `gossip_budget`: the members a full gossip digest leaves room for in
+//!   one datagram (`gossip.max_members`), the datagram and seal sizes.
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
 
 pub(crate) mod balance;
 pub(crate) mod failover;
+pub(crate) mod gossip_budget;
 pub(crate) mod membership;
 pub(crate) mod node_id;
 pub(crate) mod ring;

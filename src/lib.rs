@@ -48,6 +48,12 @@
 //!   (`simulations/README.md`), run by the `peerlb-sim` binary.
 
 #![warn(missing_docs, unreachable_pub)]
+// No unsafe code, but where a reason stands beside an `#[allow]`
+// (`sim/os.rs`: the simulation's `getrandom` override).
+#![deny(unsafe_code)]
+// The clock calls clippy.toml bans (they would escape the simulation's
+// virtual time), denied everywhere but where an `#[allow]` says why.
+#![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 
 mod adapters;
 pub mod config;

@@ -2,6 +2,11 @@
 //! `app`, `keyring`, `status`, `drain`, `undrain`, `offline`. This file parses the command line and dispatches; each command
 //! lives in its own file under `cli/`, the helpers they share in `cli.rs`.
 
+// No unsafe code, but the libc calls whose `#[allow]` says why
+// (`cli/node.rs`: the open file limit; `cli/up.rs`: signalling a child).
+#![deny(unsafe_code)]
+#![deny(clippy::disallowed_methods, clippy::disallowed_types)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

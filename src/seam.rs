@@ -62,6 +62,8 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    // The wall clock, read only here (clippy.toml): the generation id and
+    // the certificate checks; a simulation hands in its own clock.
     #[allow(clippy::disallowed_methods)]
     fn now(&self) -> SystemTime {
         SystemTime::now()

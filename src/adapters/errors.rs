@@ -10,12 +10,69 @@
 use crate::adapters::cluster::keyring::KeyringError;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::adapters::body::{self, Body};
-use crate::adapters::serve::app::AppError;
+use crate::adapters::body::{self, Body, BodyError};
 use crate::config::MAX_WEIGHT;
 
 /// Response header naming the node that made an error answer.
 pub(crate) const ERROR_FROM: &str = "peerlb-error-from";
+
+/// The upstream app could not be reached or failed before a response head.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream app {uri}: {source}")]
+pub(crate) struct AppError {
+    /// The upstream base URI.
+    pub uri: String,
+    /// What failed.
+    pub source: UpstreamError,
+}
+
+impl AppError {
+    /// The client's own request body failed (malformed chunked encoding, a
+    /// connection cut mid-body, stalled) while it was sent to the app: the
+    /// client's fault, not the app's. That body error, if so.
+    pub(crate) fn client_body(&self) -> Option<&BodyError> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&self.source);
+        while let Some(e) = cause {
+            if let Some(b @ (BodyError::Client(_) | BodyError::ClientTimeout(_))) =
+                e.downcast_ref::<BodyError>()
+            {
+                return Some(b);
+            }
+            cause = e.source();
+        }
+        None
+    }
+}
+
+/// Why the app could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// The connection failed (for a Unix socket: no such file, not a
+    /// socket, or nothing listening on it).
+    #[error("connecting: {0}")]
+    Connect(std::io::Error),
+    /// No connection within the given time (`serve/upstream.rs`'s
+    /// `CONNECT_TIMEOUT`).
+    #[error("connecting: no answer within {} s", .0.as_secs())]
+    ConnectTimeout(std::time::Duration),
+    /// The HTTP/1.1 connection could not be set up, or failed before a
+    /// response head.
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    /// The request's body failed while it was read to be kept for a
+    /// resend (the client's or the peer stream's fault, not the app's).
+    #[error("request body: {0}")]
+    RequestBody(#[source] BodyError),
+    /// The request's body, kept for a resend, is longer than its
+    /// `Content-Length` said (hyper refuses to send such a body too).
+    #[error("request body longer than its content-length")]
+    RequestBodyTooLong,
+    /// The app answered `101 Switching Protocols` to a request that asked
+    /// for no upgrade (peerlb removes `Upgrade` from every request but a
+    /// WebSocket's): a broken app; the connection is closed.
+    #[error("answered 101 Switching Protocols to a request that asked for no upgrade")]
+    SwitchingProtocols,
+}
 
 /// Why a request got no answer from an app: each maps to one status in
 /// [`error_response`].

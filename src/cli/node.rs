@@ -113,6 +113,8 @@ const RESERVED_FDS: u64 = 256;
 /// runtime do (the common soft 1024 locks a node out after about 1,000 idle
 /// client connections), and logs it: the soft limit in force after, `None`
 /// when it cannot be read.
+// getrlimit(2) and setrlimit(2) through libc: std has no call for them.
+#[allow(unsafe_code)]
 fn raise_open_file_limit() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

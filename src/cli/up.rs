@@ -351,6 +351,8 @@ async fn supervise(
 /// Holding `&Child` here, no wait of it can run between the check and
 /// kill(2), so a `Some` pid still names our unreaped (possibly zombie)
 /// child.
+// kill(2) through libc: std has no call that sends a chosen signal.
+#[allow(unsafe_code)]
 fn signal_if_running(child: &Child, sig: libc::c_int) -> bool {
     let Some(pid) = child.id() else {
         return false;

@@ -14,8 +14,8 @@ use super::{
     MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
     SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
 };
-use crate::adapters::cluster::bounds;
 use crate::engine::balance::Policy;
+use crate::engine::gossip_budget as bounds;
 use crate::engine::node_id::NodeId;
 use crate::engine::route::RouterOptions;
 use crate::engine::slow_start::SlowStart;

@@ -15,6 +15,11 @@
 //! never ciphertext; the simulation's certificates use Ed25519, whose
 //! signatures are deterministic and of one size.
 
+// Unsafe by nature: a C symbol (`getrandom`) defined for libc and Rust
+// callers, writing through the raw pointer it is handed (the one place the
+// crate allows unsafe code, lib.rs).
+#![allow(unsafe_code)]
+
 use std::cell::Cell;
 
 thread_local! {
@@ -100,6 +105,9 @@ macro_rules! sim_os_overrides {
         ///
         /// # Safety
         /// As `getrandom(2)`.
+        // Unsafe by nature: it replaces libc's `getrandom` for the whole
+        // binary (`peerlb::sim::os`).
+        #[allow(unsafe_code)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn getrandom(
             buf: *mut ::std::ffi::c_void,

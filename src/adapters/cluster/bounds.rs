@@ -61,49 +61,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Default `gossip.max_members`: the most members (dead ones included) a
-/// digest or delta may name, and (`peer/dial.rs`) the most a node
-/// supervises. At 128 a full digest fits in one datagram whatever the ids
-/// and addresses: at most 116 bytes a member ([`DIGEST_ENTRY_OVERHEAD`]
-/// plus a 63-byte id), 14.8 KB.
-///
-/// Why a full digest must fit: chitchat sends its digest in full in every
-/// Syn and SynAck (it cannot split one) and fills what is left of the
-/// datagram with the SynAck's delta. A digest that outgrows a datagram
-/// (65,507 bytes) makes the sealed Syn too large to send: the transport
-/// counts it (`oversize`) and refuses it, chitchat logs "failed to gossip"
-/// and the node is no longer heard, so every peer declares it dead. As a
-/// digest nears that size, a SynAck has less room for its delta, and a
-/// joining node takes longer to learn the cluster's state. So
-/// `gossip.max_members` above this default is accepted only when that
-/// many members with the cluster's longest configured id and address
-/// family fit in [`digest_budget`] (see `config/validate.rs`): 1,024
-/// members with ids up to 12 bytes over IPv4, for example.
-pub(crate) const DEFAULT_MAX_MEMBERS: usize = 128;
-/// Largest `gossip.max_members`.
-pub(crate) const MAX_MAX_MEMBERS: usize = 4096;
-/// Bytes of one digest entry besides its node id's bytes: the id's length
-/// (u16), generation (u64), address (family byte, 16 octets for IPv6 or 4
-/// for IPv4, port u16), heartbeat, last_gc_version and max_version (u64).
-pub(crate) const DIGEST_ENTRY_OVERHEAD: usize = 2 + 8 + (1 + 16 + 2) + 3 * 8;
-/// Room kept in a SynAck for its delta, beside a full digest: a joining
-/// node learns about 8 KB of the cluster's state per exchange at least.
-const DELTA_ROOM: usize = 8 * 1024;
+#[cfg(test)]
+use crate::engine::gossip_budget::DEFAULT_MAX_MEMBERS;
 
-/// Bytes a full digest may take in one datagram for a cluster named
-/// `cluster` (chitchat's cluster id, sent in every Syn): the datagram
-/// (65,507 bytes) less the seal, the envelope's header and message type,
-/// the cluster id and [`DELTA_ROOM`].
-pub(crate) fn digest_budget(cluster: &str) -> usize {
-    super::sealed::MAX_DATAGRAM
-        .saturating_sub(super::keyring::SEAL_OVERHEAD + 16 + 2 + cluster.len() + DELTA_ROOM)
-}
-
-/// One digest entry's bytes for a member with an id of `id_len` bytes and
-/// an IPv6 (`v6`) or IPv4 gossip address.
-pub(crate) fn digest_entry(id_len: usize, v6: bool) -> usize {
-    DIGEST_ENTRY_OVERHEAD + id_len - if v6 { 0 } else { 12 }
-}
 /// Longest key, in bytes.
 pub(crate) const MAX_KEY_LEN: usize = 64;
 /// Longest value, in bytes.
@@ -113,7 +73,7 @@ pub(crate) const MAX_KEYS_PER_NODE: usize = 32;
 /// Largest heartbeat, version or garbage-collection version accepted.
 pub(crate) const MAX_COUNTER: u64 = 1 << 40;
 /// Heartbeats an honest member may add per gossip round as seen by this
-/// node in a cluster of at most [`DEFAULT_MAX_MEMBERS`]: one per round of
+/// node in a cluster of at most [`DEFAULT_MAX_MEMBERS`](crate::engine::gossip_budget::DEFAULT_MAX_MEMBERS): one per round of
 /// its own plus one per message it processes (at most a Syn and an Ack
 /// from each member and a few SynAcks), rounded up to a power of two.
 /// [`heartbeats_per_round`] gives it for another `gossip.max_members`.

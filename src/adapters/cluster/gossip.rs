@@ -24,6 +24,10 @@ use crate::config::GossipSettings;
 use crate::engine::membership::{Member, NodeStatus};
 use crate::engine::node_id::NodeId;
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::gossip";
+
 /// Who this node is in gossip (its chitchat id and cluster); the tunables
 /// come from the config ([`GossipSettings`]).
 #[derive(Debug, Clone)]
@@ -199,7 +203,7 @@ async fn republish_over_echoes(
         let republished = republish(&mut c, heartbeat, version);
         keys.echo.set_own_version(c.self_node_state().max_version());
         if republished {
-            warn!(
+            warn!(target: LOG,
                 heartbeat,
                 version,
                 "a peer holds forged gossip state about this node: republished this node's own state over it"
@@ -257,7 +261,7 @@ fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<M
         .filter_map(|(id, st)| match member(id, st) {
             Ok(m) => Some(m),
             Err(key) => {
-                warn!(node = %id.node_id, key, "ignoring member with a missing or invalid key");
+                warn!(target: LOG, node = %id.node_id, key, "ignoring member with a missing or invalid key");
                 None
             }
         })
@@ -295,7 +299,7 @@ impl Gossip {
     pub(crate) async fn shutdown(self) {
         self.republisher.abort();
         if let Err(e) = self.handle.shutdown().await {
-            warn!(error = %e, "gossip shutdown");
+            warn!(target: LOG, error = %e, "gossip shutdown");
         }
     }
 }

@@ -48,6 +48,9 @@ const FORMAT: u8 = 1;
 /// Bytes sealing adds to a datagram: format byte, nonce and tag.
 pub const SEAL_OVERHEAD: usize = 1 + NONCE_LEN + 16;
 
+// The gossip budget (`engine::gossip_budget`) counts on this seal size.
+const _: () = assert!(SEAL_OVERHEAD == crate::engine::gossip_budget::SEAL_OVERHEAD);
+
 /// One gossip key: 32 secret bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct GossipKey([u8; KEY_LEN]);

@@ -25,6 +25,10 @@ use tracing::warn;
 
 use crate::seam::{NodeEvent, Observer};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::pause";
+
 /// Detects pauses of this node's process and holds its failure decisions
 /// for a grace period after one (see the module doc).
 #[derive(Debug)]
@@ -129,7 +133,7 @@ impl PauseWatch {
                 self.grace_until_ms
                     .store(self.ms(now + self.grace), Ordering::Relaxed);
                 let paused_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX);
-                warn!(
+                warn!(target: LOG,
                     paused_ms,
                     grace_ms = self.grace.as_millis() as u64,
                     "this node was paused: holding its peers in routing while it re-validates them"

@@ -44,9 +44,13 @@ use tracing::{debug, warn};
 use super::bounds::Bounds;
 use super::keyring::GossipKeys;
 
-/// The largest UDP payload over IPv4 (65,535 - 8 - 20), which chitchat
-/// also takes as its datagram limit.
-pub(crate) const MAX_DATAGRAM: usize = 65_507;
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::gossip::sealed";
+
+/// The largest UDP payload over IPv4, chitchat's datagram limit
+/// (`engine::gossip_budget`).
+pub(crate) use crate::engine::gossip_budget::MAX_DATAGRAM;
 
 // chitchat fills a SynAck's or Ack's delta up to its datagram limit less
 // `TRANSPORT_RESERVED_LEN` (a change of the vendored copy, vendor/README.md):
@@ -96,7 +100,7 @@ impl Transport for SealedUdpTransport {
         for seed in &self.seeds {
             match tokio::net::lookup_host(seed).await {
                 Ok(addrs) => addrs.for_each(|a| socket.add_seed(a)),
-                Err(e) => warn!(%seed, error = %e, "gossip seed does not resolve"),
+                Err(e) => warn!(target: LOG, %seed, error = %e, "gossip seed does not resolve"),
             }
         }
         Ok(Box::new(socket))
@@ -202,9 +206,9 @@ impl SealedSocket {
             if count % 1000 == 1 {
                 // Forged, or this node's ring is out of date (it was down
                 // during a key rotation): say which, once in a while.
-                warn!(%from, dropped = count, file = "tls.gossip_keyring", "gossip datagram dropped: no key of this node's ring opens it (forged, or this node's keyring lacks the cluster's current key)");
+                warn!(target: LOG, %from, dropped = count, file = "tls.gossip_keyring", "gossip datagram dropped: no key of this node's ring opens it (forged, or this node's keyring lacks the cluster's current key)");
             }
-            debug!(%from, len = n, "gossip datagram dropped: no key of the ring opens it");
+            debug!(target: LOG, %from, len = n, "gossip datagram dropped: no key of the ring opens it");
             return;
         };
         // Authenticated: whoever holds the key at that address hears back,
@@ -222,9 +226,9 @@ impl SealedSocket {
                 if count % 1000 == 1 {
                     // Sealed, so sent by a holder of the gossip key: say
                     // so once in a while.
-                    warn!(%from, error = %e, dropped = count, "gossip datagram dropped: out of bounds");
+                    warn!(target: LOG, %from, error = %e, dropped = count, "gossip datagram dropped: out of bounds");
                 } else {
-                    debug!(%from, error = %e, "gossip datagram dropped: out of bounds");
+                    debug!(target: LOG, %from, error = %e, "gossip datagram dropped: out of bounds");
                 }
                 return;
             }
@@ -239,7 +243,7 @@ impl SealedSocket {
                 .counters
                 .codec_busy
                 .fetch_add(1, Ordering::Relaxed);
-            debug!(error = %e, "gossip datagram dropped: codec busy");
+            debug!(target: LOG, error = %e, "gossip datagram dropped: codec busy");
         } else {
             self.keys.counters.received.fetch_add(1, Ordering::Relaxed);
         }
@@ -260,7 +264,7 @@ impl Socket for SealedSocket {
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
         if !self.may_send(to) {
-            debug!(%to, "gossip not sent: no authenticated datagram came from this address yet");
+            debug!(target: LOG, %to, "gossip not sent: no authenticated datagram came from this address yet");
             return Ok(SendOutcome { num_bytes_sent: 0 });
         }
         // A send cancelled half-way (only at shutdown) may leave bytes
@@ -316,7 +320,9 @@ impl Socket for SealedSocket {
                     }
                 }
                 Ok(Ok((n, from))) => self.forward(n, from),
-                Ok(Err(e)) if is_transient(&e) => debug!(error = %e, "transient gossip recv error"),
+                Ok(Err(e)) if is_transient(&e) => {
+                    debug!(target: LOG, error = %e, "transient gossip recv error")
+                }
                 Ok(Err(e)) => return Err(e).context("fatal UDP recv error"),
             }
         }

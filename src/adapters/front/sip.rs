@@ -59,6 +59,10 @@ use crate::seam::HttpListener;
 
 pub(crate) use crate::adapters::serve::sip::{SipApp, SipUpstream};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::sip";
+
 /// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's magic
 /// cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
 const BRANCH_PREFIX: &str = "z9hG4bK-plb-";
@@ -309,7 +313,7 @@ pub(crate) async fn serve_udp(
     mut stop: watch::Receiver<bool>,
 ) {
     let socket = Arc::new(socket);
-    info!(addr = %local, "listening for sip over udp");
+    info!(target: LOG, addr = %local, "listening for sip over udp");
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
     let inflight = Arc::new(AtomicUsize::new(0));
     loop {
@@ -317,14 +321,14 @@ pub(crate) async fn serve_udp(
             r = socket.recv_from(&mut buf) => match r {
                 Ok(r) => r,
                 Err(e) => {
-                    debug!(error = %e, "sip udp receive failed");
+                    debug!(target: LOG, error = %e, "sip udp receive failed");
                     continue;
                 }
             },
             _ = stop.wait_for(|s| *s) => return,
         };
         if inflight.load(Ordering::Relaxed) >= MAX_UDP_INFLIGHT {
-            debug!(%client, "sip udp: too many datagrams in flight, dropped one");
+            debug!(target: LOG, %client, "sip udp: too many datagrams in flight, dropped one");
             continue;
         }
         let datagram = buf[..n].to_vec();
@@ -353,7 +357,7 @@ pub(crate) async fn serve_udp(
                 };
                 let to = sipmsg::response_destination(&via, client);
                 if let Err(e) = socket.send_to(&answer.to_bytes(), to).await {
-                    debug!(error = %e, %to, "sip udp send failed");
+                    debug!(target: LOG, error = %e, %to, "sip udp send failed");
                 }
             }
         });
@@ -378,13 +382,13 @@ pub(crate) async fn serve_tcp(
     entry: Arc<SipEntry>,
     mut stop: watch::Receiver<bool>,
 ) {
-    info!(addr = %local, "listening for sip over tcp");
+    info!(target: LOG, addr = %local, "listening for sip over tcp");
     loop {
         let (conn, client) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(r) => r,
                 Err(e) => {
-                    debug!(error = %e, "sip tcp accept failed");
+                    debug!(target: LOG, error = %e, "sip tcp accept failed");
                     continue;
                 }
             },

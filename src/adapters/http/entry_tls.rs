@@ -30,6 +30,10 @@ use tracing::{info, warn};
 
 use crate::config::{CertFiles, ListenerTls};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::tls::entry";
+
 /// The ALPN protocols the entry offers over TLS, most preferred first:
 /// HTTP/2, then HTTP/1.1 (a client that offers neither, or no ALPN at
 /// all, gets HTTP/1.1). The negotiated one reaches the connection's server
@@ -264,9 +268,11 @@ pub async fn watch_files(
         let result = certs.reload();
         report(&result);
         match result {
-            Ok(n) => info!(certificates = n, "listener certificates changed: reloaded"),
+            Ok(n) => {
+                info!(target: LOG, certificates = n, "listener certificates changed: reloaded")
+            }
             Err(e) => {
-                warn!(error = %e, "listener certificate files changed but cannot be used: the certificates in force stay")
+                warn!(target: LOG, error = %e, "listener certificate files changed but cannot be used: the certificates in force stay")
             }
         }
     }

@@ -32,7 +32,7 @@ use super::preface::{self, Prefixed};
 
 /// Largest read buffer of a client connection, in bytes: the peer frame
 /// limit ([`crate::adapters::wire::MAX_HEAD_LEN`], 64 KiB), above peerlb's
-/// head limit ([`super::limits::MAX_HEAD_BYTES`], 60 KiB) so the heads
+/// head limit (`MAX_HEAD_BYTES` in `front/ingress/limits.rs`, 60 KiB) so the heads
 /// between the two get peerlb's own 431. hyper requires at least 8192.
 pub(super) const READ_BUFFER_BYTES: usize = crate::adapters::wire::MAX_HEAD_LEN;
 
@@ -434,7 +434,7 @@ async fn serve_h1<H, I>(
 ///   (default 100, as nginx and HAProxy);
 /// - `SETTINGS_MAX_HEADER_LIST_SIZE`: [`READ_BUFFER_BYTES`] (64 KiB), the
 ///   HTTP/1.1 read buffer: a header list between peerlb's head limit
-///   ([`super::limits::MAX_HEAD_BYTES`]) and this gets peerlb's own 431;
+///   (`MAX_HEAD_BYTES` in `front/ingress/limits.rs`) and this gets peerlb's own 431;
 /// - flow control: 256 KiB per stream, 1 MiB per connection (a client
 ///   can have at most that much request body buffered here);
 /// - streams the client resets before hyper accepts them: at most

@@ -14,10 +14,14 @@ use tokio::sync::watch;
 
 use crate::adapters::body::Body;
 use crate::adapters::errors::{AdminError, error_response};
-use crate::adapters::front::ingress::{self, Handler};
+use crate::adapters::http::{self as kit, Handler};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::ops::admin;
 use crate::seam::HttpListener;
+
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::admin_server";
 
 /// Answers the admin API on the admin listener.
 pub(crate) struct AdminServer {
@@ -68,7 +72,7 @@ impl Handler for AdminServer {
     fn handle(
         &self,
         req: Request<Incoming>,
-        _conn: Arc<ingress::ConnInfo>,
+        _conn: Arc<kit::ConnInfo>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send {
         self.answer(req)
     }
@@ -94,7 +98,7 @@ impl Handler for AdminServer {
     }
 
     fn connection_event(&self, event: crate::adapters::http::ConnEvent) {
-        tracing::debug!(
+        tracing::debug!(target: LOG,
             max = ADMIN_MAX_CONNECTIONS,
             ?event,
             "admin connection cap reached"
@@ -108,9 +112,9 @@ pub(crate) async fn serve(
     server: Arc<AdminServer>,
     shutdown: watch::Receiver<bool>,
 ) {
-    ingress::serve(
+    kit::serve(
         listener,
-        Arc::new(ingress::ListenerSetup::plain()),
+        Arc::new(kit::ListenerSetup::plain()),
         server,
         shutdown,
     )

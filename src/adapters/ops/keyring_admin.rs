@@ -21,6 +21,10 @@ use hyper::body::Incoming;
 use crate::adapters::cluster::keyring::{GossipKey, GossipKeys, KeyringError};
 use crate::adapters::errors::AdminError;
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::gossip::admin";
+
 /// `GET /_peerlb/keyring`, and the prefix of the rotation paths.
 pub(crate) const KEYRING: &str = "/_peerlb/keyring";
 
@@ -95,7 +99,7 @@ pub(crate) async fn answer(
         _ => keys.update(|r| r.remove(&text)),
     };
     let ring = r?;
-    tracing::info!(keys = ?ring.fingerprints(), "gossip keyring changed");
+    tracing::info!(target: LOG, keys = ?ring.fingerprints(), "gossip keyring changed");
     Ok(keys_json(&ring.fingerprints()))
 }
 

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::adapters::body::{self, Body, BodyError};
-use crate::adapters::serve::upstream::{Upstream, UpstreamError};
+pub(crate) use crate::adapters::errors::AppError;
+use crate::adapters::serve::upstream::Upstream;
 use crate::adapters::tunnel::{self, Tunnel};
 
 mod websocket;
@@ -30,6 +31,10 @@ use crate::seam::{NoObserver, NodeEvent, Observer};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
+
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::app";
 
 /// Largest body `/bytes/<n>` streams (1 GiB).
 pub(crate) const MAX_BYTES_BODY: u64 = 1 << 30;
@@ -50,34 +55,6 @@ pub(crate) struct ServeCtx<'a> {
     pub client: SocketAddr,
     /// The client connection's TLS facts (`None`: cleartext HTTP).
     pub tls: Option<&'a crate::adapters::wire::TlsFacts>,
-}
-
-/// The upstream app could not be reached or failed before a response head.
-#[derive(Debug, thiserror::Error)]
-#[error("upstream app {uri}: {source}")]
-pub(crate) struct AppError {
-    /// The upstream base URI.
-    pub uri: String,
-    /// What failed.
-    pub source: UpstreamError,
-}
-
-impl AppError {
-    /// The client's own request body failed (malformed chunked encoding, a
-    /// connection cut mid-body, stalled) while it was sent to the app: the
-    /// client's fault, not the app's. That body error, if so.
-    pub(crate) fn client_body(&self) -> Option<&BodyError> {
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&self.source);
-        while let Some(e) = cause {
-            if let Some(b @ (BodyError::Client(_) | BodyError::ClientTimeout(_))) =
-                e.downcast_ref::<BodyError>()
-            {
-                return Some(b);
-            }
-            cause = e.source();
-        }
-        None
-    }
 }
 
 /// The local app of a node.
@@ -155,7 +132,7 @@ impl App {
     ) -> Result<Response<Body>, AppError> {
         // One event per request the app serves: the simulation counts them
         // to prove no request is served twice.
-        tracing::debug!(uri = %req.uri(), "app serving");
+        tracing::debug!(target: LOG, uri = %req.uri(), "app serving");
         let (App::Builtin { observer, .. } | App::Upstream { observer, .. }) = self;
         observer.observe(&NodeEvent::Served {
             entry: ctx.entry,
@@ -225,7 +202,7 @@ pub async fn serve_standalone(listener: AppListener, name: String) {
             }),
         };
         if let Err(e) = accepted {
-            warn!(error = %e, "accept failed");
+            warn!(target: LOG, error = %e, "accept failed");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -275,7 +252,7 @@ where
             .with_upgrades()
             .await
         {
-            tracing::debug!(error = %e, %client, "app connection ended with an error");
+            tracing::debug!(target: LOG, error = %e, %client, "app connection ended with an error");
         }
     });
 }

@@ -50,44 +50,20 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::adapters::body::{self, Body, BodyError};
+pub(crate) use crate::adapters::errors::UpstreamError;
 use crate::adapters::tunnel::{self, Tunnel};
 use crate::config::AppAddr;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::upstream";
 
 /// Longest wait for a connection to the app.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Most idle connections kept; more are closed when their response ends.
 const MAX_IDLE: usize = 256;
-
-/// Why the app could not be asked.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum UpstreamError {
-    /// The connection failed (for a Unix socket: no such file, not a
-    /// socket, or nothing listening on it).
-    #[error("connecting: {0}")]
-    Connect(std::io::Error),
-    /// No connection within [`CONNECT_TIMEOUT`].
-    #[error("connecting: no answer within {} s", CONNECT_TIMEOUT.as_secs())]
-    ConnectTimeout,
-    /// The HTTP/1.1 connection could not be set up, or failed before a
-    /// response head.
-    #[error("{0}")]
-    Http(#[from] hyper::Error),
-    /// The request's body failed while it was read to be kept for a
-    /// resend (the client's or the peer stream's fault, not the app's).
-    #[error("request body: {0}")]
-    RequestBody(#[source] BodyError),
-    /// The request's body, kept for a resend, is longer than its
-    /// `Content-Length` said (hyper refuses to send such a body too).
-    #[error("request body longer than its content-length")]
-    RequestBodyTooLong,
-    /// The app answered `101 Switching Protocols` to a request that asked
-    /// for no upgrade (peerlb removes `Upgrade` from every request but a
-    /// WebSocket's): a broken app; the connection is closed.
-    #[error("answered 101 Switching Protocols to a request that asked for no upgrade")]
-    SwitchingProtocols,
-}
 
 /// Where the app listens, ready to connect to.
 enum Target {
@@ -279,7 +255,7 @@ impl Upstream {
                     // try the next one.
                     (Some(r), _) if reused => req = r,
                     (None, Some(k)) if reused && never_answered(e.error()) => {
-                        tracing::debug!(error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
+                        tracing::debug!(target: LOG, error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
                         resent = true;
                         req = rebuild(k);
                     }
@@ -368,7 +344,7 @@ impl Upstream {
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
-            .map_err(|_| UpstreamError::ConnectTimeout)?
+            .map_err(|_| UpstreamError::ConnectTimeout(CONNECT_TIMEOUT))?
     }
 }
 
@@ -386,7 +362,7 @@ where
             conn.await
         };
         if let Err(e) = r {
-            tracing::debug!(error = %e, "upstream app connection ended with an error");
+            tracing::debug!(target: LOG, error = %e, "upstream app connection ended with an error");
         }
     });
     Ok(sender)

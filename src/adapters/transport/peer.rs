@@ -39,6 +39,10 @@ pub(crate) mod udp;
 use links::Link;
 pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::peer";
+
 /// Errors setting up the endpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerSetupError {
@@ -270,10 +274,10 @@ pub(crate) async fn exchange(
                 Err(body::PumpError::Source(
                     e @ (body::BodyError::Client(_) | body::BodyError::ClientTimeout(_)),
                 )) => {
-                    debug!(error = %e, "client request body failed: stream reset");
+                    debug!(target: LOG, error = %e, "client request body failed: stream reset");
                     let _ = client_failed.send(e);
                 }
-                Err(e) => debug!(error = %e, "request body to peer stopped"),
+                Err(e) => debug!(target: LOG, error = %e, "request body to peer stopped"),
             }
         });
         Some(client_failure)
@@ -431,11 +435,11 @@ fn refuse_bad_head(e: &HeadError, send: &mut quinn::SendStream, recv: &mut quinn
         HeadError::Read(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)))
             if code.into_inner() == u64::from(wire::RESET_BODY_FAILED) =>
         {
-            debug!("peer abandoned a request before its head was read");
+            debug!(target: LOG, "peer abandoned a request before its head was read");
             let _ = send.reset(wire::RESET_BODY_FAILED.into());
         }
         e => {
-            warn!(error = %e, "bad request frame from peer: closing that stream");
+            warn!(target: LOG, error = %e, "bad request frame from peer: closing that stream");
             let _ = recv.stop(wire::RESET_BAD_FRAME.into());
             let _ = send.reset(wire::RESET_BAD_FRAME.into());
         }
@@ -489,7 +493,7 @@ pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Bod
             (Ok(k), Ok(v)) => {
                 h.append(k, v);
             }
-            _ => warn!(header = %k, "dropping invalid header from peer"),
+            _ => warn!(target: LOG, header = %k, "dropping invalid header from peer"),
         }
     }
     resp
@@ -515,7 +519,7 @@ pub(crate) fn serve<H: ProxiedHandler>(
             let remote = conn.remote_address();
             tokio::spawn(
                 serve_connection(conn, peer, link, handler)
-                    .instrument(info_span!("peer_conn", %remote)),
+                    .instrument(info_span!(target: LOG, "peer_conn", %remote)),
             );
         },
     ));
@@ -545,10 +549,10 @@ pub(crate) fn serve<H: ProxiedHandler>(
                     drop(pending);
                     match r {
                         Ok(conn) => links.accepted(conn),
-                        Err(e) => debug!(error = %e, "peer handshake failed"),
+                        Err(e) => debug!(target: LOG, error = %e, "peer handshake failed"),
                     }
                 }
-                .instrument(info_span!("peer_conn", %remote)),
+                .instrument(info_span!(target: LOG, "peer_conn", %remote)),
             );
         }
     }
@@ -567,7 +571,7 @@ async fn serve_connection<H: ProxiedHandler>(
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(e) => {
-                debug!(reason = %e, "peer connection closed");
+                debug!(target: LOG, reason = %e, "peer connection closed");
                 return;
             }
         };
@@ -575,7 +579,7 @@ async fn serve_connection<H: ProxiedHandler>(
         if let Some(more) = more_streams(now_open, allowed) {
             allowed = more;
             conn.set_max_concurrent_bi_streams(allowed.into());
-            debug!(allowed, "peer stream allowance raised");
+            debug!(target: LOG, allowed, "peer stream allowance raised");
         }
         let busy = link.enter();
         let handler = handler.clone();
@@ -614,7 +618,7 @@ async fn serve_stream<H: ProxiedHandler>(
         Err(e) => return refuse_bad_head(&HeadError::Wire(e), &mut send, &mut recv),
     };
     if !handler.accepting() {
-        debug!(entry = %head.entry, "refusing a proxied request: this node is shutting down");
+        debug!(target: LOG, entry = %head.entry, "refusing a proxied request: this node is shutting down");
         let _ = recv.stop(wire::RESET_REFUSED.into());
         let _ = send.reset(wire::RESET_REFUSED.into());
         return;
@@ -622,7 +626,7 @@ async fn serve_stream<H: ProxiedHandler>(
     // The connection's certificate proved `peer` at accept time; a head
     // claiming another entry is refused with the whole connection.
     if head.entry != &**peer {
-        warn!(claimed = %head.entry, proved = %peer, "peer certificate does not match the entry it claims: refusing the connection");
+        warn!(target: LOG, claimed = %head.entry, proved = %peer, "peer certificate does not match the entry it claims: refusing the connection");
         conn.close(2u32.into(), b"certificate does not match entry node id");
         return;
     }
@@ -687,14 +691,13 @@ async fn serve_stream<H: ProxiedHandler>(
             r
         }
         Err(e) => {
-            warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "bad request head from peer: closing that stream");
+            warn!(target: LOG, id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "bad request head from peer: closing that stream");
             let _ = send.reset(wire::RESET_BAD_FRAME.into());
             return;
         }
     };
     // Debug level, like the entry's `request` span (cost per request).
-    let span =
-        debug_span!("proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
+    let span = debug_span!(target: LOG, "proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     let resp = handler.serve(&head, req).instrument(span).await;
     let (mut parts, body) = resp.into_parts();
     let app_tunnel = (parts.status == http::StatusCode::SWITCHING_PROTOCOLS)
@@ -722,7 +725,7 @@ async fn serve_stream<H: ProxiedHandler>(
     let frame = match wire::encode(&rh) {
         Ok(f) => f,
         Err(e) => {
-            warn!(id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "cannot encode response head");
+            warn!(target: LOG, id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "cannot encode response head");
             let _ = send.reset(wire::RESET_BAD_FRAME.into());
             return;
         }
@@ -741,7 +744,7 @@ async fn serve_stream<H: ProxiedHandler>(
         return;
     }
     if let Err(e) = body::pump(body, &mut send).await {
-        debug!(error = %e, "response body to peer stopped");
+        debug!(target: LOG, error = %e, "response body to peer stopped");
     }
 }
 

@@ -207,6 +207,8 @@ impl<'s> Run<'s> {
             "build the simulation with RUSTFLAGS=\"--cfg tokio_unstable\" (simulations/peerlb-sim does): \
              otherwise tokio's select! is not seeded and runs are not reproducible"
         );
+        // The run's wall time, reported beside the simulated time; no node
+        // reads it.
         #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
         let wall_start = std::time::Instant::now();
         let scn = self.scenario;
@@ -297,6 +299,7 @@ impl<'s> Run<'s> {
         self.trace
             .line("sim", format_args!("end at={}ms", simulated.as_millis()));
         let probe = self.probe(&mut sim)?;
+        // The run's wall time (above).
         #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
         let wall = wall_start.elapsed();
         drop(sim);

@@ -359,11 +359,7 @@ fn the_memory_of_members_is_bounded() {
 }
 
 #[test]
-fn the_default_member_cap_fits_any_digest_and_the_heartbeat_lead_grows_with_the_cap() {
-    // 128 members with 63-byte ids over IPv6, in the longest cluster name
-    // a datagram leaves room for.
-    assert!(DEFAULT_MAX_MEMBERS * digest_entry(63, true) <= digest_budget(&"c".repeat(1000)));
-    assert_eq!(digest_entry(5, false), 46);
+fn the_heartbeat_lead_grows_with_the_cap() {
     assert_eq!(
         heartbeats_per_round(DEFAULT_MAX_MEMBERS),
         HEARTBEATS_PER_ROUND

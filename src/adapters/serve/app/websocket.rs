@@ -19,6 +19,10 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use crate::adapters::body::{self, Body};
 use crate::adapters::tunnel::{self, Tunnel};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::app::websocket";
+
 /// The path of the echo.
 pub(crate) const PATH: &str = "/ws/echo";
 
@@ -114,12 +118,12 @@ async fn echo(io: tokio::io::DuplexStream) {
             // too, and the stream then ends.
             Ok(_) => Ok(()),
             Err(e) => {
-                tracing::debug!(error = %e, "websocket echo: peer broke the protocol");
+                tracing::debug!(target: LOG, error = %e, "websocket echo: peer broke the protocol");
                 return;
             }
         };
         if let Err(e) = sent {
-            tracing::debug!(error = %e, "websocket echo: send failed");
+            tracing::debug!(target: LOG, error = %e, "websocket echo: send failed");
             return;
         }
     }

@@ -31,6 +31,10 @@ use crate::adapters::REQUEST_PATH;
 use crate::engine::sip::upstream::{self as up, Received};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::sip::upstream";
+
 /// The answers of a transaction in flight, once it ends (`None` until
 /// then).
 type Outcome = watch::Receiver<Option<Arc<Vec<SipMessage>>>>;
@@ -312,7 +316,7 @@ async fn read_answers(socket: Arc<UdpSocket>, waiting: Arc<Waiting>, callee: Arc
                 }
             }
             Err(e) => {
-                debug!(error = %e, "sip upstream socket error");
+                debug!(target: LOG, error = %e, "sip upstream socket error");
                 for tx in waiting.lock().expect("waiting lock").values() {
                     let _ = tx.send(Datagram::Failed);
                 }

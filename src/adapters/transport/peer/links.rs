@@ -69,6 +69,10 @@ use crate::adapters::transport::tls;
 use crate::engine::node_id::NodeId;
 use crate::seam::{NodeEvent, Observer};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::peer::links";
+
 /// Application close code: the keeper heard nothing from a busy peer for
 /// `idle_timeout`.
 const CLOSE_SILENT: u32 = 3;
@@ -440,7 +444,7 @@ impl PeerLinks {
                     l.state.lock().expect("link state lock").retired = true;
                 }
                 self.routable.send_if_modified(|set| set.remove(&id));
-                debug!(peer = %id, "peer forgotten");
+                debug!(target: LOG, peer = %id, "peer forgotten");
             }
         }
         for (id, (addr, generation)) in wanted {
@@ -474,7 +478,8 @@ impl PeerLinks {
         let me = Arc::clone(self);
         let peer = id.clone();
         tokio::spawn(
-            async move { me.supervise(peer).await }.instrument(info_span!("peer", peer = %id)),
+            async move { me.supervise(peer).await }
+                .instrument(info_span!(target: LOG, "peer", peer = %id)),
         )
     }
 
@@ -524,16 +529,16 @@ impl PeerLinks {
                         || e.contains("UnknownIssuer")
                         || e.contains("name");
                     if identity {
-                        warn!(error = %e, "peer handshake refused: not routing to it");
+                        warn!(target: LOG, error = %e, "peer handshake refused: not routing to it");
                     } else if failures == 3 {
-                        warn!(error = %e, "peer unreachable: retrying");
+                        warn!(target: LOG, error = %e, "peer unreachable: retrying");
                     } else {
-                        debug!(error = %e, "peer connect failed");
+                        debug!(target: LOG, error = %e, "peer connect failed");
                     }
                     if dial::give_up(failures, ever_connected) {
                         let mut slots = self.slots.lock().expect("peer slots lock");
                         if let Some(s) = slots.get_mut(&id) {
-                            warn!(addr = %s.addr, generation = s.generation, attempts = failures, "peer never completed a handshake: not dialling it again until gossip announces it with another address or generation");
+                            warn!(target: LOG, addr = %s.addr, generation = s.generation, attempts = failures, "peer never completed a handshake: not dialling it again until gossip announces it with another address or generation");
                             s.gave_up = Some((s.addr, s.generation));
                         }
                         return;
@@ -577,7 +582,7 @@ impl PeerLinks {
         };
         match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
             Ok(Ok(conn)) => {
-                info!(%addr, "peer connected");
+                info!(target: LOG, %addr, "peer connected");
                 Ok(self.register(id, conn, true))
             }
             Ok(Err(e)) => self.dial_failed(id, e),
@@ -591,7 +596,7 @@ impl PeerLinks {
     /// up on), else the peer is ejected and the error returned.
     fn dial_failed(self: &Arc<Self>, id: &NodeId, e: String) -> Result<Arc<Link>, String> {
         if let Some(l) = self.pick(id) {
-            debug!(error = %e, "peer dial failed, but the peer connected to this node meanwhile");
+            debug!(target: LOG, error = %e, "peer dial failed, but the peer connected to this node meanwhile");
             return Ok(l);
         }
         self.eject(id);
@@ -690,7 +695,7 @@ impl PeerLinks {
         let (peer, l) = (id.clone(), link.clone());
         tokio::spawn(
             async move { me.keep(peer, l).await }
-                .instrument(info_span!("peer_link", peer = %id, dialled)),
+                .instrument(info_span!(target: LOG, "peer_link", peer = %id, dialled)),
         );
         link
     }
@@ -814,12 +819,12 @@ impl PeerLinks {
         drop(slots);
         if eject {
             if silent {
-                warn!(
+                warn!(target: LOG,
                     reason = "silent",
                     "peer connection lost: ejected until it reconnects"
                 );
             } else {
-                warn!(reason = %why, "peer connection lost: ejected until it reconnects");
+                warn!(target: LOG, reason = %why, "peer connection lost: ejected until it reconnects");
             }
             if self.routable.send_if_modified(|set| set.remove(id)) {
                 self.ejections
@@ -827,7 +832,7 @@ impl PeerLinks {
                 self.observer.observe(&NodeEvent::PeerEjected { peer: id });
             }
         } else {
-            debug!(reason = %why, "peer connection ended");
+            debug!(target: LOG, reason = %why, "peer connection ended");
         }
     }
 
@@ -926,12 +931,12 @@ fn dialler_id(conn: &quinn::Connection) -> Option<NodeId> {
     match id.map(|id| tls::verify_peer_is(&certs, &id).map(|()| id)) {
         Some(Ok(id)) => Some(NodeId::from(id.as_str())),
         Some(Err(e)) => {
-            warn!(error = %e, "peer certificate does not verify for the node it names: refusing the connection");
+            warn!(target: LOG, error = %e, "peer certificate does not verify for the node it names: refusing the connection");
             conn.close(2u32.into(), b"certificate does not match a node id");
             None
         }
         None => {
-            warn!("peer certificate names no single node id: refusing the connection");
+            warn!(target: LOG, "peer certificate names no single node id: refusing the connection");
             conn.close(2u32.into(), b"certificate does not match a node id");
             None
         }

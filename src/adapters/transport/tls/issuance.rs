@@ -21,6 +21,10 @@ use super::TlsError;
 use super::configs::{provider, read_certs, read_file, verify_chain};
 use super::identity::{NAME_CONSTRAINT, checked_server_name, node_server_name};
 
+/// The tracing target of this module's events: its path before the
+/// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
+const LOG: &str = "peerlb::adapters::tls::issuance";
+
 /// File stem of the cluster CA in a certificate directory.
 const CA_STEM: &str = crate::engine::node_id::RESERVED_NODE_ID;
 /// Validity of a generated CA certificate, in years from generation.
@@ -135,7 +139,7 @@ pub fn generate(
             out.created.push(key_path.clone());
             write_new(&cert_path, cert_pem.as_bytes(), 0o644)?;
             out.created.push(cert_path.clone());
-            tracing::info!(node_id = %id, cert = %cert_path.display(), "node certificate created");
+            tracing::info!(target: LOG, node_id = %id, cert = %cert_path.display(), "node certificate created");
         }
         out.nodes.push(((*id).to_owned(), cert_path, key_path));
     }
