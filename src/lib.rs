@@ -49,7 +49,8 @@
 
 #![warn(missing_docs, unreachable_pub)]
 // No unsafe code, but where a reason stands beside an `#[allow]`
-// (`sim/os.rs`: the simulation's `getrandom` override).
+// (`adapters/transport/peer/udp.rs`: registering the peer socket with
+// tokio's reactor; `sim/os.rs`: the simulation's `getrandom` override).
 #![deny(unsafe_code)]
 // The clock calls clippy.toml bans (they would escape the simulation's
 // virtual time), denied everywhere but where an `#[allow]` says why.

@@ -3,7 +3,9 @@
 //! lives in its own file under `cli/`, the helpers they share in `cli.rs`.
 
 // No unsafe code, but the libc calls whose `#[allow]` says why
-// (`cli/node.rs`: the open file limit; `cli/up.rs`: signalling a child).
+// (`cli/node.rs`: the open file limit; `cli/up.rs`: signalling a child;
+// `cli/memory.rs`: returning free memory to the OS; SIGPIPE's default
+// action below).
 #![deny(unsafe_code)]
 #![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 
@@ -75,8 +77,11 @@ fn main() -> ExitCode {
         // Printing commands end quietly when their reader goes away
         // (`peerlb route ... | head`), like other Unix tools.
         // SAFETY: restoring the default disposition of one signal before
-        // any thread starts.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        // any thread starts. Through libc: std has no call for it.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL)
+        };
     }
     cli::init_tracing(cli.log_format, cli.access_log);
     let code = match cli.cmd {

@@ -37,6 +37,8 @@ pub(crate) fn should_trim(free: usize, floor: usize) -> bool {
 /// Runs until the runtime stops: checks malloc's free memory every second
 /// and trims when [`should_trim`] says so. Does nothing where the C library
 /// is not glibc.
+// malloc_trim(3) through libc: std has no call for it.
+#[allow(unsafe_code)]
 pub(crate) async fn run() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -63,6 +65,8 @@ pub(crate) async fn run() {
 /// pages a trim released still count, so the figure is compared with the
 /// one read after the last trim).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+// mallinfo2(3) through libc: std has no call for it.
+#[allow(unsafe_code)]
 fn held_free() -> usize {
     // SAFETY: mallinfo2 (glibc 2.33 and later) only reads malloc's state.
     unsafe { libc::mallinfo2() }.fordblks

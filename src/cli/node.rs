@@ -181,6 +181,8 @@ mod tests {
     }
 
     #[test]
+    // getrlimit(2) through libc, to read the limit back.
+    #[allow(unsafe_code)]
     fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
         let after = raise_open_file_limit().expect("readable limit");
         let mut lim = libc::rlimit {

@@ -57,7 +57,7 @@ mod forward;
 mod limits;
 
 use crate::adapters::http::{ConnEvent, Refusal, conn};
-pub(crate) use crate::adapters::http::{ConnInfo, ConnTable, Handler, ListenerSetup, serve};
+pub(crate) use crate::adapters::http::{ConnInfo, ConnTable, ListenerSetup, serve};
 
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";

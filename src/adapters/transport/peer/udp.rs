@@ -130,6 +130,9 @@ impl quinn::AsyncUdpSocket for PeerUdpSocket {
 }
 
 /// Registers `socket` with the current runtime's reactor for `interest`.
+// tokio's `AsyncFd::register_with_interest` is unsafe (an I/O-safety
+// condition on the descriptor, kept below).
+#[allow(unsafe_code)]
 fn register(
     socket: std::net::UdpSocket,
     interest: Interest,
