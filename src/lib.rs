@@ -22,23 +22,50 @@
 //!   hash key and dialog parameter, the SIP decision, the demo SIP
 //!   server), `testing` (doc-hidden test
 //!   support: the request builder the unit tests and the benches share).
-//! - `adapters/` (I/O): `gossip` (chitchat over a transport sealed with
-//!   the cluster [`keyring`], bounds on what gossip may say), `peer` (quinn
-//!   endpoint, client pool and server, admission before authentication), `wire` (peer stream frames), `ingress` (hyper
-//!   server and the request path; before HTTP, the PROXY protocol header
-//!   and the TLS handshake a client listener asks for), `sip` (SIP over
-//!   UDP and TCP on `sip_addr`, forwarded on the peer wire; an owner's
-//!   relay to an upstream SIP server), `owner`
-//!   (serving with the local app),
-//!   `node_state` (counters, in-flight, weight, rules: shared by ingress,
-//!   owner and `admin`), `pause` (a pause of the node's own process
-//!   noticed, failure decisions held after it), `errors` (every error as
-//!   an HTTP answer), `app`
-//!   (built-in and upstream app), `tls` (identity, issuance, configs:
-//!   cluster CA, node certificates, mutual TLS; `tls::entry`: HTTPS at the
-//!   entry, certificates by SNI, reloads).
+//! - `engine/` also holds `gossip_budget` (the members a full gossip
+//!   digest leaves room for in one datagram, shared with [`config`]).
+//! - `seam` (re-exported as [`env`]'s traits): the I/O seam's traits
+//!   below the adapters: [`env::Connection`], [`env::HttpListener`],
+//!   [`env::Clock`], [`env::NodeEvent`], [`env::Observer`].
+//! - `adapters/` (I/O), in wings, lowest first (docs/architecture.md,
+//!   "Layout: the wings"; `tests/layout.rs` keeps every arrow pointing
+//!   down):
+//!   - the shared base: `wire` (peer stream frames), `framing` (the body
+//!     framing a head implies), `body` (streaming bodies, the QUIC body
+//!     pump), `tunnel` (the byte relay of upgraded connections), `access`
+//!     (request id, access log), `metrics` (histograms and counts);
+//!   - `cluster/`: `gossip` (chitchat), `keyring` (the cluster
+//!     [`keyring`]), `sealed` (the sealed gossip transport), `bounds`
+//!     (what a gossip datagram may say), `pause` (a pause of the node's
+//!     own process noticed, failure decisions held after it);
+//!   - `transport/`: `peer` (quinn endpoint, client pool and server;
+//!     `peer/links`, `peer/dial`, admission before authentication in
+//!     `peer/admission`, the peer UDP socket in `peer/udp`), `tls`
+//!     ([`tls`]: identity, issuance, configs: cluster CA, node
+//!     certificates, mutual TLS);
+//!   - `http/`: the server kit of the client and admin listeners: `server`
+//!     (accept loop), `conns` (connection table), `conn` (before HTTP: the
+//!     PROXY protocol header, `proxy_protocol`, and the TLS handshake),
+//!     `entry_tls` ([`tls::entry`]: HTTPS at the entry, certificates by
+//!     SNI, reloads), `preface`, `send_timeout`;
+//!   - the shared state: `node_state` (counters, in-flight, weight, rules:
+//!     shared by ingress, owner and admin), `errors` (every error as an
+//!     HTTP answer);
+//!   - `ops/`: `admin` (the admin API; `admin/members`, `admin/manager`,
+//!     `admin/browser`), `keyring_admin`, `health`, `metrics_page`,
+//!     `admin_server` (the admin listener);
+//!   - `serve/`: `owner` (serving with the local app), `app` (built-in
+//!     and upstream app), `upstream` (the pool to the app), `forwarded`
+//!     (`X-Forwarded-*`), `sip` (the SIP app; `sip/upstream`: the relay to
+//!     an upstream SIP server);
+//!   - `front/`: `ingress` (hyper server and the request path;
+//!     `ingress/limits`, `ingress/forward`), `client_input` (checks of
+//!     what a client sent), `extended_connect` (WebSocket over HTTP/2),
+//!     `sip` (SIP over UDP and TCP on `sip_addr`, forwarded on the peer
+//!     wire).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
-//! - [`env`]: the I/O seam: sockets, generation and seed handed to a node.
+//! - [`env`]: [`Env`] and [`Env::bind`]: sockets, generation and seed
+//!   handed to a node (above the adapters).
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
 //! - `main.rs` and `cli/` (binary crate): the `peerlb` CLI, one file per
 //!   command (`node`, `up`, `certs`, `check-config`, `route`, `app`: the
@@ -64,7 +91,7 @@ pub mod explain;
 #[cfg(test)]
 mod fuzz;
 pub mod node;
-mod seam;
+pub(crate) mod seam;
 #[cfg(feature = "sim")]
 pub mod sim;
 

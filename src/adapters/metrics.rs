@@ -92,7 +92,7 @@ pub(crate) struct HistogramSnapshot {
 }
 
 /// Bytes read from and written to client connections (counted by the
-/// connection wrapper, `send_timeout.rs`).
+/// connection wrapper, `http/send_timeout.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct ByteCounts {
     received: AtomicU64,

@@ -12,7 +12,7 @@
 //!    relay's own socket). On TCP a framing error also closes the
 //!    connection. A UDP request from the upstream SIP server's address is
 //!    the callee's side of a dialog and is relayed toward the caller
-//!    instead (`sip/upstream.rs`).
+//!    instead (`serve/sip/upstream.rs`).
 //! 2. `Max-Forwards: 0` gets `483` (RFC 3261 16.3 step 3); otherwise it is
 //!    decremented (16.6 step 3). A top `Route` carrying this cluster's
 //!    dialog parameters is this cluster's own: it is removed (16.4).
@@ -30,7 +30,7 @@
 //!    gives.
 //!
 //! With `sip_app = "udp:<ip>:<port>"` the owner forwards the request to
-//! that upstream SIP server instead (`sip/upstream.rs`) and its answers
+//! that upstream SIP server instead (`serve/sip/upstream.rs`) and its answers
 //! take the same way back.
 //!
 //! The listeners run inside the node's runtime only in production: the

@@ -2,7 +2,7 @@
 //! (`sip_app = "udp:<ip>:<port>"`), as pure functions: the request as
 //! sent upstream, the retransmission schedule, which datagrams belong to
 //! the transaction, and the ACK of a non-2xx final answer to an INVITE.
-//! `adapters/sip/upstream.rs` does the sending and the waiting.
+//! `adapters/serve/sip/upstream.rs` does the sending and the waiting.
 //!
 //! The owner acts as a transaction-stateful proxy for one hop (RFC 3261
 //! 16.6, 17.1): it puts its own `Via` on top, retransmits over UDP until

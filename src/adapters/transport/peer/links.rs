@@ -281,7 +281,7 @@ pub(crate) struct PeerLinks {
     ejections: std::sync::atomic::AtomicU64,
 }
 
-/// The peer links by state, read at a scrape (`metrics.rs`).
+/// The peer links by state, read at a scrape (`ops/metrics_page.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LinkCounts {
     /// Connections with streams open, or whose last stream ended less than
