@@ -331,16 +331,7 @@ async fn kill_9_loses_no_request_that_entered_through_a_survivor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_behind_haproxy_in_tcp_mode_loses_no_request_through_a_survivor() {
-    let Some(haproxy) = which("haproxy") else {
-        // .ci/run installs haproxy and sets PEERLB_REQUIRE_HAPROXY: there a
-        // missing haproxy fails this test; a developer machine without it
-        // is told how to get it.
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
-                && std::env::var_os("CI").is_none(),
-            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
-        );
-        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
+    let Some(haproxy) = support::skip::haproxy() else {
         return;
     };
     let mut c = Cluster::start("haproxy", 3, "", USER_RULES);

@@ -19,19 +19,9 @@ use hyper_util::rt::TokioIo;
 use peerlb::Ring;
 use support::*;
 
-/// HAProxy, or `None` (with the skip explained) on a developer machine
-/// without it; CI (`PEERLB_REQUIRE_HAPROXY`) requires it.
+/// HAProxy, or `None` after the skip (tests/support/skip.rs).
 fn haproxy() -> Option<PathBuf> {
-    let h = which("haproxy");
-    if h.is_none() {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
-                && std::env::var_os("CI").is_none(),
-            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
-        );
-        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
-    }
-    h
+    support::skip::haproxy()
 }
 
 /// Kills HAProxy when the test ends, passing or not.

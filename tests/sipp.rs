@@ -31,15 +31,11 @@ const RATE: u32 = 100;
 /// The `sipp` binary, or `None` after printing `SKIPPED` (see the
 /// module doc for when a missing one fails instead).
 fn sipp_or_skip() -> Option<PathBuf> {
-    let found = which("sipp");
-    if found.is_none() {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_SIPP").is_none() && std::env::var_os("CI").is_none(),
-            "sipp is missing but this run requires it (PEERLB_REQUIRE_SIPP or CI is set)"
-        );
-        eprintln!("SKIPPED: sipp is not installed (apt-get install -y sip-tester, or run .ci/run)");
-    }
-    found
+    support::skip::tool(
+        &["sipp"],
+        "PEERLB_REQUIRE_SIPP",
+        "apt-get install -y sip-tester",
+    )
 }
 
 /// Starts SIPp's `uac` scenario: `CALLS` calls at `RATE` a second to
