@@ -728,8 +728,12 @@ pub fn user_where(ring: &Ring, pred: impl Fn(&str) -> bool) -> String {
         .expect("some key matches")
 }
 
+/// The counter `name` of the node whose client address is `addr`;
+/// panics when the node does not answer or has no such counter (never 0
+/// for a missing one).
 pub fn counter(addr: std::net::SocketAddr, name: &str) -> u64 {
-    status(addr).expect("status")["counters"][name]
+    let s = status(addr).unwrap_or_else(|| panic!("{addr} does not answer its status"));
+    s["counters"][name]
         .as_u64()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{addr}: no counter {name} in {}", s["counters"]))
 }
