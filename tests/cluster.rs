@@ -291,7 +291,13 @@ async fn views_serve(addrs: &[std::net::SocketAddr], ids: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_request_that_entered_through_a_survivor() {
-    let mut c = Cluster::start("kill", 3, "", USER_RULES);
+    // The steady peer settings (support::STEADY): on the default 1 s idle
+    // timeout a survivor stalled by the loaded machine loses its link to
+    // the other survivor, and the failover counters move after the views
+    // settled for that reason, not the kill. The dead node is still
+    // ejected, by gossip's failure detector (support::gossip_detection)
+    // if not by its link's loss first.
+    let mut c = Cluster::start("kill", 3, STEADY, USER_RULES);
     let addrs: Vec<_> = c.nodes.iter().map(|n| (n.id.clone(), n.http)).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let conns = 2;

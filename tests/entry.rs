@@ -459,9 +459,9 @@ fn a_replaced_certificate_is_served_without_a_restart() {
     // the files' new stamps).
     let log = c.log("n1");
     assert!(
-        log.lines().any(|l| l.contains(
-            "listener certificates cannot be reloaded: the certificates in force stay"
-        ) && l.contains("listener.tls.cert")),
+        log.lines().any(|l| l
+            .contains("listener certificates cannot be reloaded: the certificates in force stay")
+            && l.contains("listener.tls.cert")),
         "the refused reload is logged: {log}"
     );
     // At least the poll's reload of the second certificate and the

@@ -319,7 +319,6 @@ fn weight_change_reaches_every_ring_and_moves_the_share() {
         assert!((0.2..0.34).contains(&moved), "{moved}");
         let share = &o.figures.shares[0];
         assert_eq!(share.node, "n1");
-        assert!((share.weight_share - 0.6).abs() < 1e-9, "{share:?}");
         // The engine's ring gives n1 about 3/5 of the keys...
         assert!((share.ring_share - 0.6).abs() < 0.04, "{share:?}");
         // ...and n1 served that share of the requests once every ring
