@@ -14,7 +14,8 @@
 //! stripped path has no route parameter left, a 2xx-free parse never
 //! panics). Not coverage-guided (cargo-fuzz needs a nightly toolchain);
 //! docs/operations.md, "Fuzzing", says how to run it and what the last
-//! run found. Not part of CI: every target is `#[ignore]`d.
+//! run found. Every target is `#[ignore]`d, so `cargo test` skips them;
+//! `.ci/run` runs each for 3 s (`PEERLB_FUZZ_SECS=3`, `--ignored`).
 //!
 //! ```sh
 //! PEERLB_FUZZ_SECS=120 cargo test --release --lib fuzz:: -- --ignored --nocapture --test-threads 1

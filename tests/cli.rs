@@ -40,6 +40,10 @@ fn an_invalid_config_names_the_field_and_exits_64_before_binding() {
             "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{port}\"\npeer_addr = \"127.0.0.1:1\"\ngossip_addr = \"not an address\"\n"
         ),
     );
+    // The client port is taken while the commands run: a node that bound
+    // it before validating would fail on the bind instead, and its error
+    // would not name the field.
+    let held = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     for args in [
         vec!["check-config", "--config"],
         vec!["node", "--node", "n1", "--config"],
@@ -48,7 +52,9 @@ fn an_invalid_config_names_the_field_and_exits_64_before_binding() {
         assert_eq!(out.status.code(), Some(64), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("nodes[0].gossip_addr"), "{args:?}: {err}");
+        assert!(!err.contains("bind"), "{args:?}: {err}");
     }
+    drop(held);
     // Unknown fields are named too.
     let unknown = write(&dir, "unknown.toml", "nmae = \"typo\"\n");
     let out = Command::new(bin())

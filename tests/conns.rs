@@ -67,10 +67,6 @@ async fn closed(s: &mut TcpStream) -> bool {
     )
 }
 
-fn counter(http: SocketAddr, name: &str) -> u64 {
-    status(http).map_or(0, |s| s["counters"][name].as_u64().unwrap_or(0))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_source_holding_its_share_does_not_lock_out_another() {
     // 20 connections in all, half of them per source.

@@ -5,8 +5,8 @@
 //! (python3-yaml) of the Kubernetes manifests with the cluster.toml they
 //! embed validated by peerlb itself, and a parse of the Dockerfile's
 //! instructions (no Docker daemon here: the image build is not exercised).
-//! A missing tool skips its test with a note, unless CI or
-//! `PEERLB_REQUIRE_DEPLOY_TOOLS` is set.
+//! A missing tool skips its test with a `SKIPPED` line, unless CI or
+//! `PEERLB_REQUIRE_DEPLOY_TOOLS` is set (tests/support/skip.rs).
 
 // Black-box tests of files and tools: no simulated time here.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -31,18 +31,11 @@ fn read(path: &str) -> String {
 /// The tool `name`, or `None` (after saying so) when it is missing and the
 /// run does not require it.
 fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let found = which(name);
-    if found.is_none() {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_DEPLOY_TOOLS").is_none()
-                && std::env::var_os("CI").is_none(),
-            "{name} is missing but this run requires it (apt-get install -y {package})"
-        );
-        eprintln!(
-            "SKIPPED: {name} is not installed (apt-get install -y {package}, or run .ci/run)"
-        );
-    }
-    found
+    support::skip::tool(
+        &[name],
+        "PEERLB_REQUIRE_DEPLOY_TOOLS",
+        &format!("apt-get install -y {package}"),
+    )
 }
 
 /// The default drain time of a node, in whole seconds rounded up:

@@ -4,7 +4,7 @@
 //! `Connection: close` on kept-alive client connections, health 503 in
 //! each non-serving state), changes for another member forwarded over the
 //! peer link, `peerlb status`, the documented HAProxy check marking a
-//! draining node down, and a rolling restart behind HAProxy under
+//! draining or leaving (SIGTERM) node down, and a rolling restart behind HAProxy under
 //! keep-alive load (without `Connection: close` from the leaving nodes it
 //! lost about one request in 4,000-10,000).
 
@@ -456,22 +456,22 @@ async fn status_prints_the_cluster_as_one_node_sees_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undrained_one_up() {
+async fn the_documented_haproxy_check_marks_a_draining_or_leaving_node_down_and_an_undrained_one_up()
+ {
     use support::haproxy::{haproxy_example, haproxy_status};
-    let Some(haproxy) = which("haproxy") else {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
-                && std::env::var_os("CI").is_none(),
-            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
-        );
-        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
+    let Some(haproxy) = support::skip::haproxy() else {
         return;
     };
-    let c = Cluster::start(
+    // One HAProxy cluster for both ways out of the sprayer's rotation: a
+    // drain (and undrain) through the admin API, then a SIGTERM, whose
+    // node HAProxy marks down within its drain grace, while its listener
+    // is still open and answers `leaving`.
+    let mut c = Cluster::start(
         "drain-haproxy",
         3,
-        // The documented HAProxy example sends the PROXY protocol v2.
-        &format!("{STEADY}[listener]\nproxy_protocol = true\n"),
+        // The documented HAProxy example sends the PROXY protocol v2 (its
+        // health checks too, as the v2 LOCAL command).
+        &format!("{STEADY}[listener]\nproxy_protocol = true\n[limits]\ndrain_grace_ms = 5000\n"),
         "",
     );
     let socket = c.dir.join("haproxy.sock");
@@ -518,6 +518,20 @@ async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undraine
     let n2_up = poll(Duration::from_secs(10), || {
         states(&[("n1", "UP"), ("n2", "UP"), ("n3", "UP")])
     });
+    // SIGTERM: HAProxy marks n1 down within its 5 s drain grace.
+    let n1 = c.nodes[0].http;
+    let mut child = c.sigterm("n1");
+    let n1_down = poll(Duration::from_secs(4), || {
+        states(&[("n1", "DOWN"), ("n2", "UP"), ("n3", "UP")])
+    });
+    // Still within the grace: the listener is open and says leaving.
+    let still_open = std::net::TcpStream::connect(n1).ok().map(|mut s| {
+        use std::io::Write;
+        let _ = s.write_all(
+            b"PROXY TCP4 127.0.0.1 127.0.0.1 1 2\r\nGET /_peerlb/health HTTP/1.1\r\nhost: n1\r\nconnection: close\r\n\r\n",
+        );
+        read_until_closed(&mut s).0
+    });
     let status = haproxy_status(&socket);
     let _ = hap.kill();
     let _ = hap.wait();
@@ -530,6 +544,15 @@ async fn the_documented_haproxy_check_marks_a_draining_node_down_and_an_undraine
     );
     assert_eq!(undrained.0, 0, "{undrained:?}");
     n2_up.unwrap_or_else(|()| panic!("haproxy did not mark n2 up again: {status:?}"));
+    n1_down.unwrap_or_else(|()| {
+        panic!("haproxy did not mark n1 down during its drain grace: {status:?}")
+    });
+    let still_open = still_open.expect("n1's listener is open within the grace");
+    assert!(
+        still_open.starts_with("HTTP/1.1 503") && still_open.ends_with("\r\n\r\nleaving\n"),
+        "{still_open:?}"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -552,13 +575,7 @@ async fn a_leaving_node_tells_its_kept_alive_clients_to_reconnect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_behind_haproxy_under_keep_alive_load_loses_no_request() {
     use support::haproxy::{haproxy_example, haproxy_status};
-    let Some(haproxy) = which("haproxy") else {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
-                && std::env::var_os("CI").is_none(),
-            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
-        );
-        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
+    let Some(haproxy) = support::skip::haproxy() else {
         return;
     };
     let mut c = Cluster::start(

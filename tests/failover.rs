@@ -134,7 +134,7 @@ async fn owner_dying_mid_request_replays_only_small_idempotent_requests() {
 
 // SIGTERM drains: in-flight requests finish, none routed to the leaving node fails (case C8 in docs/cases.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_in_flight_requests_and_loses_none_routed_to_the_leaving_node() {
+async fn c8_sigterm_drains_in_flight_requests_and_loses_none_routed_to_the_leaving_node() {
     let app = GatedApp::start().await;
     let mut c = Cluster::start(
         "drain",

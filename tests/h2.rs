@@ -361,46 +361,97 @@ async fn a_rapid_reset_flood_is_cut_off_without_growing_memory_or_starving_other
 }
 
 /// SIGTERM to the entry while two streams of one HTTP/2 connection are in
-/// flight (one served locally, one forwarded, each 2 s long): both finish
-/// with 200, the node sends GOAWAY (the connection ends without a new
-/// stream), and the node exits 0.
+/// flight (one served locally, one forwarded, both held by the gated app):
+/// the node sends GOAWAY (NO_ERROR) while they are still held, so a new
+/// stream is refused with the GOAWAY itself; then, released, both finish
+/// with 200, the connection ends, and the node exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_sends_goaway_and_lets_the_streams_in_flight_finish() {
+    let app = GatedApp::start().await;
     let mut c = Cluster::start(
         "h2drain",
         2,
-        &format!("[ring]\nvnodes = 1024\n{STEADY}[limits]\ndrain_grace_ms = 300\n"),
+        &format!(
+            "app = \"http://{}\"\n[ring]\nvnodes = 1024\n{STEADY}[limits]\ndrain_grace_ms = 300\n",
+            app.addr
+        ),
         USER_RULES,
     );
     let r = ring(&["n1", "n2"], 1024);
     let local = user_where(&r, |o| o == "n1");
     let remote = user_where(&r, |o| o == "n2");
     let entry = c.nodes[0].http;
-    let (sender, driver) = h2_connect(entry).await;
-    let mut tasks = Vec::new();
+    let tcp = tokio::net::TcpStream::connect(entry).await.unwrap();
+    let (h2c, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(conn);
+    let mut h2c = h2c.ready().await.unwrap();
+    let mut held = Vec::new();
     for user in [&local, &remote] {
-        let mut s = sender.clone();
-        let uri = format!("http://{entry}/delay/2000?user={user}");
-        tasks.push(tokio::spawn(async move {
-            h2_send(&mut s, "GET", &uri, vec![]).await
-        }));
+        let req = http::Request::get(format!("http://{entry}/hold?user={user}"))
+            .body(())
+            .unwrap();
+        let (resp, _) = h2c.send_request(req, true).unwrap();
+        held.push(resp);
+        h2c = h2c.ready().await.unwrap();
     }
-    // Both streams are in flight at the entry.
-    eventually(Duration::from_secs(10), || {
-        status(entry).is_some_and(|s| s["inflight"].as_u64() >= Some(2))
+    // Both streams are at the app, held.
+    eventually(Duration::from_secs(10), || app.arrived("/hold") == 2)
+        .await
+        .expect("both requests reach the app");
+    let mut child = c.sigterm("n1");
+    // The GOAWAY, while the two streams are still held: a new stream on
+    // the connection fails with it (within the drain grace new streams
+    // are still served: the probe path is not held).
+    let goaway = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let req = http::Request::get(format!("http://{entry}/probe?user={local}"))
+                .body(())
+                .unwrap();
+            let err = match h2c.clone().ready().await {
+                Err(e) => e,
+                Ok(mut s) => match s.send_request(req, true) {
+                    Err(e) => e,
+                    Ok((resp, _)) => match resp.await {
+                        Err(e) => e,
+                        Ok(_) => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            continue;
+                        }
+                    },
+                },
+            };
+            assert!(err.is_go_away(), "{err}");
+            return err;
+        }
     })
     .await
-    .expect("two requests in flight");
-    let mut child = c.sigterm("n1");
-    for t in tasks {
-        let (status, _, body) = t.await.unwrap().expect("stream finished");
-        assert_eq!(status, 200, "{body:?}");
+    .expect("GOAWAY within 20 s of SIGTERM");
+    assert!(goaway.is_remote(), "{goaway}");
+    assert_eq!(goaway.reason(), Some(h2::Reason::NO_ERROR), "{goaway}");
+    assert_eq!(
+        app.arrived("/hold"),
+        2,
+        "a stream after the GOAWAY reached the app"
+    );
+    app.release();
+    for resp in held {
+        let resp = resp
+            .await
+            .expect("a stream in flight at the GOAWAY finished");
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut text = Vec::new();
+        while let Some(chunk) = body.data().await {
+            text.extend_from_slice(&chunk.unwrap());
+        }
+        assert!(text.starts_with(b"app GET /hold"), "{text:?}");
     }
-    // GOAWAY: the connection ends once its streams are done.
+    // The connection ends once its streams are done.
     tokio::time::timeout(Duration::from_secs(20), driver)
         .await
         .expect("the connection closed after its streams")
-        .unwrap();
+        .unwrap()
+        .expect("closed cleanly");
     let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
         .await
         .unwrap();

@@ -206,16 +206,22 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
 
 /// A node publishes (gossip `inflight`, the figure of bounded-load hashing
 /// and `least-load`) the requests its app serves, not the ones it only
-/// forwards: an entry forwarding a long request to its owner keeps
-/// publishing 0 while the owner publishes 1.
+/// forwards: an entry forwarding a request its owner holds (the gated app
+/// answers only when the test lets it) keeps publishing 0 while the owner
+/// publishes 1, for as long as the request is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_publishes_the_requests_it_serves_not_those_it_forwards() {
-    let c = Cluster::start("servedload", 2, "[ring]\nvnodes = 1024\n", USER_RULES);
+    let app = GatedApp::start().await;
+    let c = Cluster::start(
+        "servedload",
+        2,
+        &format!("app = \"http://{}\"\n[ring]\nvnodes = 1024\n", app.addr),
+        USER_RULES,
+    );
     let (entry, owner) = (c.nodes[0].http, c.nodes[1].http);
     let r = ring(&["n1", "n2"], 1024);
     let user = user_where(&r, |o| o == "n2");
-    let long =
-        tokio::spawn(async move { get(entry, &format!("/delay/3000?user={user}"), &[]).await });
+    let long = tokio::spawn(async move { get(entry, &format!("/hold?user={user}"), &[]).await });
     // The published count of `id` as node `at` sees it.
     let published = |at, id: &str| -> Option<u64> {
         let v = status(at)?;
@@ -238,5 +244,13 @@ async fn a_node_publishes_the_requests_it_serves_not_those_it_forwards() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(long.await.unwrap().status, 200);
+    // The request was held through the whole window: still in flight at
+    // the entry, still published by the owner, not answered.
+    assert_eq!(status(entry).unwrap()["inflight"], 1);
+    assert_eq!(published(entry, "n2"), Some(1));
+    assert!(!long.is_finished());
+    app.release();
+    let resp = long.await.unwrap();
+    assert_eq!((resp.status, resp.served_by()), (200, "n2"));
+    assert_eq!(app.arrived("/hold"), 1);
 }

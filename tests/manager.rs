@@ -8,9 +8,9 @@
 //! back to serving through the page. Also the page's CSRF defence, without a
 //! browser.
 //!
-//! Without Chromium the browser test is skipped with a message, unless
-//! `PEERLB_REQUIRE_CHROMIUM` is set (`.ci/run` sets it and installs
-//! Debian's `chromium`).
+//! Without Chromium the browser test is skipped with a `SKIPPED` line,
+//! unless `CI` or `PEERLB_REQUIRE_CHROMIUM` is set (`.ci/run` sets them and
+//! installs Debian's `chromium`; tests/support/skip.rs).
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -327,14 +327,11 @@ impl Browser {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_manager_page_drains_a_member_in_headless_chromium() {
-    let Some(exe) = which("chromium").or_else(|| which("chromium-browser")) else {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_CHROMIUM").is_none(),
-            "chromium is missing but this run requires it (PEERLB_REQUIRE_CHROMIUM is set)"
-        );
-        eprintln!(
-            "SKIPPED: chromium is not installed (apt-get install -y chromium, or run .ci/run)"
-        );
+    let Some(exe) = support::skip::tool(
+        &["chromium", "chromium-browser"],
+        "PEERLB_REQUIRE_CHROMIUM",
+        "apt-get install -y chromium",
+    ) else {
         return;
     };
     let c = Cluster::start("manager-page", 3, STEADY, "");

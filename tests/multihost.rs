@@ -13,8 +13,9 @@
 //! (`the_docs_multi_machine_steps_run_as_printed`).
 //!
 //! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`
-//! and `tar`: skipped with a message otherwise, a failure when
-//! `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces, veths and the
+//! and `tar`: skipped with a `SKIPPED` line otherwise, a failure when `CI`
+//! or `PEERLB_REQUIRE_NETNS` is set (as `.ci/run` does;
+//! tests/support/skip.rs). Namespaces, veths and the
 //! bridge are removed by a guard even when a test fails.
 
 // Real processes in real namespaces: wall-clock time and blocking sleeps.
@@ -82,10 +83,11 @@ fn skip() -> bool {
     let Some(why) = cannot_make_namespaces() else {
         return false;
     };
-    if std::env::var("PEERLB_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
-        panic!("PEERLB_REQUIRE_NETNS=1 but network namespaces cannot be made: {why}");
-    }
-    eprintln!("SKIPPED the multi-host tier: network namespaces cannot be made ({why})");
+    support::skip::skip(
+        "PEERLB_REQUIRE_NETNS",
+        &format!("network namespaces cannot be made ({why})"),
+        "run as root with iproute2 installed",
+    );
     true
 }
 
@@ -891,11 +893,13 @@ fn the_docs_multi_machine_steps_run_as_printed() {
         return;
     }
     for tool in ["curl", "jq", "tar"] {
-        if support::which(tool).is_none() {
-            if std::env::var("PEERLB_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
-                panic!("PEERLB_REQUIRE_NETNS=1 but `{tool}` (used by the docs' steps) is missing");
-            }
-            eprintln!("SKIPPED the docs' multi-machine steps: no `{tool}`");
+        if support::skip::tool(
+            &[tool],
+            "PEERLB_REQUIRE_NETNS",
+            &format!("apt-get install -y {tool} (used by the docs' steps)"),
+        )
+        .is_none()
+        {
             return;
         }
     }

@@ -10,7 +10,6 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::haproxy::{haproxy_example, haproxy_status};
 use support::*;
 
 /// `method path` on a fresh connection (`Connection: close`): the status
@@ -323,68 +322,6 @@ async fn health_is_200_while_serving_and_503_while_leaving() {
     assert_eq!(exchange(n1, "GET", "/_peerlb/health"), None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_documented_haproxy_check_marks_a_leaving_node_down_before_its_listener_closes() {
-    let Some(haproxy) = which("haproxy") else {
-        // As in tests/cluster.rs: CI requires haproxy, a developer machine
-        // without it is told how to get it.
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_HAPROXY").is_none()
-                && std::env::var_os("CI").is_none(),
-            "haproxy is missing but this run requires it (PEERLB_REQUIRE_HAPROXY or CI is set)"
-        );
-        eprintln!("SKIPPED: haproxy is not installed (apt-get install -y haproxy, or run .ci/run)");
-        return;
-    };
-    // The documented example sends the PROXY protocol v2 (its health
-    // checks too, as the v2 LOCAL command), so the nodes expect it.
-    let mut c = Cluster::start(
-        "hapcheck",
-        2,
-        "[limits]\ndrain_grace_ms = 5000\n[listener]\nproxy_protocol = true\n",
-        "",
-    );
-    let socket = c.dir.join("haproxy.sock");
-    let cfg = haproxy_example(free_port(), &c.nodes, &socket);
-    let cfg_path = write(&c.dir, "haproxy.cfg", &cfg);
-    let mut hap = std::process::Command::new(haproxy)
-        .arg("-f")
-        .arg(&cfg_path)
-        .arg("-db")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let up = |want: &[(&str, &str)]| {
-        haproxy_status(&socket).is_some_and(|m| {
-            want.iter()
-                .all(|(id, st)| m.get(*id).is_some_and(|s| s.starts_with(st)))
-        })
-    };
-    let both_up = poll(Duration::from_secs(10), || {
-        up(&[("n1", "UP"), ("n2", "UP")])
-    });
-    let n1 = c.nodes[0].http;
-    let mut child = c.sigterm("n1");
-    let n1_down = poll(Duration::from_secs(4), || {
-        up(&[("n1", "DOWN"), ("n2", "UP")])
-    });
-    // Still within the grace: the listener is open and says leaving.
-    let still_open = exchange_after(
-        n1,
-        "PROXY TCP4 127.0.0.1 127.0.0.1 1 2\r\n",
-        "GET",
-        "/_peerlb/health",
-    );
-    let status = haproxy_status(&socket);
-    let _ = hap.kill();
-    let _ = hap.wait();
-    both_up.unwrap_or_else(|()| panic!("haproxy did not mark both nodes up: {status:?}\n{cfg}"));
-    n1_down.expect("haproxy marks n1 down during its drain grace");
-    assert_eq!(still_open, Some((503, "leaving\n".into())));
-    assert_eq!(child.wait().unwrap().code(), Some(0));
-}
-
 /// The JSON objects of a node's log (every line must be one).
 fn json_lines(log: &str) -> Vec<serde_json::Value> {
     log.lines()
@@ -494,13 +431,15 @@ async fn without_the_access_flag_no_request_is_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_start_ramps_the_published_weight_in_steps_seen_by_every_node() {
-    // 4 steps over 20 s: 25, 50, 75 (from 0, 5, 10 s), then 100 from 15
-    // s on; over at 20 s. A cluster converges in 1-3 s, so well inside the
-    // first steps even on a loaded machine.
+    // 4 steps over 10 s: 25, 50, 75 (from 0, 2.5, 5 s), then 100 from
+    // 7.5 s on; over at 10 s. A cluster converges in 1-3 s, so inside the
+    // first three steps even on a loaded machine. (Each step's effect on
+    // routing is checked in the slow-start simulation; here only that the
+    // steps are published and seen.)
     let c = Cluster::start(
         "slowstart",
         2,
-        "[balance]\nslow_start_ms = 20000\nslow_start_steps = 4\n",
+        "[balance]\nslow_start_ms = 10000\nslow_start_steps = 4\n",
         "",
     );
     let (n1, n2) = (c.nodes[0].http, c.nodes[1].http);

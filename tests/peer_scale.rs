@@ -41,7 +41,7 @@ async fn two_nodes_dialling_each_other_at_once_end_with_one_connection_and_serve
     let (a, b) = (c.nodes[0].http, c.nodes[1].http);
     // After the start, the pair goes quiet and holds no connection.
     wait_quiet(&c, &[a, b]);
-    let r = ring(&["n1", "n2"], 100);
+    let r = ring(&["n1", "n2"], default_vnodes());
     let to_n2 = user_where(&r, |o| o == "n2");
     let to_n1 = user_where(&r, |o| o == "n1");
     // Both entries forward to each other at the same moment: both dial.
@@ -101,8 +101,11 @@ async fn an_idle_peer_killed_leaves_every_ring_by_gossip_and_a_post_to_it_meanwh
     let mut c = Cluster::start("idle-kill", 3, "", USER_RULES);
     let addrs: Vec<_> = c.nodes.iter().map(|n| n.http).collect();
     wait_quiet(&c, &addrs);
-    let r = ring(&["n1", "n2", "n3"], 100);
+    // The key is picked on the ring the cluster runs (no `[ring]`: the
+    // default resolution).
+    let r = ring(&["n1", "n2", "n3"], default_vnodes());
     let user = user_where(&r, |o| o == "n3");
+    let failovers = counter(addrs[0], "failovers");
     let killed = Instant::now();
     c.kill9("n3");
     // A POST for a key n3 owns, sent before gossip noticed: n1 has no
@@ -112,23 +115,31 @@ async fn an_idle_peer_killed_leaves_every_ring_by_gossip_and_a_post_to_it_meanwh
         .await
         .expect("POST via n1");
     assert_eq!(resp.status, 200, "POST to a dead idle owner: {resp:?}");
-    assert_ne!(resp.served_by(), "n3");
+    // n1 tried n3 first (its owner on n1's ring) and failed over.
+    assert_eq!(
+        counter(addrs[0], "failovers"),
+        failovers + 1,
+        "the POST did not fail over from n3: {resp:?}"
+    );
+    let next = r.candidates(&user).nth(1).unwrap().to_string();
+    assert_eq!(resp.served_by(), next, "{resp:?}");
     // Gossip's failure detector takes n3 out of every ring; n2 never
-    // talked to it.
-    c.wait_until(Duration::from_secs(15), || {
+    // talked to it. Bound: the detector's time at this cluster's settings
+    // (phi PHI x the gossip interval, support::gossip_detection), doubled
+    // (a member's heartbeat may reach a node every other round), plus a
+    // second for the view to be rebuilt and polled on a loaded machine.
+    let bound = gossip_detection(PHI) * 2 + Duration::from_secs(1);
+    c.wait_until(bound, || {
         addrs[..2]
             .iter()
             .all(|a| serving(*a).is_some_and(|s| !s.iter().any(|id| id == "n3")))
     })
-    .expect("n3 still in a ring");
-    let took = killed.elapsed();
-    // docs/operations.md: a dead idle peer leaves every ring within about
-    // 10 gossip intervals (these tests gossip every 100 ms) plus a round;
-    // loopback tests run beside builds, so allow twice that.
-    assert!(
-        took <= Duration::from_secs(4),
-        "n3 left every ring {took:?} after its kill"
-    );
+    .unwrap_or_else(|()| {
+        panic!(
+            "n3 still in a ring {:?} after its kill (bound {bound:?})",
+            killed.elapsed()
+        )
+    });
 }
 
 /// A rolling upgrade across the change to one connection per pair: a node
@@ -190,14 +201,17 @@ async fn a_node_speaking_only_the_previous_peer_protocol_serves_and_is_served_in
 /// state for every stream a peer may open) and the owner raises it as
 /// streams fill it: 300 requests held at the owner at once, far past the
 /// first 64 streams, are all forwarded to it and served there, none of
-/// them waiting out `limits.connect_timeout_ms` (1 s) for a stream.
+/// them waiting out `limits.connect_timeout_ms` (1 s) for a stream: a
+/// request that did would have failed over (counted in n1's `failovers`)
+/// and been served by n1. Counters, not wall time: a debug build on a
+/// loaded machine takes its time to open 300 connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_requests_held_at_one_owner_at_once_all_get_a_stream() {
     let c = Cluster::start("streams", 2, "", USER_RULES);
     let a = c.nodes[0].http;
-    let r = ring(&["n1", "n2"], 100);
+    let r = ring(&["n1", "n2"], default_vnodes());
     let to_n2 = user_where(&r, |o| o == "n2");
-    let start = Instant::now();
+    let failovers = counter(a, "failovers");
     let tasks: Vec<_> = (0..300)
         .map(|i| {
             let user = to_n2.clone();
@@ -214,10 +228,9 @@ async fn three_hundred_requests_held_at_one_owner_at_once_all_get_a_stream() {
         assert_eq!(r.status, 200);
         assert_eq!(r.served_by(), "n2");
     }
-    // Each request is held 600 ms at the owner: one wave, not five.
-    assert!(
-        start.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        start.elapsed()
+    assert_eq!(
+        counter(a, "failovers"),
+        failovers,
+        "a request waited out its stream and failed over"
     );
 }

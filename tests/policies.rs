@@ -13,7 +13,7 @@ use support::*;
 
 // Weighted round robin 70/30 picks `a b a a a b a a b a` (case A3 in docs/cases.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weighted_round_robin_70_30_gives_the_byrequests_schedule() {
+async fn a3_weighted_round_robin_70_30_gives_the_byrequests_schedule() {
     let mut c = Cluster::start("wrr", 2, "policy = \"weighted-round-robin\"\n", "");
     // Weights live in [[nodes]]: restart both nodes with 70 / 30.
     let text = std::fs::read_to_string(&c.config).unwrap();

@@ -31,15 +31,11 @@ const RATE: u32 = 100;
 /// The `sipp` binary, or `None` after printing `SKIPPED` (see the
 /// module doc for when a missing one fails instead).
 fn sipp_or_skip() -> Option<PathBuf> {
-    let found = which("sipp");
-    if found.is_none() {
-        assert!(
-            std::env::var_os("PEERLB_REQUIRE_SIPP").is_none() && std::env::var_os("CI").is_none(),
-            "sipp is missing but this run requires it (PEERLB_REQUIRE_SIPP or CI is set)"
-        );
-        eprintln!("SKIPPED: sipp is not installed (apt-get install -y sip-tester, or run .ci/run)");
-    }
-    found
+    support::skip::tool(
+        &["sipp"],
+        "PEERLB_REQUIRE_SIPP",
+        "apt-get install -y sip-tester",
+    )
 }
 
 /// Starts SIPp's `uac` scenario: `CALLS` calls at `RATE` a second to
@@ -103,12 +99,27 @@ fn wait_exit(child: &mut Child, limit: Duration, log: &Path) -> i32 {
     }
 }
 
+/// The ring owner of each call of the SIPp run with process id `pid`:
+/// SIPp's call n has Call-ID `n-<pid>@127.0.0.1` and From tag
+/// `<pid>SIPpTag00n`, and the default key is `<tag>|<Call-ID>`.
+fn call_owners(ring: &peerlb::Ring, pid: u32) -> Vec<String> {
+    (1..=CALLS)
+        .map(|n| {
+            ring.owner(&format!("{pid}SIPpTag00{n}|{n}-{pid}@127.0.0.1"))
+                .expect("a ring with nodes")
+                .to_string()
+        })
+        .collect()
+}
+
 /// One complete run to `target`: SIPp's exit code 0 means every call was
-/// successful; the statistics must say so too.
-fn run_all_complete(sipp: &Path, c: &Cluster, target: std::net::SocketAddr, name: &str) {
+/// successful; the statistics must say so too. Returns SIPp's pid (its
+/// calls' keys: [`call_owners`]).
+fn run_all_complete(sipp: &Path, c: &Cluster, target: std::net::SocketAddr, name: &str) -> u32 {
     let stats = c.dir.join(format!("{name}.csv"));
     let log = c.dir.join(format!("{name}.log"));
     let mut child = start_uac(sipp, target, &stats, &log);
+    let pid = child.id();
     let code = wait_exit(&mut child, Duration::from_secs(60), &log);
     let (ok, failed) = call_counts(&stats);
     assert_eq!(
@@ -117,6 +128,7 @@ fn run_all_complete(sipp: &Path, c: &Cluster, target: std::net::SocketAddr, name
         "{name}: sipp exit code, successful and failed calls\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
+    pid
 }
 
 #[test]
@@ -130,26 +142,33 @@ fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
     let shared = c.shared_sip.expect("the cluster has a shared SIP address");
 
     // Healthy: one run through the sprayer address, one per entry node;
-    // each run's calls are spread over all three owners (the default key
-    // is From tag + Call-ID).
-    run_all_complete(&sipp, &c, shared, "healthy-shared");
+    // each run's calls are spread over all three owners on the ring (the
+    // default key is From tag + Call-ID), and an entry forwards at least
+    // the INVITE of every call another node owns.
+    let ring = ring(&["n1", "n2", "n3"], default_vnodes());
+    let spread = |pid: u32, run: &str| {
+        let owners = call_owners(&ring, pid);
+        for id in ["n1", "n2", "n3"] {
+            assert!(
+                owners.iter().any(|o| o == id),
+                "{run}: {id} owns none of the calls"
+            );
+        }
+        owners
+    };
+    let pid = run_all_complete(&sipp, &c, shared, "healthy-shared");
+    spread(pid, "healthy-shared");
     for id in ["n1", "n2", "n3"] {
-        run_all_complete(&sipp, &c, sip(id), &format!("healthy-{id}"));
-    }
-    for id in ["n1", "n2", "n3"] {
+        let entry = c.node(id).http;
+        let before = counter(entry, "sip_forwarded");
+        let pid = run_all_complete(&sipp, &c, sip(id), &format!("healthy-{id}"));
+        let elsewhere = spread(pid, id).iter().filter(|o| *o != id).count() as u64;
+        let forwarded = counter(entry, "sip_forwarded") - before;
         assert!(
-            counter(c.node(id).http, "sip_requests") > 0,
-            "{id} took no SIP request"
+            forwarded >= elsewhere,
+            "{id} forwarded {forwarded} requests for {elsewhere} calls owned elsewhere"
         );
     }
-    let forwarded: u64 = ["n1", "n2", "n3"]
-        .iter()
-        .map(|id| counter(c.node(id).http, "sip_forwarded"))
-        .sum();
-    assert!(
-        forwarded > 0,
-        "no call was owned by a node other than its entry"
-    );
 
     // Kill n3 once SIPp is well into a run through n1.
     let stats = c.dir.join("kill.csv");
@@ -170,14 +189,10 @@ fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
         "every call ended\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    // SIPp's call n has Call-ID `n-<pid>@127.0.0.1` and From tag
-    // `<pid>SIPpTag00n`: the calls n3 owned are the only ones that may fail.
-    let ring = ring(&["n1", "n2", "n3"], 1024);
-    let owned_by_n3 = (1..=CALLS)
-        .filter(|n| {
-            ring.owner(&format!("{pid}SIPpTag00{n}|{n}-{pid}@127.0.0.1"))
-                .is_some_and(|o| *o == "n3")
-        })
+    // The calls n3 owned are the only ones that may fail.
+    let owned_by_n3 = call_owners(&ring, pid)
+        .iter()
+        .filter(|o| *o == "n3")
         .count() as u64;
     eprintln!("kill run: {ok} calls successful, {failed} failed, {owned_by_n3} owned by n3");
     assert!(

@@ -37,10 +37,13 @@ fn gossip_id(c: &Cluster, observer: &str, id: &str) -> Id {
 
 /// A gossip drop counter of the node at `id` (`unauthenticated`,
 /// `out_of_bounds`).
+/// Panics when the node does not answer or its status lacks the field (a
+/// renamed counter must fail the test, not read as 0).
 fn dropped(c: &Cluster, id: &str, what: &str) -> u64 {
-    status(c.node(id).http)
-        .and_then(|v| v["gossip"]["dropped"][what].as_u64())
-        .unwrap_or(0)
+    let v = status(c.node(id).http).unwrap_or_else(|| panic!("{id} does not answer its status"));
+    v["gossip"]["dropped"][what]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{id}: no gossip.dropped.{what} in {v}"))
 }
 
 /// Every node's view: (member id, status) pairs.

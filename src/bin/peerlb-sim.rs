@@ -64,11 +64,12 @@ fn print_summary(o: &Outcome) {
         o.simulated.as_secs_f64() / o.wall.as_secs_f64().max(1e-9)
     );
     println!(
-        "requests: sent {} ok {} failed {} entry-lost {} no-entry {} replayed {}; latency p50 {} p99 {}",
+        "requests: sent {} ok {} failed {} entry-lost {} post-lost {} no-entry {} replayed {}; latency p50 {} p99 {}",
         f.sent,
         f.ok,
         f.failed,
         f.entry_lost,
+        f.post_lost,
         f.no_entry,
         f.replayed,
         ms(f.p50),

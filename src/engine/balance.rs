@@ -405,7 +405,6 @@ mod tests {
             counts[weighted_random_pick(&[50, 100, 100], &mut rng).unwrap()] += 1;
         }
         // Expected 10 000 / 20 000 / 20 000.
-        assert_eq!(counts.iter().sum::<u32>(), 50_000);
         for (c, want) in counts.iter().zip([10_000.0, 20_000.0, 20_000.0]) {
             assert!((f64::from(*c) / want - 1.0).abs() < 0.03, "{counts:?}");
         }

@@ -10,7 +10,8 @@
 //! by `Content-Length` (18.3: required on a stream transport; on UDP it
 //! may be absent, and a body shorter than it announces is an error). A
 //! request must carry `Via`, `From`, `To`, `Call-ID` and `CSeq` (8.1.1),
-//! and its `CSeq` method must be its own (RFC 4475 3.1.2.x torture cases).
+//! and its `CSeq` method must be its own (RFC 4475 3.1.2.17-18; the RFC's
+//! torture messages are checked in `sip/rfc4475.rs`).
 //! Header values are kept as received; nothing else is interpreted until
 //! asked for (`Via` branch, `From` tag, `Route` parameters).
 //!
@@ -304,6 +305,19 @@ pub(crate) fn parse(buf: &[u8]) -> Result<SipMessage, ParseError> {
     Ok(msg)
 }
 
+/// Whether `v` is a `Max-Forwards` value: `1*DIGIT` (RFC 3261 20.22;
+/// leading zeros allowed, as in RFC 4475's `wsinv`, `0068`) of at most 255
+/// (RFC 4475 3.1.2.4: 300 is invalid).
+fn max_forwards_ok(v: &str) -> bool {
+    let digits = v.trim_start_matches('0');
+    !v.is_empty()
+        && v.bytes().all(|b| b.is_ascii_digit())
+        && digits.len() <= 3
+        && digits
+            .parse::<u16>()
+            .map_or(digits.is_empty(), |n| n <= 255)
+}
+
 impl SipMessage {
     fn check_mandatory(&self) -> Result<(), ParseError> {
         for h in ["via", "from", "to", "call-id", "cseq"] {
@@ -319,7 +333,7 @@ impl SipMessage {
             return Err(ParseError::Mandatory("CSeq"));
         }
         if let Some(mf) = self.header("max-forwards")
-            && (mf.is_empty() || mf.len() > 3 || !mf.bytes().all(|b| b.is_ascii_digit()))
+            && !max_forwards_ok(mf)
         {
             return Err(ParseError::Mandatory("Max-Forwards"));
         }
@@ -665,3 +679,6 @@ pub(crate) fn response_destination(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod rfc4475;

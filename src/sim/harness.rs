@@ -108,6 +108,10 @@ pub struct Figures {
     pub failed: u64,
     /// Requests whose entry node was killed or drained under them.
     pub entry_lost: u64,
+    /// POSTs that failed because their owner was killed while they were
+    /// in flight or before every ring dropped it: never replayed (they
+    /// may have reached it), so not counted in `failed`.
+    pub post_lost: u64,
     /// Requests with no ready entry node to send to.
     pub no_entry: u64,
     /// GET requests the app served twice (replayed after their owner died).

@@ -235,7 +235,9 @@ pub enum Action {
 pub struct Expect {
     /// Most requests allowed to fail (5xx or a broken connection to a
     /// ready entry node). Requests whose entry node itself was killed
-    /// under them are counted apart (`entry_lost`): the sprayer's loss.
+    /// under them are counted apart (`entry_lost`): the sprayer's loss; so
+    /// are POSTs whose owner was killed under them or before every ring
+    /// dropped it (`post_lost`: never replayed, they may have reached it).
     pub max_failed: u64,
     /// After the last fault, every ready node's ring must agree with every
     /// other and hold exactly the ready nodes within this many virtual s.

@@ -18,6 +18,7 @@ use peerlb::{NodeId, Ring};
 
 pub mod forge;
 pub mod haproxy;
+pub mod skip;
 
 /// Peer links that survive a loaded machine's stalls, for tests that are
 /// not about failure detection: with the default 1 s QUIC idle timeout, a
@@ -30,6 +31,26 @@ pub const STEADY: &str = "[peer]\nkeep_alive_ms = 500\nidle_timeout_ms = 10000\n
 /// machine produces, and views flap. 30 (about 3 s) keeps them steady; a
 /// killed node is still ejected at once when its QUIC link is lost.
 pub const PHI: u32 = 30;
+
+/// Gossip's round interval in test clusters (`gossip.interval_ms`), ms.
+pub const GOSSIP_INTERVAL_MS: u64 = 100;
+
+/// How long gossip alone takes to mark a silent member dead in a cluster
+/// started with phi threshold `phi`: chitchat's detector (0.13) declares a
+/// member dead once the time since its last heartbeat exceeds `phi` times
+/// the mean interval between its heartbeats, and a member's heartbeat
+/// reaches each node about once per gossip round
+/// ([`GOSSIP_INTERVAL_MS`]). A bound on a gossip-only detection adds its
+/// margin to this.
+pub fn gossip_detection(phi: u32) -> Duration {
+    Duration::from_millis(u64::from(phi) * GOSSIP_INTERVAL_MS)
+}
+
+/// The ring resolution of a test cluster that sets no `[ring] vnodes`
+/// (the config default).
+pub fn default_vnodes() -> u32 {
+    peerlb::config::RingSection::default().vnodes
+}
 
 /// The default rules: query `user`, else header `x-user`, else cookie `session`.
 pub const USER_RULES: &str = "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }, { header = \"x-user\" }, { cookie = \"session\" }]\n";
@@ -225,7 +246,7 @@ impl Cluster {
             .unwrap()
             .extend(nodes.iter().map(|n| (n.http, n.admin)));
         let mut text = format!(
-            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = 100\nphi_threshold = {phi}\n\n"
+            "name = \"test-{tag}\"\n{extra_head}\n[gossip]\ninterval_ms = {GOSSIP_INTERVAL_MS}\nphi_threshold = {phi}\n\n"
         );
         for node in &nodes {
             text += &format!(
@@ -707,8 +728,12 @@ pub fn user_where(ring: &Ring, pred: impl Fn(&str) -> bool) -> String {
         .expect("some key matches")
 }
 
+/// The counter `name` of the node whose client address is `addr`;
+/// panics when the node does not answer or has no such counter (never 0
+/// for a missing one).
 pub fn counter(addr: std::net::SocketAddr, name: &str) -> u64 {
-    status(addr).expect("status")["counters"][name]
+    let s = status(addr).unwrap_or_else(|| panic!("{addr} does not answer its status"));
+    s["counters"][name]
         .as_u64()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{addr}: no counter {name} in {}", s["counters"]))
 }

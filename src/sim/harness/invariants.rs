@@ -326,7 +326,7 @@ impl Run<'_> {
         violations: Vec<String>,
     ) -> Outcome {
         let scn = self.scenario;
-        let summary = format!(
+        let mut summary = format!(
             "sent={} ok={} failed={} entry_lost={} replayed={} violations={}",
             fig.sent,
             fig.ok,
@@ -335,6 +335,11 @@ impl Run<'_> {
             fig.replayed,
             violations.len()
         );
+        // Only where there were any: the other scenarios' traces (and
+        // hashes) stay as they were.
+        if fig.post_lost > 0 {
+            summary += &format!(" post_lost={}", fig.post_lost);
+        }
         self.trace.line("sim", format_args!("summary {summary}"));
         for v in &violations {
             self.trace.line("sim", format_args!("violation {v}"));
