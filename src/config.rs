@@ -37,7 +37,7 @@ pub use model::{
     SessionSection, StickySection, TlsSection,
 };
 pub use settings::{
-    ADMIN_PORT_OFFSET, AppAddr, AppKind, CertFiles, GossipSettings, IngressSettings,
+    ADMIN_PORT_OFFSET, AppAddr, AppKind, BindAddrs, CertFiles, GossipSettings, IngressSettings,
     LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs, NodeConfig,
     PeerSettings, RoutingSettings, SipAppKind, TlsPaths, UpstreamApp, default_admin_addr,
 };

@@ -29,6 +29,23 @@ pub(crate) struct NodeArgs {
     /// client port + 1000).
     #[arg(long, env = "PEERLB_ADMIN_ADDR")]
     admin_addr: Option<String>,
+    /// Bind the client listener here rather than on the advertised
+    /// http_addr (ip:port, or an IP for http_addr's port; 0.0.0.0 allowed).
+    #[arg(long, env = "PEERLB_HTTP_BIND")]
+    http_bind: Option<String>,
+    /// Bind the QUIC socket here rather than on the advertised peer_addr
+    /// (ip:port, or an IP for peer_addr's port; 0.0.0.0 allowed).
+    #[arg(long, env = "PEERLB_PEER_BIND")]
+    peer_bind: Option<String>,
+    /// Bind the gossip socket here rather than on the advertised
+    /// gossip_addr (ip:port, or an IP for gossip_addr's port).
+    #[arg(long, env = "PEERLB_GOSSIP_BIND")]
+    gossip_bind: Option<String>,
+    /// Bind the client, peer and gossip sockets on this IP (e.g. 0.0.0.0 in
+    /// a container), each with its advertised port, unless its own
+    /// --*-bind is given.
+    #[arg(long, env = "PEERLB_BIND")]
+    bind: Option<String>,
     /// Override this node's weight (100 = one share).
     #[arg(long, env = "PEERLB_WEIGHT")]
     weight: Option<u32>,
@@ -64,6 +81,10 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         peer_addr: a.peer_addr,
         gossip_addr: a.gossip_addr,
         admin_addr: a.admin_addr,
+        http_bind: a.http_bind,
+        peer_bind: a.peer_bind,
+        gossip_bind: a.gossip_bind,
+        bind: a.bind,
         weight: a.weight,
         app: a.app,
         shared_listen: a.shared_listen,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::settings::MAX_UNIX_PATH;
 use super::{
-    AppAddr, AppKind, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
+    AppAddr, AppKind, BindAddrs, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
     LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT,
     MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
     SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
@@ -264,6 +264,18 @@ impl ClusterFile {
             if let Some((k, m)) = addr_problem(&a, out.iter().enumerate()) {
                 return Err(inv(&f(k), m));
             }
+            let bind = |k: &str, v: &Option<String>, advertised| match v {
+                Some(s) => parse_bind(s, advertised).map_err(|m| inv(&f(k), m)),
+                None => Ok(advertised),
+            };
+            let binds = BindAddrs {
+                http: bind("http_bind", &n.http_bind, a.http_addr)?,
+                peer: bind("peer_bind", &n.peer_bind, a.peer_addr)?,
+                gossip: bind("gossip_bind", &n.gossip_bind, a.gossip_addr)?,
+            };
+            if let Some((k, m)) = bind_problem(&binds, a.admin_addr) {
+                return Err(inv(&f(k), m));
+            }
             out.push(a);
         }
         if out.iter().all(|n| n.weight == 0) {
@@ -515,6 +527,7 @@ impl ClusterFile {
                 return Err(inv(flag, format!("{m} (this node's {k})")));
             }
         }
+        let binds = self.binds_of(pos, &me, ov, &inv)?;
         if me.weight > MAX_WEIGHT {
             return Err(inv(
                 "--weight",
@@ -589,6 +602,7 @@ impl ClusterFile {
         Ok(NodeConfig {
             cluster: self.name.clone(),
             node: me,
+            bind: binds,
             nodes,
             shared_listen,
             shared_sip_listen,
@@ -661,6 +675,84 @@ impl ClusterFile {
 }
 
 impl ClusterFile {
+    /// Where node `me` (entry `pos` of `[[nodes]]`, if listed) binds: a
+    /// `--*-bind` flag, else `--bind`'s IP with the advertised port, else
+    /// the entry's `*_bind`, else the advertised address itself.
+    fn binds_of(
+        &self,
+        pos: Option<usize>,
+        me: &NodeAddrs,
+        ov: &Overrides,
+        inv: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<BindAddrs, ConfigError> {
+        let ip = ov
+            .bind
+            .as_deref()
+            .map(|s| {
+                parse_bind_ip(s).ok_or_else(|| inv("--bind", format!("{s:?} is not an IP address")))
+            })
+            .transpose()?;
+        let spec = pos.map(|i| (i, &self.nodes[i]));
+        // (flag, its value, field, the file's value, advertised address)
+        let pick = |flag: &'static str,
+                    given: &Option<String>,
+                    field: &str,
+                    file: Option<&Option<String>>,
+                    advertised: SocketAddr|
+         -> Result<(SocketAddr, String), ConfigError> {
+            if let Some(s) = given {
+                return Ok((
+                    parse_bind(s, advertised).map_err(|m| inv(flag, m))?,
+                    flag.to_owned(),
+                ));
+            }
+            if let Some(ip) = ip {
+                return Ok((SocketAddr::new(ip, advertised.port()), "--bind".to_owned()));
+            }
+            match (spec, file) {
+                (Some((i, _)), Some(Some(s))) => {
+                    let name = format!("nodes[{i}].{field}");
+                    Ok((parse_bind(s, advertised).map_err(|m| inv(&name, m))?, name))
+                }
+                _ => Ok((advertised, String::new())),
+            }
+        };
+        let (http, hf) = pick(
+            "--http-bind",
+            &ov.http_bind,
+            "http_bind",
+            spec.map(|(_, n)| &n.http_bind),
+            me.http_addr,
+        )?;
+        let (peer, pf) = pick(
+            "--peer-bind",
+            &ov.peer_bind,
+            "peer_bind",
+            spec.map(|(_, n)| &n.peer_bind),
+            me.peer_addr,
+        )?;
+        let (gossip, gf) = pick(
+            "--gossip-bind",
+            &ov.gossip_bind,
+            "gossip_bind",
+            spec.map(|(_, n)| &n.gossip_bind),
+            me.gossip_addr,
+        )?;
+        let binds = BindAddrs { http, peer, gossip };
+        if let Some((k, m)) = bind_problem(&binds, me.admin_addr) {
+            // The side that was set names the clash (the gossip socket
+            // first when both were).
+            let by = match k {
+                "http_bind" => hf,
+                _ if gf.is_empty() => pf,
+                _ => gf,
+            };
+            let field = if by.is_empty() { k.to_owned() } else { by };
+            return Err(inv(&field, m));
+        }
+        Ok(binds)
+    }
+
     fn rules_source(&self, src: &Source) -> Result<RulesSource, ConfigError> {
         match (&self.rules_file, src.path.as_ref()) {
             (Some(_), _) if !self.rules.is_empty() => Err(ConfigError::Invalid {
@@ -816,6 +908,65 @@ fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'static str)> 
     })
 }
 
+/// A bind address: `ip:port`, or an IP alone (`0.0.0.0`, `::`, `[::]`)
+/// for the port of `advertised`. Any IP may be bound, the unspecified
+/// address included; port 0 may not (peers dial the advertised port,
+/// which must lead to a port known in advance).
+fn parse_bind(s: &str, advertised: SocketAddr) -> Result<SocketAddr, String> {
+    let a = match s.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => SocketAddr::new(
+            parse_bind_ip(s)
+                .ok_or_else(|| format!("{s:?} is neither an ip:port socket address nor an IP"))?,
+            advertised.port(),
+        ),
+    };
+    if a.port() == 0 {
+        return Err(format!("{a}: port 0 is not a port peers can be sent to"));
+    }
+    Ok(a)
+}
+
+/// An IP alone, IPv6 with or without brackets.
+fn parse_bind_ip(s: &str) -> Option<std::net::IpAddr> {
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(s);
+    bare.parse().ok()
+}
+
+/// Whether two bound addresses of one transport collide on one host: the
+/// same port on the same IP, or on any IP when either is unspecified.
+fn binds_collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// The rules a node's bound addresses keep: the two UDP sockets (peer,
+/// gossip) apart, and the client listener apart from the admin listener
+/// (both TCP). The first broken rule: (field, message).
+fn bind_problem(b: &BindAddrs, admin_addr: SocketAddr) -> Option<(&'static str, String)> {
+    if binds_collide(b.peer, b.gossip) {
+        return Some((
+            "gossip_bind",
+            format!(
+                "the gossip socket would bind {} over the peer socket's {} (both are UDP)",
+                b.gossip, b.peer
+            ),
+        ));
+    }
+    if binds_collide(b.http, admin_addr) {
+        return Some((
+            "http_bind",
+            format!(
+                "the client listener would bind {} over admin_addr {admin_addr} (both are TCP)",
+                b.http
+            ),
+        ));
+    }
+    None
+}
+
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     s.parse::<SocketAddr>()
         .map_err(|_| format!("{s:?} is not an ip:port socket address"))
@@ -925,12 +1076,23 @@ fn addr_problem<'a>(
             return Some((k, format!("{addr}: port 0 cannot be advertised to peers")));
         }
     }
-    for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
+    for (k, addr, bind) in [
+        ("http_addr", a.http_addr, "http_bind"),
+        ("peer_addr", a.peer_addr, "peer_bind"),
+        ("gossip_addr", a.gossip_addr, "gossip_bind"),
+    ] {
         if addr.ip().is_unspecified() {
+            let what = if k == "http_addr" {
+                "peers are told this address"
+            } else {
+                "peers dial this address"
+            };
             return Some((
                 k,
                 format!(
-                    "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
+                    "{addr}: {what}; give the node's own IP, not 0.0.0.0 or :: (to listen on \
+                     every address, set {bind} = \"{}\")",
+                    addr.ip()
                 ),
             ));
         }
@@ -973,6 +1135,14 @@ fn addr_problem<'a>(
         ));
     }
     for (j, other) in others {
+        // Two nodes on one client address: said of the address the user
+        // wrote, before the admin addresses that default from it clash.
+        if a.http_addr == other.http_addr {
+            return Some((
+                "http_addr",
+                format!("{} is also used by nodes[{j}]", a.http_addr),
+            ));
+        }
         // Admin addresses are TCP like http_addr; a loopback (or wildcard)
         // one clashes only with a node that may share the host.
         let admin_ip = a.admin_addr.ip();
@@ -1017,7 +1187,6 @@ fn addr_problem<'a>(
             }
         }
         for (k, mine, theirs) in [
-            ("http_addr", a.http_addr, other.http_addr),
             ("peer_addr", a.peer_addr, other.peer_addr),
             ("peer_addr", a.peer_addr, other.gossip_addr),
             ("gossip_addr", a.gossip_addr, other.gossip_addr),
