@@ -30,17 +30,15 @@ fn read(path: &str) -> String {
 
 /// The tool `name`, or `None` (after saying so) when it is missing and the
 /// run does not require it.
-fn tool(name: &str, package: &str) -> Option<PathBuf> {
+fn tool(name: &str, install: &str) -> Option<PathBuf> {
     let found = which(name);
     if found.is_none() {
         assert!(
             std::env::var_os("PEERLB_REQUIRE_DEPLOY_TOOLS").is_none()
                 && std::env::var_os("CI").is_none(),
-            "{name} is missing but this run requires it (apt-get install -y {package})"
+            "{name} is missing but this run requires it ({install})"
         );
-        eprintln!(
-            "SKIPPED: {name} is not installed (apt-get install -y {package}, or run .ci/run)"
-        );
+        eprintln!("SKIPPED: {name} is not installed ({install}, or run .ci/run)");
     }
     found
 }
@@ -74,7 +72,7 @@ fn the_systemd_unit_verifies_and_covers_the_drain() {
     assert!(nofile >= 65_536, "{nofile}");
     assert_eq!(unit_value(&unit, "KillSignal"), Some("SIGTERM"));
     assert_eq!(unit_value(&unit, "RestartPreventExitStatus"), Some("64"));
-    let Some(analyze) = tool("systemd-analyze", "systemd") else {
+    let Some(analyze) = tool("systemd-analyze", "apt-get install -y systemd") else {
         return;
     };
     // verify checks that ExecStart exists: point it at the binary built
@@ -152,7 +150,7 @@ fn the_haproxy_sprayer_config_is_valid_and_is_the_documented_one() {
         body,
         "docs/operations.md and deploy/haproxy/haproxy.cfg differ"
     );
-    let Some(haproxy) = tool("haproxy", "haproxy") else {
+    let Some(haproxy) = tool("haproxy", "apt-get install -y haproxy") else {
         return;
     };
     assert!(haproxy_accepts(&haproxy, &deploy("haproxy/haproxy.cfg")));
@@ -191,7 +189,7 @@ fn the_keepalived_ipvs_config_checks_each_node_health() {
     let servers = cfg.matches("real_server ").count();
     assert_eq!(servers, 3);
     assert_eq!(cfg.matches("path /_peerlb/health").count(), servers);
-    let Some(keepalived) = tool("keepalived", "keepalived") else {
+    let Some(keepalived) = tool("keepalived", "apt-get install -y keepalived") else {
         return;
     };
     let complaints = keepalived_complaints(&keepalived, &deploy("keepalived/keepalived.conf"));
@@ -231,7 +229,7 @@ fn yaml_documents(python: &Path, path: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
-    let Some(python) = tool("python3", "python3-yaml") else {
+    let Some(python) = tool("python3", "apt-get install -y python3-yaml") else {
         return;
     };
     let docs = yaml_documents(&python, &deploy("kubernetes/peerlb.yaml"));
@@ -304,6 +302,8 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
         http_addr: Some(addr("PEERLB_HTTP_ADDR")),
         peer_addr: Some(addr("PEERLB_PEER_ADDR")),
         gossip_addr: Some(addr("PEERLB_GOSSIP_ADDR")),
+        admin_addr: Some(addr("PEERLB_ADMIN_ADDR")),
+        bind: Some(env("PEERLB_BIND")),
         ..Default::default()
     };
     let c = file
@@ -312,7 +312,58 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
     assert_eq!(c.node.http_addr.port() as u64, port_of("http"));
     assert_eq!(c.node.peer_addr.port() as u64, port_of("peer"));
     assert_eq!(c.node.gossip_addr.port() as u64, port_of("gossip"));
+    assert_eq!(c.node.admin_addr.port() as u64, port_of("metrics"));
     assert_eq!(env("PEERLB_NODE"), "$(POD_NAME)");
+    // Bound on the pod's interfaces, advertised on its IP.
+    assert_eq!(c.bind.peer, format!("0.0.0.0:{}", port_of("peer")).parse().unwrap());
+    assert_eq!(c.bind.gossip, format!("0.0.0.0:{}", port_of("gossip")).parse().unwrap());
+    assert_eq!(c.node.peer_addr.ip().to_string(), pod_ip);
+    // Prometheus scrapes the metrics path on the port named `metrics`.
+    let metrics = services
+        .iter()
+        .find(|s| s["spec"]["ports"][0]["targetPort"] == "metrics")
+        .expect("a Service for the metrics port");
+    assert_eq!(
+        metrics["metadata"]["annotations"]["prometheus.io/path"],
+        "/_peerlb/metrics"
+    );
+    assert_eq!(
+        metrics["metadata"]["annotations"]["prometheus.io/port"],
+        port_of("metrics").to_string()
+    );
+    // The pinned release, in both containers; the app is the second one,
+    // where `app` points.
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 2, "the node and its app");
+    for k in containers {
+        assert_eq!(
+            k["image"],
+            format!("peerlb:{}", env!("CARGO_PKG_VERSION")),
+            "{}",
+            k["name"]
+        );
+    }
+    let app_args: Vec<&str> = containers[1]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let listen = app_args[app_args.iter().position(|a| *a == "--listen").unwrap() + 1];
+    assert_eq!(
+        c.app,
+        peerlb::config::AppKind::Upstream(peerlb::config::UpstreamApp {
+            addr: peerlb::config::AppAddr::Http(format!("http://{listen}").parse().unwrap()),
+            idle_timeout: std::time::Duration::from_millis(
+                peerlb::config::LimitsSection::default().upstream_idle_timeout_ms
+            ),
+        })
+    );
+    // Non-root, and the volumes readable by its group.
+    let sc = &pod["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_ne!(sc["runAsUser"], 0);
+    assert_eq!(sc["fsGroup"], sc["runAsGroup"]);
     // Every node the file lists is a pod of the set, and every seed is a
     // pod's name under the headless Service.
     let replicas = set["spec"]["replicas"].as_u64().unwrap() as usize;
@@ -338,22 +389,45 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
         std::time::Duration::from_secs(noticed) < c.lifecycle.drain_grace,
         "{noticed} s"
     );
-    // The certificates come from a Secret, mounted at the file's tls.dir.
-    let tls = pod["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["secret"].is_object())
-        .expect("a Secret volume");
-    let mount = container["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == tls["name"])
-        .unwrap();
+    // The CA certificate and keyring come from a Secret, group-readable;
+    // the pod's own certificate and key from a volume of its own (the
+    // csi-driver's, one per pod); ca.key from nowhere.
+    let volumes = pod["volumes"].as_array().unwrap();
+    let mounted_at = |dir: &Path| -> &serde_json::Value {
+        let mount = container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == dir)
+            .unwrap_or_else(|| panic!("nothing mounted at {}", dir.display()));
+        volumes
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap()
+    };
+    let shared = mounted_at(c.tls.ca.parent().unwrap());
+    assert_eq!(shared["secret"]["defaultMode"], 0o440);
+    assert_eq!(c.tls.gossip_keyring.parent(), c.tls.ca.parent());
+    let own = mounted_at(c.tls.cert.parent().unwrap());
+    assert_eq!(c.tls.key.parent(), c.tls.cert.parent());
+    assert_ne!(own["name"], shared["name"]);
+    let attrs = &own["csi"]["volumeAttributes"];
+    assert_eq!(attrs["csi.cert-manager.io/dns-names"], "${POD_NAME}.node.peerlb");
     assert_eq!(
-        Path::new(mount["mountPath"].as_str().unwrap()),
-        c.tls.ca.parent().unwrap()
+        attrs["csi.cert-manager.io/certificate-file"],
+        c.tls.cert.file_name().unwrap().to_str().unwrap()
+    );
+    assert_eq!(
+        attrs["csi.cert-manager.io/privatekey-file"],
+        c.tls.key.file_name().unwrap().to_str().unwrap()
+    );
+    assert_eq!(attrs["csi.cert-manager.io/fs-group"], sc["fsGroup"].to_string());
+    // No step ships the whole certificate directory (ca.key with it).
+    assert!(
+        !read("kubernetes/peerlb.yaml")
+            .lines()
+            .any(|l| l.trim_end().ends_with("--from-file=certs/")),
+        "a step copies certs/ whole"
     );
 }
 
@@ -441,4 +515,55 @@ fn the_dockerfile_builds_in_stages_and_runs_as_a_non_root_node() {
     for p in ["target", ".git", "*.key"] {
         assert!(ignore.lines().any(|l| l == p), "{p} not ignored");
     }
+}
+
+/// `kubernetes-validate --strict` of `path` (every document against the
+/// Kubernetes schemas it bundles, offline; unknown fields refused): its
+/// complaints, empty when valid.
+fn kubernetes_complaints(validate: &Path, path: &Path) -> String {
+    let out = Command::new(validate)
+        .args(["--strict", "--quiet"])
+        .arg(path)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        return String::new();
+    }
+    format!(
+        "exit {}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn every_kubernetes_manifest_validates_against_the_kubernetes_schemas() {
+    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate")
+    else {
+        return;
+    };
+    let dir = deploy("kubernetes");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            let complaints = kubernetes_complaints(&validate, &path);
+            assert!(complaints.is_empty(), "{}: {complaints}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no manifest in {}", dir.display());
+    // The check catches a field the schema does not have.
+    let text = read("kubernetes/peerlb.yaml");
+    let tmp = temp_dir("deploy-k8s-schema");
+    let broken = write(
+        &tmp,
+        "broken.yaml",
+        &text.replacen("fsGroup: 65532", "fsGroup: 65532\n        fsGroupp: 1", 1),
+    );
+    assert!(
+        kubernetes_complaints(&validate, &broken).contains("fsGroupp"),
+        "a broken manifest went unnoticed"
+    );
 }
