@@ -34,7 +34,11 @@ async fn nodes_bound_on_0_0_0_0_advertising_127_0_0_1_form_the_cluster_and_forwa
     // are taken, on another loopback IP.
     for n in &c.nodes {
         assert!(udp_taken_on_another_loopback_ip(n.peer.port()), "{}", n.id);
-        assert!(udp_taken_on_another_loopback_ip(n.gossip.port()), "{}", n.id);
+        assert!(
+            udp_taken_on_another_loopback_ip(n.gossip.port()),
+            "{}",
+            n.id
+        );
     }
     let other_ip = SocketAddr::from(([127, 0, 0, 2], n1.http.port()));
     assert_eq!(get(other_ip, "/x", &[]).await.status, 200);
@@ -46,7 +50,13 @@ async fn nodes_bound_on_0_0_0_0_advertising_127_0_0_1_form_the_cluster_and_forwa
         assert_eq!(m["http_addr"], n.http.to_string());
     }
     // A key n2 owns, entering at n1, crosses the peer link.
-    let user = user_where(&ring(&["n1", "n2", "n3"], peerlb::config::RingSection::default().vnodes), |o| o == "n2");
+    let user = user_where(
+        &ring(
+            &["n1", "n2", "n3"],
+            peerlb::config::RingSection::default().vnodes,
+        ),
+        |o| o == "n2",
+    );
     let r = get(n1.http, &format!("/x?user={user}"), &[]).await;
     assert_eq!((r.status, r.served_by()), (200, "n2"), "{}", c.log("n1"));
     assert_eq!(r.header("peerlb-entry"), Some("n1"));

@@ -1,12 +1,19 @@
 //! The deployment files under `deploy/`, each checked by the tool that
 //! reads it where this machine has one (`.ci/run` installs them):
 //! `systemd-analyze verify` for the unit, `haproxy -c` for the HAProxy
-//! sprayer, `keepalived -t` for the IPVS sprayer, a YAML parse
-//! (python3-yaml) of the Kubernetes manifests with the cluster.toml they
-//! embed validated by peerlb itself, and a parse of the Dockerfile's
-//! instructions (no Docker daemon here: the image build is not exercised).
-//! A missing tool skips its test with a note, unless CI or
-//! `PEERLB_REQUIRE_DEPLOY_TOOLS` is set.
+//! sprayer, `keepalived -t` for the IPVS sprayer, `kubernetes-validate`
+//! (PyPI; Kubernetes' schemas, offline) and a YAML parse (python3-yaml)
+//! of the Kubernetes manifests with the cluster.toml they embed validated
+//! by peerlb itself, and a parse of the Dockerfile's instructions (no
+//! Docker daemon here: the image build is not exercised). Then the
+//! containers themselves, run as the files say (root, `ip`, `setpriv`,
+//! `curl`): a pod of the StatefulSet (its two containers in a network
+//! namespace of the pod's, as its non-root uid and gid with no other
+//! group, its volumes with the modes and group the kubelet gives them,
+//! its environment and arguments), and the Dockerfile's `docker run`
+//! example as printed (the image's user, environment and entry point, the
+//! example's mounts, variables and arguments). A missing tool skips its
+//! test with a note, unless CI or `PEERLB_REQUIRE_DEPLOY_TOOLS` is set.
 
 // Black-box tests of files and tools: no simulated time here.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -315,8 +322,14 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
     assert_eq!(c.node.admin_addr.port() as u64, port_of("metrics"));
     assert_eq!(env("PEERLB_NODE"), "$(POD_NAME)");
     // Bound on the pod's interfaces, advertised on its IP.
-    assert_eq!(c.bind.peer, format!("0.0.0.0:{}", port_of("peer")).parse().unwrap());
-    assert_eq!(c.bind.gossip, format!("0.0.0.0:{}", port_of("gossip")).parse().unwrap());
+    assert_eq!(
+        c.bind.peer,
+        format!("0.0.0.0:{}", port_of("peer")).parse().unwrap()
+    );
+    assert_eq!(
+        c.bind.gossip,
+        format!("0.0.0.0:{}", port_of("gossip")).parse().unwrap()
+    );
     assert_eq!(c.node.peer_addr.ip().to_string(), pod_ip);
     // Prometheus scrapes the metrics path on the port named `metrics`.
     let metrics = services
@@ -400,10 +413,7 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
             .iter()
             .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == dir)
             .unwrap_or_else(|| panic!("nothing mounted at {}", dir.display()));
-        volumes
-            .iter()
-            .find(|v| v["name"] == mount["name"])
-            .unwrap()
+        volumes.iter().find(|v| v["name"] == mount["name"]).unwrap()
     };
     let shared = mounted_at(c.tls.ca.parent().unwrap());
     assert_eq!(shared["secret"]["defaultMode"], 0o440);
@@ -412,7 +422,10 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
     assert_eq!(c.tls.key.parent(), c.tls.cert.parent());
     assert_ne!(own["name"], shared["name"]);
     let attrs = &own["csi"]["volumeAttributes"];
-    assert_eq!(attrs["csi.cert-manager.io/dns-names"], "${POD_NAME}.node.peerlb");
+    assert_eq!(
+        attrs["csi.cert-manager.io/dns-names"],
+        "${POD_NAME}.node.peerlb"
+    );
     assert_eq!(
         attrs["csi.cert-manager.io/certificate-file"],
         c.tls.cert.file_name().unwrap().to_str().unwrap()
@@ -421,7 +434,10 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
         attrs["csi.cert-manager.io/privatekey-file"],
         c.tls.key.file_name().unwrap().to_str().unwrap()
     );
-    assert_eq!(attrs["csi.cert-manager.io/fs-group"], sc["fsGroup"].to_string());
+    assert_eq!(
+        attrs["csi.cert-manager.io/fs-group"],
+        sc["fsGroup"].to_string()
+    );
     // No step ships the whole certificate directory (ca.key with it).
     assert!(
         !read("kubernetes/peerlb.yaml")
@@ -539,8 +555,7 @@ fn kubernetes_complaints(validate: &Path, path: &Path) -> String {
 
 #[test]
 fn every_kubernetes_manifest_validates_against_the_kubernetes_schemas() {
-    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate")
-    else {
+    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
         return;
     };
     let dir = deploy("kubernetes");
@@ -566,4 +581,664 @@ fn every_kubernetes_manifest_validates_against_the_kubernetes_schemas() {
         kubernetes_complaints(&validate, &broken).contains("fsGroupp"),
         "a broken manifest went unnoticed"
     );
+}
+
+/// Why a container cannot be run here the way its runtime would (a
+/// network namespace of its own, another uid), if it cannot: needs root,
+/// `ip` (iproute2), `setpriv` (util-linux) and `curl`.
+fn cannot_run_containers() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    for t in ["ip", "setpriv", "curl"] {
+        if which(t).is_none() {
+            return Some(format!("no `{t}`"));
+        }
+    }
+    None
+}
+
+/// True (after saying so) when the containers cannot be run here and the
+/// run does not require them.
+fn skip_containers() -> bool {
+    let Some(why) = cannot_run_containers() else {
+        return false;
+    };
+    assert!(
+        std::env::var_os("PEERLB_REQUIRE_DEPLOY_TOOLS").is_none()
+            && std::env::var_os("CI").is_none(),
+        "this run requires running the deploy files' containers, but: {why}"
+    );
+    eprintln!("SKIPPED: the containers cannot be run here: {why}");
+    true
+}
+
+/// A network namespace of its own, as a pod's (its containers share it)
+/// or a container's: loopback up, with `ips` on it; removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn make(tag: &str, ips: &[&str]) -> Netns {
+        let ns = Netns(format!("plb{tag}{}", std::process::id()));
+        let ip = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        ip(&["netns", "add", &ns.0]);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        for a in ips {
+            ip(&["-n", &ns.0, "addr", "add", &format!("{a}/32"), "dev", "lo"]);
+        }
+        ns
+    }
+
+    /// `program` run in the namespace.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0]).arg(program);
+        c
+    }
+
+    /// `program args` in the namespace as `uid`:`gid` with no other group
+    /// (`setpriv --clear-groups`), the environment exactly `env`, stdout
+    /// and stderr to `log`.
+    fn run_as(
+        &self,
+        (uid, gid): (u64, u64),
+        program: &str,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> KillOnDrop {
+        let log = std::fs::File::create(log).unwrap();
+        let child = self
+            .command("setpriv")
+            .args([
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--clear-groups".into(),
+                "--".into(),
+                program.into(),
+            ])
+            .args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        KillOnDrop(child)
+    }
+
+    /// `GET url` from inside the namespace: (status, body), or `None`
+    /// when nothing answered.
+    fn get(&self, url: &str) -> Option<(u16, String)> {
+        let out = self
+            .command("curl")
+            .args(["-s", "-m", "2", "-w", "\n%{http_code}", url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (body, code) = text.rsplit_once('\n')?;
+        let code: u16 = code.trim().parse().ok()?;
+        (code != 0).then(|| (code, body.to_owned()))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// A child process killed (and reaped) on drop.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `value` with each `$(NAME)` of `vars` replaced, as the kubelet expands
+/// a container's `env` values and `args` from the variables defined
+/// before them.
+fn kubelet_expand(value: &str, vars: &[(String, String)]) -> String {
+    let mut out = value.to_owned();
+    for (k, v) in vars {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    out
+}
+
+/// A container's environment as the kubelet gives it: `fieldRef`s to the
+/// pod's name and IP resolved, `$(VAR)` references expanded, in order.
+fn container_env(container: &serde_json::Value, pod: &str, pod_ip: &str) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for e in container["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap().to_owned();
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.name") => pod.to_owned(),
+            Some("status.podIP") => pod_ip.to_owned(),
+            Some(other) => panic!("env {name}: fieldRef {other} not modelled"),
+            None => kubelet_expand(e["value"].as_str().unwrap(), &vars),
+        };
+        vars.push((name, value));
+    }
+    vars
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Sets `path`'s owner (uid 0, `gid`) and mode.
+fn own(path: &Path, gid: u32, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::os::unix::fs::chown(path, Some(0), Some(gid)).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The image's entry point and user, from the Dockerfile's runtime stage:
+/// (`ENTRYPOINT` as a list, `ENV` pairs). The user `nonroot` of
+/// distroless images is uid and gid 65532.
+fn image_entry_and_env() -> (Vec<String>, Vec<(String, String)>) {
+    let text = read("docker/Dockerfile");
+    let joined = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("\\\n", " ");
+    let runtime = &joined[joined.rfind("\nFROM ").unwrap()..];
+    let mut entry = Vec::new();
+    let mut env = Vec::new();
+    for l in runtime.lines() {
+        if let Some(r) = l.strip_prefix("ENTRYPOINT ") {
+            entry = serde_json::from_str(r).unwrap();
+        }
+        if let Some(r) = l.strip_prefix("ENV ") {
+            for pair in r.split_whitespace() {
+                let (k, v) = pair.split_once('=').unwrap();
+                env.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        if let Some(u) = l.strip_prefix("USER ") {
+            assert_eq!(u.trim(), "nonroot", "the uid below is distroless nonroot's");
+        }
+    }
+    (entry, env)
+}
+
+/// The uid and gid of distroless's `nonroot` user.
+const NONROOT: (u64, u64) = (65532, 65532);
+
+/// Polls `f` every 100 ms for up to `secs` seconds.
+fn poll_for<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(x) = f() {
+            return Some(x);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_pod_of_the_statefulset_runs_as_printed_non_root_reading_its_volumes_through_fs_group() {
+    if skip_containers() {
+        return;
+    }
+    let Some(python) = tool("python3", "apt-get install -y python3-yaml") else {
+        return;
+    };
+    let docs = yaml_documents(&python, &deploy("kubernetes/peerlb.yaml"));
+    let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).unwrap();
+    let set = find("StatefulSet");
+    let config = find("ConfigMap")["data"]["cluster.toml"].as_str().unwrap();
+    let pod = &set["spec"]["template"]["spec"];
+    let sc = &pod["securityContext"];
+    let user = (
+        sc["runAsUser"].as_u64().unwrap(),
+        sc["runAsGroup"].as_u64().unwrap(),
+    );
+    // --clear-groups is exact: the fsGroup (the kubelet adds it as a
+    // supplementary group) is the primary group already.
+    assert_eq!(sc["fsGroup"].as_u64(), Some(user.1));
+    let fs_group = user.1 as u32;
+    let secret_mode = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["secret"]["defaultMode"].as_u64())
+        .unwrap() as u32;
+    // The pod's root: every absolute path of the manifest under it.
+    let root = temp_dir("deploy-k8s-pod");
+    own(&root, 0, 0o755);
+    let at = |p: &str| p.replace("/etc/peerlb", &root.join("etc/peerlb").to_string_lossy());
+    let etc = root.join("etc/peerlb");
+    // What the operator issues outside the cluster: the CA, the keyring
+    // and the node certificates (with this manifest's cluster.toml).
+    let issuer = root.join("issuer");
+    std::fs::create_dir_all(&issuer).unwrap();
+    let issuer_toml = write(&issuer, "cluster.toml", config);
+    let out = Command::new(bin())
+        .args(["certs", "--config"])
+        .arg(&issuer_toml)
+        .arg("--dir")
+        .arg(issuer.join("certs"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // The volumes as the kubelet makes them: the ConfigMap (0644), the
+    // Secret with its mode and the fsGroup as group, the pod's own
+    // certificate and key (the csi-driver's files, group fsGroup, as
+    // readable as the Secret's), directories group-owned.
+    let file = peerlb::Source::load(Some(&issuer_toml))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let cert_name = |p: &Option<String>| Path::new(p.as_ref().unwrap()).to_path_buf();
+    let volume = |dir: &Path, files: &[(&str, PathBuf)], mode: u32| {
+        std::fs::create_dir_all(dir).unwrap();
+        own(dir, fs_group, 0o750);
+        for (name, from) in files {
+            let to = dir.join(name);
+            std::fs::copy(from, &to).unwrap();
+            own(&to, fs_group, mode);
+        }
+    };
+    std::fs::create_dir_all(&etc).unwrap();
+    own(&root.join("etc"), 0, 0o755);
+    own(&etc, 0, 0o755);
+    volume(
+        &etc.join("config"),
+        &[("cluster.toml", issuer_toml.clone())],
+        0o644,
+    );
+    let certs = issuer.join("certs");
+    volume(
+        Path::new(&at(&file.tls.dir)),
+        &[
+            ("ca.pem", certs.join("ca.pem")),
+            ("gossip.keys", certs.join("gossip.keys")),
+        ],
+        secret_mode,
+    );
+    let node_pem = PathBuf::from(at(cert_name(&file.tls.cert).to_str().unwrap()));
+    let node_key = PathBuf::from(at(cert_name(&file.tls.key).to_str().unwrap()));
+    assert_eq!(node_pem.parent(), node_key.parent());
+    volume(
+        node_pem.parent().unwrap(),
+        &[
+            (
+                node_pem.file_name().unwrap().to_str().unwrap(),
+                certs.join("peerlb-0.pem"),
+            ),
+            (
+                node_key.file_name().unwrap().to_str().unwrap(),
+                certs.join("peerlb-0.key"),
+            ),
+        ],
+        secret_mode,
+    );
+    // The config the pod reads names the pod's root.
+    std::fs::write(etc.join("config/cluster.toml"), at(config)).unwrap();
+    assert!(
+        !walk(&etc).iter().any(|p| p.ends_with("ca.key")),
+        "ca.key reached the pod"
+    );
+    // Pod peerlb-0 on its IP, both containers in its network namespace.
+    let pod_ip = "10.1.2.3";
+    let net = Netns::make("k8s", &[pod_ip]);
+    let (entry, image_env) = image_entry_and_env();
+    let run = |k: &serde_json::Value, log: &str| {
+        let mut env: Vec<(String, String)> = image_env.clone();
+        for (name, value) in container_env(k, "peerlb-0", pod_ip) {
+            env.retain(|(n, _)| *n != name);
+            env.push((name, at(&value)));
+        }
+        // `command` replaces the image's entry point, `args` follow it.
+        let mut argv = match k["command"].as_array() {
+            Some(_) => strings(&k["command"]),
+            None => entry.clone(),
+        };
+        argv.extend(strings(&k["args"]).iter().map(|a| kubelet_expand(a, &env)));
+        assert_eq!(argv[0], "/usr/local/bin/peerlb");
+        net.run_as(user, bin(), &argv[1..], &env, &root.join(log))
+    };
+    let containers = pod["containers"].as_array().unwrap();
+    let _app = run(&containers[1], "app.log");
+    let node = run(&containers[0], "node.log");
+    let log = || std::fs::read_to_string(root.join("node.log")).unwrap_or_default();
+    let health = format!("http://{pod_ip}:8080/_peerlb/health");
+    poll_for(30, || net.get(&health).filter(|(c, _)| *c == 200))
+        .unwrap_or_else(|| panic!("the pod's node did not become ready\n{}", log()));
+    // The app answers through the node, which serves with it.
+    let (code, body) = net
+        .get(&format!("http://{pod_ip}:8080/hello?user=alice"))
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["node"], "peerlb-0", "{body}");
+    // Prometheus's target: the port named `metrics`, the Service's path.
+    let metrics_port = containers[0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .unwrap()["containerPort"]
+        .as_u64()
+        .unwrap();
+    let (code, text) = net
+        .get(&format!("http://{pod_ip}:{metrics_port}/_peerlb/metrics"))
+        .unwrap();
+    assert!(
+        code == 200 && text.contains("peerlb_requests_total"),
+        "{code}: {text}"
+    );
+    drop(node);
+    // The same files owner-only and root-owned, as the manifest once had
+    // them (mode 0400, no fsGroup): the node cannot read its key.
+    own(&node_key, 0, 0o400);
+    let mut refused = run(&containers[0], "refused.log");
+    let status = refused.0.wait().unwrap();
+    let said = std::fs::read_to_string(root.join("refused.log")).unwrap();
+    assert_eq!(status.code(), Some(64), "{said}");
+    assert!(said.contains("Permission denied"), "{said}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The commands of the Dockerfile's example (the `#   ` lines of its
+/// opening comment), continuation lines joined.
+fn dockerfile_example() -> Vec<String> {
+    let text = read("docker/Dockerfile");
+    let lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("#   "))
+        .collect();
+    lines
+        .join("\n")
+        .replace("\\\n", " ")
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// Words of a command line as a POSIX shell splits them, for the
+/// example's quoting only (double quotes, no escapes), `$PWD` expanded.
+fn shell_words(line: &str, pwd: &Path) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for ch in line.chars() {
+        match ch {
+            '"' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            c => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
+        .into_iter()
+        .map(|w| w.replace("$PWD", &pwd.to_string_lossy()))
+        .collect()
+}
+
+/// One `docker run` of the example: what it sets up.
+#[derive(Debug, Default)]
+struct DockerRun {
+    name: Option<String>,
+    env: Vec<(String, String)>,
+    /// (host path, container path)
+    mounts: Vec<(String, String)>,
+    /// (host port, container port, protocol)
+    published: Vec<(u16, u16, String)>,
+    /// `--network container:<name>`: the namespace of that container.
+    network_of: Option<String>,
+    entrypoint: Option<String>,
+    image: String,
+    args: Vec<String>,
+}
+
+fn parse_docker_run(words: &[String]) -> DockerRun {
+    assert_eq!(words[..2], ["docker", "run"], "{words:?}");
+    let mut r = DockerRun::default();
+    let mut it = words[2..].iter();
+    while let Some(w) = it.next() {
+        let mut value = || it.next().unwrap().clone();
+        match w.as_str() {
+            "--rm" | "-d" => {}
+            "--name" => r.name = Some(value()),
+            "-e" => {
+                let v = value();
+                let (k, v) = v.split_once('=').unwrap();
+                r.env.push((k.into(), v.into()));
+            }
+            "-v" => {
+                let v = value();
+                let mut parts = v.split(':');
+                let (host, inside) = (parts.next().unwrap(), parts.next().unwrap());
+                assert!(parts.all(|o| o == "ro"), "{v}");
+                r.mounts.push((host.into(), inside.into()));
+            }
+            "-p" => {
+                let v = value();
+                let (ports, proto) = v.split_once('/').unwrap();
+                let (host, inside) = ports.split_once(':').unwrap();
+                r.published
+                    .push((host.parse().unwrap(), inside.parse().unwrap(), proto.into()));
+            }
+            "--network" => {
+                r.network_of = Some(value().strip_prefix("container:").unwrap().to_owned());
+            }
+            "--entrypoint" => r.entrypoint = Some(value()),
+            image => {
+                assert!(
+                    !image.starts_with('-'),
+                    "docker run option {image} not modelled"
+                );
+                r.image = image.to_owned();
+                r.args = it.cloned().collect();
+                break;
+            }
+        }
+    }
+    r
+}
+
+#[test]
+fn the_dockerfile_example_runs_as_printed_bound_on_0_0_0_0_advertising_the_machine() {
+    if skip_containers() {
+        return;
+    }
+    let example = dockerfile_example();
+    let tag = format!("peerlb:{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        example[0],
+        format!("docker build -f deploy/docker/Dockerfile -t {tag} ."),
+        "the image is built with the release's tag"
+    );
+    // Machine web-1 of docs/configuration.md's three-machine example, in
+    // the directory its bundle (docs/operations.md) was unpacked in.
+    let machine = temp_dir("deploy-docker");
+    own(&machine, 0, 0o755);
+    let conf = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    let rest = &conf[conf.find("## Example: three machines").unwrap()..];
+    let start = rest.find("```toml\n").unwrap() + "```toml\n".len();
+    let toml = &rest[start..start + rest[start..].find("```").unwrap()];
+    let issuer = temp_dir("deploy-docker-issuer");
+    let config = write(&issuer, "cluster.toml", toml);
+    let out = Command::new(bin())
+        .args(["certs", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::copy(&config, machine.join("cluster.toml")).unwrap();
+    std::fs::create_dir_all(machine.join("certs")).unwrap();
+    for f in ["ca.pem", "web-1.pem", "web-1.key", "gossip.keys"] {
+        std::fs::copy(issuer.join("certs").join(f), machine.join("certs").join(f)).unwrap();
+    }
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let key = machine.join("certs/web-1.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(
+            machine.join("certs"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+    }
+    let file = peerlb::Source::load(Some(&config))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let web1 = file.nodes.iter().find(|n| n.id == "web-1").unwrap();
+    // The container's root: each mount a symbolic link to its host path.
+    let root = temp_dir("deploy-docker-root");
+    own(&root, 0, 0o755);
+    let (entry, image_env) = image_entry_and_env();
+    let inside = |p: &str| root.join(p.trim_start_matches('/'));
+    let net = Netns::make("dkr", &[]);
+    let mut running = Vec::new();
+    for line in &example[1..] {
+        let words = shell_words(line, &machine);
+        if words[0] != "docker" {
+            // A host command, run as printed in the machine's directory.
+            let out = Command::new("bash")
+                .args(["-euo", "pipefail", "-c", line])
+                .current_dir(&machine)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{line}: {out:?}");
+            continue;
+        }
+        let r = parse_docker_run(&words);
+        assert_eq!(r.image, tag);
+        for (host, at) in &r.mounts {
+            let link = inside(at);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(host, &link).unwrap();
+        }
+        // What `-p` publishes is what the node advertises: the
+        // machine's ports reach the container's.
+        if r.network_of.is_none() {
+            let mut published: Vec<(u16, u16, String)> = r.published.clone();
+            published.sort();
+            let mut advertised = vec![
+                (
+                    web1.http_addr.rsplit(':').next().unwrap().parse().unwrap(),
+                    "tcp",
+                ),
+                (
+                    web1.peer_addr.rsplit(':').next().unwrap().parse().unwrap(),
+                    "udp",
+                ),
+                (
+                    web1.gossip_addr
+                        .rsplit(':')
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap(),
+                    "udp",
+                ),
+            ]
+            .into_iter()
+            .map(|(p, proto): (u16, &str)| (p, p, proto.to_owned()))
+            .collect::<Vec<_>>();
+            advertised.sort();
+            assert_eq!(published, advertised);
+        }
+        let mut env = image_env.clone();
+        for (k, v) in &r.env {
+            env.retain(|(n, _)| n != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let env: Vec<(String, String)> = env
+            .into_iter()
+            .map(|(k, v)| {
+                let v = if v.starts_with('/') {
+                    inside(&v).to_string_lossy().into_owned()
+                } else {
+                    v
+                };
+                (k, v)
+            })
+            .collect();
+        let mut argv = match &r.entrypoint {
+            Some(e) => vec![e.clone()],
+            None => entry.clone(),
+        };
+        argv.extend(r.args.iter().cloned());
+        assert_eq!(argv[0], "/usr/local/bin/peerlb");
+        let log = root.join(format!("{}.log", r.name.clone().unwrap_or_default()));
+        running.push(net.run_as(NONROOT, bin(), &argv[1..], &env, &log));
+    }
+    assert_eq!(running.len(), 2, "the node and its app");
+    let log = || std::fs::read_to_string(root.join("web-1.log")).unwrap_or_default();
+    // Inside, the node listens on every address: the container's loopback
+    // answers, though the address it advertises is the machine's.
+    let http_port = web1.http_addr.rsplit(':').next().unwrap();
+    let health = format!("http://127.0.0.1:{http_port}/_peerlb/health");
+    poll_for(30, || net.get(&health).filter(|(c, _)| *c == 200))
+        .unwrap_or_else(|| panic!("the container's node did not become ready\n{}", log()));
+    let (code, body) = net
+        .get(&format!(
+            "http://127.0.0.1:{http_port}/api/tenants/acme/orders"
+        ))
+        .unwrap();
+    assert_eq!(code, 200, "{body}\n{}", log());
+    assert!(body.contains("app-web-1"), "{body}");
+    let admin = format!(
+        "http://127.0.0.1:{}/_peerlb/status",
+        1000 + http_port.parse::<u16>().unwrap()
+    );
+    let (_, status) = net.get(&admin).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["members"][0]["http_addr"], web1.http_addr.as_str());
 }

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use super::settings::MAX_UNIX_PATH;
 use super::{
-    AppAddr, AppKind, BindAddrs, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
-    LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT,
-    MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
-    SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
+    AppAddr, AppKind, BindAddrs, CertFiles, ClusterFile, ConfigError, GossipSettings,
+    IngressSettings, LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls,
+    MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
+    RoutingSettings, RulesSource, SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::adapters::gossip::bounds;
 use crate::engine::balance::Policy;

@@ -65,7 +65,11 @@ fn the_unspecified_address_is_refused_for_every_advertised_address_naming_its_bi
 fn bad_bind_values_are_named_by_their_field() {
     for (extra, field, says) in [
         ("peer_bind = \"here\"\n", "nodes[0].peer_bind", "neither"),
-        ("http_bind = \"0.0.0.0:0\"\n", "nodes[0].http_bind", "port 0"),
+        (
+            "http_bind = \"0.0.0.0:0\"\n",
+            "nodes[0].http_bind",
+            "port 0",
+        ),
         // Both UDP sockets on port 2 of every address.
         (
             "gossip_bind = \"0.0.0.0:2\"\n",
