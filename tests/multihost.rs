@@ -261,7 +261,21 @@ impl Machines {
         text += "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }]\n";
         let config = dir.join("cluster.toml");
         std::fs::write(&config, &text).unwrap();
-        // Step 2: check it, with each node's view.
+        // Step 2: check it.
+        let out = Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "check-config: {out:?}");
+        // Step 3: certificates once, copied per machine.
+        let out = Command::new(bin())
+            .args(["certs", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "certs: {out:?}");
+        // Each node's view, with the files it will read.
         for i in 1..=3 {
             let out = Command::new(bin())
                 .args(["check-config", "--config"])
@@ -271,13 +285,6 @@ impl Machines {
                 .unwrap();
             assert!(out.status.success(), "check-config: {out:?}");
         }
-        // Step 3: certificates once, copied per machine.
-        let out = Command::new(bin())
-            .args(["certs", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "certs: {out:?}");
         let mut m = Machines {
             net,
             dir: dir.clone(),

@@ -97,22 +97,9 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
     };
     let files = raise_open_file_limit();
     config.ingress.max_connections = connection_cap(config.ingress.max_connections, files);
-    // TLS files are configuration too: check them before binding anything.
-    if let Err(e) = tls::TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key) {
-        return Ok(config_error(format!(
-            "tls: {e} (create the certificates with `peerlb certs`)"
-        )));
-    }
-    for l in [&config.listener, &config.shared_listener] {
-        if let Some(t) = &l.tls
-            && let Err(e) = tls::entry::EntryCerts::load(t)
-        {
-            return Ok(config_error(e));
-        }
-    }
-    let keyring = match peerlb::keyring::Keyring::load(&config.tls.gossip_keyring) {
+    let keyring = match read_files(&config) {
         Ok(k) => k,
-        Err(e) => return Ok(config_error(format!("tls.gossip_keyring: {e}"))),
+        Err(code) => return Ok(code),
     };
     let rt = runtime()?;
     rt.block_on(async move {
@@ -124,6 +111,29 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         trim.abort();
         anyhow::Ok(0)
     })
+}
+
+/// Reads the files a node needs before it binds anything (they are
+/// configuration too): its certificate, key and CA, the HTTPS listeners'
+/// certificates, and the gossip keyring, which it returns. `Err` is exit
+/// status 64, the error printed naming the field.
+pub(crate) fn read_files(
+    config: &peerlb::config::NodeConfig,
+) -> Result<peerlb::keyring::Keyring, u8> {
+    if let Err(e) = tls::TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key) {
+        return Err(config_error(format!(
+            "tls: {e} (create the certificates with `peerlb certs`)"
+        )));
+    }
+    for l in [&config.listener, &config.shared_listener] {
+        if let Some(t) = &l.tls
+            && let Err(e) = tls::entry::EntryCerts::load(t)
+        {
+            return Err(config_error(e));
+        }
+    }
+    peerlb::keyring::Keyring::load(&config.tls.gossip_keyring)
+        .map_err(|e| config_error(format!("tls.gossip_keyring: {e}")))
 }
 
 /// File descriptors kept out of the client connection cap: listeners, peer
