@@ -10,10 +10,15 @@
 //! ("Partitions between machines"), and a node moved to a fourth machine
 //! (198.51.100.14) with the same id. The docs' command blocks themselves
 //! are read from docs/operations.md and run as printed
-//! (`the_docs_multi_machine_steps_run_as_printed`).
+//! (`the_docs_multi_machine_steps_run_as_printed`), and so are the
+//! examples of README.md and docs/operations.md that run on one machine,
+//! each `peerlb up` on a machine of its own so the documented fixed
+//! ports are free (`the_docs_one_machine_examples_run_as_printed`,
+//! `the_readme_quick_starts_run_as_printed`): every block marked
+//! `<!-- tests/multihost.rs runs this block as printed: <name> -->`.
 //!
-//! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`
-//! and `tar`: skipped with a message otherwise, a failure when
+//! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`,
+//! `tar`, `pgrep` (and `nc`, `sipp` for the SIP quick start): skipped with a message otherwise, a failure when
 //! `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces, veths and the
 //! bridge are removed by a guard even when a test fails.
 
@@ -1181,7 +1186,7 @@ fn the_docs_one_machine_examples_run_as_printed() {
     // "What to try", which kills alice's owner, then the restart command
     // in the same terminal (it runs until the test ends).
     let script = format!(
-        "{}\n( {} ) > restart.log 2>&1 &\necho \"owner=$owner\"\n",
+        "{}\n(\n{}\n) > restart.log 2>&1 &\necho \"owner=$owner\"\n",
         printed("README.md", "try"),
         printed("README.md", "restart").trim()
     );
@@ -1223,5 +1228,104 @@ fn the_docs_one_machine_examples_run_as_printed() {
         entries.contains(&owner),
         "{owner} is not on the shared address: {entries:?}"
     );
+    drop(groups);
+}
+
+/// The README's HTTPS and SIP quick starts as printed, each `peerlb up`
+/// on a machine of its own (its documented ports free): the HTTPS
+/// request answered over TLS with the certificate `up --https` made, the
+/// three SIP clients' OPTIONS answered by one owner (with `nc`), and the
+/// SIPp run through the shared SIP address (with `sipp`).
+#[test]
+fn the_readme_quick_starts_run_as_printed() {
+    if skip() {
+        return;
+    }
+    let require = std::env::var("PEERLB_REQUIRE_NETNS").is_ok_and(|v| v == "1");
+    if support::which("curl").is_none() {
+        assert!(!require, "PEERLB_REQUIRE_NETNS=1 but `curl` is missing");
+        eprintln!("SKIPPED the README's quick starts: no `curl`");
+        return;
+    }
+    let net = Net::make("qs", 2);
+    let mut groups = Groups::default();
+    let printed =
+        |name: &str| block_of("README.md", name).replace("cargo run --release --", "peerlb");
+    let home = |i: usize| {
+        let d = temp_dir(&format!("readme-quick-{i}"));
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/cluster.toml"),
+            d.join("cluster.toml"),
+        )
+        .unwrap();
+        d
+    };
+    let run = |groups: &mut Groups, i: usize, dir: &std::path::Path, script: &str| {
+        let out = sh_in(groups, Some(&net.ns(i)), dir, script, &[]);
+        assert!(
+            out.status.success(),
+            "{script}\n{out:?}\n{}",
+            std::fs::read_to_string(dir.join("up.log")).unwrap_or_default()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let up = |groups: &mut Groups, i: usize, dir: &std::path::Path, block: &str| {
+        run(
+            groups,
+            i,
+            dir,
+            &format!("(\n{}\n) > up.log 2>&1 &", block.trim()),
+        );
+        poll(Duration::from_secs(60), || {
+            std::fs::read_to_string(dir.join("up.log"))
+                .is_ok_and(|l| l.contains("cluster ready: every node sees 3 serving members"))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{block}: not ready\n{}",
+                std::fs::read_to_string(dir.join("up.log")).unwrap_or_default()
+            )
+        });
+    };
+    // HTTPS.
+    let https = home(0);
+    up(&mut groups, 0, &https, &printed("https"));
+    let said = run(&mut groups, 0, &https, &printed("https-try"));
+    let v: serde_json::Value =
+        serde_json::from_str(said.trim()).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert_eq!(v["proto"], "https", "{said}");
+    assert_eq!(v["key"], "alice", "{said}");
+    // SIP.
+    let sip = home(1);
+    up(&mut groups, 1, &sip, &printed("sip-up"));
+    if support::which("nc").is_some() {
+        let said = run(&mut groups, 1, &sip, &printed("sip-send"));
+        let owners: Vec<&str> = said
+            .lines()
+            .filter_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("peerlb-served-by")
+                    .then(|| value.trim())
+            })
+            .collect();
+        assert_eq!(said.matches("SIP/2.0 200 OK").count(), 3, "{said}");
+        assert_eq!(owners.len(), 3, "{said}");
+        assert!(owners.iter().all(|o| *o == owners[0]), "{said}");
+    } else {
+        assert!(
+            !require,
+            "PEERLB_REQUIRE_NETNS=1 but `nc` (netcat-openbsd) is missing"
+        );
+        eprintln!("not run: the README's SIP clients (no `nc`: apt-get install -y netcat-openbsd)");
+    }
+    if support::which("sipp").is_some() {
+        run(&mut groups, 1, &sip, &printed("sipp"));
+    } else {
+        assert!(
+            !require,
+            "PEERLB_REQUIRE_NETNS=1 but `sipp` (sip-tester) is missing"
+        );
+        eprintln!("not run: the README's SIPp call (no `sipp`: apt-get install -y sip-tester)");
+    }
     drop(groups);
 }
