@@ -1,5 +1,6 @@
 //! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`,
-//! `app`, `keyring`, `status`, `drain`, `undrain`, `offline`. This file parses the command line and dispatches; each command
+//! `app`, `keyring`, `status`, `drain`, `undrain`, `offline`, `weight`,
+//! `reload-rules`. This file parses the command line and dispatches; each command
 //! lives in its own file under `cli/`, the helpers they share in `cli.rs`.
 
 use std::process::ExitCode;

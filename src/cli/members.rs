@@ -1,8 +1,12 @@
-//! `peerlb status`, `peerlb drain`, `peerlb undrain`, `peerlb offline`:
-//! the cluster as one node sees it, and a member's state changed, through
-//! one node's admin API (its `admin_addr`). A change for another member is
-//! forwarded by that node over the authenticated peer link, so one
-//! reachable admin address is enough for the whole cluster.
+//! `peerlb status`, `peerlb drain`, `peerlb undrain`, `peerlb offline`,
+//! `peerlb weight`, `peerlb reload-rules`: the cluster as one node sees
+//! it, a member's state or weight changed, the rules read again, through
+//! one node's admin API (its `admin_addr`, given as `host:port`). A change
+//! for another member is forwarded by that node over the authenticated
+//! peer link, so one reachable admin address is enough for the whole
+//! cluster. Answers print as tables (as `status` prints members), `--json`
+//! as the node sent them; a refusal prints the node's error as a sentence
+//! and exits 1.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
