@@ -568,3 +568,21 @@ fn global_options_are_listed_once_and_accepted_after_any_command() {
     }
     assert!(help(&["drain", "--help"]).contains("--timeout-ms"));
 }
+
+/// `--node-addr` takes `host:port`; one that is not is a usage error
+/// naming the flag (64), before anything is sent.
+#[test]
+fn a_node_addr_that_is_not_host_port_exits_64_naming_the_flag() {
+    for cmd in ["status", "reload-rules"] {
+        let out = Command::new(bin())
+            .args([cmd, "--node-addr", "nowhere"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--node-addr: \"nowhere\" is not host:port"),
+            "{err}"
+        );
+    }
+}

@@ -1091,8 +1091,8 @@ fn addr_problem<'a>(
                 k,
                 format!(
                     "{addr}: {what}; give the node's own IP, not 0.0.0.0 or :: (to listen on \
-                     every address, set {bind} = \"{}\")",
-                    addr.ip()
+                     every address, set {bind} = \"{ip}\", or run the node with --bind {ip})",
+                    ip = addr.ip()
                 ),
             ));
         }
