@@ -15,6 +15,8 @@
 //!   sections) and the per-node [`Overrides`].
 //! - `validate`: [`ClusterFile::check`] and [`ClusterFile::validate`], the
 //!   rules every field must keep.
+//! - `bind`: where a node binds its sockets when that is not the address
+//!   it advertises ([`BindAddrs`]).
 //! - `settings`: the validated [`NodeConfig`], grouped per part of the node
 //!   ([`IngressSettings`], [`PeerSettings`], [`GossipSettings`], ...).
 //! - here: the errors, where a file comes from ([`Source`]) and where the
@@ -24,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::rules::{MAX_RULES_FILE_BYTES, Rules};
 
+mod bind;
 mod model;
 mod session;
 mod settings;
