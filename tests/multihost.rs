@@ -17,7 +17,7 @@
 //! `<!-- tests/multihost.rs runs this block as printed: <name> -->`.
 //!
 //! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`,
-//! `tar`, `pgrep` (and `nc` for the SIP quick start): skipped with a message otherwise, a failure when
+//! `tar` (and `nc` for the SIP quick start): skipped with a message otherwise, a failure when
 //! `PEERLB_REQUIRE_NETNS=1` (as `.ci/run` sets). Namespaces, veths and the
 //! bridge are removed by a guard even when a test fails.
 

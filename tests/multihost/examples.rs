@@ -27,7 +27,7 @@ fn the_docs_one_machine_examples_run_as_printed() {
     if skip() {
         return;
     }
-    for tool in ["curl", "jq", "pgrep"] {
+    for tool in ["curl", "jq"] {
         if support::which(tool).is_none() {
             if std::env::var("PEERLB_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
                 panic!(
