@@ -15,6 +15,8 @@
 //!   sections) and the per-node [`Overrides`].
 //! - `validate`: [`ClusterFile::check`] and [`ClusterFile::validate`], the
 //!   rules every field must keep.
+//! - `bind`: where a node binds its sockets when that is not the address
+//!   it advertises ([`BindAddrs`]).
 //! - `settings`: the validated [`NodeConfig`], grouped per part of the node
 //!   ([`IngressSettings`], [`PeerSettings`], [`GossipSettings`], ...).
 //! - here: the errors, where a file comes from ([`Source`]) and where the
@@ -24,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::rules::{MAX_RULES_FILE_BYTES, Rules};
 
+mod bind;
 mod model;
 mod session;
 mod settings;
@@ -37,7 +40,7 @@ pub use model::{
     SessionSection, StickySection, TlsSection,
 };
 pub use settings::{
-    ADMIN_PORT_OFFSET, AppAddr, AppKind, CertFiles, GossipSettings, IngressSettings,
+    ADMIN_PORT_OFFSET, AppAddr, AppKind, BindAddrs, CertFiles, GossipSettings, IngressSettings,
     LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs, NodeConfig,
     PeerSettings, RoutingSettings, SipAppKind, TlsPaths, UpstreamApp, default_admin_addr,
 };

@@ -102,13 +102,16 @@ impl Env {
     /// [`BindError`] naming the socket that could not be bound.
     pub fn bind(config: &NodeConfig, keyring: Keyring) -> Result<Env, BindError> {
         let n = &config.node;
+        // The sockets bind where `config.bind` says (the advertised
+        // addresses unless `*_bind` or `--bind` moved them).
+        let b = &config.bind;
         let err = |what, addr| move |source| BindError { what, addr, source };
         let listener = |addr, reuse_port, what| -> Result<Box<dyn HttpListener>, BindError> {
             let l = tcp_listener(addr, reuse_port).map_err(err(what, addr))?;
             let l = tokio::net::TcpListener::from_std(l).map_err(err(what, addr))?;
             Ok(Box::new(l))
         };
-        let mut http_listeners = vec![listener(n.http_addr, false, "http_addr")?];
+        let mut http_listeners = vec![listener(b.http, false, "http_addr")?];
         if let Some(shared) = config.shared_listen {
             http_listeners.push(listener(shared, true, "shared listen address")?);
         }
@@ -135,20 +138,19 @@ impl Env {
             }
             None => None,
         };
-        let peer_socket =
-            std::net::UdpSocket::bind(n.peer_addr).map_err(err("peer_addr", n.peer_addr))?;
+        let peer_socket = std::net::UdpSocket::bind(b.peer).map_err(err("peer_addr", b.peer))?;
         peer_socket
             .set_nonblocking(true)
-            .map_err(err("peer_addr", n.peer_addr))?;
+            .map_err(err("peer_addr", b.peer))?;
         size_socket_buffers(&peer_socket);
         // Registered for reads only: quinn's own tokio socket is woken by
         // every datagram it sent (crate::adapters::transport::peer::udp).
         let peer_socket: Arc<dyn quinn::AsyncUdpSocket> =
-            PeerUdpSocket::wrap(peer_socket).map_err(err("peer_addr", n.peer_addr))?;
+            PeerUdpSocket::wrap(peer_socket).map_err(err("peer_addr", b.peer))?;
         // chitchat's UDP transport binds its own socket (its envelope codec
         // is private, so a pre-bound socket cannot be handed in): check the
         // address now so a conflict is reported before the node starts.
-        drop(std::net::UdpSocket::bind(n.gossip_addr).map_err(err("gossip_addr", n.gossip_addr))?);
+        drop(std::net::UdpSocket::bind(b.gossip).map_err(err("gossip_addr", b.gossip))?);
         let clock = SystemClock;
         let generation = clock
             .now()

@@ -1,5 +1,6 @@
 //! The `peerlb` command line: `node`, `up`, `certs`, `check-config`, `route`,
-//! `app`, `keyring`, `status`, `drain`, `undrain`, `offline`. This file parses the command line and dispatches; each command
+//! `app`, `keyring`, `status`, `drain`, `undrain`, `offline`, `weight`,
+//! `reload-rules`. This file parses the command line and dispatches; each command
 //! lives in its own file under `cli/`, the helpers they share in `cli.rs`.
 
 // No unsafe code, but the libc calls whose `#[allow]` says why
@@ -61,15 +62,49 @@ enum Cmd {
     Status(cli::members::StatusArgs),
     /// Drain a member: no new sticky sessions or ring keys; the sessions
     /// bound to it finish there (admin API, forwarded to the member).
-    Drain(cli::members::ChangeArgs),
+    Drain(cli::members::DrainArgs),
     /// Put a draining or offline member back to serving.
     Undrain(cli::members::ChangeArgs),
     /// Take a member offline: no traffic, still a member.
     Offline(cli::members::ChangeArgs),
+    /// Set a member's weight (100 is one share; not persisted): published
+    /// in gossip, every ring takes it (admin API, forwarded to the member).
+    Weight(cli::members::WeightArgs),
+    /// Read and compile the data-centric rules again on the node asked
+    /// (its rules_file or the [[rules]] of its --config file).
+    ReloadRules(cli::members::ReloadRulesArgs),
+}
+
+/// What each command's help says of the global options, which only
+/// `peerlb --help` lists.
+const GLOBAL_OPTIONS_NOTE: &str = "Global options (before or after the command): --log-format text|json, --access-log; see `peerlb --help`.";
+
+/// The command line with the global options listed once, in `peerlb
+/// --help`: each command gets hidden copies of them (clap then does not
+/// propagate the listed ones there; they are still accepted after the
+/// command) and a line saying where they are.
+fn command() -> clap::Command {
+    use clap::CommandFactory as _;
+    let cmd = Cli::command();
+    let hidden: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.clone().hide(true))
+        .collect();
+    fn with_hidden(sc: clap::Command, hidden: &[clap::Arg]) -> clap::Command {
+        let sc = sc
+            .args(hidden.iter().cloned())
+            .after_help(GLOBAL_OPTIONS_NOTE);
+        sc.mut_subcommands(|c| with_hidden(c, hidden))
+    }
+    cmd.mut_subcommands(|sc| with_hidden(sc, &hidden))
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = {
+        use clap::FromArgMatches as _;
+        Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
+    };
     if matches!(
         cli.cmd,
         Cmd::Route(_) | Cmd::CheckConfig(_) | Cmd::Status(_)
@@ -93,9 +128,11 @@ fn main() -> ExitCode {
         Cmd::App(a) => cli::app::run(a),
         Cmd::Keyring(a) => cli::keyring::run(a),
         Cmd::Status(a) => cli::members::status(a),
-        Cmd::Drain(a) => cli::members::change(a, "draining"),
+        Cmd::Drain(a) => cli::members::drain(a),
         Cmd::Undrain(a) => cli::members::change(a, "serving"),
         Cmd::Offline(a) => cli::members::change(a, "offline"),
+        Cmd::Weight(a) => cli::members::weight(a),
+        Cmd::ReloadRules(a) => cli::members::reload_rules(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),

@@ -174,6 +174,7 @@ impl Node {
                 node_id: me.id.clone(),
                 generation: env.generation,
                 gossip_addr: me.gossip_addr,
+                listen_addr: config.bind.gossip,
             },
             &config.gossip,
             &Published {

@@ -320,6 +320,31 @@ fn check_config_with_node_also_runs_the_per_node_check() {
     };
     let whole = run(&[]);
     assert_eq!(whole.status.code(), Some(0), "{whole:?}");
+    // With --node it reads the node's files: none yet.
+    let missing = run(&["--node", "n2"]);
+    assert_eq!(missing.status.code(), Some(64), "{missing:?}");
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("tls: reading") && err.contains("ca.pem") && err.contains("peerlb certs"),
+        "{err}"
+    );
+    let certs = Command::new(bin())
+        .args(["certs", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(certs.status.success(), "{certs:?}");
+    // A keyring that is not one: named by its field.
+    let keyring = dir.join("certs/gossip.keys");
+    let good_keys = std::fs::read(&keyring).unwrap();
+    std::fs::write(&keyring, "not a key\n").unwrap();
+    let bad = run(&["--node", "n2"]);
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("tls.gossip_keyring"),
+        "{bad:?}"
+    );
+    std::fs::write(&keyring, good_keys).unwrap();
     let known = run(&["--node", "n2"]);
     assert_eq!(known.status.code(), Some(0), "{known:?}");
     // It says what the per-node check adds: the node's own addresses.
@@ -330,6 +355,7 @@ fn check_config_with_node_also_runs_the_per_node_check() {
             && said.contains(&format!("admin 127.0.0.1:{}", http2 + 1000)),
         "{said}"
     );
+    assert!(said.contains("(read)"), "{said}");
     assert!(
         !String::from_utf8_lossy(&whole.stdout).contains("node n2:"),
         "{whole:?}"
@@ -505,4 +531,64 @@ fn route_replays_the_least_load_example_with_a_load_step() {
     assert_eq!(picks("10"), "s1 s1 s1 s1 s1 s2 s1 s3");
     // Without a step nothing adds load: the first pick repeats.
     assert_eq!(picks("0"), "s1 s1 s1 s1 s1 s1 s1 s1");
+}
+
+/// The global options (`--log-format`, `--access-log`) are listed once,
+/// in `peerlb --help`; each command's help says where they are instead of
+/// repeating them, and they are still accepted after the command.
+#[test]
+fn global_options_are_listed_once_and_accepted_after_any_command() {
+    let help = |args: &[&str]| {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&["--help"]);
+    assert_eq!(top.matches("--log-format <LOG_FORMAT>").count(), 1, "{top}");
+    assert_eq!(top.matches("--access-log\n").count(), 1, "{top}");
+    for cmd in [
+        &["node", "--help"][..],
+        &["status", "--help"],
+        &["drain", "--help"],
+        &["keyring", "list", "--help"],
+    ] {
+        let text = help(cmd);
+        assert!(
+            !text.contains("--log-format <") && !text.contains("Log one line per request"),
+            "{cmd:?} repeats the global options:\n{text}"
+        );
+        assert!(
+            text.contains("Global options (before or after the command): --log-format"),
+            "{cmd:?}:\n{text}"
+        );
+    }
+    // Accepted after the command all the same.
+    let out = Command::new(bin())
+        .args(["check-config", "--log-format", "json", "--access-log"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // undrain and offline have no timeout to offer.
+    for cmd in ["undrain", "offline"] {
+        assert!(!help(&[cmd, "--help"]).contains("--timeout-ms"), "{cmd}");
+    }
+    assert!(help(&["drain", "--help"]).contains("--timeout-ms"));
+}
+
+/// `--node-addr` takes `host:port`; one that is not is a usage error
+/// naming the flag (64), before anything is sent.
+#[test]
+fn a_node_addr_that_is_not_host_port_exits_64_naming_the_flag() {
+    for cmd in ["status", "reload-rules"] {
+        let out = Command::new(bin())
+            .args([cmd, "--node-addr", "nowhere"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--node-addr: \"nowhere\" is not host:port"),
+            "{err}"
+        );
+    }
 }

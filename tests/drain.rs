@@ -230,10 +230,18 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
     // Drain n2 through n1's admin API: n1 forwards it to n2.
     let (code, out, err) = peerlb(&["drain", "--node", "n2", "--node-addr", &admin1]);
     assert_eq!(code, 0, "{out}{err}");
-    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    // A table, as `peerlb status` prints members.
+    let cells: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert_eq!(
-        v,
-        serde_json::json!({"node": "n2", "state": "draining", "previous": "serving"})
+        cells,
+        [
+            ["MEMBER", "STATE", "PREVIOUS"],
+            ["n2", "draining", "serving"]
+        ],
+        "{out}"
     );
     wait_everywhere(&c, "n2", "draining");
     assert_eq!(
@@ -289,8 +297,13 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
     traffic.more(50).await;
 
     // Back to serving.
-    let (code, out, err) = peerlb(&["undrain", "--node", "n2", "--node-addr", &admin1]);
+    let (code, out, err) = peerlb(&["undrain", "--node", "n2", "--node-addr", &admin1, "--json"]);
     assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"node": "n2", "state": "serving", "previous": "offline"})
+    );
     wait_everywhere(&c, "n2", "serving");
     assert_eq!(
         exchange(n2, "GET", "/_peerlb/health", ""),
@@ -318,13 +331,41 @@ async fn serving_draining_offline_serving_under_traffic_fails_no_request() {
 async fn changes_for_another_member_travel_over_the_peer_link_and_a_timed_drain_ends_offline() {
     let c = Cluster::start("drain-forward", 3, STEADY, "");
     let (a1, n1) = (c.nodes[0].admin, c.nodes[0].http);
-    // A weight change for n3, asked of n1.
+    // A weight change for n3, asked of n1 by the CLI, n1's admin address
+    // given by host name.
+    let by_name = format!("localhost:{}", a1.port());
+    let (code, out, err) = peerlb(&["weight", "--node", "n3", "250", "--node-addr", &by_name]);
+    assert_eq!(code, 0, "{out}{err}");
+    let cells: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        cells,
+        [["MEMBER", "WEIGHT", "PREVIOUS"], ["n3", "250", "100"]],
+        "{out}"
+    );
+    // The same through the API, as JSON.
     let (code, body) = exchange(a1, "PUT", "/_peerlb/weight?node=n3", "250").unwrap();
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
     assert_eq!(
         v,
-        serde_json::json!({"node": "n3", "weight": 250, "previous": 100})
+        serde_json::json!({"node": "n3", "weight": 250, "previous": 250})
+    );
+    // A refusal is a sentence, exit status 1.
+    let (code, _, err) = peerlb(&["weight", "--node", "n3", "20000", "--node-addr", &by_name]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("422: weight 20000 is out of range 0..=10000"),
+        "{err}"
+    );
+    // The rules reload, as a command.
+    let (code, out, err) = peerlb(&["reload-rules", "--node-addr", &a1.to_string()]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, &*format!("rules reloaded at {a1}: 0 in force")),
+        "{err}"
     );
     poll(Duration::from_secs(20), || {
         c.nodes.iter().all(|n| {
@@ -396,8 +437,9 @@ async fn changes_for_another_member_travel_over_the_peer_link_and_a_timed_drain_
         "--node-addr",
         &a1.to_string(),
     ]);
-    assert_eq!(code, 1);
-    assert!(err.contains("400") && err.contains("timeout_ms"), "{err}");
+    // Only drain has a timeout.
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unexpected argument '--timeout-ms'"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,6 +451,14 @@ async fn status_prints_the_cluster_as_one_node_sees_it() {
     wait_everywhere(&c, "n3", "offline");
     let (code, out2, err) = peerlb(&["status", "--node-addr", &a2]);
     assert_eq!(code, 0, "{out}{err}");
+    // A host name is an address too.
+    let (code, by_name, err) = peerlb(&[
+        "status",
+        "--node-addr",
+        &format!("localhost:{}", c.nodes[1].admin.port()),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(by_name.starts_with("node n2 "), "{by_name}");
     let lines: Vec<&str> = out2.lines().collect();
     assert!(
         lines[0].starts_with("node n2 (serving), policy consistent-hash"),

@@ -10,17 +10,23 @@
 //! ("Partitions between machines"), and a node moved to a fourth machine
 //! (198.51.100.14) with the same id. The docs' command blocks themselves
 //! are read from docs/operations.md and run as printed
-//! (`the_docs_multi_machine_steps_run_as_printed`).
+//! (`the_docs_multi_machine_steps_run_as_printed`), and so are the
+//! examples of README.md and docs/operations.md that run on one machine,
+//! each `peerlb up` on a machine of its own so the documented fixed
+//! ports are free (`examples.rs` beside this file): every block marked
+//! `<!-- tests/multihost.rs runs this block as printed: <name> -->`.
 //!
-//! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`
-//! and `tar`: skipped with a `SKIPPED` line otherwise, a failure when `CI`
-//! or `PEERLB_REQUIRE_NETNS` is set (as `.ci/run` does;
-//! tests/support/skip.rs). Namespaces, veths and the
+//! Needs root and `ip` (iproute2), and for the docs' blocks `curl`, `jq`,
+//! `tar` (and `nc` for the SIP quick start): skipped with a `SKIPPED` line
+//! otherwise, a failure when `CI` or `PEERLB_REQUIRE_NETNS` is set (as
+//! `.ci/run` does; tests/support/skip.rs). Namespaces, veths and the
 //! bridge are removed by a guard even when a test fails.
 
 // Real processes in real namespaces: wall-clock time and blocking sleeps.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
+#[path = "multihost/examples.rs"]
+mod examples;
 mod support;
 
 use std::io::{Read, Write};
@@ -263,7 +269,21 @@ impl Machines {
         text += "[[rules]]\nname = \"user\"\nextract = [{ query = \"user\" }]\n";
         let config = dir.join("cluster.toml");
         std::fs::write(&config, &text).unwrap();
-        // Step 2: check it, with each node's view.
+        // Step 2: check it.
+        let out = Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "check-config: {out:?}");
+        // Step 3: certificates once, copied per machine.
+        let out = Command::new(bin())
+            .args(["certs", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "certs: {out:?}");
+        // Each node's view, with the files it will read.
         for i in 1..=3 {
             let out = Command::new(bin())
                 .args(["check-config", "--config"])
@@ -273,13 +293,6 @@ impl Machines {
                 .unwrap();
             assert!(out.status.success(), "check-config: {out:?}");
         }
-        // Step 3: certificates once, copied per machine.
-        let out = Command::new(bin())
-            .args(["certs", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "certs: {out:?}");
         let mut m = Machines {
             net,
             dir: dir.clone(),
@@ -799,12 +812,18 @@ fn a_node_restarted_on_another_machine_address_with_the_same_id_gets_its_keys_ba
 /// The `sh` block of docs/operations.md after the marker
 /// `<!-- tests/multihost.rs runs this block as printed: <name> -->`.
 fn docs_block(name: &str) -> String {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+    block_of("docs/operations.md", name)
+}
+
+/// The `sh` block of `file` (in the repository) after the marker
+/// `<!-- tests/multihost.rs runs this block as printed: <name> -->`.
+fn block_of(file: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
         .unwrap();
     let marker = format!("<!-- tests/multihost.rs runs this block as printed: {name} -->");
     let at = text
         .find(&marker)
-        .unwrap_or_else(|| panic!("docs/operations.md has no `{marker}`"));
+        .unwrap_or_else(|| panic!("{file} has no `{marker}`"));
     let rest = text[at + marker.len()..]
         .trim_start()
         .strip_prefix("```sh\n")

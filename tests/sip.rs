@@ -520,9 +520,15 @@ fn a_bad_sip_addr_exits_64_and_a_taken_one_cannot_be_bound() {
             assert!(err.contains(says), "{args:?}: {err}");
         }
     }
-    // A valid one is shown by check-config.
+    // A valid one is shown by check-config (which reads the node's files).
     let sip_port = free_port();
     let good = write(&dir, "good.toml", &node(&format!("127.0.0.1:{sip_port}")));
+    let certs = std::process::Command::new(bin())
+        .args(["certs", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(certs.status.success(), "{certs:?}");
     let out = std::process::Command::new(bin())
         .args(["check-config", "--node", "n1", "--config"])
         .arg(&good)

@@ -1,8 +1,12 @@
-//! `peerlb status`, `peerlb drain`, `peerlb undrain`, `peerlb offline`:
-//! the cluster as one node sees it, and a member's state changed, through
-//! one node's admin API (its `admin_addr`). A change for another member is
-//! forwarded by that node over the authenticated peer link, so one
-//! reachable admin address is enough for the whole cluster.
+//! `peerlb status`, `peerlb drain`, `peerlb undrain`, `peerlb offline`,
+//! `peerlb weight`, `peerlb reload-rules`: the cluster as one node sees
+//! it, a member's state or weight changed, the rules read again, through
+//! one node's admin API (its `admin_addr`, given as `host:port`). A change
+//! for another member is forwarded by that node over the authenticated
+//! peer link, so one reachable admin address is enough for the whole
+//! cluster. Answers print as tables (as `status` prints members), `--json`
+//! as the node sent them; a refusal prints the node's error as a sentence
+//! and exits 1.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,24 +19,62 @@ use super::admin_request;
 /// Which node's admin API to ask.
 #[derive(Args)]
 pub(crate) struct Target {
-    /// The admin address (`admin_addr`) of the node to ask (default: the
-    /// first node of the config).
+    /// The admin address (`admin_addr`) of the node to ask, `host:port`
+    /// (`127.0.0.1:9081`, `localhost:9081`); default: the first node of
+    /// the config.
     #[arg(long = "node-addr", env = "PEERLB_NODE_ADDR")]
-    node_addr: Option<SocketAddr>,
+    node_addr: Option<String>,
     /// cluster.toml naming the nodes (default: the embedded local cluster).
     #[arg(long, env = "PEERLB_CONFIG")]
     config: Option<PathBuf>,
 }
 
 impl Target {
-    /// The admin address to ask; `Err` is the exit status (a bad config,
-    /// already printed).
-    fn addr(&self) -> Result<SocketAddr, u8> {
-        if let Some(a) = self.node_addr {
-            return Ok(a);
+    /// The addresses to try, in order (a host name may resolve to
+    /// several: `localhost` to `::1` and `127.0.0.1`); `Err` is the exit
+    /// status (a bad `--node-addr` or config, already printed).
+    fn addrs(&self) -> Result<Vec<SocketAddr>, u8> {
+        use std::net::ToSocketAddrs as _;
+        if let Some(a) = &self.node_addr {
+            return match a.to_socket_addrs() {
+                Ok(found) => {
+                    let found: Vec<SocketAddr> = found.collect();
+                    if found.is_empty() {
+                        Err(super::config_error(format!(
+                            "--node-addr: {a:?} resolves to no address"
+                        )))
+                    } else {
+                        Ok(found)
+                    }
+                }
+                Err(e) => Err(super::config_error(format!(
+                    "--node-addr: {a:?} is not host:port ({e})"
+                ))),
+            };
         }
         let (_, c) = super::load_cluster(self.config.as_deref())?;
-        Ok(c.nodes[0].admin_addr)
+        Ok(vec![c.nodes[0].admin_addr])
+    }
+
+    /// One admin request to the first of [`Target::addrs`] that accepts a
+    /// connection: (the address, status, body); `Err(code)` when the
+    /// target is invalid (printed).
+    fn ask(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<anyhow::Result<(SocketAddr, u16, String)>, u8> {
+        let addrs = self.addrs()?;
+        let mut last = None;
+        for addr in &addrs {
+            match admin_request(*addr, method, path, body) {
+                Ok((code, text)) => return Ok(Ok((*addr, code, text))),
+                Err(e) => last = Some((*addr, e)),
+            }
+        }
+        let (addr, e) = last.expect("at least one address");
+        Ok(Err(anyhow::Error::new(e).context(format!("asking {addr}"))))
     }
 }
 
@@ -46,30 +88,69 @@ pub(crate) struct StatusArgs {
     json: bool,
 }
 
-/// `peerlb drain|undrain|offline` arguments.
+/// `peerlb drain` arguments.
+#[derive(Args)]
+pub(crate) struct DrainArgs {
+    /// The member to drain (its node id).
+    #[arg(long)]
+    node: String,
+    /// Go offline by itself after this many milliseconds (the sessions
+    /// bound to the member reach it until then).
+    #[arg(long = "timeout-ms")]
+    timeout_ms: Option<u64>,
+    /// Print the node's JSON answer, not the table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `peerlb undrain|offline` arguments.
 #[derive(Args)]
 pub(crate) struct ChangeArgs {
     /// The member to change (its node id).
     #[arg(long)]
     node: String,
-    /// `drain` only: go offline by itself after this many milliseconds
-    /// (the sessions bound to the member reach it until then).
-    #[arg(long = "timeout-ms")]
-    timeout_ms: Option<u64>,
+    /// Print the node's JSON answer, not the table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `peerlb weight` arguments.
+#[derive(Args)]
+pub(crate) struct WeightArgs {
+    /// The member's new weight, 0..=10000 (100 is one share).
+    weight: String,
+    /// The member to change (its node id); default: the node asked.
+    #[arg(long)]
+    node: Option<String>,
+    /// Print the node's JSON answer, not the table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `peerlb reload-rules` arguments.
+#[derive(Args)]
+pub(crate) struct ReloadRulesArgs {
+    /// Print the node's JSON answer, not the sentence.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     target: Target,
 }
 
 /// Runs `peerlb status`: 0, or 1 when the node does not answer 200.
 pub(crate) fn status(a: StatusArgs) -> anyhow::Result<u8> {
-    let addr = match a.target.addr() {
-        Ok(x) => x,
+    let (addr, code, text) = match a.target.ask("GET", "/_peerlb/status", None) {
+        Ok(r) => r?,
         Err(code) => return Ok(code),
     };
-    let (code, text) = admin_request(addr, "GET", "/_peerlb/status", None)
-        .with_context(|| format!("asking {addr}"))?;
     if code != 200 {
-        eprintln!("peerlb status: {addr} answered {code}: {}", text.trim());
+        eprintln!("peerlb status: {addr} answered {code}: {}", error_of(&text));
         return Ok(1);
     }
     if a.json {
@@ -125,6 +206,13 @@ pub(crate) fn table(v: &serde_json::Value) -> String {
             m["http_addr"].as_str().unwrap_or("").to_owned(),
         ]);
     }
+    out += &align(&rows);
+    out
+}
+
+/// `rows` as columns two spaces apart, each as wide as its widest cell.
+fn align(rows: &[Vec<String>]) -> String {
+    let mut out = String::new();
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
@@ -140,17 +228,135 @@ pub(crate) fn table(v: &serde_json::Value) -> String {
     out
 }
 
-/// Runs `peerlb drain|undrain|offline`: asks the node to publish `state`
-/// for member `--node`; 0 when it answered 200, 1 otherwise.
+/// Runs `peerlb drain`.
+pub(crate) fn drain(a: DrainArgs) -> anyhow::Result<u8> {
+    let change = ChangeArgs {
+        node: a.node,
+        json: a.json,
+        target: a.target,
+    };
+    change_state(change, "draining", a.timeout_ms)
+}
+
+/// Runs `peerlb undrain|offline`: asks the node to publish `state` for
+/// member `--node`.
 pub(crate) fn change(a: ChangeArgs, state: &str) -> anyhow::Result<u8> {
-    let addr = match a.target.addr() {
-        Ok(x) => x,
+    change_state(a, state, None)
+}
+
+/// Asks the node to publish `state` for member `--node` (going offline
+/// after `timeout_ms` when draining); prints the member, its new state
+/// and its previous one as a table (as `peerlb status` prints members);
+/// 0 when it answered 200, 1 otherwise.
+fn change_state(a: ChangeArgs, state: &str, timeout_ms: Option<u64>) -> anyhow::Result<u8> {
+    let mut path = format!("/_peerlb/state?node={}", query_value(&a.node));
+    if let Some(t) = timeout_ms {
+        path += &format!("&timeout_ms={t}");
+    }
+    answer(
+        &a.target,
+        "POST",
+        &path,
+        Some(state),
+        a.json,
+        &[
+            ("MEMBER", "node"),
+            ("STATE", "state"),
+            ("PREVIOUS", "previous"),
+        ],
+    )
+}
+
+/// Runs `peerlb weight`: `PUT /_peerlb/weight` for member `--node` (the
+/// node asked without it); prints the member, its new weight and its
+/// previous one as a table.
+pub(crate) fn weight(a: WeightArgs) -> anyhow::Result<u8> {
+    let path = match &a.node {
+        Some(n) => format!("/_peerlb/weight?node={}", query_value(n)),
+        None => "/_peerlb/weight".to_owned(),
+    };
+    answer(
+        &a.target,
+        "PUT",
+        &path,
+        Some(&a.weight),
+        a.json,
+        &[
+            ("MEMBER", "node"),
+            ("WEIGHT", "weight"),
+            ("PREVIOUS", "previous"),
+        ],
+    )
+}
+
+/// Runs `peerlb reload-rules`: `POST /_peerlb/rules/reload` on the node
+/// asked; prints how many rules are in force.
+pub(crate) fn reload_rules(a: ReloadRulesArgs) -> anyhow::Result<u8> {
+    let (addr, code, text) = match a.target.ask("POST", "/_peerlb/rules/reload", None) {
+        Ok(r) => r?,
         Err(code) => return Ok(code),
     };
-    // Every byte outside RFC 3986 unreserved is percent-encoded.
-    let node: String = a
-        .node
-        .bytes()
+    if code != 200 {
+        eprintln!("peerlb: {addr} answered {code}: {}", error_of(&text));
+        return Ok(1);
+    }
+    if a.json {
+        println!("{}", text.trim());
+    } else {
+        let v: serde_json::Value = serde_json::from_str(&text).context("reading the answer")?;
+        println!("rules reloaded at {addr}: {} in force", v["rules"]);
+    }
+    Ok(0)
+}
+
+/// One change through the admin API: on 200 its JSON answer (`json`) or
+/// a two-line table of `columns` (heading, answer field); otherwise the
+/// node's error as a sentence on stderr and exit status 1.
+fn answer(
+    target: &Target,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    json: bool,
+    columns: &[(&str, &str)],
+) -> anyhow::Result<u8> {
+    let (addr, code, text) = match target.ask(method, path, body) {
+        Ok(r) => r?,
+        Err(code) => return Ok(code),
+    };
+    if code != 200 {
+        eprintln!("peerlb: {addr} answered {code}: {}", error_of(&text));
+        return Ok(1);
+    }
+    if json {
+        println!("{}", text.trim());
+        return Ok(0);
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).context("reading the answer")?;
+    let cell = |x: &serde_json::Value| x.as_str().map_or_else(|| x.to_string(), str::to_owned);
+    let rows = [
+        columns
+            .iter()
+            .map(|(h, _)| (*h).to_owned())
+            .collect::<Vec<_>>(),
+        columns.iter().map(|(_, f)| cell(&v[*f])).collect(),
+    ];
+    print!("{}", align(&rows));
+    Ok(0)
+}
+
+/// The `error` of an admin API error answer, else the answer itself.
+fn error_of(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| text.trim().to_owned())
+}
+
+/// `v` percent-encoded for a query string: every byte outside RFC 3986
+/// unreserved.
+fn query_value(v: &str) -> String {
+    v.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
                 (b as char).to_string()
@@ -158,18 +364,5 @@ pub(crate) fn change(a: ChangeArgs, state: &str) -> anyhow::Result<u8> {
                 format!("%{b:02X}")
             }
         })
-        .collect();
-    let mut path = format!("/_peerlb/state?node={node}");
-    if let Some(t) = a.timeout_ms {
-        path += &format!("&timeout_ms={t}");
-    }
-    let (code, text) = admin_request(addr, "POST", &path, Some(state))
-        .with_context(|| format!("asking {addr}"))?;
-    if code == 200 {
-        println!("{}", text.trim());
-        Ok(0)
-    } else {
-        eprintln!("peerlb: {addr} answered {code}: {}", text.trim());
-        Ok(1)
-    }
+        .collect()
 }

@@ -29,6 +29,23 @@ pub(crate) struct NodeArgs {
     /// client port + 1000).
     #[arg(long, env = "PEERLB_ADMIN_ADDR")]
     admin_addr: Option<String>,
+    /// Bind the client listener here rather than on the advertised
+    /// http_addr (ip:port, or an IP for http_addr's port; 0.0.0.0 allowed).
+    #[arg(long, env = "PEERLB_HTTP_BIND")]
+    http_bind: Option<String>,
+    /// Bind the QUIC socket here rather than on the advertised peer_addr
+    /// (ip:port, or an IP for peer_addr's port; 0.0.0.0 allowed).
+    #[arg(long, env = "PEERLB_PEER_BIND")]
+    peer_bind: Option<String>,
+    /// Bind the gossip socket here rather than on the advertised
+    /// gossip_addr (ip:port, or an IP for gossip_addr's port).
+    #[arg(long, env = "PEERLB_GOSSIP_BIND")]
+    gossip_bind: Option<String>,
+    /// Bind the client, peer and gossip sockets on this IP (e.g. 0.0.0.0 in
+    /// a container), each with its advertised port, unless its own
+    /// --*-bind is given.
+    #[arg(long, env = "PEERLB_BIND")]
+    bind: Option<String>,
     /// Override this node's weight (100 = one share).
     #[arg(long, env = "PEERLB_WEIGHT")]
     weight: Option<u32>,
@@ -64,6 +81,10 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         peer_addr: a.peer_addr,
         gossip_addr: a.gossip_addr,
         admin_addr: a.admin_addr,
+        http_bind: a.http_bind,
+        peer_bind: a.peer_bind,
+        gossip_bind: a.gossip_bind,
+        bind: a.bind,
         weight: a.weight,
         app: a.app,
         shared_listen: a.shared_listen,
@@ -76,22 +97,9 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
     };
     let files = raise_open_file_limit();
     config.ingress.max_connections = connection_cap(config.ingress.max_connections, files);
-    // TLS files are configuration too: check them before binding anything.
-    if let Err(e) = tls::TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key) {
-        return Ok(config_error(format!(
-            "tls: {e} (create the certificates with `peerlb certs`)"
-        )));
-    }
-    for l in [&config.listener, &config.shared_listener] {
-        if let Some(t) = &l.tls
-            && let Err(e) = tls::entry::EntryCerts::load(t)
-        {
-            return Ok(config_error(e));
-        }
-    }
-    let keyring = match peerlb::keyring::Keyring::load(&config.tls.gossip_keyring) {
+    let keyring = match read_files(&config) {
         Ok(k) => k,
-        Err(e) => return Ok(config_error(format!("tls.gossip_keyring: {e}"))),
+        Err(code) => return Ok(code),
     };
     let rt = runtime()?;
     rt.block_on(async move {
@@ -103,6 +111,29 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         trim.abort();
         anyhow::Ok(0)
     })
+}
+
+/// Reads the files a node needs before it binds anything (they are
+/// configuration too): its certificate, key and CA, the HTTPS listeners'
+/// certificates, and the gossip keyring, which it returns. `Err` is exit
+/// status 64, the error printed naming the field.
+pub(crate) fn read_files(
+    config: &peerlb::config::NodeConfig,
+) -> Result<peerlb::keyring::Keyring, u8> {
+    if let Err(e) = tls::TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key) {
+        return Err(config_error(format!(
+            "tls: {e} (create the certificates with `peerlb certs`)"
+        )));
+    }
+    for l in [&config.listener, &config.shared_listener] {
+        if let Some(t) = &l.tls
+            && let Err(e) = tls::entry::EntryCerts::load(t)
+        {
+            return Err(config_error(e));
+        }
+    }
+    peerlb::keyring::Keyring::load(&config.tls.gossip_keyring)
+        .map_err(|e| config_error(format!("tls.gossip_keyring: {e}")))
 }
 
 /// File descriptors kept out of the client connection cap: listeners, peer

@@ -498,6 +498,22 @@ pub struct NodeSpec {
     pub peer_addr: String,
     /// The node's gossip address (`ip:port`, UDP).
     pub gossip_addr: String,
+    /// Where the node binds its client listener, when not on `http_addr`
+    /// (`ip:port`, or an IP alone for the port of `http_addr`; may be
+    /// `0.0.0.0` or `::`). Default: `http_addr`.
+    #[serde(default)]
+    pub http_bind: Option<String>,
+    /// Where the node binds its QUIC socket, when not on `peer_addr`
+    /// (`ip:port` or an IP alone, as `http_bind`): `peer_addr` is then
+    /// only advertised (published in gossip and dialled by peers), as
+    /// Consul's `-bind` and `-advertise`. Default: `peer_addr`.
+    #[serde(default)]
+    pub peer_bind: Option<String>,
+    /// Where the node binds its gossip socket, when not on `gossip_addr`
+    /// (`ip:port` or an IP alone, as `http_bind`); `gossip_addr` is then
+    /// only advertised. Default: `gossip_addr`.
+    #[serde(default)]
+    pub gossip_bind: Option<String>,
     /// The node's admin API address (`ip:port`, TCP); default
     /// `127.0.0.1:<http port + 1000>`. Only the admin API answers there;
     /// what can reach this address is what protects the admin API.
@@ -528,6 +544,17 @@ pub struct Overrides {
     pub gossip_addr: Option<String>,
     /// `--admin-addr` / `PEERLB_ADMIN_ADDR`.
     pub admin_addr: Option<String>,
+    /// `--http-bind` / `PEERLB_HTTP_BIND`: where the client listener
+    /// binds (`ip:port`, or an IP for the port of `http_addr`).
+    pub http_bind: Option<String>,
+    /// `--peer-bind` / `PEERLB_PEER_BIND`: where the QUIC socket binds.
+    pub peer_bind: Option<String>,
+    /// `--gossip-bind` / `PEERLB_GOSSIP_BIND`: where the gossip socket binds.
+    pub gossip_bind: Option<String>,
+    /// `--bind` / `PEERLB_BIND`: an IP every one of the three sockets
+    /// above binds on, each with the port of its advertised address,
+    /// unless its own `--*-bind` is given (Consul's `-bind`).
+    pub bind: Option<String>,
     /// `--weight` / `PEERLB_WEIGHT`.
     pub weight: Option<u32>,
     /// `--app` / `PEERLB_APP`.

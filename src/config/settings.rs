@@ -88,6 +88,21 @@ pub struct NodeAddrs {
     pub weight: u32,
 }
 
+/// Where one node binds the sockets whose address it advertises: by
+/// default the advertised addresses themselves (`http_addr`, `peer_addr`,
+/// `gossip_addr`); with `http_bind`, `peer_bind`, `gossip_bind` (or
+/// `--bind`) another address, e.g. `0.0.0.0` in a container whose own IP
+/// is not the one peers reach (Consul's `-bind` and `-advertise`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindAddrs {
+    /// The client listener's bound address (TCP).
+    pub http: SocketAddr,
+    /// The QUIC socket's bound address (UDP).
+    pub peer: SocketAddr,
+    /// The gossip socket's bound address (UDP).
+    pub gossip: SocketAddr,
+}
+
 /// Offset of the default admin port from the client port.
 pub const ADMIN_PORT_OFFSET: u16 = 1000;
 
@@ -125,8 +140,10 @@ pub struct TlsPaths {
 pub struct NodeConfig {
     /// Cluster name (`name`).
     pub cluster: String,
-    /// This node.
+    /// This node (its advertised addresses).
     pub node: NodeAddrs,
+    /// Where this node binds its client, peer and gossip sockets.
+    pub bind: BindAddrs,
     /// Every node listed in the file (this one included, with overrides applied).
     pub nodes: Vec<NodeAddrs>,
     /// Extra client listener shared with SO_REUSEPORT, if any.

@@ -781,3 +781,5 @@ fn the_shared_sip_address_is_validated_and_reaches_the_node_config() {
         }
     }
 }
+
+mod bind;

@@ -7,12 +7,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::bind::{bind_problem, parse_bind};
 use super::settings::MAX_UNIX_PATH;
 use super::{
-    AppAddr, AppKind, CertFiles, ClusterFile, ConfigError, GossipSettings, IngressSettings,
-    LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls, MAX_DURATION_MS, MAX_WEIGHT,
-    MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings, RoutingSettings, RulesSource,
-    SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
+    AppAddr, AppKind, BindAddrs, CertFiles, ClusterFile, ConfigError, GossipSettings,
+    IngressSettings, LifecycleSettings, ListenerSection, ListenerSettings, ListenerTls,
+    MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
+    RoutingSettings, RulesSource, SipAppKind, Source, StickySection, TlsPaths, UpstreamApp,
 };
 use crate::engine::balance::Policy;
 use crate::engine::gossip_budget as bounds;
@@ -262,6 +263,18 @@ impl ClusterFile {
                 }
             }
             if let Some((k, m)) = addr_problem(&a, out.iter().enumerate()) {
+                return Err(inv(&f(k), m));
+            }
+            let bind = |k: &str, v: &Option<String>, advertised| match v {
+                Some(s) => parse_bind(s, advertised).map_err(|m| inv(&f(k), m)),
+                None => Ok(advertised),
+            };
+            let binds = BindAddrs {
+                http: bind("http_bind", &n.http_bind, a.http_addr)?,
+                peer: bind("peer_bind", &n.peer_bind, a.peer_addr)?,
+                gossip: bind("gossip_bind", &n.gossip_bind, a.gossip_addr)?,
+            };
+            if let Some((k, m)) = bind_problem(&binds, a.admin_addr) {
                 return Err(inv(&f(k), m));
             }
             out.push(a);
@@ -515,6 +528,7 @@ impl ClusterFile {
                 return Err(inv(flag, format!("{m} (this node's {k})")));
             }
         }
+        let binds = self.binds_of(pos, &me, ov, &inv)?;
         if me.weight > MAX_WEIGHT {
             return Err(inv(
                 "--weight",
@@ -589,6 +603,7 @@ impl ClusterFile {
         Ok(NodeConfig {
             cluster: self.name.clone(),
             node: me,
+            bind: binds,
             nodes,
             shared_listen,
             shared_sip_listen,
@@ -925,12 +940,23 @@ fn addr_problem<'a>(
             return Some((k, format!("{addr}: port 0 cannot be advertised to peers")));
         }
     }
-    for (k, addr) in [("peer_addr", a.peer_addr), ("gossip_addr", a.gossip_addr)] {
+    for (k, addr, bind) in [
+        ("http_addr", a.http_addr, "http_bind"),
+        ("peer_addr", a.peer_addr, "peer_bind"),
+        ("gossip_addr", a.gossip_addr, "gossip_bind"),
+    ] {
         if addr.ip().is_unspecified() {
+            let what = if k == "http_addr" {
+                "peers are told this address"
+            } else {
+                "peers dial this address"
+            };
             return Some((
                 k,
                 format!(
-                    "{addr}: peers dial this address; give the node's own IP, not 0.0.0.0 or ::"
+                    "{addr}: {what}; give the node's own IP, not 0.0.0.0 or :: (to listen on \
+                     every address, set {bind} = \"{ip}\", or run the node with --bind {ip})",
+                    ip = addr.ip()
                 ),
             ));
         }
@@ -973,6 +999,14 @@ fn addr_problem<'a>(
         ));
     }
     for (j, other) in others {
+        // Two nodes on one client address: said of the address the user
+        // wrote, before the admin addresses that default from it clash.
+        if a.http_addr == other.http_addr {
+            return Some((
+                "http_addr",
+                format!("{} is also used by nodes[{j}]", a.http_addr),
+            ));
+        }
         // Admin addresses are TCP like http_addr; a loopback (or wildcard)
         // one clashes only with a node that may share the host.
         let admin_ip = a.admin_addr.ip();
@@ -1017,7 +1051,6 @@ fn addr_problem<'a>(
             }
         }
         for (k, mine, theirs) in [
-            ("http_addr", a.http_addr, other.http_addr),
             ("peer_addr", a.peer_addr, other.peer_addr),
             ("peer_addr", a.peer_addr, other.gossip_addr),
             ("gossip_addr", a.gossip_addr, other.gossip_addr),

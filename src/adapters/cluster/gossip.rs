@@ -38,8 +38,11 @@ pub(crate) struct GossipIdentity {
     pub node_id: NodeId,
     /// This run's generation (increases on every restart).
     pub generation: u64,
-    /// The address to gossip on (bound by the transport).
+    /// The address peers gossip to (advertised in this node's chitchat id).
     pub gossip_addr: SocketAddr,
+    /// The address the transport binds (`gossip_bind`; by default
+    /// `gossip_addr`).
+    pub listen_addr: SocketAddr,
 }
 
 /// The state this node publishes.
@@ -130,7 +133,7 @@ pub(crate) async fn start(
         chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),
         cluster_id: who.cluster.clone(),
         gossip_interval: s.interval,
-        listen_addr: who.gossip_addr,
+        listen_addr: who.listen_addr,
         seed_nodes: s.seeds.clone(),
         failure_detector_config: FailureDetectorConfig {
             phi_threshold: s.phi_threshold,
@@ -155,7 +158,7 @@ pub(crate) async fn start(
     let handle = chitchat::spawn_chitchat(config, initial, transport)
         .await
         .map_err(|e| GossipError {
-            addr: who.gossip_addr,
+            addr: who.listen_addr,
             message: format!("{e:#}"),
         })?;
     let mut live = {
