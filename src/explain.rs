@@ -13,6 +13,7 @@ use rand::rngs::SmallRng;
 use crate::engine::balance::Policy;
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
+use crate::engine::ring::RingSpec;
 use crate::engine::route::{Reason, Router, RouterOptions};
 use crate::engine::rules::{RequestView, Rules};
 use crate::engine::session_id::SessionRoute;
@@ -176,8 +177,8 @@ pub struct Setup {
     pub rules: Rules,
     /// Router options (bounded load).
     pub options: RouterOptions,
-    /// Ring resolution (`[ring] vnodes`).
-    pub vnodes: u32,
+    /// Ring resolution and assignment (`[ring] vnodes`, `assignment`).
+    pub ring: RingSpec,
     /// The members in view.
     pub members: Vec<Member>,
     /// The entry node's id.
@@ -226,14 +227,14 @@ pub fn explain(
         policy,
         rules,
         options,
-        vnodes,
+        ring,
         members,
         entry,
         seed,
         route_cookie,
         session_route,
     } = setup;
-    let view = MembershipView::new(NodeId::from(entry.as_str()), members, vnodes);
+    let view = MembershipView::new(NodeId::from(entry.as_str()), members, ring);
     let new_router = |rules: Rules| {
         let mut r = Router::with_options(policy, rules, options)
             .map_err(|e| arg_err("--policy", e.to_string()))?;
@@ -311,7 +312,7 @@ pub fn explain_sip(
     let view = MembershipView::new(
         NodeId::from(setup.entry.as_str()),
         setup.members,
-        setup.vnodes,
+        setup.ring,
     );
     let d = sip::decide(&msg, client.addr, &setup.rules, &view);
     let rule = match d.reason {
@@ -387,7 +388,7 @@ mod tests {
                 policy: policy.parse().unwrap(),
                 rules: Rules::compile(&[]).unwrap(),
                 options: RouterOptions::default(),
-                vnodes: 1024,
+                ring: 1024.into(),
                 members: parse_members(members).unwrap(),
                 entry: "a".into(),
                 seed: 1,
@@ -480,7 +481,7 @@ mod tests {
                     policy: "consistent-hash".parse().unwrap(),
                     rules: Rules::compile(&specs).unwrap(),
                     options: RouterOptions::default(),
-                    vnodes: 1024,
+                    ring: 1024.into(),
                     members: parse_members("a,b").unwrap(),
                     entry: "a".into(),
                     seed: 1,
@@ -518,7 +519,7 @@ mod tests {
                 policy: "round-robin".parse().unwrap(),
                 rules: Rules::compile(&[]).unwrap(),
                 options: RouterOptions::default(),
-                vnodes: 64,
+                ring: 64.into(),
                 members: parse_members(members).unwrap(),
                 entry: "a".into(),
                 seed: 1,

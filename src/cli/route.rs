@@ -105,7 +105,7 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         policy,
         rules: c.routing.rules,
         options: c.routing.router,
-        vnodes: c.routing.vnodes,
+        ring: c.routing.ring,
         members,
         entry,
         seed: a.seed,

@@ -601,7 +601,10 @@ impl ClusterFile {
                     hash_balance_factor: self.balance.hash_balance_factor,
                 },
                 rules: rules_source.load()?,
-                vnodes: self.ring.vnodes,
+                ring: crate::engine::ring::RingSpec {
+                    vnodes: self.ring.vnodes,
+                    assignment: self.ring.assignment.into(),
+                },
                 slow_start: SlowStart::new(
                     ms(self.balance.slow_start_ms),
                     self.balance.slow_start_steps,
