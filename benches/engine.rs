@@ -244,7 +244,10 @@ fn moved(a: &Ring, b: &Ring) -> (usize, usize) {
     let (mut all, mut stayers) = (0, 0);
     for s in 0..a.len() as u64 {
         let point = s << (64 - a.len().trailing_zeros());
-        let (x, y) = (a.owner_of_point(point).unwrap(), b.owner_of_point(point).unwrap());
+        let (x, y) = (
+            a.owner_of_point(point).unwrap(),
+            b.owner_of_point(point).unwrap(),
+        );
         if x != y {
             all += 1;
             stayers += usize::from(on(b, x) && on(a, y));

@@ -511,8 +511,17 @@ mod tests {
         assert!(e.to_string().contains("metric      a  delta 1 -> "));
         // Other policies print it only when a delta was given.
         assert!(run("round-robin", "a,b", "GET /", 0).metric.is_empty());
-        assert_eq!(run("round-robin", "a=metric-delta:0,b", "GET /", 0).metric.len(), 2);
-        for bad in ["a=metric-delta:-1", "a=metric-delta:x", "a=metric-delta:inf"] {
+        assert_eq!(
+            run("round-robin", "a=metric-delta:0,b", "GET /", 0)
+                .metric
+                .len(),
+            2
+        );
+        for bad in [
+            "a=metric-delta:-1",
+            "a=metric-delta:x",
+            "a=metric-delta:inf",
+        ] {
             let err = parse_members(bad).unwrap_err();
             assert_eq!(err.arg, "--members");
             assert!(err.message.contains("metric-delta"), "{}", err.message);
@@ -594,7 +603,7 @@ mod tests {
                     rules: Rules::compile(&specs).unwrap(),
                     options: RouterOptions::default(),
                     ring: 1024.into(),
-                metric_deltas: BTreeMap::new(),
+                    metric_deltas: BTreeMap::new(),
                     members: parse_members("a,b").unwrap(),
                     entry: "a".into(),
                     seed: 1,

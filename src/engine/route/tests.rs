@@ -769,7 +769,10 @@ fn bounded_load_decides_on_the_estimate_of_each_owner_now() {
         at_publish: if id == &*owner { 6 } else { 0 },
     };
     assert_eq!(decide_own(&mut r, &gone).owner, owner);
-    assert_eq!(decide(&mut r, &req, &v).reason, Reason::BoundedLoad { rule: Some(0) });
+    assert_eq!(
+        decide(&mut r, &req, &v).reason,
+        Reason::BoundedLoad { rule: Some(0) }
+    );
     // Nothing published, but this entry has 3 in flight to the owner now:
     // capacity ceil(4 * 1.25) = 5, the owner's part 1 or 2: passed over.
     let burst = |id: &str| OwnInflight {
@@ -975,7 +978,9 @@ fn entry_decision_carries_the_sticky_route_under_sticky_policies_only() {
     let v = three();
     let req = request("/x?user=u", Some("peerlb-route=n2"), "192.0.2.1:1000");
     let mut sticky = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
-    let e = sticky.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| OwnInflight::default());
+    let e = sticky.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| {
+        OwnInflight::default()
+    });
     assert_eq!(
         e.sticky,
         Some(Session {
@@ -987,10 +992,14 @@ fn entry_decision_carries_the_sticky_route_under_sticky_policies_only() {
     let mut again = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
     assert_eq!(e.decision, decide(&mut again, &req, &v));
     let plain = request("/x", None, "192.0.2.1:1000");
-    let e = sticky.decide_entry(&plain.view(), &v, T0, &mut rng(), &|_: &str| OwnInflight::default());
+    let e = sticky.decide_entry(&plain.view(), &v, T0, &mut rng(), &|_: &str| {
+        OwnInflight::default()
+    });
     assert_eq!(e.sticky, Some(Session { route: None }));
     let mut hashing = Router::new(PolicyKind::ConsistentHash, user_rules());
-    let e = hashing.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| OwnInflight::default());
+    let e = hashing.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| {
+        OwnInflight::default()
+    });
     assert_eq!(e.sticky, None);
     assert_eq!(e.decision.reason, Reason::StickyRoute);
 }

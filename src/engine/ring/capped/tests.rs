@@ -138,7 +138,11 @@ fn one_of_ten_leaving_or_joining_moves_within_1_02_of_the_ideal() {
     let ring = Ring::build(&all, spec(DEFAULT_VNODES));
     let m = ring.len() as f64;
     for leaver in ["node-0", "node-3", "node-9"] {
-        let rest: Vec<_> = all.iter().filter(|(id, _)| &**id != leaver).cloned().collect();
+        let rest: Vec<_> = all
+            .iter()
+            .filter(|(id, _)| &**id != leaver)
+            .cloned()
+            .collect();
         let after = ring.rebuild(&rest, spec(DEFAULT_VNODES));
         let (moved, stayers) = moves(&ring, &after);
         let ideal = m / 10.0;
