@@ -16,7 +16,8 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use peerlb::testing::TestRequest;
 use peerlb::{
-    Member, MembershipView, NodeId, NodeStatus, PolicyKind, Reason, Ring, Router, RuleSpec, Rules,
+    Assignment, Member, MembershipView, NodeId, NodeStatus, PolicyKind, Reason, Ring, RingSpec,
+    Router, RuleSpec, Rules,
 };
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
@@ -206,25 +207,130 @@ fn route(c: &mut Criterion) {
     g.finish();
 }
 
-/// Not a timing: the ring's balance with the default table at N = 100 and
-/// N = 1,000 (largest exact share of the slots over the mean), printed once
-/// per run for `docs/performance.md`. It is here and not in the unit tests
-/// because the full build at N = 1,000 takes seconds even optimised.
+/// Both assignments with the default table.
+const ASSIGNMENTS: [(&str, Assignment); 2] = [
+    ("rendezvous", Assignment::Rendezvous),
+    ("capped", Assignment::Capped),
+];
+
+fn spec(assignment: Assignment) -> RingSpec {
+    RingSpec {
+        vnodes: VNODES,
+        assignment,
+    }
+}
+
+/// Nodes `node-0` .. of weights 50, 100, 200 in turn.
+fn mixed_nodes(n: usize) -> Vec<(NodeId, u32)> {
+    (0..n)
+        .map(|i| (NodeId::from(format!("node-{i}")), [50, 100, 200][i % 3]))
+        .collect()
+}
+
+/// Largest `share / weighted share` over the nodes (max/avg for equal
+/// weights).
+fn max_over_share(ring: &Ring) -> f64 {
+    let total: f64 = ring.nodes().map(|(_, w)| f64::from(w)).sum();
+    ring.nodes()
+        .zip(ring.shares())
+        .map(|((_, w), (_, s))| s / (f64::from(w) / total))
+        .fold(0.0, f64::max)
+}
+
+/// Slots whose owner differs between `a` and `b`, and of
+/// those the ones moved between two nodes on both rings.
+fn moved(a: &Ring, b: &Ring) -> (usize, usize) {
+    let on = |r: &Ring, id: &NodeId| r.nodes().any(|(n, _)| n == id);
+    let (mut all, mut stayers) = (0, 0);
+    for s in 0..a.len() as u64 {
+        let point = s << (64 - a.len().trailing_zeros());
+        let (x, y) = (
+            a.owner_of_point(point).unwrap(),
+            b.owner_of_point(point).unwrap(),
+        );
+        if x != y {
+            all += 1;
+            stayers += usize::from(on(b, x) && on(a, y));
+        }
+    }
+    (all, stayers)
+}
+
+/// Not a timing: the ring's balance and movement with the default table at
+/// N = 10, 100 and 1,000 for both assignments (largest exact share over the
+/// weighted share, equal and 50/100/200 weights; slots moved when `node-3`
+/// leaves and when a node joins, over the ideal, and how many of them
+/// between two nodes that stay), printed once per run for
+/// `docs/performance.md`. It is here and not in the unit tests because the
+/// full build at N = 1,000 takes seconds even optimised.
 fn ring_balance(c: &mut Criterion) {
     let mut g = c.benchmark_group("ring_shares");
     g.sample_size(10);
-    for n in [100, 1000] {
-        let ring = Ring::build(&nodes(n), VNODES);
-        let shares = ring.shares();
-        assert_eq!(shares.len(), n);
-        let max = shares.iter().map(|s| s.1).fold(0.0, f64::max);
-        println!(
-            "ring_balance/{n}: max/avg share {:.4} over {} slots",
-            max * n as f64,
-            ring.len()
-        );
-        g.bench_with_input(BenchmarkId::from_parameter(n), &ring, |b, ring| {
-            b.iter(|| black_box(ring.shares()))
+    for n in [10, 100, 1000] {
+        for (name, a) in ASSIGNMENTS {
+            let ring = Ring::build(&nodes(n), spec(a));
+            assert_eq!(ring.shares().len(), n);
+            let mixed = max_over_share(&Ring::build(&mixed_nodes(n), spec(a)));
+            let rest: Vec<_> = nodes(n)
+                .into_iter()
+                .filter(|(id, _)| &**id != "node-3")
+                .collect();
+            let mut more = nodes(n);
+            more.push((NodeId::from("joiner"), 100));
+            let m = ring.len() as f64;
+            let (leave, leave_stay) = moved(&ring, &ring.rebuild(&rest, spec(a)));
+            let (join, join_stay) = moved(&ring, &ring.rebuild(&more, spec(a)));
+            let leaver = ring.shares()[3].1 * m;
+            println!(
+                "ring_balance/{name}/{n}: max/avg {:.4} (mixed weights {mixed:.4}); \
+                 leave moves {:.4} x ideal ({leave_stay} slots between stayers), \
+                 join {:.4} x ideal ({join_stay}); {} slots",
+                max_over_share(&ring),
+                leave as f64 / leaver,
+                join as f64 / (m / (n + 1) as f64),
+                ring.len()
+            );
+            if a == Assignment::Rendezvous {
+                assert_eq!((leave_stay, join_stay), (0, 0));
+            }
+            g.bench_with_input(BenchmarkId::new(name, n), &ring, |b, ring| {
+                b.iter(|| black_box(ring.shares()))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Full build and incremental rebuilds of the capped table (the
+/// rendezvous ones are `ring_build_full`, `ring_rebuild_*`).
+fn ring_build_capped(c: &mut Criterion) {
+    let capped = spec(Assignment::Capped);
+    let mut g = c.benchmark_group("ring_build_full_capped");
+    g.sample_size(10);
+    for n in [10, 100, 1000] {
+        let input = nodes(n);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
+            b.iter(|| Ring::build(black_box(input), capped))
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("ring_rebuild_capped");
+    g.sample_size(10);
+    for n in [10, 100, 1000] {
+        let all = nodes(n);
+        let ring = Ring::build(&all, capped);
+        let rest: Vec<_> = all
+            .iter()
+            .filter(|(id, _)| &**id != "node-3")
+            .cloned()
+            .collect();
+        let mut more = all.clone();
+        more.push((NodeId::from("joiner"), 100));
+        g.bench_with_input(BenchmarkId::new("leave", n), &rest, |b, rest| {
+            b.iter(|| ring.rebuild(black_box(rest), capped))
+        });
+        g.bench_with_input(BenchmarkId::new("join", n), &more, |b, more| {
+            b.iter(|| ring.rebuild(black_box(more), capped))
         });
     }
     g.finish();
@@ -237,6 +343,7 @@ criterion_group!(
     ring_build,
     rules,
     route,
-    ring_balance
+    ring_balance,
+    ring_build_capped
 );
 criterion_main!(benches);

@@ -10,9 +10,10 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::engine::balance::Policy;
+use crate::engine::balance::{Policy, PolicyKind, metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
+use crate::engine::ring::RingSpec;
 use crate::engine::route::{Reason, Router, RouterOptions};
 use crate::engine::rules::{RequestView, Rules};
 use crate::engine::session_id::SessionRoute;
@@ -36,12 +37,28 @@ fn arg_err(arg: &'static str, message: impl Into<String>) -> ArgError {
 
 /// Parses `--members`: comma-separated ids, each optionally followed by
 /// `=` and `/`-separated attributes: `weight:N`, `load:N` (0..=100, 100
-/// idle), `inflight:N`, `down` (left out), `draining`, `leaving`, `offline`.
+/// idle), `metric-delta:D` (the load from mod_oc4j's conversion of `D`
+/// seconds of processing per second, `100 / (1 + ln(1 + D))` rounded; see
+/// [`parse_members_with_deltas`]), `inflight:N`, `down` (left out),
+/// `draining`, `leaving`, `offline`.
 /// Example: `n1,n2=weight:200/load:40,n3=down`.
 ///
 /// # Errors
 /// [`ArgError`] naming the member and attribute.
 pub fn parse_members(spec: &str) -> Result<Vec<Member>, ArgError> {
+    parse_members_with_deltas(spec).map(|(members, _)| members)
+}
+
+/// [`parse_members`], and the `metric-delta` each member was given (for
+/// [`Setup::metric_deltas`]).
+///
+/// # Errors
+/// As [`parse_members`]; a `metric-delta` that is negative or not a finite
+/// number.
+pub fn parse_members_with_deltas(
+    spec: &str,
+) -> Result<(Vec<Member>, BTreeMap<NodeId, f64>), ArgError> {
+    let mut deltas = BTreeMap::new();
     let mut out: Vec<Member> = Vec::new();
     for (i, item) in spec
         .split(',')
@@ -83,13 +100,22 @@ pub fn parse_members(spec: &str) -> Result<Vec<Member>, ArgError> {
                 Some(("inflight", v)) => {
                     m.inflight = v.parse().map_err(|_| bad("inflight wants a count"))?
                 }
+                Some(("metric-delta", v)) => {
+                    let d: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|d: &f64| d.is_finite() && *d >= 0.0)
+                        .ok_or_else(|| bad("metric-delta wants seconds per second, >= 0"))?;
+                    m.load = metric::raw_metric(0, 0, d);
+                    deltas.insert(m.id.clone(), d);
+                }
                 None if a == "down" => down = true,
                 None if a == "draining" => m.status = NodeStatus::Draining,
                 None if a == "leaving" => m.status = NodeStatus::Leaving,
                 None if a == "offline" => m.status = NodeStatus::Offline,
                 _ => {
                     return Err(bad(
-                        "unknown attribute (weight:N, load:N, inflight:N, down, draining, leaving, offline)",
+                        "unknown attribute (weight:N, load:N, metric-delta:D, inflight:N, down, draining, leaving, offline)",
                     ));
                 }
             }
@@ -102,9 +128,45 @@ pub fn parse_members(spec: &str) -> Result<Vec<Member>, ArgError> {
         }
         if !down {
             out.push(m);
+        } else {
+            deltas.remove(&m.id);
         }
     }
-    Ok(out)
+    Ok((out, deltas))
+}
+
+/// The `metric` lines of an explanation: for each serving member of
+/// weight > 0 (id order), the metric the `metric` policy uses (mod_oc4j's
+/// conversion of its `metric-delta` when it was given one, else its
+/// `load`) and its share of new requests, that metric over the sum (case
+/// A6: 20, 40, 90 of every 150).
+fn metric_lines(members: &[Member], deltas: &BTreeMap<NodeId, f64>) -> Vec<String> {
+    let mut serving: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.status == NodeStatus::Serving && m.weight > 0)
+        .collect();
+    serving.sort_by(|a, b| a.id.cmp(&b.id));
+    let value = |m: &Member| u32::from(metric::effective_metric(m.load));
+    let sum: u32 = serving.iter().map(|m| value(m)).sum();
+    serving
+        .iter()
+        .map(|m| {
+            let v = value(m);
+            let share = if sum == 0 {
+                0.0
+            } else {
+                f64::from(v) / f64::from(sum)
+            };
+            let source = match deltas.get(&m.id) {
+                Some(&d) => format!(
+                    "delta {d} -> 100 / (1 + ln(1 + {d})) = {:.2} -> {v}",
+                    metric::oc4j_metric(d)
+                ),
+                None => format!("load {v}"),
+            };
+            format!("{}  {source}, share {v}/{sum} = {share:.3}", m.id)
+        })
+        .collect()
 }
 
 /// A request as `route` takes it: `METHOD TARGET`, headers `Name: value`,
@@ -160,6 +222,10 @@ pub struct Explanation {
     pub candidates: Vec<String>,
     /// Owners of `count` identical requests in a row (empty unless asked).
     pub picks: Vec<String>,
+    /// Under the `metric` policy or when a member was given a
+    /// `metric-delta`: each serving member's metric, where it came from
+    /// (the conversion `100 / (1 + ln(1 + delta))`) and its share.
+    pub metric: Vec<String>,
     /// With `[sticky.session]`: the session id values the request carries
     /// and the servers each names (`where value: primary -> node, secondary
     /// -> node`, or `names no server`).
@@ -176,10 +242,13 @@ pub struct Setup {
     pub rules: Rules,
     /// Router options (bounded load).
     pub options: RouterOptions,
-    /// Ring resolution (`[ring] vnodes`).
-    pub vnodes: u32,
+    /// Ring resolution and assignment (`[ring] vnodes`, `assignment`).
+    pub ring: RingSpec,
     /// The members in view.
     pub members: Vec<Member>,
+    /// The `metric-delta` given to members ([`parse_members_with_deltas`]):
+    /// explained as the mod_oc4j conversion in [`Explanation::metric`].
+    pub metric_deltas: BTreeMap<NodeId, f64>,
     /// The entry node's id.
     pub entry: String,
     /// Randomness for random policies.
@@ -226,14 +295,20 @@ pub fn explain(
         policy,
         rules,
         options,
-        vnodes,
+        ring,
         members,
+        metric_deltas,
         entry,
         seed,
         route_cookie,
         session_route,
     } = setup;
-    let view = MembershipView::new(NodeId::from(entry.as_str()), members, vnodes);
+    let metric = if policy.kind() == PolicyKind::Metric || !metric_deltas.is_empty() {
+        metric_lines(&members, &metric_deltas)
+    } else {
+        Vec::new()
+    };
+    let view = MembershipView::new(NodeId::from(entry.as_str()), members, ring);
     let new_router = |rules: Rules| {
         let mut r = Router::with_options(policy, rules, options)
             .map_err(|e| arg_err("--policy", e.to_string()))?;
@@ -283,6 +358,7 @@ pub fn explain(
         owner: d.owner.to_string(),
         candidates: d.candidates(&view).map(|c| c.to_string()).collect(),
         picks,
+        metric,
         session_ids: session_route
             .as_ref()
             .map(|s| session_ids(s, req))
@@ -311,7 +387,7 @@ pub fn explain_sip(
     let view = MembershipView::new(
         NodeId::from(setup.entry.as_str()),
         setup.members,
-        setup.vnodes,
+        setup.ring,
     );
     let d = sip::decide(&msg, client.addr, &setup.rules, &view);
     let rule = match d.reason {
@@ -330,6 +406,7 @@ pub fn explain_sip(
         owner: d.owner.to_string(),
         candidates: d.candidates(&view).map(|c| c.to_string()).collect(),
         picks: Vec::new(),
+        metric: Vec::new(),
         session_ids: Vec::new(),
     })
 }
@@ -371,6 +448,9 @@ impl std::fmt::Display for Explanation {
         if !self.picks.is_empty() {
             writeln!(f, "picks ({})  {}", self.picks.len(), self.picks.join(" "))?;
         }
+        for m in &self.metric {
+            writeln!(f, "metric      {m}")?;
+        }
         Ok(())
     }
 }
@@ -387,7 +467,8 @@ mod tests {
                 policy: policy.parse().unwrap(),
                 rules: Rules::compile(&[]).unwrap(),
                 options: RouterOptions::default(),
-                vnodes: 1024,
+                ring: 1024.into(),
+                metric_deltas: parse_members_with_deltas(members).unwrap().1,
                 members: parse_members(members).unwrap(),
                 entry: "a".into(),
                 seed: 1,
@@ -404,6 +485,47 @@ mod tests {
             0,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn metric_delta_is_converted_the_mod_oc4j_way_and_shares_follow() {
+        // delta 1 -> 100 / (1 + ln 2) = 59.06 -> 59; delta 10 -> 29.43 ->
+        // 29; c reports 50. Shares: 59, 29, 50 of 138.
+        let e = run(
+            "metric",
+            "a=metric-delta:1.0,b=metric-delta:10,c=load:50",
+            "GET /",
+            138,
+        );
+        assert_eq!(
+            e.metric,
+            [
+                "a  delta 1 -> 100 / (1 + ln(1 + 1)) = 59.06 -> 59, share 59/138 = 0.428",
+                "b  delta 10 -> 100 / (1 + ln(1 + 10)) = 29.43 -> 29, share 29/138 = 0.210",
+                "c  load 50, share 50/138 = 0.362",
+            ]
+        );
+        // The policy's picks over one round of 138 follow those shares.
+        let count = |n: &str| e.picks.iter().filter(|p| *p == n).count();
+        assert_eq!((count("a"), count("b"), count("c")), (59, 29, 50));
+        assert!(e.to_string().contains("metric      a  delta 1 -> "));
+        // Other policies print it only when a delta was given.
+        assert!(run("round-robin", "a,b", "GET /", 0).metric.is_empty());
+        assert_eq!(
+            run("round-robin", "a=metric-delta:0,b", "GET /", 0)
+                .metric
+                .len(),
+            2
+        );
+        for bad in [
+            "a=metric-delta:-1",
+            "a=metric-delta:x",
+            "a=metric-delta:inf",
+        ] {
+            let err = parse_members(bad).unwrap_err();
+            assert_eq!(err.arg, "--members");
+            assert!(err.message.contains("metric-delta"), "{}", err.message);
+        }
     }
 
     #[test]
@@ -480,7 +602,8 @@ mod tests {
                     policy: "consistent-hash".parse().unwrap(),
                     rules: Rules::compile(&specs).unwrap(),
                     options: RouterOptions::default(),
-                    vnodes: 1024,
+                    ring: 1024.into(),
+                    metric_deltas: BTreeMap::new(),
                     members: parse_members("a,b").unwrap(),
                     entry: "a".into(),
                     seed: 1,
@@ -518,7 +641,8 @@ mod tests {
                 policy: "round-robin".parse().unwrap(),
                 rules: Rules::compile(&[]).unwrap(),
                 options: RouterOptions::default(),
-                vnodes: 64,
+                ring: 64.into(),
+                metric_deltas: BTreeMap::new(),
                 members: parse_members(members).unwrap(),
                 entry: "a".into(),
                 seed: 1,

@@ -101,7 +101,7 @@ pub use config::{ClusterFile, ConfigError, NodeConfig, Overrides, Source};
 pub use engine::balance::PolicyKind;
 pub use engine::membership::{Member, MembershipView, NodeStatus};
 pub use engine::node_id::{InvalidNodeId, NodeId};
-pub use engine::ring::Ring;
+pub use engine::ring::{Assignment, Ring, RingSpec};
 pub use engine::route::{Decision, Reason, Router};
 pub use engine::rules::{RequestView, RuleSpec, Rules};
 pub use engine::session_id::{NamedServers, SessionIdForm, SessionPick, SessionRoute};

@@ -201,14 +201,14 @@ impl Node {
         let (view_tx, view_rx) = watch::channel(Arc::new(MembershipView::new(
             me.id.clone(),
             [self_member.clone()],
-            config.routing.vnodes,
+            config.routing.ring,
         )));
         let view_task = tokio::spawn(maintain_view(
             gossip.members(),
             links.clone(),
             view_tx,
             self_member,
-            config.routing.vnodes,
+            config.routing.ring,
             observer.clone(),
             pause,
         ));
@@ -559,7 +559,7 @@ async fn maintain_view(
     links: Arc<PeerLinks>,
     view_tx: watch::Sender<Arc<MembershipView>>,
     self_member: Member,
-    vnodes: u32,
+    ring: crate::engine::ring::RingSpec,
     observer: Arc<dyn Observer>,
     pause: Arc<PauseWatch>,
 ) {
@@ -610,7 +610,7 @@ async fn maintain_view(
                 .into_iter()
                 .filter(|m| m.id != self_id && up.contains(&m.id))
                 .chain(std::iter::once(me)),
-            vnodes,
+            ring,
         );
         let changed = view_tx.borrow().version() != view.version();
         if changed {

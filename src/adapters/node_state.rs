@@ -24,7 +24,7 @@ use crate::config::{MAX_WEIGHT, RulesSource};
 use crate::engine::balance::PolicyKind;
 use crate::engine::membership::{MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
-use crate::engine::route::{EntryDecision, Router};
+use crate::engine::route::{EntryDecision, OwnInflight, Router};
 use crate::engine::rules::RequestView;
 use crate::engine::slow_start::SlowStart;
 
@@ -107,6 +107,10 @@ fn router_tracks_load(r: &Router) -> bool {
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
     counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
+    /// Per node: the published `inflight` figure a decision last read and
+    /// this entry's count when it first read it (`OwnInflight::at_publish`).
+    /// Locked after `counts`.
+    seen: Mutex<std::collections::BTreeMap<NodeId, (u32, u32)>>,
     /// The policy is by-traffic: a finished request's bytes go to the
     /// router (no other policy reads them, so no other takes its lock).
     records_bytes: bool,
@@ -453,10 +457,29 @@ impl NodeState {
         match &self.tracker {
             Some(t) => {
                 let counts = t.counts.lock().expect("tracker lock");
-                let local = |id: &str| counts.get(id).copied().unwrap_or(0);
+                let seen = std::cell::RefCell::new(t.seen.lock().expect("tracker lock"));
+                let local = |id: &str| {
+                    let own_now = counts.get(id).copied().unwrap_or(0);
+                    let published = view.get(id).map_or(0, |m| m.inflight);
+                    let mut seen = seen.borrow_mut();
+                    let at_publish = match seen.get(id) {
+                        Some(&(p, own)) if p == published => own,
+                        // A new figure: this entry's part of it is what it
+                        // has in flight now (the figure is at most a gossip
+                        // round old).
+                        _ => {
+                            seen.insert(NodeId::from(id), (published, own_now));
+                            own_now
+                        }
+                    };
+                    OwnInflight {
+                        now: own_now,
+                        at_publish,
+                    }
+                };
                 router.decide_entry(req, view, now, rng, &local)
             }
-            None => router.decide_entry(req, view, now, rng, &|_: &str| 0),
+            None => router.decide_entry(req, view, now, rng, &|_: &str| OwnInflight::default()),
         }
     }
 

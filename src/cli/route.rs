@@ -38,8 +38,11 @@ pub(crate) struct RouteArgs {
     /// `when = { sni = "..." }`).
     #[arg(long)]
     sni: Option<String>,
-    /// The members in view: "n1,n2=weight:200/load:40/inflight:3,n3=down"
-    /// (default: every node of the config, serving, with its weight).
+    /// The members in view: "n1,n2=weight:200/load:40/inflight:3,n3=down";
+    /// "metric-delta:D" sets a member's load from D seconds of processing
+    /// per second (mod_oc4j: 100 / (1 + ln(1 + D))) and prints the
+    /// conversion and the metric shares (default: every node of the
+    /// config, serving, with its weight).
     #[arg(long)]
     members: Option<String>,
     /// The entry node (default: the first member).
@@ -81,20 +84,23 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         },
         None => c.routing.policy,
     };
-    let members = match &a.members {
-        Some(spec) => match explain::parse_members(spec) {
+    let (members, metric_deltas) = match &a.members {
+        Some(spec) => match explain::parse_members_with_deltas(spec) {
             Ok(m) => m,
             Err(e) => return Ok(usage(&e)),
         },
-        None => c
-            .nodes
-            .iter()
-            .map(|n| {
-                let mut m = explain::parse_members(&n.id).expect("validated node id");
-                m[0].weight = n.weight;
-                m.remove(0)
-            })
-            .collect(),
+        None => {
+            let members = c
+                .nodes
+                .iter()
+                .map(|n| {
+                    let mut m = explain::parse_members(&n.id).expect("validated node id");
+                    m[0].weight = n.weight;
+                    m.remove(0)
+                })
+                .collect();
+            (members, Default::default())
+        }
     };
     let entry = a
         .entry
@@ -105,8 +111,9 @@ pub(crate) fn run(a: RouteArgs) -> anyhow::Result<u8> {
         policy,
         rules: c.routing.rules,
         options: c.routing.router,
-        vnodes: c.routing.vnodes,
+        ring: c.routing.ring,
         members,
+        metric_deltas,
         entry,
         seed: a.seed,
         route_cookie: c.ingress.route_cookie.name.clone(),

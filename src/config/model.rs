@@ -101,12 +101,38 @@ pub struct RingSection {
     /// slots (rounded up to a power of two) filled by weighted rendezvous
     /// hashing; more slots, finer balance.
     pub vnodes: u32,
+    /// How slots go to nodes: `rendezvous` (the default: each slot to its
+    /// first-ranked node; a leave or join moves only the keys it must) or
+    /// `capped` (every node within one slot of its weighted share; a leave
+    /// or join also moves a few keys between nodes that stay).
+    pub assignment: RingAssignment,
+}
+
+/// `ring.assignment`: see [`crate::engine::ring::Assignment`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RingAssignment {
+    /// Each slot to its first-ranked node.
+    #[default]
+    Rendezvous,
+    /// Each node within one slot of its weighted share.
+    Capped,
+}
+
+impl From<RingAssignment> for crate::engine::ring::Assignment {
+    fn from(a: RingAssignment) -> Self {
+        match a {
+            RingAssignment::Rendezvous => Self::Rendezvous,
+            RingAssignment::Capped => Self::Capped,
+        }
+    }
 }
 
 impl Default for RingSection {
     fn default() -> Self {
         Self {
             vnodes: crate::engine::ring::DEFAULT_VNODES,
+            assignment: RingAssignment::Rendezvous,
         }
     }
 }

@@ -185,8 +185,8 @@ pub struct RoutingSettings {
     pub router: RouterOptions,
     /// Compiled data-centric rules (`[[rules]]` or `rules_file`).
     pub rules: Rules,
-    /// Ring resolution (`ring.vnodes`).
-    pub vnodes: u32,
+    /// Ring resolution and assignment (`ring.vnodes`, `ring.assignment`).
+    pub ring: crate::engine::ring::RingSpec,
     /// The weight ramp of this node after it starts
     /// (`balance.slow_start_ms`, `balance.slow_start_steps`).
     pub slow_start: SlowStart,

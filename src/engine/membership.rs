@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::node_id::NodeId;
-use super::ring::Ring;
+use super::ring::{Ring, RingSpec};
 
 /// A node's published lifecycle state (gossip key `status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -173,22 +173,22 @@ pub struct MembershipView {
 /// A view's ring, built on first use ([`LazyRing::get`]): from `base` (the
 /// last ring built for an earlier view, [`Ring::rebuild`]) when there is
 /// one, else in full. Either way the table equals `Ring::build(input,
-/// vnodes)`, so when it is built changes no routing decision.
+/// spec)`, so when it is built changes no routing decision.
 #[derive(Debug)]
 struct LazyRing {
     /// The serving members with weight > 0, sorted by id (normalised).
     input: Vec<(NodeId, u32)>,
-    vnodes: u32,
+    spec: RingSpec,
     /// The nearest ring built for an earlier view, if any.
     base: Option<Arc<Ring>>,
     built: OnceLock<Arc<Ring>>,
 }
 
 impl LazyRing {
-    fn new(input: Vec<(NodeId, u32)>, vnodes: u32, previous: Option<&LazyRing>) -> LazyRing {
+    fn new(input: Vec<(NodeId, u32)>, spec: RingSpec, previous: Option<&LazyRing>) -> LazyRing {
         LazyRing {
             input,
-            vnodes,
+            spec,
             base: previous.and_then(LazyRing::nearest_built),
             built: OnceLock::new(),
         }
@@ -199,7 +199,7 @@ impl LazyRing {
     /// built the same one ([`shared`]).
     fn get(&self) -> &Ring {
         self.built.get_or_init(|| {
-            if let Some(ring) = shared::find(&self.input, self.vnodes) {
+            if let Some(ring) = shared::find(&self.input, self.spec) {
                 return ring;
             }
             // Rebuilt from whichever ring is nearest (this view's last one,
@@ -209,16 +209,16 @@ impl LazyRing {
                 .base
                 .as_ref()
                 .map(|b| (shared::distance(b, &self.input), b.clone()));
-            let base = match (own, shared::nearest(&self.input, self.vnodes)) {
+            let base = match (own, shared::nearest(&self.input, self.spec)) {
                 (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
                 (a, b) => a.or(b),
             }
             .filter(|(d, _)| *d < self.input.len());
             let ring = Arc::new(match base {
-                Some((_, base)) => base.rebuild(&self.input, self.vnodes),
-                None => Ring::build(&self.input, self.vnodes),
+                Some((_, base)) => base.rebuild(&self.input, self.spec),
+                None => Ring::build(&self.input, self.spec),
             });
-            shared::keep(&self.input, self.vnodes, &ring);
+            shared::keep(&self.input, self.spec, &ring);
             ring
         })
     }
@@ -228,9 +228,9 @@ impl LazyRing {
         self.built.get().cloned().or_else(|| self.base.clone())
     }
 
-    /// True when this ring is the one for `input` and `vnodes`.
-    fn is_for(&self, input: &[(NodeId, u32)], vnodes: u32) -> bool {
-        self.vnodes == vnodes && self.input == input
+    /// True when this ring is the one for `input` and `spec`.
+    fn is_for(&self, input: &[(NodeId, u32)], spec: RingSpec) -> bool {
+        self.spec == spec && self.input == input
     }
 }
 
@@ -239,7 +239,7 @@ impl LazyRing {
 /// table. A production process runs one node and finds only the rings of
 /// its own views here; the simulation runs a whole cluster in one process,
 /// where N nodes that agree on the members build one table instead of N
-/// (at 100 nodes and the default 1,024 vnodes, 100 tables of 262,144 slots
+/// (at 100 nodes and the default 1,024 spec, 100 tables of 262,144 slots
 /// scored against 100 nodes: seconds of CPU per membership change). The
 /// table is a function of its input only ([`Ring::build`]), so which view
 /// built it changes no routing decision. Entries are weak: a ring no view
@@ -247,7 +247,7 @@ impl LazyRing {
 mod shared {
     use super::*;
 
-    type Rings = BTreeMap<(u32, u64), Vec<Weak<Ring>>>;
+    type Rings = BTreeMap<(RingSpec, u64), Vec<Weak<Ring>>>;
 
     struct Table {
         rings: Rings,
@@ -273,8 +273,8 @@ mod shared {
         h.digest()
     }
 
-    fn is_for(ring: &Ring, input: &[(NodeId, u32)], vnodes: u32) -> bool {
-        ring.vnodes() == vnodes
+    fn is_for(ring: &Ring, input: &[(NodeId, u32)], spec: RingSpec) -> bool {
+        ring.spec() == spec
             && ring.node_count() == input.len()
             && ring
                 .nodes()
@@ -282,17 +282,17 @@ mod shared {
                 .all(|((a, w), (b, v))| a == b && w == *v)
     }
 
-    /// A ring in use somewhere in this process for `input` and `vnodes`.
-    pub(super) fn find(input: &[(NodeId, u32)], vnodes: u32) -> Option<Arc<Ring>> {
+    /// A ring in use somewhere in this process for `input` and `spec`.
+    pub(super) fn find(input: &[(NodeId, u32)], spec: RingSpec) -> Option<Arc<Ring>> {
         let table = TABLE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         table
             .rings
-            .get(&(vnodes, hash(input)))?
+            .get(&(spec, hash(input)))?
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|r| is_for(r, input, vnodes))
+            .find(|r| is_for(r, input, spec))
     }
 
     /// How many nodes a rebuild from `ring` to `input` rescores: the
@@ -332,28 +332,28 @@ mod shared {
         }
     }
 
-    /// The ring of this process with `vnodes` nearest to `input` (fewest
+    /// The ring of this process with `spec` nearest to `input` (fewest
     /// nodes to rescore, [`distance`]), with that distance.
-    pub(super) fn nearest(input: &[(NodeId, u32)], vnodes: u32) -> Option<(usize, Arc<Ring>)> {
+    pub(super) fn nearest(input: &[(NodeId, u32)], spec: RingSpec) -> Option<(usize, Arc<Ring>)> {
         let table = TABLE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         table
             .rings
-            .range((vnodes, 0)..=(vnodes, u64::MAX))
+            .range((spec, 0)..=(spec, u64::MAX))
             .flat_map(|(_, v)| v.iter().filter_map(Weak::upgrade))
             .map(|r| (distance(&r, input), r))
             .min_by_key(|(d, _)| *d)
     }
 
-    /// Makes `ring` (built for `input` and `vnodes`) findable.
-    pub(super) fn keep(input: &[(NodeId, u32)], vnodes: u32, ring: &Arc<Ring>) {
+    /// Makes `ring` (built for `input` and `spec`) findable.
+    pub(super) fn keep(input: &[(NodeId, u32)], spec: RingSpec, ring: &Arc<Ring>) {
         let mut table = TABLE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let t = &mut *table;
         t.rings
-            .entry((vnodes, hash(input)))
+            .entry((spec, hash(input)))
             .or_default()
             .push(Arc::downgrade(ring));
         t.entries += 1;
@@ -376,8 +376,12 @@ impl MembershipView {
     /// generations the choice is still independent of input order. The ring is
     /// built once from the [`NodeStatus::Serving`] members with their weights
     /// and a table size set by `vnodes` (see [`Ring::build`]).
-    pub fn new(self_id: NodeId, members: impl IntoIterator<Item = Member>, vnodes: u32) -> Self {
-        Self::assemble(self_id, members, vnodes, None)
+    pub fn new(
+        self_id: NodeId,
+        members: impl IntoIterator<Item = Member>,
+        spec: impl Into<RingSpec>,
+    ) -> Self {
+        Self::assemble(self_id, members, spec.into(), None)
     }
 
     /// Builds the next view from a fresh member list, reusing this view's
@@ -385,8 +389,12 @@ impl MembershipView {
     /// frequent load/inflight reports do not rebuild the ring, and otherwise
     /// rebuilding it incrementally from this view's ring ([`Ring::rebuild`]).
     /// Same result as [`MembershipView::new`] with this view's self id.
-    pub fn with_members(&self, members: impl IntoIterator<Item = Member>, vnodes: u32) -> Self {
-        Self::assemble(self.self_id.clone(), members, vnodes, Some(&self.ring))
+    pub fn with_members(
+        &self,
+        members: impl IntoIterator<Item = Member>,
+        spec: impl Into<RingSpec>,
+    ) -> Self {
+        Self::assemble(self.self_id.clone(), members, spec.into(), Some(&self.ring))
     }
 
     /// True when this view's ring table is built (by a lookup, or by
@@ -398,7 +406,7 @@ impl MembershipView {
     fn assemble(
         self_id: NodeId,
         members: impl IntoIterator<Item = Member>,
-        vnodes: u32,
+        spec: RingSpec,
         previous: Option<&Arc<LazyRing>>,
     ) -> Self {
         let mut by_id: BTreeMap<NodeId, Member> = BTreeMap::new();
@@ -426,10 +434,10 @@ impl MembershipView {
             .map(|m| (m.id.clone(), m.weight))
             .collect();
         let ring = match previous {
-            Some(r) if r.is_for(&ring_input, vnodes) => Arc::clone(r),
+            Some(r) if r.is_for(&ring_input, spec) => Arc::clone(r),
             // A membership change: built when first used, incrementally
             // from the last ring built.
-            _ => Arc::new(LazyRing::new(ring_input, vnodes, previous.map(|r| &**r))),
+            _ => Arc::new(LazyRing::new(ring_input, spec, previous.map(|r| &**r))),
         };
 
         let mut h = Xxh3::new();

@@ -51,9 +51,52 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::node_id::NodeId;
 
+mod capped;
 mod hrw;
 
 use hrw::Contender;
+
+/// How the slot table is filled from the rendezvous ranking of each slot
+/// (`ring.assignment`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Assignment {
+    /// Slot `s` belongs to the node ranked first for `s` (weighted
+    /// rendezvous). Monotone: a leave moves only the leaver's slots, a join
+    /// only slots to the joiner (cases C2, C3), and the second candidate is
+    /// the owner without the first (C6). A node's share is binomial around
+    /// its weighted share: max/avg 1.009 at 10 nodes, 1.04 at 100, 1.24 at
+    /// 1,000 (default table).
+    #[default]
+    Rendezvous,
+    /// Every node holds its weighted share of slots within one slot: the
+    /// unique stable assignment of slots to nodes with those quotas, both
+    /// sides ranking by the rendezvous scores (module `capped`). Max/avg
+    /// 1.0000, 1.0002 and 1.0033 at 10, 100, 1,000 nodes, a function of the
+    /// node set like the rendezvous table; but a leave or join also moves a
+    /// few slots between nodes that stay (about 1 %, 15 % and 230 % of the
+    /// ideal at 10, 100, 1,000 nodes: `docs/architecture.md`, "The ring").
+    Capped,
+}
+
+/// What a table is built for besides its nodes: its size (`vnodes`, see
+/// [`slot_bits`]) and how it is filled. A plain `u32` converts to the
+/// rendezvous table of that size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RingSpec {
+    /// Ring resolution: `256 * vnodes` slots rounded up to a power of two.
+    pub vnodes: u32,
+    /// How slots are given to nodes.
+    pub assignment: Assignment,
+}
+
+impl From<u32> for RingSpec {
+    fn from(vnodes: u32) -> RingSpec {
+        RingSpec {
+            vnodes,
+            assignment: Assignment::Rendezvous,
+        }
+    }
+}
 
 /// Default `vnodes`: 1024, a table of `256 * 1024` = 262,144 (2^18) slots
 /// (512 KiB of `u16` owners).
@@ -109,39 +152,46 @@ pub(crate) fn slot_bits(vnodes: u32) -> u32 {
 /// An immutable consistent-hash table.
 ///
 /// Invariants: `nodes` is sorted by id without duplicates, every weight is
-/// positive, `keys[i]` is `hrw::node_key` of `nodes[i]`'s seed, and
-/// `table[s]` is the index in `nodes` of the node ranked first for slot `s`
-/// (`table` has `2^bits` entries, none when there are no nodes).
+/// positive, `keys[i]` is `hrw::node_key` of `nodes[i]`'s seed, `table[s]`
+/// is the index in `nodes` of slot `s`'s owner, and [`Ring::first`]`[s]` the
+/// index of the node ranked first for `s` (the same table for
+/// [`Assignment::Rendezvous`]; `first` is empty then). Tables have `2^bits`
+/// entries, none when there are no nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ring {
     nodes: Vec<NodeId>,
     weights: Vec<u32>,
     keys: Vec<u64>,
     table: Vec<u16>,
+    /// The rendezvous table when `assignment` is not rendezvous, else empty.
+    first: Vec<u16>,
     bits: u32,
     vnodes: u32,
+    assignment: Assignment,
     /// All weights are equal: ranks compare plain `u`s (see `hrw`).
     uniform: bool,
 }
 
 impl Ring {
-    /// Builds the table for `(node id, weight)` pairs; `vnodes` sets its size
-    /// (`256 * vnodes` slots rounded up to a power of two, see
+    /// Builds the table for `(node id, weight)` pairs; `spec` sets its size
+    /// (`vnodes`: `256 * vnodes` slots rounded up to a power of two, see
     /// `DEFAULT_VNODES`; the name is kept from the virtual-node ring it
-    /// replaced: more means finer balance and more memory).
+    /// replaced: more means finer balance and more memory) and its
+    /// [`Assignment`] (a plain `u32` is `vnodes` with the rendezvous one).
     ///
     /// The input order does not matter. If an id appears more than once, the
     /// largest weight is used. Nodes of weight 0 are not part of the ring
     /// ([`Ring::node_count`] does not count them). Weight is relative: a
     /// node of weight 200 owns twice the slots of one of weight 100.
     ///
-    /// Cost: one score per node and slot (`2^bits x N`).
+    /// Cost: one score per node and slot (`2^bits x N`); the capped
+    /// assignment adds its proposals (module `capped`).
     ///
     /// # Panics
     ///
     /// If more than [`u16::MAX`] (65,535) nodes have a positive weight.
-    pub fn build(nodes: &[(NodeId, u32)], vnodes: u32) -> Ring {
-        let mut ring = Ring::empty(normalize(nodes), vnodes);
+    pub fn build(nodes: &[(NodeId, u32)], spec: impl Into<RingSpec>) -> Ring {
+        let mut ring = Ring::empty(normalize(nodes), spec.into());
         ring.fill();
         ring
     }
@@ -156,27 +206,58 @@ impl Ring {
         for (block, owners) in table.chunks_exact_mut(BLOCK).enumerate() {
             owners.copy_from_slice(&scorer.best_block((block * BLOCK) as u32));
         }
-        self.table = table;
+        self.set_first(table);
     }
 
-    /// The ring for `nodes` and `vnodes`, computed from `self` where that is
-    /// cheaper: equal to `Ring::build(nodes, vnodes)` in every case.
+    /// Installs the rendezvous table `first` and the table the assignment
+    /// makes of it.
+    fn set_first(&mut self, first: Vec<u16>) {
+        match self.assignment {
+            Assignment::Rendezvous => {
+                self.table = first;
+                self.first = Vec::new();
+            }
+            Assignment::Capped => {
+                self.table = capped::assign(self, &first);
+                self.first = first;
+            }
+        }
+    }
+
+    /// The rendezvous table: slot -> index of the node ranked first.
+    fn first(&self) -> &[u16] {
+        if self.first.is_empty() {
+            &self.table
+        } else {
+            &self.first
+        }
+    }
+
+    /// How this ring's table was filled.
+    pub fn assignment(&self) -> Assignment {
+        self.assignment
+    }
+
+    /// The ring for `nodes` and `spec`, computed from `self` where that is
+    /// cheaper: equal to `Ring::build(nodes, spec)` in every case.
     ///
     /// When the slot count is unchanged and few nodes differ, the previous
-    /// table is kept: slots of nodes that left (or changed weight) are
-    /// rescored over the new node set, and each joining node (or new weight)
-    /// is scored once per slot against the slot's owner. Otherwise it falls
-    /// back to a full build.
+    /// rendezvous table is kept: slots of nodes that left (or changed
+    /// weight) are rescored over the new node set, and each joining node (or
+    /// new weight) is scored once per slot against the slot's first-ranked
+    /// node. Otherwise it falls back to a full build. The capped assignment
+    /// is then made again from that table (module `capped`).
     ///
     /// # Panics
     ///
     /// As [`Ring::build`].
-    pub fn rebuild(&self, nodes: &[(NodeId, u32)], vnodes: u32) -> Ring {
+    pub fn rebuild(&self, nodes: &[(NodeId, u32)], spec: impl Into<RingSpec>) -> Ring {
+        let spec = spec.into();
         let input = normalize(nodes);
-        if self.nodes.is_empty() || input.is_empty() || slot_bits(vnodes) != self.bits {
-            return Ring::build(&input, vnodes);
+        if self.nodes.is_empty() || input.is_empty() || slot_bits(spec.vnodes) != self.bits {
+            return Ring::build(&input, spec);
         }
-        let mut ring = Ring::empty(input, vnodes);
+        let mut ring = Ring::empty(input, spec);
         // Old index -> new index for nodes kept with the same weight.
         let mut remap = vec![u16::MAX; self.nodes.len()];
         let mut joined: Vec<u16> = Vec::new();
@@ -208,14 +289,14 @@ impl Ring {
             return ring;
         }
         let scorer = Scorer::new(&ring);
-        let mut table: Vec<u16> = self.table.iter().map(|&o| remap[o as usize]).collect();
+        let mut table: Vec<u16> = self.first().iter().map(|&o| remap[o as usize]).collect();
         for (s, owner) in table.iter_mut().enumerate() {
             if *owner == u16::MAX {
                 *owner = scorer.best(s as u32);
             }
         }
         ring.contest(&mut table, &joined);
-        ring.table = table;
+        ring.set_first(table);
         ring
     }
 
@@ -255,7 +336,7 @@ impl Ring {
     }
 
     /// A ring with `input`'s nodes (normalised) and no table yet.
-    fn empty(input: Vec<(NodeId, u32)>, vnodes: u32) -> Ring {
+    fn empty(input: Vec<(NodeId, u32)>, spec: RingSpec) -> Ring {
         assert!(input.len() <= MAX_NODES, "too many ring nodes");
         let keys = input
             .iter()
@@ -268,8 +349,10 @@ impl Ring {
             weights,
             keys,
             table: Vec::new(),
-            bits: slot_bits(vnodes),
-            vnodes,
+            first: Vec::new(),
+            bits: slot_bits(spec.vnodes),
+            vnodes: spec.vnodes,
+            assignment: spec.assignment,
         }
     }
 
@@ -288,8 +371,11 @@ impl Ring {
 
     /// The distinct nodes for `key` in failover order: the owner first, then
     /// the other nodes in their rendezvous rank for the key's slot. Yields
-    /// every ring node exactly once. The second candidate is the owner of
-    /// the key on the ring without the first (and so on down the list).
+    /// every ring node exactly once. On a rendezvous table the second
+    /// candidate is the owner of the key on the ring without the first (and
+    /// so on down the list); on a capped one it is the node the slot ranks
+    /// best after the owner, which is that owner unless its quota is taken
+    /// by slots it ranks better.
     ///
     /// Lazy: the owner comes from the table (one load); each of the next
     /// [`SCANNED_CANDIDATES`] candidates is found when asked by one pass
@@ -307,6 +393,7 @@ impl Ring {
             ring: self,
             slot: self.slot_of(point) as u32,
             yielded: 0,
+            owner: 0,
             last: None,
             rest: Vec::new(),
         }
@@ -340,6 +427,14 @@ impl Ring {
     /// The `vnodes` the ring was built with.
     pub fn vnodes(&self) -> u32 {
         self.vnodes
+    }
+
+    /// The size and assignment the ring was built with.
+    pub fn spec(&self) -> RingSpec {
+        RingSpec {
+            vnodes: self.vnodes,
+            assignment: self.assignment,
+        }
     }
 
     /// Each node's exact share of the key space (owned slots / slots; sum
@@ -381,9 +476,9 @@ impl Ring {
         best
     }
 
-    /// The nodes ranked after `last` for `slot`, worst first (so `pop`
-    /// yields them in failover order).
-    fn ranked_after(&self, slot: u32, last: Contender) -> Vec<u16> {
+    /// The nodes ranked after `last` for `slot` except `skip`, worst first
+    /// (so `pop` yields them in failover order).
+    fn ranked_after(&self, slot: u32, last: Contender, skip: u16) -> Vec<u16> {
         if self.uniform {
             // Sort keys `u << 16 | !index`: ascending puts the best last.
             // Ranked after `last`: smaller `u`, or equal `u` and larger index.
@@ -391,7 +486,7 @@ impl Ring {
                 .filter_map(|i| {
                     let u = hrw::score(self.keys[usize::from(i)], slot);
                     let after = u < last.u || (u == last.u && u32::from(i) > last.index);
-                    after.then_some((u128::from(u) << 16) | u128::from(!i))
+                    (after && i != skip).then_some((u128::from(u) << 16) | u128::from(!i))
                 })
                 .collect();
             rest.sort_unstable();
@@ -399,7 +494,7 @@ impl Ring {
         }
         let mut rest: Vec<(Contender, u64)> = (0..self.nodes.len() as u32)
             .map(|i| self.contender(i, slot))
-            .filter(|c| c.cmp_rank(&last).is_gt())
+            .filter(|c| c.cmp_rank(&last).is_gt() && c.index != u32::from(skip))
             .map(|c| (c, hrw::neg_log2(c.u)))
             .collect();
         rest.sort_unstable_by(|(a, la), (b, lb)| b.cmp_rank_with(*lb, a, *la));
@@ -618,7 +713,10 @@ pub struct Candidates<'r> {
     ring: &'r Ring,
     slot: u32,
     yielded: usize,
-    /// The standing of the last node yielded.
+    /// The owner (yielded first; skipped in the rank order after it).
+    owner: u16,
+    /// The standing of the last node of the rank order passed (yielded, or
+    /// the owner skipped).
     last: Option<Contender>,
     /// The not yet yielded nodes, worst first; filled once
     /// [`SCANNED_CANDIDATES`] passes have been made.
@@ -633,23 +731,33 @@ impl<'r> Iterator for Candidates<'r> {
         if self.yielded >= ring.nodes.len() {
             return None;
         }
-        let next = match self.last {
-            None => ring.table[self.slot as usize],
-            Some(last) if self.yielded <= SCANNED_CANDIDATES => {
-                let c = ring.next_after(self.slot, last)?;
-                self.last = Some(c);
-                c.index as u16
+        let slot = self.slot;
+        let next = if self.yielded == 0 {
+            let owner = ring.table[slot as usize];
+            self.owner = owner;
+            // The rank order starts with the first-ranked node: the owner
+            // on a rendezvous table (and most slots of a capped one).
+            let first = ring.first()[slot as usize];
+            let first = ring.contender(u32::from(first), slot);
+            self.last = (first.index == u32::from(owner)).then_some(first);
+            owner
+        } else if self.yielded <= SCANNED_CANDIDATES {
+            let mut c = match self.last {
+                Some(last) => ring.next_after(slot, last)?,
+                None => ring.contender(u32::from(ring.first()[slot as usize]), slot),
+            };
+            if c.index == u32::from(self.owner) {
+                c = ring.next_after(slot, c)?;
             }
-            Some(last) => {
-                if self.yielded == SCANNED_CANDIDATES + 1 {
-                    self.rest = ring.ranked_after(self.slot, last);
-                }
-                self.rest.pop()?
+            self.last = Some(c);
+            c.index as u16
+        } else {
+            if self.yielded == SCANNED_CANDIDATES + 1 {
+                let last = self.last.expect("the scanned candidates were passed");
+                self.rest = ring.ranked_after(slot, last, self.owner);
             }
+            self.rest.pop()?
         };
-        if self.last.is_none() {
-            self.last = Some(ring.contender(u32::from(next), self.slot));
-        }
         self.yielded += 1;
         Some(&ring.nodes[next as usize])
     }

@@ -24,15 +24,19 @@
 //! # Load figures
 //!
 //! `least-load` and bounded-load hashing need each node's load. The engine
-//! reads no counters: the figure of node `n` is `Member::inflight` from the
-//! view (what `n` published in gossip: global but up to a gossip interval
-//! old) plus `local(n)`, a closure the ingress passes to
-//! [`Router::decide_with_loads`] returning the requests this entry node has
-//! in flight to `n` right now (fresh, exact for its own share). The sum
-//! counts this entry's requests twice when they were already in flight when
-//! `n` published; that overestimate is bounded by the entry's own in-flight
-//! count and makes consecutive requests from one entry spread at once
-//! instead of piling onto a node until the next gossip round.
+//! reads no counters: the figure of node `n` is [`load_estimate`] of
+//! `Member::inflight` from the view (what `n` published in gossip: global
+//! but up to a gossip interval old) and this entry's own requests to `n`
+//! ([`OwnInflight`], a closure the ingress passes): the ones it has in
+//! flight now (fresh, exact for its own share) and the ones it had when it
+//! took in `n`'s published figure (already counted in it). The estimate is
+//! the published figure with the entry's part then replaced by its part
+//! now: other entries' requests as of the last report, its own exactly.
+//! Bounded-load hashing applies HAProxy's eligibility rule
+//! (`chash_server_is_eligible`) to those estimates, so one entry's burst
+//! of requests for a hot key spreads at once instead of piling onto a node
+//! until the next gossip round. [`Router::decide_with_loads`] takes the
+//! own part now alone (nothing counted in the published figure: the sum);
 //! [`Router::decide`] passes 0 for every node.
 //!
 //! Case codes (C7, H2, H4) name cases of `docs/cases.md`: the input, the
@@ -240,6 +244,25 @@ impl<'a> Iterator for Rest<'a> {
             }
         }
     }
+}
+
+/// This entry node's own requests in flight to one node
+/// ([`load_estimate`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OwnInflight {
+    /// In flight now (the entry's exact count).
+    pub(crate) now: u32,
+    /// In flight when the entry took in the node's current published
+    /// `inflight` figure: the part of that figure that is this entry's.
+    pub(crate) at_publish: u32,
+}
+
+/// An entry's best estimate of the requests node `n` has in flight now:
+/// `n`'s published figure less this entry's part of it (`own.at_publish`,
+/// at most the figure) plus this entry's count now (`own.now`). Exact for
+/// the entry's own requests; other entries' as of `n`'s last report.
+pub(crate) fn load_estimate(published: u32, own: OwnInflight) -> u64 {
+    u64::from(published.saturating_sub(own.at_publish)) + u64::from(own.now)
 }
 
 /// What an entry node needs to route a client request and to answer it:
@@ -501,9 +524,10 @@ impl Router {
     }
 
     /// [`Router::decide`] with `local(node)`: the requests this entry node
-    /// has in flight to `node` now. A node's load figure (for `least-load` and
-    /// bounded-load hashing) is `Member::inflight + local(node)` (see the
-    /// module doc, "Load figures").
+    /// has in flight to `node` now, none of them counted in the published
+    /// figures. A node's load figure (for `least-load` and bounded-load
+    /// hashing) is `Member::inflight + local(node)` (see the module doc,
+    /// "Load figures").
     pub fn decide_with_loads(
         &mut self,
         req: &RequestView<'_>,
@@ -512,7 +536,11 @@ impl Router {
         rng: &mut impl Rng,
         local: &impl Fn(&str) -> u32,
     ) -> Decision {
-        self.decide_entry(req, view, now, rng, local).decision
+        let own = |id: &str| OwnInflight {
+            now: local(id),
+            at_publish: 0,
+        };
+        self.decide_entry(req, view, now, rng, &own).decision
     }
 
     /// [`Router::decide_with_loads`] with the sticky-route part of the
@@ -524,7 +552,7 @@ impl Router {
         view: &MembershipView,
         now: Duration,
         rng: &mut impl Rng,
-        local: &impl Fn(&str) -> u32,
+        local: &impl Fn(&str) -> OwnInflight,
     ) -> EntryDecision {
         let route = route_from_request(req.headers, req.uri, &self.route_cookie, |r| {
             view.sticky_target(r).is_some()
@@ -552,7 +580,7 @@ impl Router {
         view: &MembershipView,
         now: Duration,
         rng: &mut impl Rng,
-        local: &impl Fn(&str) -> u32,
+        local: &impl Fn(&str) -> OwnInflight,
     ) -> Decision {
         let _ = now;
         let serving = view.serving_ids();
@@ -566,7 +594,7 @@ impl Router {
         }
         let figure = |id: &str| {
             let published = view.get(id).map_or(0, |m| m.inflight);
-            u64::from(published) + u64::from(local(id))
+            load_estimate(published, local(id))
         };
         // A route to a serving member, or to a draining one (its sessions
         // finish there: `MembershipView::sticky_target`).

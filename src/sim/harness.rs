@@ -310,7 +310,7 @@ struct Run<'s> {
     net_faults: Vec<(Duration, Option<Duration>)>,
     converged: Vec<Option<Duration>>,
     probed: Rc<RefCell<BTreeMap<String, serde_json::Value>>>,
-    ring_vnodes: u32,
+    ring_spec: crate::engine::ring::RingSpec,
     /// The weight each node publishes now (config, or the last `weight`
     /// fault since it started).
     weights: BTreeMap<String, u32>,

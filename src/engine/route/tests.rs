@@ -728,6 +728,76 @@ fn bounded_load_spills_hot_keys_to_the_next_ring_node() {
 }
 
 #[test]
+fn load_estimate_replaces_the_entrys_part_of_the_published_figure() {
+    // n published 10, of which 4 were this entry's; it has 3 now: 6 + 3.
+    let own = |now, at_publish| OwnInflight { now, at_publish };
+    assert_eq!(load_estimate(10, own(3, 4)), 9);
+    // Nothing of the figure was this entry's: the sum.
+    assert_eq!(load_estimate(10, own(3, 0)), 13);
+    // Its part then cannot exceed the figure (it finished some before the
+    // node counted them): at least its count now.
+    assert_eq!(load_estimate(2, own(5, 4)), 5);
+    assert_eq!(load_estimate(0, OwnInflight::default()), 0);
+}
+
+#[test]
+fn bounded_load_decides_on_the_estimate_of_each_owner_now() {
+    // HAProxy's rule (`chash_server_is_eligible`) on the estimates: three
+    // nodes of weight 100, factor 1.25.
+    let opts = RouterOptions {
+        hash_balance_factor: Some(1.25),
+    };
+    let mut r = Router::with_options(PolicyKind::ConsistentHash, user_rules(), opts).unwrap();
+    let req = request("/x?user=alice", None, "192.0.2.1:1000");
+    let idle = three();
+    let plain = decide(&mut r, &req, &idle);
+    let owner = plain.owner.clone();
+    let hot: Vec<(&str, u32, u8, u32)> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| (*id, 100, 100, if *id == &*owner { 6 } else { 0 }))
+        .collect();
+    let v = weighted("n1", &hot);
+    let decide_own = |r: &mut Router, own: &dyn Fn(&str) -> OwnInflight| {
+        r.decide_entry(&req.view(), &v, T0, &mut rng(), &|id: &str| own(id))
+            .decision
+    };
+    // The owner published 6, all of them this entry's, which has finished
+    // them since: estimate 0, the owner keeps the key (the sum, 6, would
+    // pass it over: capacity ceil(7 * 1.25) = 9, 3 a node).
+    let gone = |id: &str| OwnInflight {
+        now: 0,
+        at_publish: if id == &*owner { 6 } else { 0 },
+    };
+    assert_eq!(decide_own(&mut r, &gone).owner, owner);
+    assert_eq!(
+        decide(&mut r, &req, &v).reason,
+        Reason::BoundedLoad { rule: Some(0) }
+    );
+    // Nothing published, but this entry has 3 in flight to the owner now:
+    // capacity ceil(4 * 1.25) = 5, the owner's part 1 or 2: passed over.
+    let burst = |id: &str| OwnInflight {
+        now: if id == &*owner { 3 } else { 0 },
+        at_publish: 0,
+    };
+    let d = r
+        .decide_entry(&req.view(), &idle, T0, &mut rng(), &|id: &str| burst(id))
+        .decision;
+    assert_eq!(d.reason, Reason::BoundedLoad { rule: Some(0) });
+    assert_ne!(d.owner, owner);
+    // One in flight: capacity ceil(2 * 1.25) = 3, one a node: still over;
+    // none: eligible.
+    let one = |id: &str| OwnInflight {
+        now: u32::from(id == &*owner),
+        at_publish: 0,
+    };
+    let d = r
+        .decide_entry(&req.view(), &idle, T0, &mut rng(), &|id: &str| one(id))
+        .decision;
+    assert_ne!(d.owner, owner);
+    assert_eq!(decide(&mut r, &req, &idle).owner, owner);
+}
+
+#[test]
 fn router_options_are_validated() {
     for bad in [0.99, f64::NAN, f64::INFINITY, -1.0, 1000.5] {
         let e = Router::with_options(
@@ -908,7 +978,9 @@ fn entry_decision_carries_the_sticky_route_under_sticky_policies_only() {
     let v = three();
     let req = request("/x?user=u", Some("peerlb-route=n2"), "192.0.2.1:1000");
     let mut sticky = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
-    let e = sticky.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| 0);
+    let e = sticky.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| {
+        OwnInflight::default()
+    });
     assert_eq!(
         e.sticky,
         Some(Session {
@@ -920,10 +992,14 @@ fn entry_decision_carries_the_sticky_route_under_sticky_policies_only() {
     let mut again = Router::new(PolicyKind::StickyRoundRobin, Rules::default());
     assert_eq!(e.decision, decide(&mut again, &req, &v));
     let plain = request("/x", None, "192.0.2.1:1000");
-    let e = sticky.decide_entry(&plain.view(), &v, T0, &mut rng(), &|_: &str| 0);
+    let e = sticky.decide_entry(&plain.view(), &v, T0, &mut rng(), &|_: &str| {
+        OwnInflight::default()
+    });
     assert_eq!(e.sticky, Some(Session { route: None }));
     let mut hashing = Router::new(PolicyKind::ConsistentHash, user_rules());
-    let e = hashing.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| 0);
+    let e = hashing.decide_entry(&req.view(), &v, T0, &mut rng(), &|_: &str| {
+        OwnInflight::default()
+    });
     assert_eq!(e.sticky, None);
     assert_eq!(e.decision.reason, Reason::StickyRoute);
 }

@@ -31,7 +31,7 @@ impl Run<'_> {
             .iter()
             .map(|i| (NodeId::from(i.as_str()), self.weights[i]))
             .collect();
-        Ring::build(&ready, self.ring_vnodes)
+        Ring::build(&ready, self.ring_spec)
             .owner(key)
             .map_or_else(|| "n1".to_owned(), |o| o.to_string())
     }

@@ -262,7 +262,7 @@ impl Run<'_> {
             .map(|i| (NodeId::from(i.as_str()), weights[i]))
             .filter(|(_, w)| *w > 0)
             .collect();
-        Ring::build(&nodes, self.ring_vnodes)
+        Ring::build(&nodes, self.ring_spec)
     }
 }
 

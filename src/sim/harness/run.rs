@@ -58,14 +58,14 @@ impl<'s> Run<'s> {
         let pems = certs::generate("sim", &ids, seed)?;
         let mut slots = Vec::new();
         let mut weights = BTreeMap::new();
-        let mut ring_vnodes = 0;
+        let mut ring_spec = crate::engine::ring::RingSpec::from(0);
         for ((id, ip), pem) in ids.iter().zip(&ips).zip(pems) {
             let mut config = file.validate(&src, id, &Overrides::default())?;
             // The simulated network is an Ethernet path (see `net.rs`), so
             // the nodes are set up as on one: path MTU discovery stops at
             // its size instead of probing past it.
             config.peer.max_udp_payload = super::super::net::PATH_MTU_PAYLOAD as u16;
-            ring_vnodes = config.routing.vnodes;
+            ring_spec = config.routing.ring;
             weights.insert(id.clone(), config.node.weight);
             slots.push(Rc::new(NodeSlot {
                 id: id.clone(),
@@ -100,7 +100,7 @@ impl<'s> Run<'s> {
             net_faults: Vec::new(),
             converged,
             probed: Rc::default(),
-            ring_vnodes,
+            ring_spec,
             weights,
             view_weights: BTreeMap::new(),
             view_weight_log: Vec::new(),
