@@ -75,7 +75,7 @@ fn kill_owner_of_hot_key_under_load() {
         let eject = eject.expect("ejected");
         assert!(eject <= Duration::from_secs(2), "{eject:?}");
         // Nothing is served by the dead node after its kill.
-        assert_eq!(served_after(&o, &dead, kill.at), 0);
+        assert_eq!(served_after(o, &dead, kill.at), 0);
         assert_eq!(o.figures.failed, 0);
         // The survivors share its keys: about 1/5 moved.
         let (_, moved) = o.figures.keys_moved[0];
