@@ -66,6 +66,9 @@ enum Cmd {
     Undrain(cli::members::ChangeArgs),
     /// Take a member offline: no traffic, still a member.
     Offline(cli::members::ChangeArgs),
+    /// Forget a failed, left or never seen member: the node asked no
+    /// longer lists it (admin API; each node keeps its own list).
+    Forget(cli::members::ForgetArgs),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
         Cmd::Drain(a) => cli::members::change(a, "draining"),
         Cmd::Undrain(a) => cli::members::change(a, "serving"),
         Cmd::Offline(a) => cli::members::change(a, "offline"),
+        Cmd::Forget(a) => cli::members::forget(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),
