@@ -457,7 +457,10 @@ async fn the_manager_page_drains_a_member_in_headless_chromium() {
             // A refused change: a sentence in the row, not JSON.
             assert_eq!(
                 b.eval(
-                    "document.querySelector('#weight-n3 input[name=weight]').value = '20000'; \
+                    // Past the field's own max (which the browser checks), as
+                    // a stale page or another client could send it.
+                    "document.querySelector('#weight-n3 input[name=weight]').removeAttribute('max'); \
+                     document.querySelector('#weight-n3 input[name=weight]').value = '20000'; \
                      document.querySelector('#weight-n3 button').click(); 'clicked'"
                 ),
                 "clicked"

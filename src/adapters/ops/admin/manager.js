@@ -101,9 +101,13 @@
     notes.set(id, { text: "asking " + id + "…", err: false });
     applyOverlays();
     try {
-      const r = await fetch(form.action, { method: "POST", body });
+      // getAttribute: the form's field named "action" hides form.action.
+      const r = await fetch(form.getAttribute("action"), { method: "POST", body });
       const a = await r.json();
-      notes.set(id, { text: a.message, err: !a.ok });
+      // The page's own answer has a message; the admin API's refusals
+      // (a foreign origin, a stale token) an error sentence.
+      const text = a.message || (a.error ? "Refused (" + r.status + "): " + a.error + "." : "The node answered " + r.status + ".");
+      notes.set(id, { text, err: !a.ok });
       if (a.ok && a.status) {
         pending.set(id, { status: a.status, until: Date.now() + PENDING_MS });
       }
