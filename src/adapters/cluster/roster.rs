@@ -206,7 +206,7 @@ mod tests {
         let c = member("c", NodeStatus::Leaving);
         r.observe(&view(&[a.clone(), b, c]), t0, |_| "unused");
         let t1 = t0 + std::time::Duration::from_secs(3);
-        r.observe(&view(&[a.clone()]), t1, |_| "gossip: no longer live");
+        r.observe(&view(std::slice::from_ref(&a)), t1, |_| "gossip: no longer live");
         assert_eq!(
             states(&r),
             [
@@ -220,7 +220,7 @@ mod tests {
         assert_eq!((b.since, b.last_heard), (t1, Some(t0)));
         // Still failed after later views; alive again when it returns.
         r.observe(
-            &view(&[a.clone()]),
+            &view(std::slice::from_ref(&a)),
             t1 + std::time::Duration::from_secs(1),
             |_| "other",
         );
