@@ -206,7 +206,11 @@ mod tests {
         let c = member("c", NodeStatus::Leaving);
         r.observe(&view(&[a.clone(), b, c]), t0, |_| "unused");
         let t1 = t0 + std::time::Duration::from_secs(3);
-        r.observe(&view(std::slice::from_ref(&a)), t1, |_| "gossip: no longer live");
+        r.observe(
+            &view(std::slice::from_ref(&a)),
+            t1,
+            |_| "gossip: no longer live",
+        );
         assert_eq!(
             states(&r),
             [
