@@ -688,7 +688,10 @@ async fn a_killed_member_turns_red_on_the_open_page() {
         .expect("n3's row gone once forgotten");
         assert_eq!(b.eval("window.peerlbMarker"), 7, "the page reloaded");
     });
-    eprintln!("screenshot: {}", shot.display());
+    eprintln!(
+        "n3's row red {red_after:?} after the kill; screenshot: {}",
+        shot.display()
+    );
     let st = status(c.nodes[0].http).unwrap();
     assert!(
         !st["roster"]
