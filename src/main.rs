@@ -73,6 +73,9 @@ enum Cmd {
     /// Read and compile the data-centric rules again on the node asked
     /// (its rules_file or the [[rules]] of its --config file).
     ReloadRules(cli::members::ReloadRulesArgs),
+    /// Forget a failed, left or never seen member: the node asked no
+    /// longer lists it (admin API; each node keeps its own list).
+    Forget(cli::members::ForgetArgs),
 }
 
 /// What each command's help says of the global options, which only
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         Cmd::Offline(a) => cli::members::change(a, "offline"),
         Cmd::Weight(a) => cli::members::weight(a),
         Cmd::ReloadRules(a) => cli::members::reload_rules(a),
+        Cmd::Forget(a) => cli::members::forget(a),
     };
     match code {
         Ok(c) => ExitCode::from(c),

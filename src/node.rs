@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use crate::adapters::cluster::gossip::{self, GossipIdentity, Published};
 use crate::adapters::cluster::pause::PauseWatch;
+use crate::adapters::cluster::roster::Roster;
 use crate::adapters::front::ingress::{self, Ingress, ListenerSetup};
 use crate::adapters::front::sip::{self, SipApp, SipEntry, SipUpstream};
 use crate::adapters::http::entry_tls;
@@ -203,6 +204,11 @@ impl Node {
             [self_member.clone()],
             config.routing.ring,
         )));
+        // Beside the view, never read by routing: the members out of it.
+        let roster = Arc::new(std::sync::Mutex::new(Roster::new(
+            config.nodes.iter().map(|n| n.id.clone()),
+            tokio::time::Instant::now(),
+        )));
         let view_task = tokio::spawn(maintain_view(
             gossip.members(),
             links.clone(),
@@ -211,6 +217,7 @@ impl Node {
             config.routing.ring,
             observer.clone(),
             pause,
+            roster.clone(),
         ));
 
         let state = Arc::new(
@@ -232,7 +239,8 @@ impl Node {
                 gossip.publisher(),
                 links.clone(),
             )
-            .with_slow_start(slow_start, me.weight, ramp_began),
+            .with_slow_start(slow_start, me.weight, ramp_began)
+            .with_roster(roster),
         );
         let ramp_task = (!slow_start.is_off()).then(|| {
             let state = state.clone();
@@ -554,6 +562,11 @@ async fn wait_for_peers(
 /// node's absence, and a request for a key it owns is forwarded to it
 /// (dialled again) rather than served here. At the end of the grace the
 /// view is rebuilt from what gossip and the peer links say then.
+///
+/// Every view built is also given to `roster`, which keeps the members
+/// that left it (failed or left, with the [`left_reason`]) for the
+/// operator's surfaces; routing never reads it.
+#[allow(clippy::too_many_arguments)]
 async fn maintain_view(
     mut gossip: watch::Receiver<Vec<Member>>,
     links: Arc<PeerLinks>,
@@ -562,6 +575,7 @@ async fn maintain_view(
     ring: crate::engine::ring::RingSpec,
     observer: Arc<dyn Observer>,
     pause: Arc<PauseWatch>,
+    roster: Arc<std::sync::Mutex<Roster>>,
 ) {
     let mut connected = links.connected();
     // The members and routable peers of the last view built.
@@ -642,6 +656,10 @@ async fn maintain_view(
             });
         }
         let now = tokio::time::Instant::now();
+        roster
+            .lock()
+            .expect("roster lock")
+            .observe(&view, now, |id| left_reason(id, &gossip.borrow(), &up));
         let next_view_at = now + VIEW_INTERVAL;
         if view.ring_is_built() {
             cold_since = None;

@@ -263,6 +263,15 @@ pub(crate) enum AdminError {
     /// `?node=` names no member of this node's view (404).
     #[error("no member {0:?} in this node's view")]
     UnknownMember(String),
+    /// `POST /_peerlb/forget?node=ID` for a member in this node's view
+    /// (409): only a failed, left or never seen member can be forgotten.
+    #[error(
+        "member {0:?} is in this node's view: only a failed, left or never seen member can be forgotten"
+    )]
+    ForgetAlive(String),
+    /// `POST /_peerlb/forget` without `?node=ID` (400).
+    #[error("name the member to forget: ?node=ID")]
+    ForgetWhom,
     /// A change for another member could not be delivered over the peer
     /// link (no authenticated connection, or no answer in time) (502). The
     /// member's state is unknown: read its status.
@@ -328,6 +337,8 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             | AdminError::BadForm(_) => StatusCode::BAD_REQUEST,
             AdminError::State(StateError::Leaving) => StatusCode::CONFLICT,
             AdminError::UnknownMember(_) => StatusCode::NOT_FOUND,
+            AdminError::ForgetAlive(_) => StatusCode::CONFLICT,
+            AdminError::ForgetWhom => StatusCode::BAD_REQUEST,
             AdminError::Forward { .. } => StatusCode::BAD_GATEWAY,
             AdminError::Csrf => StatusCode::FORBIDDEN,
             AdminError::Keyring(k) => match k {
@@ -432,6 +443,8 @@ mod tests {
             (AdminError::State(StateError::Leaving), 409),
             (AdminError::State(StateError::BadTimeout("x".into())), 400),
             (AdminError::UnknownMember("x".into()), 404),
+            (AdminError::ForgetAlive("x".into()), 409),
+            (AdminError::ForgetWhom, 400),
             (
                 AdminError::Forward {
                     node: "n2".into(),

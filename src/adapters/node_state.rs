@@ -19,6 +19,7 @@ use tracing::{debug, info};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::{self, Body};
 use crate::adapters::cluster::gossip::Publisher;
+use crate::adapters::cluster::roster::Roster;
 use crate::adapters::errors::{ReloadError, RequestError, StateError, WeightError, error_response};
 use crate::config::{MAX_WEIGHT, RulesSource};
 use crate::engine::balance::PolicyKind;
@@ -309,6 +310,11 @@ pub(crate) struct NodeState {
     pub metrics: crate::adapters::metrics::Metrics,
     /// The WebSocket tunnels this node relays.
     pub tunnels: crate::adapters::tunnel::Tunnels,
+    /// Every member this node has known, those out of its view included
+    /// (fed by the view task; routing never reads it).
+    roster: Arc<Mutex<Roster>>,
+    /// When this node started (uptime in the status).
+    started: tokio::time::Instant,
 }
 
 impl NodeState {
@@ -352,7 +358,25 @@ impl NodeState {
             counters: Counters::default(),
             metrics: crate::adapters::metrics::Metrics::default(),
             tunnels: crate::adapters::tunnel::Tunnels::default(),
+            roster: Arc::default(),
+            started: tokio::time::Instant::now(),
         }
+    }
+
+    /// This state with `roster` (shared with the view task that feeds it).
+    pub(crate) fn with_roster(mut self, roster: Arc<Mutex<Roster>>) -> NodeState {
+        self.roster = roster;
+        self
+    }
+
+    /// The roster, locked (held briefly: no await while it is).
+    pub(crate) fn roster(&self) -> std::sync::MutexGuard<'_, Roster> {
+        self.roster.lock().expect("roster lock")
+    }
+
+    /// How long this node has run.
+    pub(crate) fn uptime(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// This state with a slow-start ramp that began at `began`, towards

@@ -143,6 +143,50 @@ pub(crate) struct ReloadRulesArgs {
     target: Target,
 }
 
+/// `peerlb forget` arguments.
+#[derive(Args)]
+pub(crate) struct ForgetArgs {
+    /// The member to forget (its node id): failed, left or never seen.
+    node: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// The bytes of `s` outside RFC 3986 unreserved, percent-encoded.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Runs `peerlb forget NODE`: 0 when the node asked forgot it, 1 when it
+/// refused (the member is in its view, or unknown).
+pub(crate) fn forget(a: ForgetArgs) -> anyhow::Result<u8> {
+    let path = format!("/_peerlb/forget?node={}", encode(&a.node));
+    let (addr, code, text) = match a.target.ask("POST", &path, Some("")) {
+        Ok(r) => r?,
+        Err(code) => return Ok(code),
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if code == 200 {
+        println!(
+            "{}: {} member forgotten by {addr}",
+            a.node,
+            v["forgotten"].as_str().unwrap_or("?")
+        );
+        Ok(0)
+    } else {
+        eprintln!("peerlb forget: {addr} answered {code}: {}", error_of(&text));
+        Ok(1)
+    }
+}
+
 /// Runs `peerlb status`: 0, or 1 when the node does not answer 200.
 pub(crate) fn status(a: StatusArgs) -> anyhow::Result<u8> {
     let (addr, code, text) = match a.target.ask("GET", "/_peerlb/status", None) {
@@ -203,6 +247,38 @@ pub(crate) fn table(v: &serde_json::Value) -> String {
             policy["members"][id]
                 .as_i64()
                 .map_or(String::new(), |x| x.to_string()),
+            m["http_addr"].as_str().unwrap_or("").to_owned(),
+        ]);
+    }
+    // The members out of the view: failed, left, never seen.
+    for m in v["roster"].as_array().into_iter().flatten() {
+        let state = m["state"].as_str().unwrap_or("?");
+        if state == "alive" {
+            continue;
+        }
+        let ago = |k: &str| {
+            m[k].as_u64()
+                .map_or(String::new(), |ms| format!("{}s", ms / 1000))
+        };
+        let status = match state {
+            "failed" => format!(
+                "FAILED {} ago ({})",
+                ago("since_ms"),
+                m["reason"].as_str().unwrap_or("")
+            ),
+            "left" => format!("left {} ago", ago("since_ms")),
+            s => s.to_owned(),
+        };
+        rows.push(vec![
+            m["id"].as_str().unwrap_or("?").to_owned(),
+            status,
+            m["weight"]
+                .as_u64()
+                .map_or("-".to_owned(), |w| w.to_string()),
+            "-".to_owned(),
+            "-".to_owned(),
+            "-".to_owned(),
+            String::new(),
             m["http_addr"].as_str().unwrap_or("").to_owned(),
         ]);
     }

@@ -6,7 +6,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes now), `target_weight` (its configured or last `PUT` weight, which a slow start ramps to), `slow_start` (`null`, or `step`, `steps`, `remaining_ms` of the ramp in progress), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `h2` (`connections`: HTTP/2 client connections accepted, `reset_floods`: those closed for a rapid-reset flood), `websockets` (`open`, `total`: tunnels at this entry, HTTP/1.1 and HTTP/2 (RFC 8441) ones; `proxied_open`, `proxied_total`: tunnels relayed as a forwarded owner; `idle_closed`), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections` with every connection busy; `connections_refused_source`: closed at accept because their source address held its share, `limits.max_connections_per_source_percent`; `connections_closed_idle`: idle connections closed at the cap to admit a new one; `proxy_header_refused` and `tls_handshake_failed`: client connections closed before HTTP for want of a valid PROXY header or a TLS handshake; `tls_reloads` and `tls_reload_failures`: certificate reloads of the HTTPS listeners), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
+//! | `GET /_peerlb/status` | JSON: `node`, `pid`, `state` (the status this node publishes), `policy` (`name`, `figure`: `lbstatus`, `bytes` or null, `members`: that figure per member), `weight` (the weight this node publishes now), `target_weight` (its configured or last `PUT` weight, which a slow start ramps to), `slow_start` (`null`, or `step`, `steps`, `remaining_ms` of the ramp in progress), `view_version`, `members` (id, generation, status, weight, load, inflight, ring_share, peer_addr, http_addr of every member in this node's view), `roster` (every member this node has known, the failed, left and never seen ones included: `roster_json`), `version` (the crate's), `uptime_ms`, `serving` (ids of the serving members), `inflight`, `peer_connections` (open QUIC connections to peers: one per peer in use, more only briefly), `client_connections` (open client connections), `h2` (`connections`: HTTP/2 client connections accepted, `reset_floods`: those closed for a rapid-reset flood), `websockets` (`open`, `total`: tunnels at this entry, HTTP/1.1 and HTTP/2 (RFC 8441) ones; `proxied_open`, `proxied_total`: tunnels relayed as a forwarded owner; `idle_closed`), `counters` (with `connections_refused`: client connections closed at accept at `limits.max_connections` with every connection busy; `connections_refused_source`: closed at accept because their source address held its share, `limits.max_connections_per_source_percent`; `connections_closed_idle`: idle connections closed at the cap to admit a new one; `proxy_header_refused` and `tls_handshake_failed`: client connections closed before HTTP for want of a valid PROXY header or a TLS handshake; `tls_reloads` and `tls_reload_failures`: certificate reloads of the HTTPS listeners), `gossip` (`keys`: fingerprints of the gossip keyring, the sending key first; `dropped`: `unauthenticated`, `out_of_bounds`, `oversize` datagram counts) |
 //! | `GET /_peerlb/metrics` | Prometheus text exposition (`ops/metrics_page.rs` lists every metric) |
 //! | `GET`/`HEAD /_peerlb/health` | also answered on the client ports (the sprayer's check, `client_port_serves`): 200 `serving`, 503 `draining`, `offline`, `leaving` or `stopping` (`ops/health.rs`) |
 //! | `POST /_peerlb/rules/reload` | reads the data-centric rules again (`rules_file` or the config's `[[rules]]`) and puts them in force for new requests: 200 `{"rules": n}`; 422 with the error when the new rules are invalid (the old ones stay in force); 409 for the embedded config |
@@ -14,6 +14,8 @@
 //! | `GET /_peerlb/keyring`, `POST /_peerlb/keyring/{install,use,remove}` | gossip key rotation (`ops/keyring_admin.rs`): body a base64 key (install) or a key fingerprint (use, remove); 200 `{"keys": [...]}`; 400 not a key, 404 no such key, 409 ring full or the sending key, 500 the keyring file cannot be written |
 //! | `POST /_peerlb/state` | body `serving`, `draining` or `offline`; `?node=ID` for another member (`members.rs`: forwarded over the peer link), `?timeout_ms=N` with `draining` to go offline after N ms. Publishes it in gossip: 200 `{"node", "state", "previous"}`; 400 another body or a bad timeout, 409 the node is leaving, 404 no such member, 502 the member is unreachable |
 //! | `GET /_peerlb/manager`, `POST /_peerlb/manager` | the balancer-manager page and its forms (`manager.rs`) |
+//! | `GET /_peerlb/manager/data` | the manager page's rows as JSON, refreshed by the page every second (`manager::data`) |
+//! | `POST /_peerlb/forget?node=ID` | removes a failed, left or never seen member from this node's roster: 200 `{"node", "forgotten": state}`; 404 no such member, 409 the member is in the view, 400 no `node` |
 //! | `PUT /_peerlb/weight` | `?node=ID` for another member, as for the state. Body: the member's new weight, a decimal integer `0..=10000` (`MAX_WEIGHT`, the range config validation applies; surrounding whitespace allowed). Publishes it in gossip, so every node's ring takes it within about a gossip round per hop: 200 `{"node": id, "weight": new, "previous": old}`; 400 when the body is not a decimal integer (or longer than 64 bytes), 422 when it is out of range, 409 for 0 when every other serving node has weight 0 (the weight in force stays). Not persisted: a restart publishes the configured weight |
 
 use std::sync::atomic::Ordering;
@@ -51,6 +53,14 @@ pub(crate) const STATE: &str = "/_peerlb/state";
 
 /// `GET`/`POST /_peerlb/manager`.
 pub(crate) const MANAGER: &str = "/_peerlb/manager";
+
+/// `GET /_peerlb/manager/data`: the manager page's rows as JSON (what its
+/// script refreshes the table from).
+pub(crate) const MANAGER_DATA: &str = "/_peerlb/manager/data";
+
+/// `POST /_peerlb/forget?node=ID`: removes a failed, left or never seen
+/// member from this node's roster.
+pub(crate) const FORGET: &str = "/_peerlb/forget";
 
 /// The member a state or weight change is for: the query's `node`
 /// parameter (percent-decoded), `None` for this node.
@@ -147,6 +157,9 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
             };
         }
         (&http::Method::GET, MANAGER) => return manager::page(state, req.uri()).await,
+        (&http::Method::GET, manager::SCRIPT_PATH) => return manager::script(),
+        (&http::Method::GET, MANAGER_DATA) => Ok(manager::data(state).await.to_string()),
+        (&http::Method::POST, FORGET) => forget(state, target_node(req.uri())),
         (&http::Method::POST, MANAGER) => return manager::act(state, req).await,
         (m, p) if crate::adapters::ops::keyring_admin::is_keyring(p) => {
             crate::adapters::ops::keyring_admin::answer(state.gossip_keys(), m, p, req.into_body())
@@ -166,13 +179,52 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
 /// The method an admin path takes (the `Allow` header of a 405).
 fn allowed_method(path: &str) -> Option<&'static str> {
     match path {
-        STATUS | crate::adapters::ops::metrics_page::PATH => Some("GET"),
+        STATUS | MANAGER_DATA | crate::adapters::ops::metrics_page::PATH => Some("GET"),
         crate::adapters::ops::health::PATH => Some("GET, HEAD"),
-        RELOAD_RULES | RELOAD_TLS | STATE => Some("POST"),
+        RELOAD_RULES | RELOAD_TLS | STATE | FORGET => Some("POST"),
         WEIGHT => Some("PUT"),
         MANAGER => Some("GET, POST"),
         _ => None,
     }
+}
+
+/// `POST /_peerlb/forget?node=ID`: `{"node", "forgotten": state}`.
+fn forget(state: &NodeState, node: Option<String>) -> Result<String, AdminError> {
+    let id = node.ok_or(AdminError::ForgetWhom)?;
+    let was = state.roster().forget(&id).map_err(|e| match e {
+        Some(_) => AdminError::ForgetAlive(id.clone()),
+        None => AdminError::UnknownMember(id.clone()),
+    })?;
+    tracing::info!(target: crate::adapters::REQUEST_PATH, member = %id, was = was.as_str(), "member forgotten by an operator");
+    Ok(serde_json::json!({ "node": id, "forgotten": was.as_str() }).to_string())
+}
+
+/// The roster's records as JSON (`roster` in the status): every member
+/// this node has known, with `state` (`alive`, `failed`, `left`, `never
+/// seen`), `since_ms` (time in that state: a failed member's downtime),
+/// `last_heard_ms_ago` (`null`: never in the view), `reason` (why it left
+/// the view), and its last known `status`, `generation`, `weight`,
+/// `http_addr` (`null` when never seen).
+pub(crate) fn roster_json(state: &NodeState) -> Vec<serde_json::Value> {
+    let now = tokio::time::Instant::now();
+    state
+        .roster()
+        .records()
+        .map(|(id, r)| {
+            let last = r.last.as_ref();
+            serde_json::json!({
+                "id": &**id,
+                "state": r.state.as_str(),
+                "since_ms": now.saturating_duration_since(r.since).as_millis() as u64,
+                "last_heard_ms_ago": r.last_heard.map(|t| now.saturating_duration_since(t).as_millis() as u64),
+                "reason": r.reason,
+                "status": last.map(|m| m.status.as_str()),
+                "generation": last.map(|m| m.generation),
+                "weight": last.map(|m| m.weight),
+                "http_addr": last.map(|m| m.http_addr.to_string()),
+            })
+        })
+        .collect()
 }
 
 fn status_json(state: &NodeState) -> String {
@@ -212,6 +264,9 @@ fn status_json(state: &NodeState) -> String {
         // jq 1.6 reads numbers as doubles: compare this text instead.
         "view_version_text": view.version().to_string(),
         "members": members,
+        "roster": roster_json(state),
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_ms": state.uptime().as_millis() as u64,
         "serving": serving,
         "inflight": state.inflight(),
         "peer_connections": state.peer_connections(),

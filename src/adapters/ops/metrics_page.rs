@@ -60,6 +60,8 @@
 //! | `peerlb_member_weight{node}` | gauge | each member's published weight |
 //! | `peerlb_member_load{node}` | gauge | each member's published load figure (the `metric` policy's 0..=100, 100 idle; 255 none) |
 //! | `peerlb_member_inflight{node}` | gauge | each member's published requests in flight |
+//! | `peerlb_member_up{member}` | gauge | each member this node has known (`cluster/roster.rs`): 1 in its view, 0 failed, left or never seen |
+//! | `peerlb_member_state{member}` | gauge | the same members' state: 0 alive, 1 failed, 2 left, 3 never seen |
 //! | `peerlb_lbstatus{node}` | gauge | `weighted-round-robin` only: each node's lbstatus (mod_proxy_balancer byrequests) at this entry |
 //! | `peerlb_by_traffic_bytes{node}` | gauge | `by-traffic` only: the bytes this entry counted per node (bytraffic) |
 //! | `peerlb_rules_reloads_total{result}` | counter | rules reloads: `ok`, `error` (the old rules stay) |
@@ -210,6 +212,12 @@ impl Snapshot {
             bytes: traffic,
         } = state.balance_state();
         let progress = state.slow_start_progress();
+        // Every member this node has known (the view's and the roster's).
+        let roster: Vec<(String, crate::adapters::cluster::roster::MemberState)> = state
+            .roster()
+            .records()
+            .map(|(id, r)| (id.to_string(), r.state))
+            .collect();
         let families = vec![
             Family::one(
                 "requests",
@@ -470,6 +478,23 @@ impl Snapshot {
                 "Each member's published requests in flight",
                 "node",
                 per_member(|mb| f64::from(mb.inflight)),
+            ),
+            Family::labelled(
+                "member_up",
+                "Each member this node has known: 1 in its view, 0 failed, left or never seen",
+                "member",
+                roster.iter().map(|(id, st)| {
+                    let up = *st == crate::adapters::cluster::roster::MemberState::Alive;
+                    (id.clone(), Gauge(if up { 1.0 } else { 0.0 }))
+                }),
+            ),
+            Family::labelled(
+                "member_state",
+                "Each member this node has known: 0 alive, 1 failed, 2 left, 3 never seen",
+                "member",
+                roster
+                    .iter()
+                    .map(|(id, st)| (id.clone(), Gauge(f64::from(st.code())))),
             ),
             Family::labelled(
                 "lbstatus",

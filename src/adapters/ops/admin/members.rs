@@ -201,7 +201,11 @@ async fn forward(
 
 /// A member's own request counters, as it reports them over the peer link
 /// (`GET` [`COUNTERS`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+///
+/// The fields after `errors` came later: a member of an older version
+/// omits them and they read as 0 (empty `version`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(default)]
 pub(crate) struct MemberCounters {
     /// Client requests the member received as entry.
     pub requests: u64,
@@ -209,6 +213,54 @@ pub(crate) struct MemberCounters {
     pub served: u64,
     /// Requests it answered with an error status.
     pub errors: u64,
+    /// Requests in flight on it (client and proxied).
+    pub inflight: u32,
+    /// Bytes read from its clients.
+    pub bytes_in: u64,
+    /// Bytes written to its clients.
+    pub bytes_out: u64,
+    /// Median of its client requests' time to response head since start,
+    /// in µs: the upper bound of the histogram bucket holding it (0.5 ms
+    /// doubling; `metrics.rs`); 0 before any request.
+    pub p50_us: u64,
+    /// The 99th percentile, as `p50_us`.
+    pub p99_us: u64,
+    /// Answers it gave its clients, by kind: 4xx, 5xx other than the
+    /// three below (the app's), 502, 503, 504.
+    pub status_4xx: u64,
+    /// See `status_4xx`.
+    pub status_5xx: u64,
+    /// See `status_4xx`.
+    pub status_502: u64,
+    /// See `status_4xx`.
+    pub status_503: u64,
+    /// See `status_4xx`.
+    pub status_504: u64,
+    /// Its crate version.
+    pub version: String,
+    /// How long it has run, in ms.
+    pub uptime_ms: u64,
+}
+
+/// The upper bound, in µs, of the bucket of `h` holding quantile `q`
+/// (0 when empty; `u64::MAX` in the `+Inf` bucket).
+fn quantile_us(h: &crate::adapters::metrics::HistogramSnapshot, q: f64) -> u64 {
+    if h.count == 0 {
+        return 0;
+    }
+    let rank = (q * h.count as f64).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (bound, n) in &h.buckets {
+        seen += n;
+        if seen >= rank {
+            return if bound.is_finite() {
+                (bound * 1e6).round() as u64
+            } else {
+                u64::MAX
+            };
+        }
+    }
+    u64::MAX
 }
 
 /// The peer-only path a member answers its [`MemberCounters`] on.
@@ -218,10 +270,27 @@ pub(crate) const COUNTERS: &str = "/_peerlb/counters";
 pub(crate) fn own_counters(state: &NodeState) -> MemberCounters {
     use std::sync::atomic::Ordering::Relaxed;
     let c = &state.counters;
+    let m = &state.metrics;
+    let code =
+        |s: u16| m.responses[usize::from(s - crate::adapters::metrics::FIRST_CODE)].load(Relaxed);
+    let range = |lo: u16, hi: u16| (lo..=hi).map(code).sum::<u64>();
+    let h = m.request_seconds.snapshot();
     MemberCounters {
         requests: c.requests.load(Relaxed),
         served: c.served_local.load(Relaxed),
         errors: c.errors.load(Relaxed),
+        inflight: state.inflight(),
+        bytes_in: m.client_bytes.received(),
+        bytes_out: m.client_bytes.sent(),
+        p50_us: quantile_us(&h, 0.5),
+        p99_us: quantile_us(&h, 0.99),
+        status_4xx: range(400, 499),
+        status_5xx: range(500, 599) - code(502) - code(503) - code(504),
+        status_502: code(502),
+        status_503: code(503),
+        status_504: code(504),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_ms: state.uptime().as_millis() as u64,
     }
 }
 
