@@ -280,7 +280,13 @@ fn ring_balance(c: &mut Criterion) {
             let m = ring.len() as f64;
             let (leave, leave_stay) = moved(&ring, &ring.rebuild(&rest, spec(a)));
             let (join, join_stay) = moved(&ring, &ring.rebuild(&more, spec(a)));
-            let leaver = ring.shares()[3].1 * m;
+            let leaver = ring
+                .shares()
+                .into_iter()
+                .find(|(id, _)| &**id == "node-3")
+                .expect("node-3 is on the ring")
+                .1
+                * m;
             println!(
                 "ring_balance/{name}/{n}: max/avg {:.4} (mixed weights {mixed:.4}); \
                  leave moves {:.4} x ideal ({leave_stay} slots between stayers), \

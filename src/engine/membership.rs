@@ -239,7 +239,7 @@ impl LazyRing {
 /// table. A production process runs one node and finds only the rings of
 /// its own views here; the simulation runs a whole cluster in one process,
 /// where N nodes that agree on the members build one table instead of N
-/// (at 100 nodes and the default 1,024 spec, 100 tables of 262,144 slots
+/// (at 100 nodes and the default 1,024 vnodes, 100 tables of 262,144 slots
 /// scored against 100 nodes: seconds of CPU per membership change). The
 /// table is a function of its input only ([`Ring::build`]), so which view
 /// built it changes no routing decision. Entries are weak: a ring no view

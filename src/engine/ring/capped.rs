@@ -40,8 +40,9 @@
 //! balance every set (Ramsey: some infinite id set ranks every pair alike,
 //! and its middle member of any three wins nothing). `docs/architecture.md`
 //! ("The ring") gives the argument and the figures: a leave or join moves
-//! about `1 + 0.8 N / sqrt(M)` times the ideal, part of it between nodes
-//! that stay; the rendezvous table moves exactly the ideal.
+//! about `1 + 0.8 N / sqrt(M)` times the ideal (1.01, 1.16 and 3.2 at 10,
+//! 100 and 1,000 nodes with 2^18 slots), the excess between nodes that
+//! stay; the rendezvous table moves exactly the ideal.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
