@@ -248,6 +248,11 @@ impl ClusterFile {
                     .as_deref()
                     .map(|s| parse_addr(s).map_err(|m| inv(&f("sip_addr"), m)))
                     .transpose()?,
+                metrics_addr: n
+                    .metrics_addr
+                    .as_deref()
+                    .map(|s| parse_addr(s).map_err(|m| inv(&f("metrics_addr"), m)))
+                    .transpose()?,
                 weight: n.weight,
             };
             if n.weight > MAX_WEIGHT {
@@ -490,6 +495,7 @@ impl ClusterFile {
                     admin_addr: admin_or_default(admin, http_addr)
                         .map_err(|m| inv("--admin-addr", m))?,
                     sip_addr: None,
+                    metrics_addr: None,
                     weight: ov.weight.unwrap_or(100),
                 };
                 nodes.push(n.clone());
@@ -800,6 +806,28 @@ fn shared_sip_problem(a: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// The rules of one node's `metrics_addr`: a port, and apart from the
+/// node's other TCP addresses (`http_addr`, `admin_addr`, `sip_addr`).
+fn metrics_addr_problem(a: &NodeAddrs) -> Option<(&'static str, String)> {
+    let m = a.metrics_addr?;
+    if m.port() == 0 {
+        return Some(("metrics_addr", format!("{m}: port 0 cannot be scraped")));
+    }
+    [
+        ("http_addr", Some(a.http_addr)),
+        ("admin_addr", Some(a.admin_addr)),
+        ("sip_addr", a.sip_addr),
+    ]
+    .into_iter()
+    .find(|(_, x)| *x == Some(m))
+    .map(|(k, _)| {
+        (
+            "metrics_addr",
+            format!("{m} is also this node's {k}; the metrics need their own address"),
+        )
+    })
+}
+
 /// The first node of `nodes` with an address equal to `a` (index, field).
 fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'static str)> {
     nodes.iter().enumerate().find_map(|(i, n)| {
@@ -809,6 +837,7 @@ fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'static str)> 
             ("gossip_addr", Some(n.gossip_addr)),
             ("admin_addr", Some(n.admin_addr)),
             ("sip_addr", n.sip_addr),
+            ("metrics_addr", n.metrics_addr),
         ]
         .into_iter()
         .find(|(_, x)| *x == Some(a))
@@ -954,6 +983,9 @@ fn addr_problem<'a>(
             }
         }
     }
+    if let Some(problem) = metrics_addr_problem(a) {
+        return Some(problem);
+    }
     if a.peer_addr == a.gossip_addr {
         return Some((
             "gossip_addr",
@@ -973,6 +1005,35 @@ fn addr_problem<'a>(
         ));
     }
     for (j, other) in others {
+        // A metrics address is TCP like the admin address: a loopback (or
+        // wildcard) one clashes only with a node that may share the host.
+        if let Some(m) = a.metrics_addr {
+            let local = m.ip().is_loopback() || m.ip().is_unspecified();
+            if (!local || may_share_host(a, other))
+                && [
+                    Some(other.http_addr),
+                    Some(other.admin_addr),
+                    other.sip_addr,
+                    other.metrics_addr,
+                ]
+                .contains(&Some(m))
+            {
+                return Some(("metrics_addr", format!("{m} is also used by nodes[{j}]")));
+            }
+        }
+        if let Some(m) = other.metrics_addr
+            && let Some((k, mine)) = [
+                ("http_addr", Some(a.http_addr)),
+                ("admin_addr", Some(a.admin_addr)),
+                ("sip_addr", a.sip_addr),
+            ]
+            .into_iter()
+            .find(|(_, x)| *x == Some(m))
+            && (!(m.ip().is_loopback() || m.ip().is_unspecified()) || may_share_host(a, other))
+        {
+            let mine = mine.expect("found by equality with Some");
+            return Some((k, format!("{mine} is also nodes[{j}].metrics_addr")));
+        }
         // Admin addresses are TCP like http_addr; a loopback (or wildcard)
         // one clashes only with a node that may share the host.
         let admin_ip = a.admin_addr.ip();
