@@ -123,6 +123,22 @@ impl Ingress {
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Response<Body> {
+        // The access line, taken as the request arrived (only when the
+        // access log is on: nothing is copied otherwise).
+        let mut line = crate::adapters::access::enabled().then(|| {
+            let me = self.state.node_id();
+            crate::adapters::access::Line::of(
+                me,
+                "edge",
+                Some(conn.client),
+                me,
+                req.method(),
+                req.uri(),
+                req.version(),
+                req.headers(),
+                tokio::time::Instant::now(),
+            )
+        });
         // An HTTP/2 WebSocket (RFC 8441): the HTTP/1.1 handshake from here
         // on, and what its answer must carry.
         let mut h2_websocket = None;
@@ -180,7 +196,11 @@ impl Ingress {
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 let start = tokio::time::Instant::now();
-                let mut resp = match self.forwarder.route_and_serve(req, &conn).await {
+                let routed = line.as_mut().map(|l| {
+                    l.role = "entry";
+                    &mut l.routed
+                });
+                let mut resp = match self.forwarder.route_and_serve(req, &conn, routed).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(answer) => answer,
                 };
@@ -236,7 +256,10 @@ impl Ingress {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        resp
+        match line {
+            Some(line) if !admin_path => crate::adapters::access::log_when_done(resp, line),
+            _ => resp,
+        }
     }
 }
 
@@ -284,6 +307,13 @@ impl server::Handler for Ingress {
 
     fn header_read_timeout(&self) -> Duration {
         self.settings.header_read_timeout
+    }
+
+    fn edge_answer(&self, client: std::net::SocketAddr, status: u16) {
+        self.state.metrics.count_status(
+            http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST),
+        );
+        crate::adapters::access::edge_line(self.state.node_id(), client, status);
     }
 
     fn send_timeout(&self) -> Duration {
