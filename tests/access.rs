@@ -185,3 +185,48 @@ async fn the_edges_answers_have_access_lines() {
     assert_eq!(lines[0]["method"], "GET", "{}", lines[0]);
     assert_eq!(lines[1]["path"], "/two", "{}", lines[1]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_tunnel_is_logged_when_it_closes_with_its_bytes() {
+    let c = Cluster::start_args(
+        "access-ws",
+        1,
+        "",
+        "",
+        &["--log-format", "json", "--access-log"],
+    );
+    let n1 = c.nodes[0].http;
+    let mut s = std::net::TcpStream::connect(n1).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /ws/echo HTTP/1.1\r\nHost: ws\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        assert_eq!(s.read(&mut b).unwrap(), 1, "{head:?}");
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    // No line while the tunnel is open.
+    assert!(access_lines(&c, "n1").is_empty());
+    // A masked text frame "hi" (mask 0), 8 bytes; its echo, 4.
+    s.write_all(&[0x81, 0x82, 0, 0, 0, 0, b'h', b'i']).unwrap();
+    let mut echo = [0u8; 4];
+    s.read_exact(&mut echo).unwrap();
+    assert_eq!(echo, [0x81, 0x02, b'h', b'i']);
+    drop(s);
+    let mut lines = Vec::new();
+    poll(Duration::from_secs(10), || {
+        lines = access_lines(&c, "n1");
+        !lines.is_empty()
+    })
+    .unwrap_or_else(|()| panic!("no tunnel line:\n{}", c.log("n1")));
+    let l = &lines[0];
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(l["role"], "tunnel", "{l}");
+    assert_eq!(l["status"], 101, "{l}");
+    assert_eq!(l["path"], "/ws/echo", "{l}");
+    assert_eq!(l["host"], "ws", "{l}");
+    assert_eq!(l["bytes_in"], 8, "{l}");
+    assert_eq!(l["bytes_out"], 4, "{l}");
+    assert!(l["duration_us"].as_u64() >= l["ttfb_us"].as_u64(), "{l}");
+}

@@ -221,7 +221,20 @@ impl Ingress {
                         let app = resp.extensions_mut().remove::<Tunnel>();
                         match (upgrade.take(), app) {
                             (Some((client_side, hold)), Some(app)) => {
-                                self.open_tunnel(client_side, hold.map(|h| h.hold()), app)
+                                // The tunnel's access line is written when
+                                // it closes, with the bytes it relayed.
+                                let tunnel_line = line.take().map(|mut l| {
+                                    l.status = resp.status().as_u16();
+                                    l.ttfb = l.start.elapsed();
+                                    l.role = "tunnel";
+                                    l
+                                });
+                                self.open_tunnel(
+                                    client_side,
+                                    hold.map(|h| h.hold()),
+                                    app,
+                                    tunnel_line,
+                                )
                             }
                             // Cannot happen (an app's 101 to a request that
                             // asked for no upgrade is refused where it is
@@ -267,12 +280,15 @@ impl Ingress {
     /// Relays the client's connection (once hyper has written the 101 and
     /// handed it over; on HTTP/2, the stream once the 200 is written) and
     /// the owner's side `app` as a tunnel, in a task of its own, which
-    /// keeps `hold` on an HTTP/2 client connection until the tunnel ends.
+    /// keeps `hold` on an HTTP/2 client connection until the tunnel ends;
+    /// then writes its access `line` (if the log is on) with the bytes
+    /// relayed: `bytes_in` client to app, `bytes_out` app to client.
     fn open_tunnel(
         &self,
         client_side: hyper::upgrade::OnUpgrade,
         hold: Option<server::Held>,
         app: Tunnel,
+        line: Option<crate::adapters::access::Line>,
     ) {
         let state = self.state.clone();
         tokio::spawn(async move {
@@ -281,6 +297,9 @@ impl Ingress {
                 Ok(u) => Box::new(hyper_util::rt::TokioIo::new(u)) as tunnel::BoxIo,
                 Err(e) => {
                     tracing::debug!(target: crate::adapters::REQUEST_PATH, error = %e, "client connection not upgraded: tunnel dropped");
+                    if let Some(l) = &line {
+                        l.write();
+                    }
                     return;
                 }
             };
@@ -288,10 +307,21 @@ impl Ingress {
                 Ok(io) => io,
                 Err(e) => {
                     tracing::debug!(target: crate::adapters::REQUEST_PATH, error = %e, "owner side of a tunnel failed");
+                    if let Some(l) = &line {
+                        l.write();
+                    }
                     return;
                 }
             };
-            state.tunnels.run(Role::Entry, client_io, app_io).await;
+            let (_, up, down) = state
+                .tunnels
+                .run_counted(Role::Entry, client_io, app_io)
+                .await;
+            if let Some(mut line) = line {
+                line.bytes_in = up;
+                line.bytes_out = down;
+                line.write();
+            }
         });
     }
 }
