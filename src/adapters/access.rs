@@ -17,19 +17,25 @@
 //! client-sent id when `trust_client_forwarded = false`, is replaced by the
 //! entry's own.
 //!
-//! **Access log.** One INFO event per request and per node that handled it,
-//! at target [`ACCESS`] (`peerlb::access`), with the fields operators
-//! filter on: `node`, `request_id`, `role` (`entry` or `owner`), `entry`,
-//! `owner` (who served it; the decision's owner when it failed), `status`,
-//! `duration_us` (arrival to response head at that node), `reason` (the
-//! routing reason at the entry, `proxied` at the owner) and `method`. The
+//! **Access log.** One INFO event per answer and per node that handled it,
+//! at target [`ACCESS`] (`peerlb::access`), with the fields of HAProxy's
+//! `option httplog` and Envoy's default format ([`Line::write`];
+//! docs/operations.md "Logs" lists them): `node`, `request_id`, `role`
+//! (`entry`, `owner`, `edge` for an answer before routing, `tunnel` for a
+//! WebSocket tunnel when it closes), `client`, `entry`, `owner`, the
+//! decision (`reason`, `rule`, `sticky`, `key`, `failover`, `retries`),
+//! `method`, `host`, `path`, `protocol`, `status`, `bytes_in`,
+//! `bytes_out`, `ttfb_us` (to the response head) and `duration_us` (to the
+//! last byte of the body: the line is written when the body ends). The
 //! target is on only with `peerlb node --access-log` (whatever `RUST_LOG`
-//! says): an event per request costs a few percent of a node's CPU. With
-//! `--log-format json` each event is one JSON object per line.
+//! says): an event per request costs a few percent of a node's CPU, and
+//! with the log off nothing is copied or measured for it ([`enabled`], one
+//! cached check per request). With `--log-format json` each event is one
+//! JSON object per line.
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use tracing::info;
 
 use crate::adapters::body::Body;
@@ -131,18 +137,16 @@ pub(crate) struct Line {
 }
 
 impl Line {
-    /// A line for a request head `parts` that arrived at `start`.
-    pub(crate) fn of(
+    /// A line for the head of `req`, which arrived at `start`.
+    pub(crate) fn of<B>(
         node: &NodeId,
         role: &'static str,
         client: Option<std::net::SocketAddr>,
         entry: &NodeId,
-        method: &Method,
-        uri: &http::Uri,
-        version: http::Version,
-        headers: &HeaderMap,
+        req: &http::Request<B>,
         start: tokio::time::Instant,
     ) -> Line {
+        let (method, uri, headers) = (req.method(), req.uri(), req.headers());
         let host = uri
             .authority()
             .map(|a| a.as_str().to_owned())
@@ -163,7 +167,7 @@ impl Line {
             path: uri
                 .path_and_query()
                 .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
-            protocol: protocol(version),
+            protocol: protocol(req.version()),
             bytes_in: headers
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse().ok())

@@ -132,10 +132,7 @@ impl Ingress {
                 "edge",
                 Some(conn.client),
                 me,
-                req.method(),
-                req.uri(),
-                req.version(),
-                req.headers(),
+                &req,
                 tokio::time::Instant::now(),
             )
         });

@@ -71,10 +71,7 @@ impl ProxiedHandler for Owner {
                 "owner",
                 None,
                 &crate::engine::node_id::NodeId::from(head.entry),
-                req.method(),
-                req.uri(),
-                req.version(),
-                req.headers(),
+                &req,
                 tokio::time::Instant::now(),
             );
             line.routed.request_id = head.request_id;

@@ -167,6 +167,7 @@ impl Forwarder {
 
     /// Serves a decided request: the response, its outstanding guard and
     /// who served it; or the error and the owner the decision picked.
+    #[allow(clippy::too_many_arguments)]
     async fn serve_decided(
         &self,
         mut req: Request<Incoming>,
@@ -218,6 +219,7 @@ impl Forwarder {
     }
 
     /// Tries each candidate in order; returns the response and who served it.
+    #[allow(clippy::too_many_arguments)]
     async fn serve_candidates(
         &self,
         req: Request<Incoming>,
