@@ -337,9 +337,6 @@ impl server::Handler for Ingress {
     }
 
     fn edge_answer(&self, client: std::net::SocketAddr, status: u16) {
-        self.state.metrics.count_status(
-            http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST),
-        );
         crate::adapters::access::edge_line(self.state.node_id(), client, status);
     }
 
