@@ -35,6 +35,9 @@ pub struct Env {
     /// The admin API listener (the node's `admin_addr`); `None` serves
     /// no admin listener (a simulation reads the node's state directly).
     pub admin_listener: Option<Box<dyn HttpListener>>,
+    /// The metrics listener (the node's `metrics_addr`): serves only the
+    /// metrics; `None` without a `metrics_addr`.
+    pub metrics_listener: Option<Box<dyn HttpListener>>,
     /// The SIP sockets on `sip_addr` (UDP and TCP on one port); `None`
     /// serves no SIP (no `sip_addr`, and always in a simulation).
     pub sip: Option<SipSockets>,
@@ -116,6 +119,10 @@ impl Env {
             http_listeners.push(listener(shared, true, "shared listen address")?);
         }
         let admin_listener = Some(listener(n.admin_addr, false, "admin_addr")?);
+        let metrics_listener = n
+            .metrics_addr
+            .map(|a| listener(a, false, "metrics_addr"))
+            .transpose()?;
         let sip = match n.sip_addr {
             Some(addr) => {
                 let udp = udp_socket(addr, false).map_err(err("sip_addr", addr))?;
@@ -174,6 +181,7 @@ impl Env {
         Ok(Env {
             http_listeners,
             admin_listener,
+            metrics_listener,
             sip,
             peer_socket,
             quic_runtime: Arc::new(quinn::TokioRuntime),

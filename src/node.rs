@@ -242,6 +242,7 @@ impl Node {
             .with_slow_start(slow_start, me.weight, ramp_began)
             .with_roster(roster),
         );
+        state.metrics.set_start_time_ms(env.generation);
         let ramp_task = (!slow_start.is_off()).then(|| {
             let state = state.clone();
             tokio::spawn(async move { state.ramp_weight().await })
@@ -351,6 +352,21 @@ impl Node {
         // The admin listener serves through the drain (status stays
         // readable) and closes last.
         let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+        // The metrics listener, when there is one, stops with the admin one.
+        let metrics_task = env.metrics_listener.map(|l| {
+            if let Ok(addr) = l.local_addr() {
+                info!(%addr, "metrics listening");
+            }
+            tokio::spawn(admin_server::serve(
+                l,
+                Arc::new(AdminServer::metrics_only(
+                    state.clone(),
+                    config.ingress.header_read_timeout,
+                    config.ingress.send_timeout,
+                )),
+                admin_stop_rx.clone(),
+            ))
+        });
         let admin_task = env.admin_listener.map(|l| {
             if let Ok(addr) = l.local_addr() {
                 info!(%addr, "admin API listening");
@@ -438,6 +454,9 @@ impl Node {
         gossip.shutdown().await;
         let _ = admin_stop_tx.send(true);
         if let Some(t) = admin_task {
+            let _ = t.await;
+        }
+        if let Some(t) = metrics_task {
             let _ = t.await;
         }
         info!("node stopped");

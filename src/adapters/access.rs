@@ -17,20 +17,29 @@
 //! client-sent id when `trust_client_forwarded = false`, is replaced by the
 //! entry's own.
 //!
-//! **Access log.** One INFO event per request and per node that handled it,
-//! at target [`ACCESS`] (`peerlb::access`), with the fields operators
-//! filter on: `node`, `request_id`, `role` (`entry` or `owner`), `entry`,
-//! `owner` (who served it; the decision's owner when it failed), `status`,
-//! `duration_us` (arrival to response head at that node), `reason` (the
-//! routing reason at the entry, `proxied` at the owner) and `method`. The
+//! **Access log.** One INFO event per answer and per node that handled it,
+//! at target [`ACCESS`] (`peerlb::access`), with the fields of HAProxy's
+//! `option httplog` and Envoy's default format ([`Line::write`];
+//! docs/operations.md "Logs" lists them): `node`, `request_id`, `role`
+//! (`entry`, `owner`, `edge` for an answer before routing, `tunnel` for a
+//! WebSocket tunnel when it closes), `client`, `entry`, `owner`, the
+//! decision (`reason`, `rule`, `sticky`, `key`, `failover`, `retries`),
+//! `method`, `host`, `path`, `protocol`, `status`, `bytes_in`,
+//! `bytes_out`, `ttfb_us` (to the response head) and `duration_us` (to the
+//! last byte of the body: the line is written when the body ends). The
 //! target is on only with `peerlb node --access-log` (whatever `RUST_LOG`
-//! says): an event per request costs a few percent of a node's CPU. With
-//! `--log-format json` each event is one JSON object per line.
+//! says): an event per request costs a few percent of a node's CPU, and
+//! with the log off nothing is copied or measured for it ([`enabled`], one
+//! cached check per request). With `--log-format json` each event is one
+//! JSON object per line.
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use tracing::info;
+
+use crate::adapters::body::Body;
+use crate::engine::node_id::NodeId;
 
 /// The access log's tracing target.
 pub(crate) const ACCESS: &str = "peerlb::access";
@@ -61,33 +70,276 @@ pub(crate) fn request_id(headers: &mut HeaderMap, random: [u8; 16], keep_client:
     id.as_u128()
 }
 
-/// Writes one access log line (see the module doc) for a request `node`
-/// handled as `role`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn access_log(
-    node: &str,
-    role: &'static str,
-    request_id: u128,
-    entry: &str,
-    owner: &str,
-    status: u16,
-    duration: Duration,
-    reason: &'static str,
-    method: &Method,
-) {
-    info!(
-        target: ACCESS,
-        node,
-        request_id = %uuid::Uuid::from_u128(request_id),
-        role,
-        entry,
-        owner,
+/// True when the access log is on (`peerlb node --access-log`): a
+/// callsite-cached check, so a node with the log off formats nothing and
+/// measures nothing for it.
+pub(crate) fn enabled() -> bool {
+    tracing::enabled!(target: ACCESS, tracing::Level::INFO)
+}
+
+/// What the entry's router decided for a request, for its access line.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Routed {
+    /// The request id (the wire's `u128`).
+    pub(crate) request_id: u128,
+    /// Who served it (the decision's owner when it failed).
+    pub(crate) owner: Option<NodeId>,
+    /// The routing reason (`rule`, `sticky-route`, `round-robin`, ...).
+    pub(crate) reason: &'static str,
+    /// The rule's index in `[[rules]]` when a rule decided.
+    pub(crate) rule: Option<usize>,
+    /// The request carried a sticky route (a sticky policy's cookie or
+    /// URL parameter).
+    pub(crate) sticky: bool,
+    /// The hash key: the session id or the value a rule extracted.
+    pub(crate) key: Option<String>,
+    /// Another candidate than the decision's owner served it.
+    pub(crate) failover: bool,
+    /// Candidates tried after the first (0 when the first answered).
+    pub(crate) retries: u32,
+}
+
+/// One access log line in the making: what the request said, taken when
+/// it arrived (only when [`enabled`]), and what its answer did; written by
+/// [`Line::write`] once the response body ends (or the connection drops
+/// it), so `duration_us` runs to the last byte.
+#[derive(Debug)]
+pub(crate) struct Line {
+    /// The node writing it.
+    pub(crate) node: NodeId,
+    /// `entry`, `owner`, `edge` (an answer before routing: 400, 408,
+    /// 414, 431, 503 ...) or `tunnel` (a WebSocket tunnel that closed).
+    pub(crate) role: &'static str,
+    /// The client's address (the peer's for an owner line).
+    pub(crate) client: Option<std::net::SocketAddr>,
+    /// The entry node.
+    pub(crate) entry: NodeId,
+    /// The method, or `-` when no request head was read.
+    pub(crate) method: String,
+    /// The `Host` (or `:authority`), `-` when absent.
+    pub(crate) host: String,
+    /// The path and query as sent.
+    pub(crate) path: String,
+    /// `HTTP/1.1`, `HTTP/2.0`, ...
+    pub(crate) protocol: &'static str,
+    /// The request body's declared length (`Content-Length`), 0 without.
+    pub(crate) bytes_in: u64,
+    /// The routing, at the entry.
+    pub(crate) routed: Routed,
+    /// The status answered.
+    pub(crate) status: u16,
+    /// Response body bytes written (the head excluded).
+    pub(crate) bytes_out: u64,
+    /// Arrival to the response head.
+    pub(crate) ttfb: Duration,
+    /// When the request arrived.
+    pub(crate) start: tokio::time::Instant,
+}
+
+impl Line {
+    /// A line for the head of `req`, which arrived at `start`.
+    pub(crate) fn of<B>(
+        node: &NodeId,
+        role: &'static str,
+        client: Option<std::net::SocketAddr>,
+        entry: &NodeId,
+        req: &http::Request<B>,
+        start: tokio::time::Instant,
+    ) -> Line {
+        let (method, uri, headers) = (req.method(), req.uri(), req.headers());
+        let host = uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                headers
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| "-".to_owned());
+        Line {
+            node: node.clone(),
+            role,
+            client,
+            entry: entry.clone(),
+            method: method.as_str().to_owned(),
+            host,
+            path: uri
+                .path_and_query()
+                .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
+            protocol: protocol(req.version()),
+            bytes_in: headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0),
+            routed: Routed::default(),
+            status: 0,
+            bytes_out: 0,
+            ttfb: Duration::ZERO,
+            start,
+        }
+    }
+
+    /// Writes the line (see the module doc), `duration_us` ending now.
+    pub(crate) fn write(&self) {
+        let r = &self.routed;
+        info!(
+            target: ACCESS,
+            node = %self.node,
+            request_id = %uuid::Uuid::from_u128(r.request_id),
+            role = self.role,
+            client = %self.client.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            entry = %self.entry,
+            owner = %r.owner.as_deref().unwrap_or("-"),
+            reason = r.reason,
+            rule = r.rule.map(|i| i as u64),
+            sticky = r.sticky,
+            key = r.key.as_deref(),
+            failover = r.failover,
+            retries = r.retries,
+            method = %self.method,
+            host = %self.host,
+            path = %self.path,
+            protocol = self.protocol,
+            status = self.status,
+            bytes_in = self.bytes_in,
+            bytes_out = self.bytes_out,
+            ttfb_us = self.ttfb.as_micros() as u64,
+            duration_us = self.start.elapsed().as_micros() as u64,
+            "request"
+        );
+    }
+}
+
+/// The protocol of a request as logged.
+fn protocol(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_11 => "HTTP/1.1",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "-",
+    }
+}
+
+/// A response body that counts its bytes and writes its request's access
+/// line when it ends (its last frame, an error, or dropped unfinished).
+struct LoggedBody {
+    inner: Body,
+    line: Line,
+    written: bool,
+}
+
+impl LoggedBody {
+    fn finish(&mut self) {
+        if !self.written {
+            self.written = true;
+            self.line.write();
+        }
+    }
+}
+
+impl Drop for LoggedBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl http_body::Body for LoggedBody {
+    type Data = bytes::Bytes;
+    type Error = crate::adapters::body::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let r = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            std::task::Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    this.line.bytes_out += d.len() as u64;
+                }
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
+            }
+            std::task::Poll::Ready(_) => this.finish(),
+            std::task::Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Sets `line`'s status and time to first byte from `resp` and writes it
+/// when `resp`'s body ends (at once for a body that is empty).
+pub(crate) fn log_when_done(resp: Response<Body>, mut line: Line) -> Response<Body> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    line.status = resp.status().as_u16();
+    line.ttfb = line.start.elapsed();
+    if resp.body().is_end_stream() {
+        line.write();
+        return resp;
+    }
+    resp.map(|inner| {
+        LoggedBody {
+            inner,
+            line,
+            written: false,
+        }
+        .boxed_unsync()
+    })
+}
+
+/// The status of an answer hyper gave before any request reached peerlb
+/// (a head that did not parse: 400; one past the read buffer: 431), from
+/// the connection's error; `None` for other errors. A head read timeout is
+/// not one: hyper closes the connection without an answer, and an idle
+/// keep-alive connection ends the same way (HAProxy's `dontlognull`: a
+/// connection that sent nothing is not logged).
+pub(crate) fn edge_status(e: &hyper::Error) -> Option<u16> {
+    if e.is_parse_too_large() {
+        Some(431)
+    } else if e.is_parse() {
+        Some(400)
+    } else {
+        None
+    }
+}
+
+/// Writes an `edge` line for an answer hyper gave on a connection from
+/// `client` (see [`edge_status`]).
+pub(crate) fn edge_line(node: &NodeId, client: std::net::SocketAddr, status: u16) {
+    let line = Line {
+        node: node.clone(),
+        role: "edge",
+        client: Some(client),
+        entry: node.clone(),
+        method: "-".to_owned(),
+        host: "-".to_owned(),
+        path: "-".to_owned(),
+        protocol: "HTTP/1.1",
+        bytes_in: 0,
+        routed: Routed {
+            reason: "edge",
+            ..Routed::default()
+        },
         status,
-        duration_us = duration.as_micros() as u64,
-        reason,
-        method = method.as_str(),
-        "request"
-    );
+        bytes_out: 0,
+        ttfb: Duration::ZERO,
+        start: tokio::time::Instant::now(),
+    };
+    line.write();
 }
 
 #[cfg(test)]

@@ -289,9 +289,6 @@ pub(crate) enum AdminError {
     /// A manager page form that is not one of the page's actions (400).
     #[error("bad manager form: {0}")]
     BadForm(String),
-    /// The metrics encoder refused a metric (500).
-    #[error("metrics could not be encoded")]
-    Metrics(std::fmt::Error),
 }
 
 /// Every error a node answers a client with: the input of
@@ -329,7 +326,6 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             }
             AdminError::Weight(WeightError::OutOfRange(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::Weight(WeightError::AllZero) => StatusCode::CONFLICT,
-            AdminError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
             AdminError::TlsReload(_) => StatusCode::UNPROCESSABLE_ENTITY,
             AdminError::State(
                 StateError::NotAState(_) | StateError::Body(_) | StateError::BadTimeout(_),

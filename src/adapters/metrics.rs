@@ -148,6 +148,9 @@ pub(crate) struct Metrics {
     pub(crate) rules_reload_failures: AtomicU64,
     /// This node's ring share for the view version it was computed for.
     ring_share: Mutex<Option<(u64, f64)>>,
+    /// When the process started, ms since the Unix epoch (the generation
+    /// id, [`Metrics::set_start_time_ms`]); 0 until set.
+    start_time_ms: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -162,11 +165,23 @@ impl Default for Metrics {
             rules_reloads: AtomicU64::new(0),
             rules_reload_failures: AtomicU64::new(0),
             ring_share: Mutex::new(None),
+            start_time_ms: AtomicU64::new(0),
         }
     }
 }
 
 impl Metrics {
+    /// Sets the process start time, ms since the Unix epoch (the node's
+    /// generation id, read from the wall clock when it was bound).
+    pub(crate) fn set_start_time_ms(&self, ms: u64) {
+        self.start_time_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The process start time, ms since the Unix epoch (0 until set).
+    pub(crate) fn start_time_ms(&self) -> u64 {
+        self.start_time_ms.load(Ordering::Relaxed)
+    }
+
     /// Records one client request's time to its response head.
     pub(crate) fn observe_request(&self, elapsed: Duration) {
         self.request_seconds.observe(elapsed);

@@ -272,6 +272,12 @@ impl Tunnels {
     /// Relays `a` and `b` as a tunnel of `role` (see [`relay`]), counted
     /// while it is open.
     pub(crate) async fn run(&self, role: Role, a: BoxIo, b: BoxIo) -> End {
+        self.run_counted(role, a, b).await.0
+    }
+
+    /// [`Tunnels::run`], with the bytes relayed each way: (why it ended,
+    /// `a` to `b`, `b` to `a`), for the tunnel's access line.
+    pub(crate) async fn run_counted(&self, role: Role, a: BoxIo, b: BoxIo) -> (End, u64, u64) {
         let i = role as usize;
         self.opened[i].fetch_add(1, Ordering::Relaxed);
         self.open[i].fetch_add(1, Ordering::Relaxed);
@@ -282,7 +288,7 @@ impl Tunnels {
             self.idle_closed.fetch_add(1, Ordering::Relaxed);
         }
         debug!(?role, ?end, a_to_b = ab, b_to_a = ba, "tunnel ended");
-        end
+        (end, ab, ba)
     }
 
     /// Open tunnels of `role`.

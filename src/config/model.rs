@@ -549,6 +549,12 @@ pub struct NodeSpec {
     /// none (the default) serves no SIP.
     #[serde(default)]
     pub sip_addr: Option<String>,
+    /// The node's metrics address (`ip:port`, TCP); none (the default)
+    /// serves the metrics on `admin_addr` only. Only `GET /metrics` (and
+    /// `GET /_peerlb/metrics`) answer there, so a scraper can reach the
+    /// metrics without reaching the admin API.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
     /// Relative weight; 100 is one share (default 100; 0 receives no keys).
     #[serde(default = "default_weight")]
     pub weight: u32,

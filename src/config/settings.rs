@@ -84,6 +84,9 @@ pub struct NodeAddrs {
     /// SIP address (`sip_addr`, UDP and TCP on the same port); `None`
     /// serves no SIP.
     pub sip_addr: Option<SocketAddr>,
+    /// Metrics address (`metrics_addr`, TCP): serves only the metrics;
+    /// `None` serves them on the admin address only.
+    pub metrics_addr: Option<SocketAddr>,
     /// Weight (100 = one share).
     pub weight: u32,
 }

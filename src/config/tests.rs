@@ -782,4 +782,46 @@ fn the_shared_sip_address_is_validated_and_reaches_the_node_config() {
     }
 }
 
+#[test]
+fn metrics_addr_is_optional_and_its_clashes_name_the_field() {
+    let c = validate(ONE, "n1").unwrap();
+    assert_eq!(c.node.metrics_addr, None);
+    let c = validate(&format!("{ONE}metrics_addr = \"127.0.0.1:9100\"\n"), "n1").unwrap();
+    assert_eq!(c.node.metrics_addr, Some("127.0.0.1:9100".parse().unwrap()));
+    let two = |m1: &str, m2: &str| {
+        format!(
+            "{ONE}admin_addr = \"127.0.0.1:8\"\nmetrics_addr = \"{m1}\"\n[[nodes]]\nid = \"n2\"\nhttp_addr = \"127.0.0.1:4\"\npeer_addr = \"127.0.0.1:5\"\ngossip_addr = \"127.0.0.1:6\"\nadmin_addr = \"127.0.0.1:9\"\nmetrics_addr = \"{m2}\"\n"
+        )
+    };
+    for (text, says) in [
+        (
+            two("127.0.0.1:1", "127.0.0.1:10"),
+            "nodes[0].metrics_addr: 127.0.0.1:1 is also this node's http_addr",
+        ),
+        (
+            two("127.0.0.1:8", "127.0.0.1:10"),
+            "nodes[0].metrics_addr: 127.0.0.1:8 is also this node's admin_addr",
+        ),
+        (
+            two("127.0.0.1:10", "127.0.0.1:10"),
+            "nodes[1].metrics_addr: 127.0.0.1:10 is also used by nodes[0]",
+        ),
+        (
+            two("127.0.0.1:9", "127.0.0.1:10"),
+            "nodes[1].admin_addr: 127.0.0.1:9 is also nodes[0].metrics_addr",
+        ),
+        (
+            two("127.0.0.1:0", "127.0.0.1:10"),
+            "nodes[0].metrics_addr: 127.0.0.1:0: port 0",
+        ),
+        (
+            two("nowhere", "127.0.0.1:10"),
+            "nodes[0].metrics_addr: \"nowhere\"",
+        ),
+    ] {
+        let e = validate(&text, "n1").unwrap_err().to_string();
+        assert!(e.contains(says), "{e}\nwanted {says}");
+    }
+}
+
 mod bind;

@@ -250,6 +250,11 @@ impl ClusterFile {
                     .as_deref()
                     .map(|s| parse_addr(s).map_err(|m| inv(&f("sip_addr"), m)))
                     .transpose()?,
+                metrics_addr: n
+                    .metrics_addr
+                    .as_deref()
+                    .map(|s| parse_addr(s).map_err(|m| inv(&f("metrics_addr"), m)))
+                    .transpose()?,
                 weight: n.weight,
             };
             if n.weight > MAX_WEIGHT {
@@ -504,6 +509,7 @@ impl ClusterFile {
                     admin_addr: admin_or_default(admin, http_addr)
                         .map_err(|m| inv("--admin-addr", m))?,
                     sip_addr: None,
+                    metrics_addr: None,
                     weight: ov.weight.unwrap_or(100),
                 };
                 nodes.push(n.clone());
@@ -819,6 +825,28 @@ fn shared_sip_problem(a: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// The rules of one node's `metrics_addr`: a port, and apart from the
+/// node's other TCP addresses (`http_addr`, `admin_addr`, `sip_addr`).
+fn metrics_addr_problem(a: &NodeAddrs) -> Option<(&'static str, String)> {
+    let m = a.metrics_addr?;
+    if m.port() == 0 {
+        return Some(("metrics_addr", format!("{m}: port 0 cannot be scraped")));
+    }
+    [
+        ("http_addr", Some(a.http_addr)),
+        ("admin_addr", Some(a.admin_addr)),
+        ("sip_addr", a.sip_addr),
+    ]
+    .into_iter()
+    .find(|(_, x)| *x == Some(m))
+    .map(|(k, _)| {
+        (
+            "metrics_addr",
+            format!("{m} is also this node's {k}; the metrics need their own address"),
+        )
+    })
+}
+
 /// The first node of `nodes` with an address equal to `a` (index, field).
 fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'static str)> {
     nodes.iter().enumerate().find_map(|(i, n)| {
@@ -828,6 +856,7 @@ fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'static str)> 
             ("gossip_addr", Some(n.gossip_addr)),
             ("admin_addr", Some(n.admin_addr)),
             ("sip_addr", n.sip_addr),
+            ("metrics_addr", n.metrics_addr),
         ]
         .into_iter()
         .find(|(_, x)| *x == Some(a))
@@ -946,6 +975,7 @@ impl NodeIndex {
             Some(a.gossip_addr),
             Some(a.admin_addr),
             a.sip_addr,
+            a.metrics_addr,
         ]
         .into_iter()
         .flatten()
@@ -1041,6 +1071,9 @@ fn addr_problem<'a>(
             }
         }
     }
+    if let Some(problem) = metrics_addr_problem(a) {
+        return Some(problem);
+    }
     if a.peer_addr == a.gossip_addr {
         return Some((
             "gossip_addr",
@@ -1067,6 +1100,35 @@ fn addr_problem<'a>(
                 "http_addr",
                 format!("{} is also used by nodes[{j}]", a.http_addr),
             ));
+        }
+        // A metrics address is TCP like the admin address: a loopback (or
+        // wildcard) one clashes only with a node that may share the host.
+        if let Some(m) = a.metrics_addr {
+            let local = m.ip().is_loopback() || m.ip().is_unspecified();
+            if (!local || may_share_host(a, other))
+                && [
+                    Some(other.http_addr),
+                    Some(other.admin_addr),
+                    other.sip_addr,
+                    other.metrics_addr,
+                ]
+                .contains(&Some(m))
+            {
+                return Some(("metrics_addr", format!("{m} is also used by nodes[{j}]")));
+            }
+        }
+        if let Some(m) = other.metrics_addr
+            && let Some((k, mine)) = [
+                ("http_addr", Some(a.http_addr)),
+                ("admin_addr", Some(a.admin_addr)),
+                ("sip_addr", a.sip_addr),
+            ]
+            .into_iter()
+            .find(|(_, x)| *x == Some(m))
+            && (!(m.ip().is_loopback() || m.ip().is_unspecified()) || may_share_host(a, other))
+        {
+            let mine = mine.expect("found by equality with Some");
+            return Some((k, format!("{mine} is also nodes[{j}].metrics_addr")));
         }
         // Admin addresses are TCP like http_addr; a loopback (or wildcard)
         // one clashes only with a node that may share the host.
@@ -1145,7 +1207,7 @@ mod node_index_tests {
         #[test]
         fn the_index_finds_the_same_first_clash_as_every_pair(
             nodes in proptest::collection::vec(
-                (0u8..3, proptest::collection::vec(1u16..7, 5), any::<bool>(), 0u8..4),
+                (0u8..3, proptest::collection::vec(1u16..7, 6), any::<bool>(), 0u8..4),
                 1..14,
             ),
         ) {
@@ -1160,6 +1222,7 @@ mod node_index_tests {
                     gossip_addr: addr(ip, p[2]),
                     admin_addr: addr(ip + case, p[3]),
                     sip_addr: sip.then(|| addr(ip, p[4])),
+                    metrics_addr: (case >= 2).then(|| addr(ip, p[5])),
                     weight: 100,
                 })
                 .collect();

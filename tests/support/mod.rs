@@ -116,6 +116,9 @@ pub struct NodeInfo {
     /// The node's SIP address (`sip_addr`, UDP and TCP); only in a
     /// cluster started with [`Cluster::start_sip`].
     pub sip: Option<SocketAddr>,
+    /// The node's metrics address (`metrics_addr`); only in a cluster
+    /// started with [`Cluster::start_metrics`].
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Client address -> admin address of every node a [`Cluster`] of this
@@ -133,7 +136,7 @@ pub fn admin_of(http: SocketAddr) -> SocketAddr {
     peerlb::config::default_admin_addr(http).expect("a client port under 64536")
 }
 
-/// Which SIP listeners a [`Cluster`]'s nodes have.
+/// Which extra listeners a [`Cluster`]'s nodes have (SIP, metrics).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Sip {
     /// None.
@@ -142,6 +145,9 @@ enum Sip {
     Own,
     /// Each its own `sip_addr` and the shared SIP address.
     Shared,
+    /// No SIP; each node its own `metrics_addr` (another TCP listener
+    /// written into the `[[nodes]]` entry, as `sip_addr` is).
+    Metrics,
 }
 
 /// A cluster of real `peerlb node` processes.
@@ -210,6 +216,21 @@ impl Cluster {
         Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, Sip::Shared)
     }
 
+    /// Like [`Cluster::start`], every node with a `metrics_addr` too
+    /// ([`NodeInfo::metrics`]).
+    pub fn start_metrics(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
+        Self::start_full(
+            tag,
+            n,
+            extra_head,
+            extra_tail,
+            false,
+            &[],
+            PHI,
+            Sip::Metrics,
+        )
+    }
+
     /// Like [`Cluster::start`] with gossip's phi threshold `phi` instead of
     /// [`PHI`]: a test that must keep a silent member in the views for a
     /// while (it lets a node die, or cuts its gossip) sets it high and
@@ -237,7 +258,9 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-                sip: (sip != Sip::No)
+                sip: matches!(sip, Sip::Own | Sip::Shared)
+                    .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+                metrics: (sip == Sip::Metrics)
                     .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             })
             .collect();
@@ -255,6 +278,9 @@ impl Cluster {
             );
             if let Some(sip) = node.sip {
                 text.insert_str(text.len() - 1, &format!("sip_addr = \"{sip}\"\n"));
+            }
+            if let Some(m) = node.metrics {
+                text.insert_str(text.len() - 1, &format!("metrics_addr = \"{m}\"\n"));
             }
         }
         text += extra_tail;
@@ -391,7 +417,11 @@ impl Cluster {
         use socket2::{Domain, Socket, Type};
         let node = self.node(id).clone();
         let mut held = Vec::new();
-        for addr in [node.http, node.admin].into_iter().chain(node.sip) {
+        for addr in [node.http, node.admin]
+            .into_iter()
+            .chain(node.sip)
+            .chain(node.metrics)
+        {
             let Ok(s) = Socket::new(Domain::for_address(addr), Type::STREAM, None) else {
                 continue;
             };

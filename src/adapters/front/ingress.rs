@@ -123,6 +123,19 @@ impl Ingress {
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Response<Body> {
+        // The access line, taken as the request arrived (only when the
+        // access log is on: nothing is copied otherwise).
+        let mut line = crate::adapters::access::enabled().then(|| {
+            let me = self.state.node_id();
+            crate::adapters::access::Line::of(
+                me,
+                "edge",
+                Some(conn.client),
+                me,
+                &req,
+                tokio::time::Instant::now(),
+            )
+        });
         // An HTTP/2 WebSocket (RFC 8441): the HTTP/1.1 handshake from here
         // on, and what its answer must carry.
         let mut h2_websocket = None;
@@ -180,7 +193,11 @@ impl Ingress {
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 let start = tokio::time::Instant::now();
-                let mut resp = match self.forwarder.route_and_serve(req, &conn).await {
+                let routed = line.as_mut().map(|l| {
+                    l.role = "entry";
+                    &mut l.routed
+                });
+                let mut resp = match self.forwarder.route_and_serve(req, &conn, routed).await {
                     Ok((resp, guard)) => track_body(resp, guard, inflight),
                     Err(answer) => answer,
                 };
@@ -201,7 +218,20 @@ impl Ingress {
                         let app = resp.extensions_mut().remove::<Tunnel>();
                         match (upgrade.take(), app) {
                             (Some((client_side, hold)), Some(app)) => {
-                                self.open_tunnel(client_side, hold.map(|h| h.hold()), app)
+                                // The tunnel's access line is written when
+                                // it closes, with the bytes it relayed.
+                                let tunnel_line = line.take().map(|mut l| {
+                                    l.status = resp.status().as_u16();
+                                    l.ttfb = l.start.elapsed();
+                                    l.role = "tunnel";
+                                    l
+                                });
+                                self.open_tunnel(
+                                    client_side,
+                                    hold.map(|h| h.hold()),
+                                    app,
+                                    tunnel_line,
+                                )
                             }
                             // Cannot happen (an app's 101 to a request that
                             // asked for no upgrade is refused where it is
@@ -236,7 +266,10 @@ impl Ingress {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        resp
+        match line {
+            Some(line) if !admin_path => crate::adapters::access::log_when_done(resp, line),
+            _ => resp,
+        }
     }
 }
 
@@ -244,12 +277,15 @@ impl Ingress {
     /// Relays the client's connection (once hyper has written the 101 and
     /// handed it over; on HTTP/2, the stream once the 200 is written) and
     /// the owner's side `app` as a tunnel, in a task of its own, which
-    /// keeps `hold` on an HTTP/2 client connection until the tunnel ends.
+    /// keeps `hold` on an HTTP/2 client connection until the tunnel ends;
+    /// then writes its access `line` (if the log is on) with the bytes
+    /// relayed: `bytes_in` client to app, `bytes_out` app to client.
     fn open_tunnel(
         &self,
         client_side: hyper::upgrade::OnUpgrade,
         hold: Option<server::Held>,
         app: Tunnel,
+        line: Option<crate::adapters::access::Line>,
     ) {
         let state = self.state.clone();
         tokio::spawn(async move {
@@ -258,6 +294,9 @@ impl Ingress {
                 Ok(u) => Box::new(hyper_util::rt::TokioIo::new(u)) as tunnel::BoxIo,
                 Err(e) => {
                     tracing::debug!(target: crate::adapters::REQUEST_PATH, error = %e, "client connection not upgraded: tunnel dropped");
+                    if let Some(l) = &line {
+                        l.write();
+                    }
                     return;
                 }
             };
@@ -265,10 +304,21 @@ impl Ingress {
                 Ok(io) => io,
                 Err(e) => {
                     tracing::debug!(target: crate::adapters::REQUEST_PATH, error = %e, "owner side of a tunnel failed");
+                    if let Some(l) = &line {
+                        l.write();
+                    }
                     return;
                 }
             };
-            state.tunnels.run(Role::Entry, client_io, app_io).await;
+            let (_, up, down) = state
+                .tunnels
+                .run_counted(Role::Entry, client_io, app_io)
+                .await;
+            if let Some(mut line) = line {
+                line.bytes_in = up;
+                line.bytes_out = down;
+                line.write();
+            }
         });
     }
 }
@@ -284,6 +334,10 @@ impl server::Handler for Ingress {
 
     fn header_read_timeout(&self) -> Duration {
         self.settings.header_read_timeout
+    }
+
+    fn edge_answer(&self, client: std::net::SocketAddr, status: u16) {
+        crate::adapters::access::edge_line(self.state.node_id(), client, status);
     }
 
     fn send_timeout(&self) -> Duration {

@@ -63,6 +63,12 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn h2_max_concurrent_streams(&self) -> u32 {
         100
     }
+    /// Writes the access line of an answer hyper gave itself on an
+    /// HTTP/1.1 connection from `client` (400, 408, 431: `access::edge_status`).
+    /// Nothing by default (the admin listener).
+    fn edge_answer(&self, client: std::net::SocketAddr, status: u16) {
+        let _ = (client, status);
+    }
     /// Counts an HTTP/2 connection (default: not counted).
     fn h2_connection(&self) {}
     /// Counts an HTTP/2 connection closed for a rapid-reset flood
@@ -384,6 +390,7 @@ async fn serve_h1<H, I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = ingress.header_read_timeout();
+    let edge = (ingress.clone(), info.client);
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
         // Busy from its head until its response body is written.
@@ -423,6 +430,11 @@ async fn serve_h1<H, I>(
         }
     };
     if let Err(e) = r {
+        if crate::adapters::access::enabled()
+            && let Some(status) = crate::adapters::access::edge_status(&e)
+        {
+            edge.0.edge_answer(edge.1, status);
+        }
         debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");
     }
 }

@@ -125,7 +125,7 @@ pub(crate) async fn answer(state: &NodeState, req: Request<Incoming>) -> Respons
         (&http::Method::GET, crate::adapters::ops::metrics_page::PATH)
             if crate::adapters::ops::admin::browser::check_admin_browser(req.headers()).is_ok() =>
         {
-            return crate::adapters::ops::metrics_page::answer(state);
+            return crate::adapters::ops::metrics_page::answer(state, req.headers());
         }
         _ => {}
     }

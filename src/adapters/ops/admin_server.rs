@@ -3,6 +3,11 @@
 //! path outside `/_peerlb/`). Like Envoy's admin address or HAProxy's
 //! stats socket, it is apart from the client ports: what can reach
 //! `admin_addr` (loopback by default) is what protects the API.
+//!
+//! The same server, made with [`AdminServer::metrics_only`], serves the
+//! node's `metrics_addr`: `GET /metrics` and `GET /_peerlb/metrics` answer
+//! the metrics page, every other request 404, so a scraper reaches the
+//! metrics and nothing of the admin API.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -32,7 +37,12 @@ pub(crate) struct AdminServer {
     connections: AtomicU64,
     /// The admin connections (no per-source cap: loopback only).
     conns: Arc<crate::adapters::http::ConnTable>,
+    /// Serves only the metrics (the `metrics_addr` listener).
+    metrics_only: bool,
 }
+
+/// The path a scraper asks for by default, answered on `metrics_addr`.
+pub(crate) const METRICS_PATH: &str = "/metrics";
 
 /// Most admin connections open at once: operators and scrapers, not
 /// clients; the cap keeps a runaway script from taking file descriptors
@@ -56,10 +66,34 @@ impl AdminServer {
                 ADMIN_MAX_CONNECTIONS,
                 ADMIN_MAX_CONNECTIONS,
             ),
+            metrics_only: false,
+        }
+    }
+
+    /// A server of `state`'s metrics only (the `metrics_addr` listener),
+    /// with the admin server's timeouts and connection cap.
+    pub(crate) fn metrics_only(
+        state: Arc<NodeState>,
+        header_read_timeout: Duration,
+        send_timeout: Duration,
+    ) -> AdminServer {
+        AdminServer {
+            metrics_only: true,
+            ..AdminServer::new(state, header_read_timeout, send_timeout)
         }
     }
 
     async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
+        if self.metrics_only {
+            let path = req.uri().path();
+            return if req.method() == http::Method::GET
+                && (path == METRICS_PATH || path == crate::adapters::ops::metrics_page::PATH)
+            {
+                crate::adapters::ops::metrics_page::answer(&self.state, req.headers())
+            } else {
+                error_response(&AdminError::UnknownPath.into(), self.state.node_id())
+            };
+        }
         if admin::is_admin(req.uri().path()) {
             admin::answer(&self.state, req).await
         } else {

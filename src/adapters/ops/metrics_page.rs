@@ -1,5 +1,16 @@
-//! Prometheus metrics of one node, answered at `GET /_peerlb/metrics` in the
-//! Prometheus text exposition format (version 0.0.4) by `prometheus-client`.
+//! Prometheus metrics of one node, answered at `GET /_peerlb/metrics` (and
+//! at `GET /metrics` on the node's `metrics_addr`, when it has one).
+//!
+//! **Formats.** The Prometheus text format 0.0.4 by default, written so
+//! its parser reads every type: `# TYPE` names the sample of a counter
+//! (`# TYPE peerlb_requests_total counter`), no `# EOF`. A scraper whose
+//! `Accept` names `application/openmetrics-text` (Prometheus does) gets
+//! OpenMetrics 1.0.0 instead: `# TYPE` names the family
+//! (`# TYPE peerlb_requests counter`, sample `peerlb_requests_total`) and
+//! the exposition ends with `# EOF`. Every family keeps its type whether it
+//! has samples or not, so a family's type is the same on every scrape.
+//! Counters and integer gauges are printed as exact integers. The encoder
+//! is this module's own (`prometheus-client` writes OpenMetrics only).
 //!
 //! The hot path pays only relaxed atomic adds, no lock and no allocation:
 //! two histogram observations per forwarded request (the whole request at
@@ -51,7 +62,10 @@
 //! | `peerlb_gossip_messages_sent_total{kind}` | counter | gossip messages sent: `syn` (an exchange this node starts; a round starts one per peer it picks), `synack`, `ack`, `other` |
 //! | `peerlb_gossip_received_datagrams_total` | counter | gossip datagrams authenticated, in bounds and handed to chitchat |
 //! | `peerlb_gossip_dropped_datagrams_total{reason}` | counter | gossip datagrams dropped: `unauthenticated`, `out_of_bounds` (malformed or breaking a bound), `oversize`, `codec_busy` |
-//! | `peerlb_view_version` | gauge | version of this node's membership view (changes when the ring changes) |
+//! | `peerlb_view_version` | gauge | version of this node's membership view (a checksum that changes when the ring changes), printed as the exact integer |
+//! | `peerlb_view_info{version}` | gauge | always 1; the view version as a label, exact after Prometheus stores it (its samples are 64-bit floats, which round a checksum) |
+//! | `peerlb_build_info{version,commit}` | gauge | always 1; the crate version and the commit (`PEERLB_COMMIT` in the build's environment, else `unknown`) |
+//! | `peerlb_process_start_time_seconds` | gauge | when the node's process started, seconds since the Unix epoch (its generation id / 1000) |
 //! | `peerlb_ring_share_ratio` | gauge | share of the ring's slots this node owns, `0..=1` |
 //! | `peerlb_weight` | gauge | the weight this node publishes now (its ring weight; a slow start's step) |
 //! | `peerlb_target_weight` | gauge | the weight it ramps to and publishes once a slow start is over |
@@ -70,16 +84,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::{HeaderValue, Response, StatusCode, header};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
+
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
 use crate::adapters::body::{self, Body};
-use crate::adapters::errors::{AdminError, error_response};
 use crate::adapters::metrics::{FIRST_CODE, HistogramSnapshot};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::tunnel::Role;
@@ -88,52 +97,115 @@ use crate::engine::membership::NodeStatus;
 /// `GET /_peerlb/metrics`.
 pub(crate) const PATH: &str = "/_peerlb/metrics";
 
-/// The content type of the text exposition format.
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of the Prometheus text format (version 0.0.4).
+const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Answers `GET /_peerlb/metrics`: 200 with the text exposition; 500
-/// ([`AdminError::Metrics`]) if the encoder refuses a metric.
-pub(crate) fn answer(state: &NodeState) -> Response<Body> {
-    match render(state) {
-        Ok(text) => {
-            let mut r = Response::new(body::full(text));
-            *r.status_mut() = StatusCode::OK;
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-            r
+/// The content type of OpenMetrics (version 1.0.0).
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The two expositions a scrape can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// The Prometheus text format 0.0.4: `# TYPE` names the sample
+    /// (`peerlb_requests_total counter`), no `# EOF`. The default.
+    Text,
+    /// OpenMetrics 1.0.0: `# TYPE` names the family (`peerlb_requests
+    /// counter`, its sample `peerlb_requests_total`), ends with `# EOF`.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format a scraper's `Accept` headers ask for: OpenMetrics when
+    /// one of them names `application/openmetrics-text` with a quality
+    /// above 0 (Prometheus sends it first since 2.5); the text format
+    /// otherwise, as Prometheus' own client libraries answer.
+    pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
+        let wants = headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|range| {
+                let mut parts = range.split(';').map(str::trim);
+                parts
+                    .next()
+                    .is_some_and(|m| m.eq_ignore_ascii_case("application/openmetrics-text"))
+                    && !parts.any(|p| {
+                        p.strip_prefix("q=")
+                            .and_then(|q| q.parse::<f64>().ok())
+                            .is_some_and(|q| q <= 0.0)
+                    })
+            });
+        if wants {
+            Format::OpenMetrics
+        } else {
+            Format::Text
         }
-        Err(e) => error_response(&AdminError::Metrics(e).into(), state.node_id()),
+    }
+
+    /// The `Content-Type` of an exposition in this format.
+    pub(crate) fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => TEXT,
+            Format::OpenMetrics => OPENMETRICS,
+        }
     }
 }
 
-/// The text exposition of `state`'s metrics now.
-///
-/// # Errors
-/// [`std::fmt::Error`] when the encoder refuses a metric (it does not for
-/// the classic histograms and constant metrics used here).
-pub(crate) fn render(state: &NodeState) -> Result<String, std::fmt::Error> {
-    let mut registry = Registry::with_prefix("peerlb");
-    registry.register_collector(Box::new(Snapshot::of(state)));
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &registry)?;
-    Ok(out)
+/// Answers `GET /_peerlb/metrics` (and `GET /metrics` on `metrics_addr`):
+/// 200 with the exposition in the format `headers` ask for
+/// ([`Format::negotiate`]).
+pub(crate) fn answer(state: &NodeState, headers: &HeaderMap) -> Response<Body> {
+    let format = Format::negotiate(headers);
+    let mut r = Response::new(body::full(render(state, format)));
+    *r.status_mut() = StatusCode::OK;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    r
 }
 
-/// One sample's value: counters are integers, gauges reals.
+/// The exposition of `state`'s metrics now, in `format`.
+pub(crate) fn render(state: &NodeState, format: Format) -> String {
+    Snapshot::of(state).encode(format)
+}
+
+/// What a family's samples count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One sample's value: counters and integer gauges are printed as the
+/// integers they are (a `u64` is not rounded to a float's 53 bits in the
+/// text), real gauges as the shortest decimal that reads back the same.
 #[derive(Debug, Clone, Copy)]
 enum Value {
     Counter(u64),
     Gauge(f64),
+    IntGauge(u64),
 }
 
-/// One metric family: its samples, each with its label value (`None`:
-/// the family has no label).
+impl Value {
+    fn kind(self) -> Kind {
+        match self {
+            Value::Counter(_) => Kind::Counter,
+            Value::Gauge(_) | Value::IntGauge(_) => Kind::Gauge,
+        }
+    }
+}
+
+/// One metric family: its type (fixed, whether it has samples or not),
+/// its label names and its samples, each with one value per label name.
 #[derive(Debug)]
 struct Family {
     name: &'static str,
     help: &'static str,
-    label: Option<&'static str>,
-    samples: Vec<(Option<String>, Value)>,
+    kind: Kind,
+    labels: &'static [&'static str],
+    samples: Vec<(Vec<String>, Value)>,
 }
 
 impl Family {
@@ -141,30 +213,49 @@ impl Family {
         Family {
             name,
             help,
-            label: None,
-            samples: vec![(None, v)],
+            kind: v.kind(),
+            labels: &[],
+            samples: vec![(Vec::new(), v)],
         }
     }
 
+    /// A family with one label, typed `kind` even with no sample yet (a
+    /// scraper sees the same type on every scrape).
     fn labelled(
         name: &'static str,
         help: &'static str,
-        label: &'static str,
+        kind: Kind,
+        label: &'static [&'static str; 1],
         samples: impl IntoIterator<Item = (String, Value)>,
     ) -> Family {
+        let samples: Vec<(Vec<String>, Value)> =
+            samples.into_iter().map(|(l, v)| (vec![l], v)).collect();
+        debug_assert!(samples.iter().all(|(_, v)| v.kind() == kind), "{name}");
         Family {
             name,
             help,
-            label: Some(label),
-            samples: samples.into_iter().map(|(l, v)| (Some(l), v)).collect(),
+            kind,
+            labels: label,
+            samples,
         }
     }
+}
 
-    fn metric_type(&self) -> MetricType {
-        match self.samples.first() {
-            Some((_, Value::Counter(_))) => MetricType::Counter,
-            _ => MetricType::Gauge,
-        }
+/// `peerlb_build_info{version,commit}`: the crate version and the commit
+/// it was built from (`PEERLB_COMMIT` at build time, else `unknown`).
+fn build_info() -> Family {
+    Family {
+        name: "build_info",
+        help: "The build of this node: crate version and commit (PEERLB_COMMIT at build time), always 1",
+        kind: Kind::Gauge,
+        labels: &["version", "commit"],
+        samples: vec![(
+            vec![
+                env!("CARGO_PKG_VERSION").to_owned(),
+                option_env!("PEERLB_COMMIT").unwrap_or("unknown").to_owned(),
+            ],
+            Value::IntGauge(1),
+        )],
     }
 }
 
@@ -178,7 +269,7 @@ struct Snapshot {
 
 impl Snapshot {
     fn of(state: &NodeState) -> Snapshot {
-        use Value::{Counter, Gauge};
+        use Value::{Counter, Gauge, IntGauge};
         let c = &state.counters;
         let m = &state.metrics;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -219,6 +310,12 @@ impl Snapshot {
             .map(|(id, r)| (id.to_string(), r.state))
             .collect();
         let families = vec![
+            build_info(),
+            Family::one(
+                "process_start_time_seconds",
+                "When this node's process started, in seconds since the Unix epoch",
+                Gauge(m.start_time_ms() as f64 / 1000.0),
+            ),
             Family::one(
                 "requests",
                 "Client requests received (admin requests excluded)",
@@ -227,13 +324,15 @@ impl Snapshot {
             Family::labelled(
                 "responses",
                 "Client requests answered by this entry, by status code",
-                "code",
+                Kind::Counter,
+                &["code"],
                 responses,
             ),
             Family::labelled(
                 "requests_by_owner",
                 "Client requests answered by this entry, by the node that served them (the decision's owner when it failed)",
-                "owner",
+                Kind::Counter,
+                &["owner"],
                 by_owner,
             ),
             Family::one(
@@ -334,7 +433,8 @@ impl Snapshot {
             Family::labelled(
                 "connections_closed_before_http",
                 "Client connections closed before HTTP, by reason",
-                "reason",
+                Kind::Counter,
+                &["reason"],
                 [
                     (
                         "proxy_header".to_owned(),
@@ -349,7 +449,8 @@ impl Snapshot {
             Family::labelled(
                 "tls_reloads",
                 "Certificate reloads of the HTTPS listeners, by result (error: the old certificates stayed)",
-                "result",
+                Kind::Counter,
+                &["result"],
                 [
                     ("ok".to_owned(), Counter(get(&c.tls_reloads))),
                     ("error".to_owned(), Counter(get(&c.tls_reload_failures))),
@@ -378,7 +479,8 @@ impl Snapshot {
             Family::labelled(
                 "peer_connections_by_state",
                 "Open QUIC connections to peers by state (busy: streams open or recently; idle; retired: another connection won)",
-                "state",
+                Kind::Gauge,
+                &["state"],
                 [
                     ("busy".to_owned(), Gauge(links.busy as f64)),
                     ("idle".to_owned(), Gauge(links.idle as f64)),
@@ -388,7 +490,8 @@ impl Snapshot {
             Family::labelled(
                 "peers",
                 "Peers by state (up: routable; down: ejected or not yet connected)",
-                "state",
+                Kind::Gauge,
+                &["state"],
                 [
                     ("up".to_owned(), Gauge(links.peers_up as f64)),
                     ("down".to_owned(), Gauge(links.peers_down as f64)),
@@ -402,13 +505,15 @@ impl Snapshot {
             Family::labelled(
                 "members",
                 "Members in this node's view by status",
-                "status",
+                Kind::Gauge,
+                &["status"],
                 members.map(|(st, n)| (st.as_str().to_owned(), Gauge(n as f64))),
             ),
             Family::labelled(
                 "gossip_messages_sent",
                 "Gossip messages sent by kind (syn: an exchange this node starts, one per peer a round picks)",
-                "kind",
+                Kind::Counter,
+                &["kind"],
                 crate::adapters::cluster::keyring::GossipCounters::SENT_KINDS
                     .iter()
                     .zip(&g.sent)
@@ -422,7 +527,8 @@ impl Snapshot {
             Family::labelled(
                 "gossip_dropped_datagrams",
                 "Gossip datagrams dropped, by reason",
-                "reason",
+                Kind::Counter,
+                &["reason"],
                 [
                     ("unauthenticated", get(&g.unauthenticated)),
                     ("out_of_bounds", get(&g.out_of_bounds)),
@@ -433,8 +539,15 @@ impl Snapshot {
             ),
             Family::one(
                 "view_version",
-                "Version of this node's membership view",
-                Gauge(view.version() as f64),
+                "Version of this node's membership view (a checksum: compare it across nodes, do not add it)",
+                IntGauge(view.version()),
+            ),
+            Family::labelled(
+                "view_info",
+                "This node's membership view version as a label (exact in Prometheus, whose samples are floats), always 1",
+                Kind::Gauge,
+                &["version"],
+                [(view.version().to_string(), IntGauge(1))],
             ),
             Family::one(
                 "ring_share_ratio",
@@ -464,25 +577,29 @@ impl Snapshot {
             Family::labelled(
                 "member_weight",
                 "Each member's published weight",
-                "node",
+                Kind::Gauge,
+                &["node"],
                 per_member(|mb| f64::from(mb.weight)),
             ),
             Family::labelled(
                 "member_load",
                 "Each member's published load figure (0 to 100, 100 idle; 255 none)",
-                "node",
+                Kind::Gauge,
+                &["node"],
                 per_member(|mb| f64::from(mb.load)),
             ),
             Family::labelled(
                 "member_inflight",
                 "Each member's published requests in flight",
-                "node",
+                Kind::Gauge,
+                &["node"],
                 per_member(|mb| f64::from(mb.inflight)),
             ),
             Family::labelled(
                 "member_up",
                 "Each member this node has known: 1 in its view, 0 failed, left or never seen",
-                "member",
+                Kind::Gauge,
+                &["member"],
                 roster.iter().map(|(id, st)| {
                     let up = *st == crate::adapters::cluster::roster::MemberState::Alive;
                     (id.clone(), Gauge(if up { 1.0 } else { 0.0 }))
@@ -491,7 +608,8 @@ impl Snapshot {
             Family::labelled(
                 "member_state",
                 "Each member this node has known: 0 alive, 1 failed, 2 left, 3 never seen",
-                "member",
+                Kind::Gauge,
+                &["member"],
                 roster
                     .iter()
                     .map(|(id, st)| (id.clone(), Gauge(f64::from(st.code())))),
@@ -499,7 +617,8 @@ impl Snapshot {
             Family::labelled(
                 "lbstatus",
                 "weighted-round-robin: each node's lbstatus at this entry (mod_proxy_balancer byrequests)",
-                "node",
+                Kind::Gauge,
+                &["node"],
                 lbstatus
                     .into_iter()
                     .map(|(id, v)| (id.to_string(), Gauge(v as f64))),
@@ -507,7 +626,8 @@ impl Snapshot {
             Family::labelled(
                 "by_traffic_bytes",
                 "by-traffic: the bytes this entry counted per node (mod_proxy_balancer bytraffic)",
-                "node",
+                Kind::Gauge,
+                &["node"],
                 traffic
                     .into_iter()
                     .map(|(id, v)| (id.to_string(), Gauge(v as f64))),
@@ -515,7 +635,8 @@ impl Snapshot {
             Family::labelled(
                 "rules_reloads",
                 "Rules reloads, by result (error: the old rules stayed in force)",
-                "result",
+                Kind::Counter,
+                &["result"],
                 [
                     ("ok".to_owned(), Counter(get(&m.rules_reloads))),
                     ("error".to_owned(), Counter(get(&m.rules_reload_failures))),
@@ -540,38 +661,154 @@ impl Snapshot {
     }
 }
 
-/// Encodes one sample.
-fn encode_value(v: Value, e: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
-    match v {
-        Value::Counter(n) => ConstCounter::new(n).encode(e),
-        Value::Gauge(x) => ConstGauge::new(x).encode(e),
+/// `x` as the exposition writes a float: `+Inf`, `-Inf`, `NaN`, or the
+/// shortest decimal that reads back as `x` (an integer keeps `.0` in
+/// OpenMetrics, whose canonical `le` values have it).
+fn float(out: &mut String, x: f64, format: Format) {
+    if x.is_nan() {
+        out.push_str("NaN");
+    } else if x.is_infinite() {
+        out.push_str(if x > 0.0 { "+Inf" } else { "-Inf" });
+    } else if format == Format::OpenMetrics && x.fract() == 0.0 && x.abs() < 1e15 {
+        let _ = write!(out, "{x:.1}");
+    } else {
+        let _ = write!(out, "{x}");
     }
 }
 
-impl Collector for Snapshot {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, h) in &self.histograms {
-            let mut e = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
-            e.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                h.sum, h.count, &h.buckets, None,
-            )?;
+/// `s` escaped as a label value (`\\`, `\"`, `\n`: both formats).
+fn label_value(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
         }
-        for f in &self.families {
-            let mut family = encoder.encode_descriptor(f.name, f.help, None, f.metric_type())?;
-            match f.label {
-                None => {
-                    if let Some((_, v)) = f.samples.first() {
-                        encode_value(*v, family)?;
-                    }
-                }
-                Some(key) => {
-                    for (value, v) in &f.samples {
-                        let value = value.as_deref().unwrap_or_default();
-                        encode_value(*v, family.encode_family(&[(key, value)])?)?;
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 }
+
+/// `s` escaped as `# HELP` text: `\\` and `\n`, and `\"` in OpenMetrics.
+fn help_text(out: &mut String, s: &str, format: Format) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if format == Format::OpenMetrics => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+}
+
+/// `# HELP` and `# TYPE` of the family named `name` in the exposition.
+fn descriptor(out: &mut String, name: &str, help: &str, kind: &str, format: Format) {
+    let _ = write!(out, "# HELP {name} ");
+    help_text(out, help, format);
+    let _ = writeln!(out, "\n# TYPE {name} {kind}");
+}
+
+/// One sample line: `name{labels} value`.
+fn sample_line(
+    out: &mut String,
+    name: &str,
+    labels: &[(&str, &str)],
+    value: Value,
+    format: Format,
+) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{k}=\"");
+            label_value(out, v);
+            out.push('"');
+        }
+        out.push('}');
+    }
+    out.push(' ');
+    match value {
+        Value::Counter(n) | Value::IntGauge(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Value::Gauge(x) => float(out, x, format),
+    }
+    out.push('\n');
+}
+
+impl Snapshot {
+    /// The exposition in `format` (see [`Format`]): histograms first, then
+    /// the families in their order, each with its `# HELP` and `# TYPE`
+    /// even when it has no sample yet.
+    fn encode(&self, format: Format) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        for (name, help, h) in &self.histograms {
+            let name = format!("{PREFIX}{name}");
+            descriptor(&mut out, &name, help, "histogram", format);
+            let bucket = format!("{name}_bucket");
+            let mut cumulative = 0u64;
+            let mut le = String::new();
+            for (bound, n) in &h.buckets {
+                cumulative += n;
+                le.clear();
+                float(&mut le, *bound, format);
+                sample_line(
+                    &mut out,
+                    &bucket,
+                    &[("le", &le)],
+                    Value::Counter(cumulative),
+                    format,
+                );
+            }
+            sample_line(
+                &mut out,
+                &format!("{name}_sum"),
+                &[],
+                Value::Gauge(h.sum),
+                format,
+            );
+            sample_line(
+                &mut out,
+                &format!("{name}_count"),
+                &[],
+                Value::Counter(h.count),
+                format,
+            );
+        }
+        for f in &self.families {
+            let family = format!("{PREFIX}{}", f.name);
+            let (sample, kind) = match f.kind {
+                Kind::Counter => (format!("{family}_total"), "counter"),
+                Kind::Gauge => (family.clone(), "gauge"),
+            };
+            // 0.0.4 types the sample's name; OpenMetrics the family's.
+            let typed = match format {
+                Format::Text => &sample,
+                Format::OpenMetrics => &family,
+            };
+            descriptor(&mut out, typed, f.help, kind, format);
+            for (values, v) in &f.samples {
+                let labels: Vec<(&str, &str)> = f
+                    .labels
+                    .iter()
+                    .copied()
+                    .zip(values.iter().map(String::as_str))
+                    .collect();
+                sample_line(&mut out, &sample, &labels, *v, format);
+            }
+        }
+        if format == Format::OpenMetrics {
+            out.push_str("# EOF\n");
+        }
+        out
+    }
+}
+
+/// The prefix of every metric name.
+const PREFIX: &str = "peerlb_";
+
+#[cfg(test)]
+#[path = "metrics_page/tests.rs"]
+mod tests;

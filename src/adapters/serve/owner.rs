@@ -64,21 +64,26 @@ impl ProxiedHandler for Owner {
     }
 
     async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
-        let start = tokio::time::Instant::now();
-        let method = req.method().clone();
+        let line = crate::adapters::access::enabled().then(|| {
+            let me = self.state.node_id();
+            let mut line = crate::adapters::access::Line::of(
+                me,
+                "owner",
+                None,
+                &crate::engine::node_id::NodeId::from(head.entry),
+                &req,
+                tokio::time::Instant::now(),
+            );
+            line.routed.request_id = head.request_id;
+            line.routed.owner = Some(me.clone());
+            line.routed.reason = "proxied";
+            line
+        });
         let resp = self.serve_proxied(head, req).await;
-        crate::adapters::access::access_log(
-            self.state.node_id(),
-            "owner",
-            head.request_id,
-            head.entry,
-            self.state.node_id(),
-            resp.status().as_u16(),
-            start.elapsed(),
-            "proxied",
-            &method,
-        );
-        resp
+        match line {
+            Some(line) => crate::adapters::access::log_when_done(resp, line),
+            None => resp,
+        }
     }
 
     async fn relay(&self, peer_side: BoxIo, app: Tunnel) {

@@ -160,6 +160,7 @@ impl<'s> Run<'s> {
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
                     admin_listener: Some(Box::new(SimListener(admin))),
+                    metrics_listener: None,
                     // The simulation serves no SIP (turmoil sockets are not
                     // wired to the SIP listeners).
                     sip: None,

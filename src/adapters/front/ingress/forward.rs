@@ -105,14 +105,14 @@ impl Forwarder {
     /// Routes a client request that passed the limits and serves it: the
     /// response, and the guard that keeps it outstanding to its server;
     /// `Err` is the error answer (already counted). Either way the request
-    /// is counted by owner, and its access log line written
-    /// (`access::access_log`).
+    /// is counted by owner, and the decision set in `routed` (the access
+    /// line's, when the access log is on: `access::Line`).
     pub(super) async fn route_and_serve(
         &self,
         mut req: Request<Incoming>,
         conn: &ConnInfo,
+        routed: Option<&mut access::Routed>,
     ) -> Result<(Response<Body>, Option<Outstanding>), Response<Body>> {
-        let start = tokio::time::Instant::now();
         strip_peerlb_headers(req.headers_mut());
         let client = conn.client;
         let view = self.state.view();
@@ -135,27 +135,30 @@ impl Forwarder {
             random_id,
             self.settings.keep_client_request_id,
         );
-        let method = req.method().clone();
-        let reason = decision.reason.as_str();
+        let mut tries = 0u32;
+        let logged = routed.map(|r| {
+            r.request_id = request_id;
+            r.reason = decision.reason.as_str();
+            r.rule = match decision.reason {
+                crate::engine::route::Reason::Rule(i) => Some(i),
+                _ => None,
+            };
+            r.sticky = sticky.is_some();
+            r.key.clone_from(&decision.key);
+            (r, decision.owner.clone())
+        });
         let served = self
-            .serve_decided(req, conn, &view, decision, sticky, request_id)
+            .serve_decided(req, conn, &view, decision, sticky, request_id, &mut tries)
             .await;
-        let (status, owner) = match &served {
-            Ok((resp, _, owner)) => (resp.status(), owner),
-            Err((e, owner)) => (e.status(), owner),
+        let owner = match &served {
+            Ok((_, _, owner)) | Err((_, owner)) => owner,
         };
         self.state.metrics.count_owner(owner);
-        access::access_log(
-            self.state.node_id(),
-            "entry",
-            request_id,
-            self.state.node_id(),
-            owner,
-            status.as_u16(),
-            start.elapsed(),
-            reason,
-            &method,
-        );
+        if let Some((r, decided)) = logged {
+            r.failover = *owner != decided;
+            r.retries = tries.saturating_sub(1);
+            r.owner = Some(owner.clone());
+        }
         match served {
             Ok((resp, guard, _)) => Ok((resp, guard)),
             Err((e, _)) => Err(self.state.failed(e)),
@@ -164,6 +167,7 @@ impl Forwarder {
 
     /// Serves a decided request: the response, its outstanding guard and
     /// who served it; or the error and the owner the decision picked.
+    #[allow(clippy::too_many_arguments)]
     async fn serve_decided(
         &self,
         mut req: Request<Incoming>,
@@ -172,6 +176,7 @@ impl Forwarder {
         decision: Decision,
         sticky: Option<Session>,
         request_id: u128,
+        tries: &mut u32,
     ) -> Result<(Response<Body>, Option<Outstanding>, NodeId), (RequestError, NodeId)> {
         // The route parameter is peerlb's own mark: the app never sees it.
         let route_in_url = strip_route_param(req.uri_mut());
@@ -188,6 +193,7 @@ impl Forwarder {
                 decision.key.as_deref(),
                 request_id,
                 view.version(),
+                tries,
             )
             .instrument(span)
             .await
@@ -213,6 +219,7 @@ impl Forwarder {
     }
 
     /// Tries each candidate in order; returns the response and who served it.
+    #[allow(clippy::too_many_arguments)]
     async fn serve_candidates(
         &self,
         req: Request<Incoming>,
@@ -221,6 +228,7 @@ impl Forwarder {
         key: Option<&str>,
         request_id: u128,
         view_version: u64,
+        tries: &mut u32,
     ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
         let me = self.state.node_id();
         let (mut parts, incoming) = req.into_parts();
@@ -252,6 +260,7 @@ impl Forwarder {
         let mut last_err: Option<RequestError> = None;
         let mut head: Option<bytes::Bytes> = None;
         for cand in candidates {
+            *tries += 1;
             if cand == me {
                 let b = match &replay {
                     Some(bytes) => body::full(bytes.clone()),
