@@ -76,6 +76,32 @@ impl Target {
         let (addr, e) = last.expect("at least one address");
         Ok(Err(anyhow::Error::new(e).context(format!("asking {addr}"))))
     }
+
+    /// [`Target::ask`] for a command that needs a 200: `Ok(Ok((address,
+    /// body)))` on 200; `Ok(Err(1))` when the node answered otherwise
+    /// (its error printed as `peerlb COMMAND: ADDR answered CODE: ERROR`),
+    /// `Ok(Err(code))` for an invalid target (printed); `Err` when no
+    /// address accepted the connection.
+    fn ask_ok(
+        &self,
+        command: &str,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<Result<(SocketAddr, String), u8>> {
+        let (addr, code, text) = match self.ask(method, path, body) {
+            Ok(r) => r?,
+            Err(code) => return Ok(Err(code)),
+        };
+        if code != 200 {
+            eprintln!(
+                "peerlb {command}: {addr} answered {code}: {}",
+                error_of(&text)
+            );
+            return Ok(Err(1));
+        }
+        Ok(Ok((addr, text)))
+    }
 }
 
 /// `peerlb status` arguments.
@@ -152,51 +178,29 @@ pub(crate) struct ForgetArgs {
     target: Target,
 }
 
-/// The bytes of `s` outside RFC 3986 unreserved, percent-encoded.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 /// Runs `peerlb forget NODE`: 0 when the node asked forgot it, 1 when it
 /// refused (the member is in its view, or unknown).
 pub(crate) fn forget(a: ForgetArgs) -> anyhow::Result<u8> {
-    let path = format!("/_peerlb/forget?node={}", encode(&a.node));
-    let (addr, code, text) = match a.target.ask("POST", &path, Some("")) {
-        Ok(r) => r?,
+    let path = format!("/_peerlb/forget?node={}", query_value(&a.node));
+    let (addr, text) = match a.target.ask_ok("forget", "POST", &path, Some(""))? {
+        Ok(r) => r,
         Err(code) => return Ok(code),
     };
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    if code == 200 {
-        println!(
-            "{}: {} member forgotten by {addr}",
-            a.node,
-            v["forgotten"].as_str().unwrap_or("?")
-        );
-        Ok(0)
-    } else {
-        eprintln!("peerlb forget: {addr} answered {code}: {}", error_of(&text));
-        Ok(1)
-    }
+    println!(
+        "{}: {} member forgotten by {addr}",
+        a.node,
+        v["forgotten"].as_str().unwrap_or("?")
+    );
+    Ok(0)
 }
 
 /// Runs `peerlb status`: 0, or 1 when the node does not answer 200.
 pub(crate) fn status(a: StatusArgs) -> anyhow::Result<u8> {
-    let (addr, code, text) = match a.target.ask("GET", "/_peerlb/status", None) {
-        Ok(r) => r?,
+    let (_, text) = match a.target.ask_ok("status", "GET", "/_peerlb/status", None)? {
+        Ok(r) => r,
         Err(code) => return Ok(code),
     };
-    if code != 200 {
-        eprintln!("peerlb status: {addr} answered {code}: {}", error_of(&text));
-        return Ok(1);
-    }
     if a.json {
         println!("{}", text.trim());
         return Ok(0);
@@ -311,26 +315,33 @@ pub(crate) fn drain(a: DrainArgs) -> anyhow::Result<u8> {
         json: a.json,
         target: a.target,
     };
-    change_state(change, "draining", a.timeout_ms)
+    change_state(change, "drain", "draining", a.timeout_ms)
 }
 
-/// Runs `peerlb undrain|offline`: asks the node to publish `state` for
-/// member `--node`.
-pub(crate) fn change(a: ChangeArgs, state: &str) -> anyhow::Result<u8> {
-    change_state(a, state, None)
+/// Runs `peerlb undrain|offline` (`command`): asks the node to publish
+/// `state` for member `--node`.
+pub(crate) fn change(a: ChangeArgs, command: &str, state: &str) -> anyhow::Result<u8> {
+    change_state(a, command, state, None)
 }
 
 /// Asks the node to publish `state` for member `--node` (going offline
 /// after `timeout_ms` when draining); prints the member, its new state
 /// and its previous one as a table (as `peerlb status` prints members);
-/// 0 when it answered 200, 1 otherwise.
-fn change_state(a: ChangeArgs, state: &str, timeout_ms: Option<u64>) -> anyhow::Result<u8> {
+/// 0 when it answered 200, 1 otherwise (`command` names the command in
+/// the error).
+fn change_state(
+    a: ChangeArgs,
+    command: &str,
+    state: &str,
+    timeout_ms: Option<u64>,
+) -> anyhow::Result<u8> {
     let mut path = format!("/_peerlb/state?node={}", query_value(&a.node));
     if let Some(t) = timeout_ms {
         path += &format!("&timeout_ms={t}");
     }
     answer(
         &a.target,
+        command,
         "POST",
         &path,
         Some(state),
@@ -353,6 +364,7 @@ pub(crate) fn weight(a: WeightArgs) -> anyhow::Result<u8> {
     };
     answer(
         &a.target,
+        "weight",
         "PUT",
         &path,
         Some(&a.weight),
@@ -368,14 +380,14 @@ pub(crate) fn weight(a: WeightArgs) -> anyhow::Result<u8> {
 /// Runs `peerlb reload-rules`: `POST /_peerlb/rules/reload` on the node
 /// asked; prints how many rules are in force.
 pub(crate) fn reload_rules(a: ReloadRulesArgs) -> anyhow::Result<u8> {
-    let (addr, code, text) = match a.target.ask("POST", "/_peerlb/rules/reload", None) {
-        Ok(r) => r?,
-        Err(code) => return Ok(code),
-    };
-    if code != 200 {
-        eprintln!("peerlb: {addr} answered {code}: {}", error_of(&text));
-        return Ok(1);
-    }
+    let (addr, text) =
+        match a
+            .target
+            .ask_ok("reload-rules", "POST", "/_peerlb/rules/reload", None)?
+        {
+            Ok(r) => r,
+            Err(code) => return Ok(code),
+        };
     if a.json {
         println!("{}", text.trim());
     } else {
@@ -390,20 +402,17 @@ pub(crate) fn reload_rules(a: ReloadRulesArgs) -> anyhow::Result<u8> {
 /// node's error as a sentence on stderr and exit status 1.
 fn answer(
     target: &Target,
+    command: &str,
     method: &str,
     path: &str,
     body: Option<&str>,
     json: bool,
     columns: &[(&str, &str)],
 ) -> anyhow::Result<u8> {
-    let (addr, code, text) = match target.ask(method, path, body) {
-        Ok(r) => r?,
+    let (_, text) = match target.ask_ok(command, method, path, body)? {
+        Ok(r) => r,
         Err(code) => return Ok(code),
     };
-    if code != 200 {
-        eprintln!("peerlb: {addr} answered {code}: {}", error_of(&text));
-        return Ok(1);
-    }
     if json {
         println!("{}", text.trim());
         return Ok(0);
