@@ -832,8 +832,8 @@ fn block_of(file: &str, name: &str) -> String {
 }
 
 /// The example `cluster.toml` of docs/configuration.md ("Example: three
-/// machines"), on this tier's addresses (198.51.100.11-13 for the
-/// example's 10.0.0.11-13).
+/// machines"), as printed: its addresses, 198.51.100.11-13
+/// (TEST-NET-2), are this tier's.
 fn docs_example_config() -> String {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -843,7 +843,7 @@ fn docs_example_config() -> String {
     let rest = &text[text.find("## Example: three machines").unwrap()..];
     let start = rest.find("```toml\n").unwrap() + "```toml\n".len();
     let end = start + rest[start..].find("```").unwrap();
-    let toml = rest[start..end].replace("10.0.0.", "198.51.100.");
+    let toml = rest[start..end].to_owned();
     assert!(toml.contains("198.51.100.13:8080"), "{toml}");
     toml
 }
