@@ -41,6 +41,9 @@
 //!   transaction toward an upstream SIP server (`sip/upstream`).
 //! - `gossip_budget`: the members a full gossip digest leaves room for in
 //!   one datagram (`gossip.max_members`), the datagram and seal sizes.
+//! - `view_compose`: which members a node's view is made of (gossip's
+//!   live members with an up peer link, this node always, the silent ones
+//!   held just after its own pause).
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
@@ -57,6 +60,7 @@ pub(crate) mod session_id;
 pub(crate) mod sip;
 pub(crate) mod slow_start;
 pub(crate) mod sticky;
+pub(crate) mod view_compose;
 
 pub(crate) use sticky::{RouteCookie, SameSite};
 pub mod testing;

@@ -28,6 +28,7 @@ use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
 use crate::engine::route::Router;
 use crate::engine::sip::upstream as sip_upstream;
+use crate::engine::view_compose::ViewComposer;
 use crate::env::{Env, NodeEvent, Observer};
 
 /// What a client listener configured by `l` does before HTTP: the PROXY
@@ -557,9 +558,9 @@ async fn wait_for_peers(
 }
 
 /// Rebuilds the membership view whenever gossip's live set or the set of
-/// authenticated peer connections changes. A peer is routable only while
-/// gossip says it is live AND its QUIC connection is up; this node is
-/// always in its own view. Each change is logged and reported to
+/// authenticated peer connections changes. The members are composed by
+/// [`ViewComposer`]: a peer is routable only while gossip says it is live
+/// AND its QUIC connection is up; this node is always in its own view. Each change is logged and reported to
 /// `observer` ([`NodeEvent::ViewChanged`]).
 ///
 /// Views are built at most once per [`VIEW_INTERVAL`]: changes that
@@ -597,61 +598,27 @@ async fn maintain_view(
     roster: Arc<std::sync::Mutex<Roster>>,
 ) {
     let mut connected = links.connected();
-    // The members and routable peers of the last view built.
-    let mut last_members: Vec<Member> = Vec::new();
-    let mut last_up: BTreeSet<NodeId> = BTreeSet::new();
+    let mut composer = ViewComposer::new(self_member);
     // When to build the current view's ring if nothing has: the first
     // cold view's time plus RING_WARM_MAX, and the last change's plus
     // RING_WARM_QUIET.
     let mut cold_since: Option<tokio::time::Instant> = None;
     let mut warm_at = tokio::time::Instant::now();
     loop {
-        let mut members = gossip.borrow_and_update().clone();
-        let mut up: BTreeSet<_> = connected.borrow_and_update().clone();
+        let members = gossip.borrow_and_update().clone();
+        let up: BTreeSet<_> = connected.borrow_and_update().clone();
         let holding = pause.suspected();
-        if holding {
-            let held: Vec<Member> = last_members
-                .iter()
-                .filter(|m| m.id != self_member.id && !members.iter().any(|n| n.id == m.id))
-                .cloned()
-                .collect();
-            members.extend(held);
-            up.extend(last_up.iter().cloned());
-        }
-        last_members.clone_from(&members);
-        last_up.clone_from(&up);
-        let peers: Vec<_> = members
-            .iter()
-            .filter(|m| m.id != self_member.id)
-            .map(|m| (m.id.clone(), m.peer_addr, m.generation))
-            .collect();
-        links.sync(&peers);
-        let mut me = self_member.clone();
-        if let Some(m) = members
-            .iter()
-            .filter(|m| m.id == me.id)
-            .max_by_key(|m| m.generation)
-        {
-            me.status = m.status;
-            me.weight = m.weight;
-            me.load = m.load;
-            me.inflight = m.inflight;
-        }
-        let self_id = me.id.clone();
-        let view = view_tx.borrow().with_members(
-            members
-                .into_iter()
-                .filter(|m| m.id != self_id && up.contains(&m.id))
-                .chain(std::iter::once(me)),
-            ring,
-        );
+        let composed = composer.compose(members, up, holding);
+        links.sync(&composed.supervised);
+        let view = view_tx.borrow().with_members(composed.members, ring);
+        let up = composer.up();
         let changed = view_tx.borrow().version() != view.version();
         if changed {
             log_routing_changes(
                 view_tx.borrow().serving_ids(),
                 view.serving_ids(),
                 &gossip.borrow(),
-                &up,
+                up,
             );
             let serving: Vec<(NodeId, u32)> = view
                 .serving_ids()
@@ -678,7 +645,7 @@ async fn maintain_view(
         roster
             .lock()
             .expect("roster lock")
-            .observe(&view, now, |id| left_reason(id, &gossip.borrow(), &up));
+            .observe(&view, now, |id| left_reason(id, &gossip.borrow(), up));
         let next_view_at = now + VIEW_INTERVAL;
         if view.ring_is_built() {
             cold_since = None;
