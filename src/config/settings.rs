@@ -248,6 +248,13 @@ pub struct IngressSettings {
     /// A WebSocket tunnel idle this long is closed
     /// (`limits.websocket_idle_timeout_ms`).
     pub websocket_idle_timeout: Duration,
+    /// A SIP TCP connection idle this long is closed
+    /// (`limits.sip_idle_timeout_ms`).
+    pub sip_idle_timeout: Duration,
+    /// Most SIP requests per source over UDP, and the interval they are
+    /// counted over (`limits.sip_udp_requests_per_source`,
+    /// `limits.sip_udp_rate_interval_ms`; 0 requests: no limit).
+    pub sip_udp_rate: (u32, Duration),
 }
 
 /// What one client listener expects before the HTTP request.

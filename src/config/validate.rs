@@ -103,6 +103,11 @@ impl ClusterFile {
                 "limits.websocket_idle_timeout_ms",
                 l.websocket_idle_timeout_ms,
             ),
+            ("limits.sip_idle_timeout_ms", l.sip_idle_timeout_ms),
+            (
+                "limits.sip_udp_rate_interval_ms",
+                l.sip_udp_rate_interval_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -141,6 +146,11 @@ impl ClusterFile {
             (
                 "limits.websocket_idle_timeout_ms",
                 l.websocket_idle_timeout_ms,
+            ),
+            ("limits.sip_idle_timeout_ms", l.sip_idle_timeout_ms),
+            (
+                "limits.sip_udp_rate_interval_ms",
+                l.sip_udp_rate_interval_ms,
             ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
@@ -656,6 +666,11 @@ impl ClusterFile {
                 send_timeout: ms(self.limits.send_timeout_ms),
                 h2_max_concurrent_streams: self.limits.h2_max_concurrent_streams,
                 websocket_idle_timeout: ms(self.limits.websocket_idle_timeout_ms),
+                sip_idle_timeout: ms(self.limits.sip_idle_timeout_ms),
+                sip_udp_rate: (
+                    self.limits.sip_udp_requests_per_source,
+                    ms(self.limits.sip_udp_rate_interval_ms),
+                ),
             },
             listener,
             shared_listener,
