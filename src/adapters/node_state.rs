@@ -106,6 +106,9 @@ pub(crate) struct Counters {
     /// `limits.header_read_timeout_ms` or idle past
     /// `limits.sip_idle_timeout_ms`.
     pub sip_tcp_timed_out: AtomicU64,
+    /// WebSocket upgrades answered 503: open tunnels held
+    /// `limits.max_tunnels_percent` of the connection cap.
+    pub tunnels_refused: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.

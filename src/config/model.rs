@@ -273,6 +273,14 @@ pub struct LimitsSection {
     pub sip_udp_requests_per_source: u32,
     /// The interval of `sip_udp_requests_per_source`, in ms (default 1000).
     pub sip_udp_rate_interval_ms: u64,
+    /// A WebSocket or other tunnel that moved no byte either way this long
+    /// may be closed to admit a new connection at `max_connections`, as
+    /// an idle keep-alive connection is, in ms (default 60000).
+    pub tunnel_closable_after_ms: u64,
+    /// The share of `max_connections` that open tunnels may hold, in
+    /// percent (default 75, 1..=100): a tunnel opened beyond it gets 503,
+    /// so the rest of the cap stays for new clients.
+    pub max_tunnels_percent: u32,
 }
 
 impl Default for LimitsSection {
@@ -295,6 +303,8 @@ impl Default for LimitsSection {
             sip_idle_timeout_ms: 180_000,
             sip_udp_requests_per_source: 1_000,
             sip_udp_rate_interval_ms: 1_000,
+            tunnel_closable_after_ms: 60_000,
+            max_tunnels_percent: 75,
         }
     }
 }

@@ -255,6 +255,12 @@ pub struct IngressSettings {
     /// counted over (`limits.sip_udp_requests_per_source`,
     /// `limits.sip_udp_rate_interval_ms`; 0 requests: no limit).
     pub sip_udp_rate: (u32, Duration),
+    /// A tunnel idle this long is closable at the connection cap
+    /// (`limits.tunnel_closable_after_ms`).
+    pub tunnel_closable_after: Duration,
+    /// The share of the connection cap open tunnels may hold, in percent
+    /// (`limits.max_tunnels_percent`).
+    pub max_tunnels_percent: u32,
 }
 
 /// What one client listener expects before the HTTP request.

@@ -108,6 +108,10 @@ impl ClusterFile {
                 "limits.sip_udp_rate_interval_ms",
                 l.sip_udp_rate_interval_ms,
             ),
+            (
+                "limits.tunnel_closable_after_ms",
+                l.tunnel_closable_after_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -116,6 +120,12 @@ impl ClusterFile {
             if v == 0 {
                 return Err(inv(name, "must be greater than 0".into()));
             }
+        }
+        if !(1..=100).contains(&l.max_tunnels_percent) {
+            return Err(inv(
+                "limits.max_tunnels_percent",
+                format!("{} is out of range 1..=100", l.max_tunnels_percent),
+            ));
         }
         if !(1..=10_000).contains(&l.h2_max_concurrent_streams) {
             return Err(inv(
@@ -151,6 +161,10 @@ impl ClusterFile {
             (
                 "limits.sip_udp_rate_interval_ms",
                 l.sip_udp_rate_interval_ms,
+            ),
+            (
+                "limits.tunnel_closable_after_ms",
+                l.tunnel_closable_after_ms,
             ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
@@ -671,6 +685,8 @@ impl ClusterFile {
                     self.limits.sip_udp_requests_per_source,
                     ms(self.limits.sip_udp_rate_interval_ms),
                 ),
+                tunnel_closable_after: ms(self.limits.tunnel_closable_after_ms),
+                max_tunnels_percent: self.limits.max_tunnels_percent,
             },
             listener,
             shared_listener,
