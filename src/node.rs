@@ -327,8 +327,15 @@ impl Node {
                 state.clone(),
                 sip_app,
                 links.clone(),
-                config.ingress.response_timeout,
-                config.ingress.header_read_timeout,
+                (
+                    config.ingress.response_timeout,
+                    config.ingress.header_read_timeout,
+                ),
+                sip::TcpLimits {
+                    conns: crate::adapters::http::Handler::conn_table(&*ingress).clone(),
+                    idle_timeout: config.ingress.sip_idle_timeout,
+                },
+                config.ingress.sip_udp_rate,
             ));
             let shared = sockets
                 .shared

@@ -308,6 +308,11 @@ async fn disguised_admin_paths_get_400_and_never_reach_the_app() {
             "/./_peerlb/status",
             "/_PEERLB/status",
             "/_peerlb%2Fstatus",
+            "/_peerlb%00/status",
+            "/_peerlb%20/status",
+            "/_peerlb%09/status",
+            "/_peerlb./status",
+            "/%C1%9Fpeerlb/status",
         ] {
             let r = raw(entry, &format!("GET {path} HTTP/1.1"), &[&host]);
             assert_eq!(r.status, 400, "{path}: {}", r.body);
@@ -364,6 +369,19 @@ async fn the_admin_api_refuses_foreign_hosts_and_origins() {
         );
         assert_eq!(r.status, 403, "{origin}: {}", r.body);
     }
+    // Two Origin fields, the first same-site: which one a browser meant
+    // cannot be known, so the request is refused.
+    let r = raw(
+        entry,
+        "PUT /_peerlb/weight HTTP/1.1",
+        &[
+            &format!("Host: {entry}"),
+            &same,
+            "Origin: http://evil.example",
+            "Content-Length: 0",
+        ],
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
     // The weight stayed as configured.
     assert_eq!(status(c.nodes[0].http).unwrap()["weight"], 100);
 }

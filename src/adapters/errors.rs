@@ -108,6 +108,10 @@ pub(crate) enum RequestError {
         "extended CONNECT for :protocol {0:?} is not supported: peerlb relays websocket only (RFC 8441)"
     )]
     UnsupportedProtocol(String),
+    /// A WebSocket upgrade while open tunnels hold their share of the
+    /// connection cap, this many (`limits.max_tunnels_percent`; 503).
+    #[error("open tunnels hold their share of the connection cap ({0}): try again later")]
+    TunnelsFull(usize),
     /// No candidate could be reached before anything was sent (503).
     #[error("no node could take the request: {0}")]
     NoNode(String),
@@ -138,7 +142,9 @@ impl RequestError {
             RequestError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             RequestError::ClientBody(_) | RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            RequestError::NoNode(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::NoNode(_) | RequestError::TunnelsFull(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             RequestError::OwnerFailed(_) | RequestError::App(_) => StatusCode::BAD_GATEWAY,
             RequestError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             RequestError::NotImplemented(_) | RequestError::UnsupportedProtocol(_) => {

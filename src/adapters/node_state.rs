@@ -96,6 +96,19 @@ pub(crate) struct Counters {
     pub sip_malformed: AtomicU64,
     /// SIP forward attempts to an owner (one per candidate tried).
     pub sip_forwarded: AtomicU64,
+    /// SIP UDP datagrams dropped unread: their source was past
+    /// `limits.sip_udp_requests_per_source` in its interval.
+    pub sip_udp_rate_limited: AtomicU64,
+    /// SIP answers over UDP not sent: they would have passed twice the
+    /// bytes of the request (a forged source's reflection bound).
+    pub sip_udp_answers_withheld: AtomicU64,
+    /// SIP TCP connections closed for a message not finished within
+    /// `limits.header_read_timeout_ms` or idle past
+    /// `limits.sip_idle_timeout_ms`.
+    pub sip_tcp_timed_out: AtomicU64,
+    /// WebSocket upgrades answered 503: open tunnels held
+    /// `limits.max_tunnels_percent` of the connection cap.
+    pub tunnels_refused: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.

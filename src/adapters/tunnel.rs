@@ -17,8 +17,11 @@
 //! [`Tunnel`]. Each relay ends when both directions have ended (a side
 //! that ends its writes has its end passed on, so a close from either side
 //! reaches the other), when neither direction moved a byte for the idle
-//! timeout (`limits.websocket_idle_timeout_ms`), or when the node closes
-//! the tunnels that outlived its drain ([`Tunnels::close_all`]).
+//! timeout (`limits.websocket_idle_timeout_ms`), when the connection cap
+//! closes the client connection of a tunnel idle past
+//! `limits.tunnel_closable_after_ms` to admit a new one ([`Watched`],
+//! `http/conns.rs`), or when the node closes the tunnels that outlived its
+//! drain ([`Tunnels::close_all`]).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +40,16 @@ use tracing::debug;
 pub(crate) trait Duplex: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Duplex for T {}
+
+/// A tunnel's client connection as the connection table sees it: the relay
+/// reports every byte it moves, and ends when the table closes the
+/// connection to admit another (idle tunnels are closable at the cap).
+pub(crate) trait Watched: Send + Sync + 'static {
+    /// A byte moved, either way.
+    fn touch(&self);
+    /// Resolves once the table has closed the connection.
+    fn cut(&self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
 
 /// A boxed [`Duplex`].
 pub(crate) type BoxIo = Box<dyn Duplex>;
@@ -131,6 +144,8 @@ pub(crate) enum End {
     Idle,
     /// The node closed it (drain timeout, shutdown).
     Shutdown,
+    /// Idle at the connection cap: closed to admit a new connection.
+    Cut,
 }
 
 /// Marks each successful read with the relay's clock, so the idle check
@@ -139,6 +154,7 @@ struct Active<T> {
     io: T,
     last: Arc<AtomicU64>,
     epoch: tokio::time::Instant,
+    watched: Option<Arc<dyn Watched>>,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Active<T> {
@@ -151,6 +167,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Active<T> {
         if let Poll::Ready(Ok(())) = r {
             let ms = self.epoch.elapsed().as_millis() as u64;
             self.last.store(ms, Ordering::Relaxed);
+            if let Some(w) = &self.watched {
+                w.touch();
+            }
         }
         r
     }
@@ -173,13 +192,15 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Active<T> {
 }
 
 /// Relays `a` and `b` both ways until both directions end, one side
-/// fails, neither direction moves a byte for `idle`, or `close` turns
-/// true. Returns why, and the bytes moved `a` to `b` and `b` to `a`.
+/// fails, neither direction moves a byte for `idle`, `close` turns true,
+/// or the connection table closes `watched` (the client connection).
+/// Returns why, and the bytes moved `a` to `b` and `b` to `a`.
 pub(crate) async fn relay(
     a: BoxIo,
     b: BoxIo,
     idle: Duration,
     mut close: watch::Receiver<bool>,
+    watched: Option<Arc<dyn Watched>>,
 ) -> (End, u64, u64) {
     let epoch = tokio::time::Instant::now();
     let last = Arc::new(AtomicU64::new(0));
@@ -187,12 +208,21 @@ pub(crate) async fn relay(
         io: a,
         last: last.clone(),
         epoch,
+        watched: watched.clone(),
     };
     let mut b = Active {
         io: b,
         last: last.clone(),
         epoch,
+        watched: watched.clone(),
     };
+    let cut = async {
+        match &watched {
+            Some(w) => w.cut().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(cut);
     let copy = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, RELAY_BUFFER, RELAY_BUFFER);
     tokio::pin!(copy);
     let mut deadline = epoch + idle;
@@ -213,6 +243,7 @@ pub(crate) async fn relay(
                 deadline = at;
             }
             _ = close.wait_for(|c| *c) => return (End::Shutdown, 0, 0),
+            () = &mut cut => return (End::Cut, 0, 0),
         }
     }
 }
@@ -272,18 +303,25 @@ impl Tunnels {
     /// Relays `a` and `b` as a tunnel of `role` (see [`relay`]), counted
     /// while it is open.
     pub(crate) async fn run(&self, role: Role, a: BoxIo, b: BoxIo) -> End {
-        self.run_counted(role, a, b).await.0
+        self.run_counted(role, a, b, None).await.0
     }
 
     /// [`Tunnels::run`], with the bytes relayed each way: (why it ended,
-    /// `a` to `b`, `b` to `a`), for the tunnel's access line.
-    pub(crate) async fn run_counted(&self, role: Role, a: BoxIo, b: BoxIo) -> (End, u64, u64) {
+    /// `a` to `b`, `b` to `a`), for the tunnel's access line; `watched` is
+    /// the client connection's place in the connection table (entry).
+    pub(crate) async fn run_counted(
+        &self,
+        role: Role,
+        a: BoxIo,
+        b: BoxIo,
+        watched: Option<Arc<dyn Watched>>,
+    ) -> (End, u64, u64) {
         let i = role as usize;
         self.opened[i].fetch_add(1, Ordering::Relaxed);
         self.open[i].fetch_add(1, Ordering::Relaxed);
         let _open = Open(&self.open[i]);
         let idle = Duration::from_millis(self.idle_ms.load(Ordering::Relaxed));
-        let (end, ab, ba) = relay(a, b, idle, self.close.subscribe()).await;
+        let (end, ab, ba) = relay(a, b, idle, self.close.subscribe(), watched).await;
         if end == End::Idle {
             self.idle_closed.fetch_add(1, Ordering::Relaxed);
         }
@@ -356,7 +394,13 @@ mod tests {
         let (client, a) = tokio::io::duplex(1024);
         let (b, app) = tokio::io::duplex(1024);
         let (_tx, rx) = watch::channel(false);
-        let relay = tokio::spawn(relay(Box::new(a), Box::new(b), Duration::from_secs(60), rx));
+        let relay = tokio::spawn(relay(
+            Box::new(a),
+            Box::new(b),
+            Duration::from_secs(60),
+            rx,
+            None,
+        ));
         let (mut cr, mut cw) = tokio::io::split(client);
         let (mut ar, mut aw) = tokio::io::split(app);
         cw.write_all(b"ping").await.unwrap();
@@ -382,7 +426,13 @@ mod tests {
         let (b, app) = tokio::io::duplex(1024);
         let (_tx, rx) = watch::channel(false);
         let t0 = tokio::time::Instant::now();
-        let relay = tokio::spawn(relay(Box::new(a), Box::new(b), Duration::from_secs(10), rx));
+        let relay = tokio::spawn(relay(
+            Box::new(a),
+            Box::new(b),
+            Duration::from_secs(10),
+            rx,
+            None,
+        ));
         let (_cr, mut cw) = tokio::io::split(client);
         let (mut ar, _aw) = tokio::io::split(app);
         tokio::time::sleep(Duration::from_secs(6)).await;

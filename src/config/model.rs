@@ -262,6 +262,25 @@ pub struct LimitsSection {
     /// closed, in ms (default 300000; nginx's `proxy_read_timeout`,
     /// HAProxy's `timeout tunnel`).
     pub websocket_idle_timeout_ms: u64,
+    /// A SIP TCP connection that carries no byte either way this long is
+    /// closed, in ms (default 180000: above RFC 5626's 120 s keep-alive
+    /// interval for connection-oriented transports, so a client that
+    /// pings keeps it; at most 30 days).
+    pub sip_idle_timeout_ms: u64,
+    /// Most SIP requests one source address may send over UDP per
+    /// `sip_udp_rate_interval_ms` (default 1000; 0: no limit); beyond it
+    /// they are dropped unanswered (Kamailio's `pike` module).
+    pub sip_udp_requests_per_source: u32,
+    /// The interval of `sip_udp_requests_per_source`, in ms (default 1000).
+    pub sip_udp_rate_interval_ms: u64,
+    /// A WebSocket or other tunnel that moved no byte either way this long
+    /// may be closed to admit a new connection at `max_connections`, as
+    /// an idle keep-alive connection is, in ms (default 60000).
+    pub tunnel_closable_after_ms: u64,
+    /// The share of `max_connections` that open tunnels may hold, in
+    /// percent (default 75, 1..=100): a tunnel opened beyond it gets 503,
+    /// so the rest of the cap stays for new clients.
+    pub max_tunnels_percent: u32,
 }
 
 impl Default for LimitsSection {
@@ -281,6 +300,11 @@ impl Default for LimitsSection {
             upstream_idle_timeout_ms: 2_000,
             h2_max_concurrent_streams: 100,
             websocket_idle_timeout_ms: 300_000,
+            sip_idle_timeout_ms: 180_000,
+            sip_udp_requests_per_source: 1_000,
+            sip_udp_rate_interval_ms: 1_000,
+            tunnel_closable_after_ms: 60_000,
+            max_tunnels_percent: 75,
         }
     }
 }

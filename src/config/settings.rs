@@ -248,6 +248,19 @@ pub struct IngressSettings {
     /// A WebSocket tunnel idle this long is closed
     /// (`limits.websocket_idle_timeout_ms`).
     pub websocket_idle_timeout: Duration,
+    /// A SIP TCP connection idle this long is closed
+    /// (`limits.sip_idle_timeout_ms`).
+    pub sip_idle_timeout: Duration,
+    /// Most SIP requests per source over UDP, and the interval they are
+    /// counted over (`limits.sip_udp_requests_per_source`,
+    /// `limits.sip_udp_rate_interval_ms`; 0 requests: no limit).
+    pub sip_udp_rate: (u32, Duration),
+    /// A tunnel idle this long is closable at the connection cap
+    /// (`limits.tunnel_closable_after_ms`).
+    pub tunnel_closable_after: Duration,
+    /// The share of the connection cap open tunnels may hold, in percent
+    /// (`limits.max_tunnels_percent`).
+    pub max_tunnels_percent: u32,
 }
 
 /// What one client listener expects before the HTTP request.

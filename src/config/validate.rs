@@ -105,6 +105,15 @@ impl ClusterFile {
                 "limits.websocket_idle_timeout_ms",
                 l.websocket_idle_timeout_ms,
             ),
+            ("limits.sip_idle_timeout_ms", l.sip_idle_timeout_ms),
+            (
+                "limits.sip_udp_rate_interval_ms",
+                l.sip_udp_rate_interval_ms,
+            ),
+            (
+                "limits.tunnel_closable_after_ms",
+                l.tunnel_closable_after_ms,
+            ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
             ("peer.keep_alive_ms", self.peer.keep_alive_ms),
@@ -113,6 +122,12 @@ impl ClusterFile {
             if v == 0 {
                 return Err(inv(name, "must be greater than 0".into()));
             }
+        }
+        if !(1..=100).contains(&l.max_tunnels_percent) {
+            return Err(inv(
+                "limits.max_tunnels_percent",
+                format!("{} is out of range 1..=100", l.max_tunnels_percent),
+            ));
         }
         if !(1..=10_000).contains(&l.h2_max_concurrent_streams) {
             return Err(inv(
@@ -143,6 +158,15 @@ impl ClusterFile {
             (
                 "limits.websocket_idle_timeout_ms",
                 l.websocket_idle_timeout_ms,
+            ),
+            ("limits.sip_idle_timeout_ms", l.sip_idle_timeout_ms),
+            (
+                "limits.sip_udp_rate_interval_ms",
+                l.sip_udp_rate_interval_ms,
+            ),
+            (
+                "limits.tunnel_closable_after_ms",
+                l.tunnel_closable_after_ms,
             ),
             ("gossip.interval_ms", self.gossip.interval_ms),
             ("gossip.dead_node_grace_ms", self.gossip.dead_node_grace_ms),
@@ -658,6 +682,13 @@ impl ClusterFile {
                 send_timeout: ms(self.limits.send_timeout_ms),
                 h2_max_concurrent_streams: self.limits.h2_max_concurrent_streams,
                 websocket_idle_timeout: ms(self.limits.websocket_idle_timeout_ms),
+                sip_idle_timeout: ms(self.limits.sip_idle_timeout_ms),
+                sip_udp_rate: (
+                    self.limits.sip_udp_requests_per_source,
+                    ms(self.limits.sip_udp_rate_interval_ms),
+                ),
+                tunnel_closable_after: ms(self.limits.tunnel_closable_after_ms),
+                max_tunnels_percent: self.limits.max_tunnels_percent,
             },
             listener,
             shared_listener,

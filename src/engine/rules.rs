@@ -211,10 +211,11 @@ pub enum RuleErrorKind {
         "regex too big: it compiles to more than {0} bytes (narrow its repetitions, or use an ASCII class such as (?-u:\\w) or [A-Za-z0-9_])"
     )]
     RegexTooBig(usize),
-    /// The rule set's regexes together compile to more than this many bytes
-    /// (32 MiB). Use fewer or smaller regexes.
+    /// The rule set's regexes together, with the smallest lazy-DFA cache
+    /// each (8 KiB, three per regex), need more than this many bytes
+    /// (64 MiB, `engine/rules/bounds.rs`). Use fewer or smaller regexes.
     #[error(
-        "the rules' regexes together compile to more than {0} bytes: use fewer or smaller regexes"
+        "the rules' regexes together, with their matching caches, need more than {0} bytes: use fewer or smaller regexes"
     )]
     RegexBudget(usize),
     /// Expressions (or XML elements) nested deeper than this many levels.
@@ -363,15 +364,16 @@ impl Rules {
     /// of `any` / `all` / `if` / a test, an empty list, a misplaced `else`,
     /// `absent`, `prefix` or `return`, or an invalid return variable.
     pub fn compile(specs: &[RuleSpec]) -> Result<Rules, RuleError> {
-        let mut budget = RegexBudget::default();
-        let rules = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| compile_rule(i, spec, &mut budget))
-            .collect::<Result<_, _>>()?;
-        Ok(Rules {
-            rules,
-            sip: Vec::new(),
+        bounds::fit(|budget| {
+            let rules = specs
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| compile_rule(i, spec, budget))
+                .collect::<Result<_, _>>()?;
+            Ok(Rules {
+                rules,
+                sip: Vec::new(),
+            })
         })
     }
 

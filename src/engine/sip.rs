@@ -22,8 +22,10 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 mod dialog;
+pub(crate) mod keepalive;
 mod route;
 mod uas;
+pub(crate) mod udp_guard;
 pub(crate) mod upstream;
 
 #[cfg(test)]

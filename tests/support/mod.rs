@@ -168,6 +168,9 @@ pub struct Cluster {
     /// ports) could otherwise take one meanwhile, and the restarted node
     /// would exit with "cannot bind".
     held: BTreeMap<String, Vec<socket2::Socket>>,
+    /// The open file limit (soft and hard, `RLIMIT_NOFILE`) nodes are
+    /// started with by [`Cluster::spawn`]; `None`: the test's own.
+    pub nofile: Option<u64>,
 }
 
 impl Cluster {
@@ -307,6 +310,7 @@ impl Cluster {
                 .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             args: args.iter().map(|a| a.to_string()).collect(),
             held: BTreeMap::new(),
+            nofile: None,
         };
         for i in 0..n {
             c.spawn(i);
@@ -335,6 +339,23 @@ impl Cluster {
             cmd.arg("--shared-sip-listen").arg(s.to_string());
         }
         cmd.args(&self.args);
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt as _;
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit(2) is async-signal-safe and reads one
+            // rlimit from the pointer it is given, in the forked child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.spawn().unwrap();
         self.children.insert(node.id.clone(), child);
     }

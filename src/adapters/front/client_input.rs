@@ -203,9 +203,15 @@ pub(crate) enum PathClass {
 
 /// Classifies `path` (the raw path of the request-target) against the admin
 /// prefix `prefix` (`/_peerlb/`), resolving it as the most lenient app
-/// would: percent-decoding (repeatedly, so `%255F` counts), `\` as `/`,
+/// would: percent-decoding (repeatedly, so `%255F` counts), overlong UTF-8
+/// and fullwidth forms of ASCII read as ASCII, `\` as `/`, control
+/// characters and spaces dropped from a segment and its trailing dots
+/// trimmed (`/_peerlb%00/`, `/_peerlb%20/`, `/_peerlb./` as Windows and
+/// trimming routers read them), the path cut at a NUL (as a C string ends),
 /// empty and `.` segments dropped, `..` resolved, `;` path parameters cut,
 /// ASCII case ignored (nginx and Envoy normalise before matching too).
+/// Only a path holding a `%` or the name in some case leaves the fast path
+/// (no allocation for the others).
 pub(crate) fn classify_path(path: &str, prefix: &str) -> PathClass {
     if path.starts_with(prefix) {
         return PathClass::Admin;
@@ -223,21 +229,81 @@ pub(crate) fn classify_path(path: &str, prefix: &str) -> PathClass {
         }
         decoded = next;
     }
-    let mut segments: Vec<&[u8]> = Vec::new();
-    for seg in decoded.split(|&b| b == b'/' || b == b'\\') {
+    let decoded = fold_to_ascii(&decoded);
+    let until_nul = decoded.split(|&b| b == 0).next().unwrap_or_default();
+    if first_segment_is(&decoded, name.as_bytes()) || first_segment_is(until_nul, name.as_bytes()) {
+        PathClass::Disguised
+    } else {
+        PathClass::App
+    }
+}
+
+/// Whether the first segment of `path`, once resolved (see
+/// [`classify_path`]), is `name` in any ASCII case.
+fn first_segment_is(path: &[u8], name: &[u8]) -> bool {
+    let mut segments: Vec<Vec<u8>> = Vec::new();
+    for seg in path.split(|&b| b == b'/' || b == b'\\') {
         let seg = seg.split(|&b| b == b';').next().unwrap_or_default();
-        match seg {
+        let mut seg: Vec<u8> = seg
+            .iter()
+            .copied()
+            .filter(|&b| b > b' ' && b != 0x7f)
+            .collect();
+        if seg.iter().any(|&b| b != b'.') {
+            while seg.last() == Some(&b'.') {
+                seg.pop();
+            }
+        }
+        match seg.as_slice() {
             b"" | b"." => {}
             b".." => {
                 segments.pop();
             }
-            s => segments.push(s),
+            _ => segments.push(seg),
         }
     }
-    match segments.first() {
-        Some(first) if first.eq_ignore_ascii_case(name.as_bytes()) => PathClass::Disguised,
-        _ => PathClass::App,
+    segments
+        .first()
+        .is_some_and(|first| first.eq_ignore_ascii_case(name))
+}
+
+/// Reads overlong UTF-8 encodings of ASCII (`C1 9F` for `_`, the 3-byte
+/// `E0 81 9F`) and the fullwidth forms U+FF01..U+FF5E (`＿` for `_`) as the
+/// ASCII byte they stand for, as a decoder that is not strict or an app
+/// that applies NFKC would; other bytes are kept.
+fn fold_to_ascii(s: &[u8]) -> Vec<u8> {
+    let cont = |i: usize| s.get(i).copied().filter(|b| b & 0xc0 == 0x80);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        let b = s[i];
+        if matches!(b, 0xc0 | 0xc1)
+            && let Some(c1) = cont(i + 1)
+        {
+            out.push(((b & 0x1f) << 6) | (c1 & 0x3f));
+            i += 2;
+            continue;
+        }
+        if matches!(b, 0xe0 | 0xef)
+            && let (Some(c1), Some(c2)) = (cont(i + 1), cont(i + 2))
+        {
+            let cp =
+                (u32::from(b & 0x0f) << 12) | (u32::from(c1 & 0x3f) << 6) | u32::from(c2 & 0x3f);
+            let ascii = match cp {
+                0..0x80 => Some(cp),
+                0xff01..=0xff5e => Some(cp - 0xff01 + 0x21),
+                _ => None,
+            };
+            if let Some(a) = ascii.and_then(|a| u8::try_from(a).ok()) {
+                out.push(a);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b);
+        i += 1;
     }
+    out
 }
 
 fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
@@ -372,6 +438,26 @@ mod tests {
             "/_peerlb",
             "\\_peerlb\\status",
             "/_peerlb;x=1/status",
+            // Control characters and spaces, as a trimming app drops them,
+            // and a NUL as a C string ends.
+            "/_peerlb%00/status",
+            "/_peerlb%20/status",
+            "/_peerlb%09/status",
+            "/_peerlb%0d%0a/status",
+            "/_peerlb%7F/status",
+            "/%00_peerlb/status",
+            "/_peer%00lb/status",
+            "/_peerlb%00x/status",
+            "/_peerlb%2500/status",
+            "/%20/_peerlb/status",
+            "/_peerlb%00",
+            // Trailing dots (Windows), overlong UTF-8, fullwidth forms.
+            "/_peerlb./status",
+            "/_peerlb%2e%2e%2e/status",
+            "/%C1%9Fpeerlb/status",
+            "/%E0%81%9Fpeerlb/status",
+            "/%EF%BC%BFpeerlb/status",
+            "/%EF%BC%BF%EF%BD%90eerlb/status",
         ] {
             assert_eq!(classify_path(d, p), PathClass::Disguised, "{d}");
         }
@@ -383,6 +469,11 @@ mod tests {
             "/a%20b",
             "/peerlb/status",
             "/../x",
+            "/x%00y",
+            "/peer%00lb",
+            "/x/_peerlb%00/status",
+            "/%C3%A9",
+            "/..%2e/x",
         ] {
             assert_eq!(classify_path(a, p), PathClass::App, "{a}");
         }

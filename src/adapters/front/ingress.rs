@@ -96,9 +96,11 @@ impl Ingress {
             keep_client_request_id: settings.trust_client_forwarded,
         };
         Ingress {
-            conns: ConnTable::new(
+            conns: ConnTable::with_tunnels(
                 settings.max_connections,
                 settings.max_connections_per_source(),
+                settings.tunnel_closable_after,
+                settings.max_tunnels_percent,
             ),
             id_header: HeaderValue::from_str(state.node_id()).ok(),
             forwarder: Forwarder::new(
@@ -165,6 +167,18 @@ impl Ingress {
                 (hyper::upgrade::on(&mut req), hold)
             });
         let class = limits::check(&req, self.settings.max_request_target)
+            .and_then(|()| match &upgrade {
+                // Open tunnels hold their share of the cap: the rest stays
+                // for new clients.
+                Some(_) if self.conns.tunnels_full() => {
+                    self.state
+                        .counters
+                        .tunnels_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    Err(RequestError::TunnelsFull(self.conns.max_tunnels()))
+                }
+                _ => Ok(()),
+            })
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX));
         // Admin answers (the sprayer's health checks) are not client
         // requests: not counted by status.
@@ -288,6 +302,7 @@ impl Ingress {
         line: Option<crate::adapters::access::Line>,
     ) {
         let state = self.state.clone();
+        let watched = hold.as_ref().map(server::Held::watched);
         tokio::spawn(async move {
             let _hold = hold;
             let client_io = match client_side.await {
@@ -312,7 +327,7 @@ impl Ingress {
             };
             let (_, up, down) = state
                 .tunnels
-                .run_counted(Role::Entry, client_io, app_io)
+                .run_counted(Role::Entry, client_io, app_io, watched)
                 .await;
             if let Some(mut line) = line {
                 line.bytes_in = up;

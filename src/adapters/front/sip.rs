@@ -43,7 +43,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{Instrument as _, debug, debug_span, info};
@@ -54,10 +53,13 @@ use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::node_id::NodeId;
+use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, record_route};
-use crate::seam::HttpListener;
 
 pub(crate) use crate::adapters::serve::sip::{SipApp, SipUpstream};
+pub(crate) use tcp::{TcpLimits, serve_tcp};
+
+mod tcp;
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -81,19 +83,27 @@ pub(crate) struct SipEntry {
     links: Arc<PeerLinks>,
     response_timeout: Duration,
     read_timeout: Duration,
+    tcp: TcpLimits,
+    /// The per-source request rate over UDP, shared by the UDP listeners.
+    udp_rate: std::sync::Mutex<RateLimit>,
+    /// The clock of `udp_rate`.
+    epoch: tokio::time::Instant,
 }
 
 impl SipEntry {
     /// The entry side of the node whose state is `state`; it serves with
     /// `app` when it owns a request. An owner's answer is awaited at most
     /// `response_timeout`; a TCP message started but not finished within
-    /// `read_timeout` closes its connection.
+    /// `read_timeout` closes its connection; TCP connections are held to
+    /// `tcp`; over UDP a source may send `udp_rate.0` requests per
+    /// `udp_rate.1` (0: no limit).
     pub(crate) fn new(
         state: Arc<NodeState>,
         app: Arc<SipApp>,
         links: Arc<PeerLinks>,
-        response_timeout: Duration,
-        read_timeout: Duration,
+        (response_timeout, read_timeout): (Duration, Duration),
+        tcp: TcpLimits,
+        udp_rate: (u32, Duration),
     ) -> SipEntry {
         SipEntry {
             state,
@@ -101,7 +111,33 @@ impl SipEntry {
             links,
             response_timeout,
             read_timeout,
+            tcp,
+            udp_rate: std::sync::Mutex::new(RateLimit::new(udp_rate.0, udp_rate.1)),
+            epoch: tokio::time::Instant::now(),
         }
+    }
+
+    /// Whether a UDP request from `client` is within its source's rate
+    /// (`limits.sip_udp_requests_per_source`); one past it is counted.
+    /// The upstream SIP server (`sip_app`) is not limited.
+    fn udp_admits(&self, client: SocketAddr) -> bool {
+        if self.app.upstream().is_some_and(|up| up.addr() == client) {
+            return true;
+        }
+        let now = self.epoch.elapsed();
+        let verdict = self
+            .udp_rate
+            .lock()
+            .expect("sip udp rate lock")
+            .check(client.ip(), now);
+        if verdict == Verdict::Drop {
+            self.state
+                .counters
+                .sip_udp_rate_limited
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// The answers to one message from `client` that reached the listener
@@ -331,6 +367,10 @@ pub(crate) async fn serve_udp(
             debug!(target: LOG, %client, "sip udp: too many datagrams in flight, dropped one");
             continue;
         }
+        if !entry.udp_admits(client) {
+            debug!(target: LOG, %client, "sip udp: source past its rate (limits.sip_udp_requests_per_source), dropped one");
+            continue;
+        }
         let datagram = buf[..n].to_vec();
         let (socket, entry) = (socket.clone(), entry.clone());
         inflight.fetch_add(1, Ordering::Relaxed);
@@ -351,17 +391,55 @@ pub(crate) async fn serve_udp(
                 up.relay_from_upstream(req, &emit).await;
                 return;
             }
-            for answer in entry.handle(&datagram, client, false, local).await {
+            // A UDP source may be forged: what it draws from the built-in
+            // server or from this node (400, 483, 503) stays within twice
+            // what it sent, final answers first. An upstream SIP server's
+            // answers are relayed as it gives them: authenticating its
+            // callers is its part (docs/operations.md, "What to firewall").
+            let bounded = entry.app.upstream().is_none();
+            let answers: Vec<(SipMessage, Vec<u8>)> = entry
+                .handle(&datagram, client, false, local)
+                .await
+                .into_iter()
+                .map(|m| {
+                    let bytes = m.to_bytes();
+                    (m, bytes)
+                })
+                .collect();
+            let sizes: Vec<(usize, bool)> = answers
+                .iter()
+                .map(|(m, b)| (b.len(), is_final(m)))
+                .collect();
+            let keep = if bounded {
+                udp_guard::answers_within_bound(datagram.len(), &sizes)
+            } else {
+                vec![true; sizes.len()]
+            };
+            for ((answer, bytes), keep) in answers.into_iter().zip(keep) {
+                if !keep {
+                    entry
+                        .state
+                        .counters
+                        .sip_udp_answers_withheld
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 let Some(via) = answer.top_via() else {
                     continue;
                 };
                 let to = sipmsg::response_destination(&via, client);
-                if let Err(e) = socket.send_to(&answer.to_bytes(), to).await {
+                if let Err(e) = socket.send_to(&bytes, to).await {
                     debug!(target: LOG, error = %e, %to, "sip udp send failed");
                 }
             }
         });
     }
+}
+
+/// Whether `m` is a final response (status 200 or more, RFC 3261 section
+/// 7.2); a request counts as final.
+fn is_final(m: &SipMessage) -> bool {
+    !matches!(m.start, sipmsg::StartLine::Response { status, .. } if status < 200)
 }
 
 /// Counts one datagram in flight until dropped.
@@ -370,91 +448,6 @@ struct InflightGuard(Arc<AtomicUsize>);
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Serves SIP over TCP on `listener`, bound to `local` (as
-/// [`serve_udp`]), until `stop` turns true: one task per connection, its
-/// messages in order, answers on the same connection.
-pub(crate) async fn serve_tcp(
-    mut listener: Box<dyn HttpListener>,
-    local: SocketAddr,
-    entry: Arc<SipEntry>,
-    mut stop: watch::Receiver<bool>,
-) {
-    info!(target: LOG, addr = %local, "listening for sip over tcp");
-    loop {
-        let (conn, client) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(r) => r,
-                Err(e) => {
-                    debug!(target: LOG, error = %e, "sip tcp accept failed");
-                    continue;
-                }
-            },
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        let (entry, stop) = (entry.clone(), stop.clone());
-        tokio::spawn(connection(conn, (client, local), entry, stop));
-    }
-}
-
-async fn connection(
-    mut conn: Box<dyn crate::seam::Connection>,
-    (client, local): (SocketAddr, SocketAddr),
-    entry: Arc<SipEntry>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        let skip = sipmsg::leading_crlf(&buf);
-        buf.drain(..skip);
-        match sipmsg::frame_len(&buf) {
-            Ok(Some(n)) => {
-                let msg: Vec<u8> = buf.drain(..n).collect();
-                for answer in entry.handle(&msg, client, true, local).await {
-                    if conn.write_all(&answer.to_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-                continue;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                entry
-                    .state
-                    .counters
-                    .sip_malformed
-                    .fetch_add(1, Ordering::Relaxed);
-                debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
-                if let Some(answer) = sipmsg::bad_request(&buf, &e) {
-                    let _ = conn.write_all(&answer.to_bytes()).await;
-                }
-                let _ = conn.shutdown().await;
-                return;
-            }
-        }
-        // A message begun must be finished within the read timeout; an
-        // idle connection between messages may stay open.
-        let read = async {
-            if buf.is_empty() {
-                conn.read(&mut chunk).await
-            } else {
-                match tokio::time::timeout(entry.read_timeout, conn.read(&mut chunk)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-                }
-            }
-        };
-        let n = tokio::select! {
-            r = read => match r {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        buf.extend_from_slice(&chunk[..n]);
     }
 }
 

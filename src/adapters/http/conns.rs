@@ -12,6 +12,13 @@
 //!   idle longest (no request in flight, no response being written). Only
 //!   when every connection is busy is the new one closed at accept.
 //!
+//! - **Tunnels** (WebSockets, HTTP/1.1 or HTTP/2): a connection carrying
+//!   one is busy, but one whose tunnels moved no byte either way for
+//!   `limits.tunnel_closable_after_ms` is closable at the cap once no idle
+//!   connection is left (its tunnels idle longest first: [`Watched`]), and
+//!   open tunnels may hold at most `limits.max_tunnels_percent` of the cap
+//!   ([`ConnTable::tunnels_full`]), so the rest stays for new clients.
+//!
 //! A connection is busy from the moment its request reaches the handler
 //! until its response body has been written or dropped ([`Tracked`]). An
 //! idle connection that is closed gets a read error ([`Closable`]), which
@@ -22,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -30,6 +37,8 @@ use bytes::Buf;
 use futures_util::task::AtomicWaker;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::adapters::tunnel::Watched;
 
 /// Why a new connection was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +59,15 @@ pub(crate) struct ConnTable {
     /// takes no lock.
     tick: AtomicU64,
     inner: Mutex<Inner>,
+    /// The clock of the tunnels' activity (ms since this instant).
+    epoch: tokio::time::Instant,
+    /// A connection whose tunnels moved no byte this long (ms) is
+    /// closable at the cap.
+    tunnel_closable_ms: u64,
+    /// Most tunnels open at once.
+    max_tunnels: usize,
+    /// Tunnels open now.
+    tunnels: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -75,6 +93,17 @@ pub(crate) struct ConnState {
     /// reads a connection; registering is lock-free, unlike a `Notify`'s
     /// waiter list, which took a mutex on every read).
     close: AtomicWaker,
+    /// Tunnels open on it (each also holds it busy).
+    tunnels: AtomicU32,
+    /// When one of its tunnels last moved a byte, ms after `epoch`.
+    tunnel_active_ms: AtomicU64,
+    /// The table's `epoch`.
+    epoch: tokio::time::Instant,
+    /// Set when the table closed it while its tunnels were idle: they end.
+    tunnels_cut: AtomicBool,
+    /// Wakes its tunnels' relays when `tunnels_cut` is set (used by
+    /// tunnels only, never on a request's path).
+    tunnels_cut_notify: tokio::sync::Notify,
 }
 
 /// An admitted connection: removes it from the table when dropped.
@@ -112,12 +141,74 @@ impl ConnTable {
     /// A table for at most `max` connections, `per_source` of them from
     /// one address (both at least 1).
     pub(crate) fn new(max: usize, per_source: usize) -> Arc<ConnTable> {
+        ConnTable::with_tunnels(max, per_source, std::time::Duration::MAX, 100)
+    }
+
+    /// [`ConnTable::new`], with tunnels idle `closable_after` closable at
+    /// the cap, and at most `tunnel_percent` % of `max` (at least 1) open
+    /// at once.
+    pub(crate) fn with_tunnels(
+        max: usize,
+        per_source: usize,
+        closable_after: std::time::Duration,
+        tunnel_percent: u32,
+    ) -> Arc<ConnTable> {
+        let max = max.max(1);
         Arc::new(ConnTable {
-            max: max.max(1),
-            per_source: per_source.clamp(1, max.max(1)),
+            max,
+            per_source: per_source.clamp(1, max),
             tick: AtomicU64::new(0),
             inner: Mutex::default(),
+            epoch: tokio::time::Instant::now(),
+            tunnel_closable_ms: u64::try_from(closable_after.as_millis()).unwrap_or(u64::MAX),
+            max_tunnels: (max * tunnel_percent.min(100) as usize / 100).max(1),
+            tunnels: AtomicUsize::new(0),
         })
+    }
+
+    /// Whether open tunnels hold their share of the cap
+    /// (`limits.max_tunnels_percent`): a new one is refused (503).
+    pub(crate) fn tunnels_full(&self) -> bool {
+        self.tunnels.load(Ordering::Relaxed) >= self.max_tunnels
+    }
+
+    /// The most tunnels open at once.
+    pub(crate) fn max_tunnels(&self) -> usize {
+        self.max_tunnels
+    }
+
+    /// Counts a tunnel open on `conn` until the returned guard is dropped;
+    /// its activity starts now. The caller holds `conn` busy meanwhile.
+    pub(crate) fn tunnel(self: &Arc<Self>, conn: &Arc<ConnState>) -> TunnelGuard {
+        self.tunnels.fetch_add(1, Ordering::Relaxed);
+        conn.tunnels.fetch_add(1, Ordering::AcqRel);
+        conn.touch();
+        TunnelGuard {
+            table: self.clone(),
+            conn: conn.clone(),
+        }
+    }
+
+    /// The connection to close at the cap when none is idle: one whose
+    /// every busy mark is an open tunnel and whose tunnels moved no byte
+    /// for `tunnel_closable_ms`, idle longest first.
+    fn idle_tunnel(&self, inner: &Inner) -> Option<Arc<ConnState>> {
+        if self.tunnel_closable_ms == u64::MAX {
+            return None;
+        }
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        inner
+            .open
+            .values()
+            .filter(|c| {
+                let t = c.tunnels.load(Ordering::Acquire);
+                t > 0
+                    && c.busy.load(Ordering::Acquire) <= t
+                    && now.saturating_sub(c.tunnel_active_ms.load(Ordering::Relaxed))
+                        >= self.tunnel_closable_ms
+            })
+            .min_by_key(|c| c.tunnel_active_ms.load(Ordering::Relaxed))
+            .cloned()
     }
 
     /// The next connection id or activity tick (from 1).
@@ -172,11 +263,16 @@ impl ConnTable {
                 .filter(|c| c.busy.load(Ordering::Acquire) == 0)
                 .min_by_key(|c| c.idle_since.load(Ordering::Relaxed))
                 .cloned()
+                .or_else(|| self.idle_tunnel(&inner))
                 .ok_or(Refusal::Full)?;
             inner.open.remove(&victim.id);
             inner.release_source(victim.source);
             victim.closed.store(true, Ordering::Release);
             victim.close.wake();
+            if victim.tunnels.load(Ordering::Acquire) > 0 {
+                victim.tunnels_cut.store(true, Ordering::Release);
+                victim.tunnels_cut_notify.notify_waiters();
+            }
             evicted = Some(victim.source);
         }
         let id = self.next_tick();
@@ -187,6 +283,11 @@ impl ConnTable {
             idle_since: AtomicU64::new(id),
             closed: AtomicBool::new(false),
             close: AtomicWaker::new(),
+            tunnels: AtomicU32::new(0),
+            tunnel_active_ms: AtomicU64::new(0),
+            epoch: self.epoch,
+            tunnels_cut: AtomicBool::new(false),
+            tunnels_cut_notify: tokio::sync::Notify::new(),
         });
         inner.open.insert(id, state.clone());
         *inner.by_source.entry(source).or_insert(0) += 1;
@@ -219,7 +320,55 @@ impl Drop for BusyGuard {
     fn drop(&mut self) {
         let tick = self.table.next_tick();
         self.conn.idle_since.store(tick, Ordering::Relaxed);
-        self.conn.busy.fetch_sub(1, Ordering::AcqRel);
+        if self.conn.busy.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.conn.closed.load(Ordering::Acquire)
+        {
+            // Closed while busy (its tunnels were cut): its reader may be
+            // waiting, wake it to end the connection.
+            self.conn.close.wake();
+        }
+    }
+}
+
+/// Counts one tunnel on a connection ([`ConnTable::tunnel`]).
+#[derive(Debug)]
+pub(crate) struct TunnelGuard {
+    table: Arc<ConnTable>,
+    conn: Arc<ConnState>,
+}
+
+impl TunnelGuard {
+    /// What the tunnel's relay reports its activity to and waits on.
+    pub(crate) fn watched(&self) -> Arc<dyn Watched> {
+        self.conn.clone()
+    }
+}
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        self.conn.tunnels.fetch_sub(1, Ordering::AcqRel);
+        self.table.tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Watched for ConnState {
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.tunnel_active_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn cut(&self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            loop {
+                let notified = self.tunnels_cut_notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.tunnels_cut.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
+            }
+        })
     }
 }
 
@@ -403,5 +552,66 @@ mod tests {
         // The closed connections' own drops change nothing.
         drop((a, c));
         assert_eq!(t.open(), 3);
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_a_connection_whose_tunnels_are_idle_is_closed_and_its_tunnels_end() {
+        // Closable as soon as idle (0 ms), so the test needs no wait.
+        let t = ConnTable::with_tunnels(2, 2, std::time::Duration::ZERO, 100);
+        let a = t.admit(ip("10.0.0.1"), true).unwrap();
+        let b = t.admit(ip("10.0.0.2"), true).unwrap();
+        // a carries a tunnel (busy through it), b a request in flight.
+        let _a_busy = t.busy(&a.state);
+        let tunnel = t.tunnel(&a.state);
+        let _b_busy = t.busy(&b.state);
+        let watched = tunnel.watched();
+        let c = t.admit(ip("10.0.0.3"), true).unwrap();
+        assert_eq!(c.evicted, Some(ip("10.0.0.1")));
+        // The tunnel's relay is told to end.
+        tokio::time::timeout(std::time::Duration::from_secs(5), watched.cut())
+            .await
+            .expect("the tunnel was not cut");
+        // b is never closed: with c idle, c goes first; with c busy too,
+        // a new one is refused.
+        let _c_busy = t.busy(&c.state);
+        assert_eq!(t.admit(ip("10.0.0.4"), true).unwrap_err(), Refusal::Full);
+    }
+
+    #[test]
+    fn a_tunnel_that_moved_a_byte_recently_is_not_closable() {
+        let t = ConnTable::with_tunnels(1, 1, std::time::Duration::from_secs(60), 100);
+        let a = t.admit(ip("10.0.0.1"), true).unwrap();
+        let _busy = t.busy(&a.state);
+        let _tunnel = t.tunnel(&a.state);
+        assert_eq!(t.admit(ip("10.0.0.2"), true).unwrap_err(), Refusal::Full);
+        // Without tunnels counted (ConnTable::new), never.
+        let t = ConnTable::new(1, 1);
+        let a = t.admit(ip("10.0.0.1"), true).unwrap();
+        let _busy = t.busy(&a.state);
+        let _tunnel = t.tunnel(&a.state);
+        assert_eq!(t.admit(ip("10.0.0.2"), true).unwrap_err(), Refusal::Full);
+    }
+
+    #[test]
+    fn open_tunnels_hold_at_most_their_share_of_the_cap() {
+        // 768 connections, 75 %: 576 tunnels, so 192 places stay for
+        // new clients whatever two sources hold open.
+        let t = ConnTable::with_tunnels(768, 384, std::time::Duration::from_secs(60), 75);
+        assert_eq!(t.max_tunnels(), 576);
+        let conns: Vec<_> = (0..576)
+            .map(|i| {
+                t.admit(ip(if i % 2 == 0 { "10.0.0.1" } else { "10.0.0.2" }), true)
+                    .unwrap()
+            })
+            .collect();
+        let held: Vec<_> = conns
+            .iter()
+            .map(|c| (t.busy(&c.state), t.tunnel(&c.state)))
+            .collect();
+        assert!(t.tunnels_full());
+        // Another client is admitted without closing anyone.
+        assert_eq!(t.admit(ip("10.0.0.3"), true).unwrap().evicted, None);
+        drop(held);
+        assert!(!t.tunnels_full());
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
-use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked};
+use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked, TunnelGuard};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
@@ -268,11 +268,13 @@ impl ConnHold {
     /// Holds the connection until the returned value is dropped.
     pub(crate) fn hold(&self) -> Held {
         let busy = self.tracker.table.busy(&self.tracker.state);
+        let tunnel = self.tracker.table.tunnel(&self.tracker.state);
         if let Some(streams) = &self.streams {
             streams.active.fetch_add(1, Ordering::Relaxed);
             streams.touch();
         }
         Held {
+            tunnel,
             _busy: busy,
             _admission: self.tracker.admission.clone(),
             streams: self.streams.clone(),
@@ -283,9 +285,19 @@ impl ConnHold {
 /// A tunnel's hold on its client connection ([`ConnHold::hold`]),
 /// released when dropped.
 pub(crate) struct Held {
+    // Dropped first: the tunnel is no longer counted once it is not busy.
+    tunnel: TunnelGuard,
     _busy: BusyGuard,
     _admission: Arc<dyn Send + Sync>,
     streams: Option<Arc<ConnStreams>>,
+}
+
+impl Held {
+    /// The client connection's place in the connection table, for the
+    /// tunnel's relay (activity, and its close at the cap).
+    pub(crate) fn watched(&self) -> Arc<dyn crate::adapters::tunnel::Watched> {
+        self.tunnel.watched()
+    }
 }
 
 impl Drop for Held {

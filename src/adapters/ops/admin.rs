@@ -287,6 +287,10 @@ fn status_json(state: &NodeState) -> String {
             "sip_requests": c.sip_requests.load(Ordering::Relaxed),
             "sip_malformed": c.sip_malformed.load(Ordering::Relaxed),
             "sip_forwarded": c.sip_forwarded.load(Ordering::Relaxed),
+            "sip_udp_rate_limited": c.sip_udp_rate_limited.load(Ordering::Relaxed),
+            "sip_udp_answers_withheld": c.sip_udp_answers_withheld.load(Ordering::Relaxed),
+            "sip_tcp_timed_out": c.sip_tcp_timed_out.load(Ordering::Relaxed),
+            "tunnels_refused": c.tunnels_refused.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "h2": {

@@ -37,6 +37,10 @@
 //! | `peerlb_proxied_disagree_total` | counter | proxied requests whose owner in this node's view is another node |
 //! | `peerlb_sip_requests_total` | counter | SIP requests received from clients (UDP and TCP) |
 //! | `peerlb_sip_malformed_total` | counter | SIP messages from clients that did not parse (answered 400 or dropped) |
+//! | `peerlb_sip_udp_rate_limited_total` | counter | SIP UDP datagrams dropped unanswered: their source was past `limits.sip_udp_requests_per_source` |
+//! | `peerlb_sip_udp_answers_withheld_total` | counter | SIP UDP answers not sent: they would have passed twice the request's bytes |
+//! | `peerlb_sip_tcp_timed_out_total` | counter | SIP TCP connections closed for an unfinished message (`limits.header_read_timeout_ms`) or idleness (`limits.sip_idle_timeout_ms`) |
+//! | `peerlb_tunnels_refused_total` | counter | WebSocket upgrades answered 503 at `limits.max_tunnels_percent` of the connection cap |
 //! | `peerlb_sip_forwarded_total` | counter | SIP forward attempts to an owner (one per candidate tried) |
 //! | `peerlb_errors_total` | counter | requests this node answered with an error status |
 //! | `peerlb_client_connections_refused_total` | counter | client connections closed at accept (`limits.max_connections`) |
@@ -379,6 +383,26 @@ impl Snapshot {
                 "sip_forwarded",
                 "SIP forward attempts to an owner (one per candidate tried)",
                 Counter(get(&c.sip_forwarded)),
+            ),
+            Family::one(
+                "sip_udp_rate_limited",
+                "SIP UDP datagrams dropped: their source was past limits.sip_udp_requests_per_source",
+                Counter(get(&c.sip_udp_rate_limited)),
+            ),
+            Family::one(
+                "sip_udp_answers_withheld",
+                "SIP UDP answers not sent: they would have passed twice the request's bytes",
+                Counter(get(&c.sip_udp_answers_withheld)),
+            ),
+            Family::one(
+                "sip_tcp_timed_out",
+                "SIP TCP connections closed: a message unfinished within limits.header_read_timeout_ms, or idle past limits.sip_idle_timeout_ms",
+                Counter(get(&c.sip_tcp_timed_out)),
+            ),
+            Family::one(
+                "tunnels_refused",
+                "WebSocket upgrades answered 503: open tunnels held limits.max_tunnels_percent of the connection cap",
+                Counter(get(&c.tunnels_refused)),
             ),
             Family::one(
                 "client_connections_refused",

@@ -327,38 +327,39 @@ pub(super) fn parse(text: &str) -> Result<Rules, RuleError> {
         }
         *slot = Some(child);
     }
-    let mut rules = Vec::new();
-    let mut budget = RegexBudget::default();
-    if let Some(http) = http {
-        attrs(http, [])?;
-        no_text(http)?;
-        for child in &http.children {
-            rules.push(Rule {
-                name: Some(format!("<{}> at line {}", child.name, child.line)),
-                body: Body::Tree {
-                    when: Default::default(),
-                    expr: expr(child, &mut budget)?,
-                },
-            });
+    super::bounds::fit(|budget| {
+        let mut rules = Vec::new();
+        if let Some(http) = http {
+            attrs(http, [])?;
+            no_text(http)?;
+            for child in &http.children {
+                rules.push(Rule {
+                    name: Some(format!("<{}> at line {}", child.name, child.line)),
+                    body: Body::Tree {
+                        when: Default::default(),
+                        expr: expr(child, budget)?,
+                    },
+                });
+            }
         }
-    }
-    let mut sip_rules = Vec::new();
-    if let Some(sip) = sip {
-        attrs(sip, [])?;
-        no_text(sip)?;
-        for child in &sip.children {
-            sip_rules.push(Rule {
-                name: Some(format!("<{}> at line {}", child.name, child.line)),
-                body: Body::Tree {
-                    when: Default::default(),
-                    expr: expr(child, &mut budget)?,
-                },
-            });
+        let mut sip_rules = Vec::new();
+        if let Some(sip) = sip {
+            attrs(sip, [])?;
+            no_text(sip)?;
+            for child in &sip.children {
+                sip_rules.push(Rule {
+                    name: Some(format!("<{}> at line {}", child.name, child.line)),
+                    body: Body::Tree {
+                        when: Default::default(),
+                        expr: expr(child, budget)?,
+                    },
+                });
+            }
         }
-    }
-    Ok(Rules {
-        rules,
-        sip: sip_rules,
+        Ok(Rules {
+            rules,
+            sip: sip_rules,
+        })
     })
 }
 

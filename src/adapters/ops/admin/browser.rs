@@ -8,12 +8,29 @@ use crate::adapters::errors::AdminError;
 /// The admin API's check against browsers (CSRF and DNS rebinding): `Host`
 /// (when sent) must be an IP literal or `localhost`, with any port, and an
 /// `Origin` (when sent) must be the same origin, `http://` or `https://`
-/// followed by exactly the `Host` value. Command-line clients send no
-/// `Origin` and an IP or `localhost` Host, so they pass.
+/// followed by exactly the `Host` value. More than one `Host` or `Origin`
+/// field is refused: which one a check reads and which one a browser or
+/// proxy meant cannot be known (RFC 6454 section 7.3 allows one `Origin`;
+/// RFC 9112 section 3.2 one `Host`). Command-line clients send no `Origin`
+/// and an IP or `localhost` Host, so they pass.
 ///
 /// # Errors
 /// [`AdminError::ForeignHost`] or [`AdminError::ForeignOrigin`] (403).
 pub(crate) fn check_admin_browser(headers: &HeaderMap) -> Result<(), AdminError> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    if let (Some(_), Some(second)) = (hosts.next(), hosts.next()) {
+        return Err(AdminError::ForeignHost(format!(
+            "more than one Host field ({})",
+            String::from_utf8_lossy(second.as_bytes())
+        )));
+    }
+    let mut origins = headers.get_all(header::ORIGIN).iter();
+    if let (Some(_), Some(second)) = (origins.next(), origins.next()) {
+        return Err(AdminError::ForeignOrigin(format!(
+            "more than one Origin field ({})",
+            String::from_utf8_lossy(second.as_bytes())
+        )));
+    }
     let host = headers.get(header::HOST).map(HeaderValue::as_bytes);
     if let Some(h) = host
         && !local_host(h)
@@ -125,6 +142,45 @@ mod tests {
         assert!(matches!(
             admin(None, Some("http://127.0.0.1:8081")),
             Err(AdminError::ForeignOrigin(_))
+        ));
+    }
+
+    #[test]
+    fn admin_refuses_a_second_origin_or_host_field_even_when_the_first_is_same_site() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8081"));
+        h.append(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8081"),
+        );
+        assert!(check_admin_browser(&h).is_ok());
+        h.append(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        assert!(matches!(
+            check_admin_browser(&h),
+            Err(AdminError::ForeignOrigin(_))
+        ));
+        // Two same-site values are refused too: the count is the rule.
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8081"));
+        for _ in 0..2 {
+            h.append(
+                header::ORIGIN,
+                HeaderValue::from_static("http://127.0.0.1:8081"),
+            );
+        }
+        assert!(matches!(
+            check_admin_browser(&h),
+            Err(AdminError::ForeignOrigin(_))
+        ));
+        let mut h = HeaderMap::new();
+        h.append(header::HOST, HeaderValue::from_static("127.0.0.1:8081"));
+        h.append(header::HOST, HeaderValue::from_static("evil.example"));
+        assert!(matches!(
+            check_admin_browser(&h),
+            Err(AdminError::ForeignHost(_))
         ));
     }
 }

@@ -65,10 +65,16 @@ fn forty_huge_regexes_are_refused_by_the_per_regex_limit() {
 
 #[test]
 fn regexes_under_their_own_limit_are_refused_together_past_the_budget() {
-    // Each about 2.2 MiB compiled: fifteen pass the 32 MiB of a rule set.
+    // Each about 2.2 MiB compiled: some thirty pass the 64 MiB of a rule
+    // set; the error names the rule that did not fit.
     let rule = "<request-uri><match>(\\w{40})</match></request-uri>\n";
     let e = Rules::from_xml(&http_rules(&rule.repeat(40))).unwrap_err();
     assert!(matches!(e.kind, RuleErrorKind::RegexBudget(_)), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("<match> at line ") && text.contains("matching caches"),
+        "{text}"
+    );
     // Three are fine.
     assert_eq!(
         Rules::from_xml(&http_rules(&rule.repeat(3))).unwrap().len(),

@@ -1,0 +1,222 @@
+//! SIP over TCP: the accept loop and one task per connection. A SIP TCP
+//! connection is a client connection like an HTTP one: it is admitted to
+//! the same table (`limits.max_connections`, the per-source share,
+//! idle-first closing: `http/conns.rs`), busy only while a message is
+//! being answered, and closed when it is idle past
+//! `limits.sip_idle_timeout_ms` (no byte either way; an RFC 5626 ping, a
+//! double CRLF, is answered with one CRLF and keeps it open) or when a
+//! message begun is not finished within `limits.header_read_timeout_ms`
+//! (one deadline for the whole message, however its bytes trickle in).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::{LOG, SipEntry};
+use crate::adapters::REQUEST_PATH;
+use crate::adapters::http::conns::{Admitted, Closable};
+use crate::adapters::http::{ConnTable, Refusal};
+use crate::engine::sip::{self as sipmsg, keepalive};
+use crate::seam::{Connection, HttpListener};
+
+/// What SIP TCP connections are held to.
+#[derive(Clone, Debug)]
+pub(crate) struct TcpLimits {
+    /// The node's client connection table, shared with HTTP.
+    pub(crate) conns: Arc<ConnTable>,
+    /// A connection with no byte either way this long is closed
+    /// (`limits.sip_idle_timeout_ms`).
+    pub(crate) idle_timeout: Duration,
+}
+
+/// Counts one open connection in the client connections gauge while it
+/// lives.
+struct Gauge<'a>(&'a AtomicU64);
+
+impl<'a> Gauge<'a> {
+    fn new(g: &'a AtomicU64) -> Self {
+        g.fetch_add(1, Ordering::Relaxed);
+        Gauge(g)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves SIP over TCP on `listener`, bound to `local` (as
+/// [`super::serve_udp`]), until `stop` turns true: each connection is
+/// admitted to the connection table or closed at once, then served by its
+/// own task, its messages in order, answers on the same connection.
+pub(crate) async fn serve_tcp(
+    mut listener: Box<dyn HttpListener>,
+    local: SocketAddr,
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    info!(target: LOG, addr = %local, "listening for sip over tcp");
+    let table = entry.tcp.conns.clone();
+    let mut last_warn: Option<tokio::time::Instant> = None;
+    let mut last_cap_warn: Option<tokio::time::Instant> = None;
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (conn, client) = match accepted {
+            Ok(r) => r,
+            Err(e) => {
+                // Out of file descriptors, typically: say so once a
+                // second, and do not spin on it.
+                if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    warn!(target: LOG, error = %e, "sip tcp accept failed");
+                    last_warn = Some(tokio::time::Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let cap_warn = last_cap_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        let counters = &entry.state.counters;
+        let admitted = match table.admit(client.ip(), true) {
+            Ok(a) => a,
+            Err(why) => {
+                drop(conn);
+                match why {
+                    Refusal::Full => &counters.connections_refused,
+                    Refusal::SourceFull => &counters.connections_refused_source,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                if cap_warn {
+                    warn!(target: LOG, ?why, %client, "connection cap reached: closing a new sip tcp connection (limits.max_connections, limits.max_connections_per_source_percent)");
+                    last_cap_warn = Some(tokio::time::Instant::now());
+                }
+                continue;
+            }
+        };
+        if let Some(evicted) = admitted.evicted {
+            counters
+                .connections_closed_idle
+                .fetch_add(1, Ordering::Relaxed);
+            if cap_warn {
+                warn!(target: LOG, %client, %evicted, "connection cap reached: closing the connection idle longest to admit a sip tcp connection (limits.max_connections)");
+                last_cap_warn = Some(tokio::time::Instant::now());
+            }
+        }
+        let (entry, stop) = (entry.clone(), stop.clone());
+        tokio::spawn(connection(conn, admitted, (client, local), entry, stop));
+    }
+}
+
+/// Why a connection's read ended it.
+enum Ended {
+    /// The client closed it, it failed, or the table closed it.
+    Closed,
+    /// No message begun and no byte for the idle timeout.
+    Idle,
+    /// A message begun and not finished within the read timeout.
+    Unfinished,
+}
+
+async fn connection(
+    conn: Box<dyn Connection>,
+    admitted: Admitted,
+    (client, local): (SocketAddr, SocketAddr),
+    entry: Arc<SipEntry>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _gauge = Gauge::new(&entry.state.counters.client_connections);
+    let table = entry.tcp.conns.clone();
+    let mut conn = Closable::new(conn, admitted.state.clone());
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = vec![0u8; 16 * 1024];
+    // Half an RFC 5626 ping already skipped.
+    let mut half = false;
+    // When the message in `buf` began (its first byte's read).
+    let mut begun: Option<tokio::time::Instant> = None;
+    let ended = loop {
+        let k = keepalive::scan(&buf, half);
+        buf.drain(..k.skip);
+        half = k.half;
+        for _ in 0..k.pongs {
+            if conn.write_all(keepalive::PONG).await.is_err() {
+                return;
+            }
+        }
+        match sipmsg::frame_len(&buf) {
+            Ok(Some(n)) => {
+                let msg: Vec<u8> = buf.drain(..n).collect();
+                begun = None;
+                // Busy while it is answered: idle-first closing at the
+                // cap passes it over.
+                let _busy = table.busy(&admitted.state);
+                for answer in entry.handle(&msg, client, true, local).await {
+                    if conn.write_all(&answer.to_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                entry
+                    .state
+                    .counters
+                    .sip_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
+                if let Some(answer) = sipmsg::bad_request(&buf, &e) {
+                    let _ = conn.write_all(&answer.to_bytes()).await;
+                }
+                let _ = conn.shutdown().await;
+                return;
+            }
+        }
+        // A message begun must be finished within the read timeout, as a
+        // whole; between messages the connection may stay idle up to the
+        // idle timeout (a CR kept for its LF is no message yet).
+        let pending = !buf.is_empty() && buf != b"\r";
+        let now = tokio::time::Instant::now();
+        let deadline = if pending {
+            *begun.get_or_insert(now) + entry.read_timeout
+        } else {
+            begun = None;
+            now + entry.tcp.idle_timeout
+        };
+        let read = tokio::time::timeout_at(deadline, conn.read(&mut chunk));
+        let n = tokio::select! {
+            r = read => match r {
+                Ok(Ok(0) | Err(_)) => break Ended::Closed,
+                Ok(Ok(n)) => n,
+                Err(_) if pending => break Ended::Unfinished,
+                Err(_) => break Ended::Idle,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    match ended {
+        Ended::Closed => {}
+        Ended::Idle | Ended::Unfinished => {
+            entry
+                .state
+                .counters
+                .sip_tcp_timed_out
+                .fetch_add(1, Ordering::Relaxed);
+            let why = if matches!(ended, Ended::Idle) {
+                "idle past limits.sip_idle_timeout_ms"
+            } else {
+                "message unfinished within limits.header_read_timeout_ms"
+            };
+            debug!(target: REQUEST_PATH, %client, why, "sip tcp connection closed");
+            let _ = conn.shutdown().await;
+        }
+    }
+}
