@@ -83,7 +83,9 @@ fn tls13() -> rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>
 async fn owner(dir: &Path, addr: SocketAddr) {
     let (cert, key) = files(dir);
     let cert = CertificateDer::from(std::fs::read(cert).expect("cert.der"));
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(std::fs::read(key).expect("key.der")));
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        std::fs::read(key).expect("key.der"),
+    ));
     let tls = tls13()
         .with_no_client_auth()
         .with_single_cert(vec![cert], key)
@@ -133,9 +135,13 @@ async fn entry(dir: &Path, http: SocketAddr, peer: SocketAddr) {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let listener = tokio::net::TcpListener::bind(http).await.expect("bind HTTP");
+    let listener = tokio::net::TcpListener::bind(http)
+        .await
+        .expect("bind HTTP");
     loop {
-        let Ok((tcp, _)) = listener.accept().await else { continue };
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let conn = conn.clone();
         tokio::spawn(async move {
@@ -144,7 +150,9 @@ async fn entry(dir: &Path, http: SocketAddr, peer: SocketAddr) {
                 async move { forward(&conn, req).await }
             });
             let io = hyper_util::rt::TokioIo::new(tcp);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
         });
     }
 }
