@@ -19,6 +19,17 @@ Every contender forwards the same wrk load to the same three backends
              weight is 0, so every request crosses the hop to node 2: the
              hop-only figure (requests per CPU-second of an entry and an
              owner, no backends)
+  hop-floor  the hop's floor (benches/hop_floor.rs, --floor): an entry
+             serving HTTP/1.1 with hyper on one current_thread runtime,
+             one quinn stream per request to an owner process that
+             answers a fixed 200-byte body; nothing else. peerlb-hop's
+             figures are read against it
+
+Besides the balancer's CPU, each measurement gives the system CPU per
+request: every process that serves the contender (HAProxy or nginx and
+the three backends, peerlb-3 or peerlb-1 and the backends, the nodes of
+peerlb-3-builtin and peerlb-hop alone, the floor's two processes), what
+a user pays for the whole path.
 
 Besides req/s, latency, CPU and RSS, each measurement counts the
 balancer's context switches (voluntary + involuntary, every thread) and
@@ -68,11 +79,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop"]
+CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop",
+              "hop-floor"]
 PEERLB = ["peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop"]
 BEFORE = [c + "-before" for c in PEERLB]
 # Nodes of each peerlb contender (peak RSS per node).
 NODES = {"peerlb-3": 3, "peerlb-1": 1, "peerlb-3-builtin": 3, "peerlb-hop": 2}
+# Contenders served by the three backends: their system CPU includes the
+# backends' (the others serve in process).
+ON_BACKENDS = {"direct", "haproxy", "nginx", "peerlb-3", "peerlb-1", "peerlb-3-before", "peerlb-1-before"}
 # A point is (response bytes, connections, think time in ms per connection).
 BASE = (200, 16, 0)  # saturation: the throughput ratios
 MODERATE = (200, 16, 5)  # fixed moderate load (<= 3,200 req/s): added p99, CPU per request
@@ -432,6 +447,8 @@ def contender_ports(c, b):
         return [b + 10]
     if c == "nginx":
         return [b + 20]
+    if c == "hop-floor":
+        return [b + 400, b + 401]
     if c not in LAYOUT and not c.endswith("-before"):
         return []
     base = c[: -len("-before")] if c.endswith("-before") else c
@@ -531,6 +548,15 @@ def start_all(args, tmp, procs, contenders):
     for c in contenders:
         if c in LAYOUT or c in BEFORE:
             out[c] = start_peerlb(c, args, tmp, procs, backends, tls)
+
+    if "hop-floor" in contenders:
+        # Cleartext at its entry, as peerlb-hop without --https.
+        fdir, http, peer = os.path.join(tmp, "certs-floor"), f"127.0.0.1:{b + 400}", f"127.0.0.1:{b + 401}"
+        subprocess.run([args.floor, "certs", fdir], check=True)
+        owner = procs.start("floor-owner", [args.floor, "owner", fdir, peer])
+        entry = procs.start("floor-entry", [args.floor, "entry", fdir, http, peer])
+        wait_ok(f"http://{http}/bytes/200?user=x", "hop-floor", procs)
+        out["hop-floor"] = (f"http://{http}", [entry.pid, owner.pid])
     return out, app_pids
 
 
@@ -600,7 +626,7 @@ def h2load(url, size, conns, duration, tmp):
     }
 
 
-def measure(url, pids, app_pids, pt, duration, tmp):
+def measure(url, pids, app_pids, pt, duration, tmp, on_backends=True):
     size, conns, think = pt[:3]
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
@@ -624,6 +650,9 @@ def measure(url, pids, app_pids, pt, duration, tmp):
         "p999": w["p999"] / 1000,
         "cpu": (c1 - c0) / CLK_TCK / n * 10000 if pids else float("nan"),
         "app_cpu": (a1 - a0) / CLK_TCK / n * 10000,
+        # Everything that serves the contender: the balancer and, for one
+        # on the backends, the backends.
+        "sys_cpu": ((c1 - c0) + ((a1 - a0) if on_backends else 0)) / CLK_TCK / n * 10000,
         "rss": peak_rss_kib(bal) / 1024 if pids else float("nan"),
         "cs": (s1 - s0) / n if pids else float("nan"),
         # The balancer's own UDP sends (perf), else the machine's datagrams.
@@ -649,8 +678,8 @@ def table(results, pt, contenders):
     rows = [
         f"### {point_label(pt)}",
         "",
-        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | ctx sw/req | UDP sends/req | syscalls/req | peak RSS MiB | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| contender | req/s | spread | x HAProxy | p50 ms | p99 ms | p99.9 ms | CPU s/10k req | app CPU s/10k | system CPU s/10k | ctx sw/req | UDP sends/req | syscalls/req | peak RSS MiB | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in contenders:
         rs = results.get((pt, c), [])
@@ -663,7 +692,8 @@ def table(results, pt, contenders):
             f"| {c} | {med(rps):,.0f} | {fmt(spread, '.0f')}% | {fmt(ratio, '.2f')} "
             f"| {med([r['p50'] for r in rs]):.2f} | {med([r['p99'] for r in rs]):.2f} "
             f"| {med([r['p999'] for r in rs]):.2f} | {fmt(med([r['cpu'] for r in rs]), '.2f')} "
-            f"| {med([r['app_cpu'] for r in rs]):.2f} | {fmt(med([r['cs'] for r in rs]), '.2f')} "
+            f"| {med([r['app_cpu'] for r in rs]):.2f} | {med([r['sys_cpu'] for r in rs]):.2f} "
+            f"| {fmt(med([r['cs'] for r in rs]), '.2f')} "
             f"| {fmt(med([r['dgrams'] for r in rs]), '.2f')} | {fmt(med([r.get('syscalls', float('nan')) for r in rs]), '.2f')} "
             f"| {fmt(med([r['rss'] for r in rs]), '.1f')} "
             f"| {sum(r['errors'] for r in rs)} |"
@@ -723,6 +753,15 @@ def ratio_lines(results, contenders, pts):
                                       ("syscalls", "system calls per request")):
                         ratios.append(f"ratio {p}/{q} {what} = {fmt(per_round_ratio(results, pt, p, q, key), '.2f')}  "
                                       f"(lower is better; {point_label(pt)})")
+    # System CPU (every process that serves the contender) at every point.
+    for pt in pts:
+        for a, b_ in (("peerlb-hop", "hop-floor"), ("peerlb-hop-before", "hop-floor"),
+                      ("hop-floor", "haproxy"), ("peerlb-3-builtin", "haproxy"),
+                      ("peerlb-3", "haproxy"), ("peerlb-1", "haproxy")):
+            if a in contenders and b_ in contenders:
+                ratios.append(f"ratio {a}/{b_} system CPU per request = "
+                              f"{fmt(per_round_ratio(results, pt, a, b_, 'sys_cpu'), '.2f')}  "
+                              f"(lower is better; {point_label(pt)})")
     for h in ("peerlb-hop", "peerlb-hop-before"):
         for pt in (b, m):
             rs = results.get((pt, h), [])
@@ -741,40 +780,45 @@ def added_p99(results, pt, c):
     return p99[c] - p99["direct"], p99["haproxy"] - p99["direct"]
 
 
-# The goals of docs/performance.md ("Against the goals"): (label, figure,
-# comparison, bound).
+# The goals of docs/performance.md (issue 27, "The request path at its own
+# design's floor"): (label, figure, comparison, bound). A figure is
+# (point, contender, against, key) for a median of per-round ratios, or
+# "rss".
+C128 = (200, 128, 0)
 GOALS = [
-    ("peerlb-3 CPU per request at moderate load / HAProxy's", "cpu3", "<=", 2.0),
-    ("peerlb-1 CPU per request at moderate load / HAProxy's", "cpu1", "<=", 0.9),
-    ("peerlb-3 req/s at saturation / HAProxy's", "rps3", ">=", 0.6),
-    ("peerlb-1 req/s at saturation / HAProxy's", "rps1", ">=", 1.2),
-    ("peerlb-3-builtin req/s at saturation / HAProxy's (three built-in backends)", "rps3b", ">=", 1.0),
-    ("added p99 at moderate load, peerlb-3 / HAProxy's", "p99", "<=", 2.0),
-    ("peak RSS per node at saturation, MiB (largest of the peerlb contenders)", "rss", "<=", 32.0),
+    ("peerlb-hop system CPU per request / hop-floor's, 16 connections",
+     (BASE, "peerlb-hop", "hop-floor", "sys_cpu"), "<=", 1.2),
+    ("peerlb-hop system CPU per request / hop-floor's, 128 connections",
+     (C128, "peerlb-hop", "hop-floor", "sys_cpu"), "<=", 1.2),
+    ("peerlb-3-builtin system CPU per request / HAProxy + three built-in backends, 16 connections",
+     (BASE, "peerlb-3-builtin", "haproxy", "sys_cpu"), "<=", 1.0),
+    ("the same at 128 connections", (C128, "peerlb-3-builtin", "haproxy", "sys_cpu"), "<=", 0.7),
+    ("the same at moderate load", (MODERATE, "peerlb-3-builtin", "haproxy", "sys_cpu"), "<=", 1.3),
+    ("peerlb-3-builtin req/s / HAProxy's, 16 connections",
+     (BASE, "peerlb-3-builtin", "haproxy", "rps"), ">=", 1.0),
+    ("peerlb-1 req/s / HAProxy's, 16 connections", (BASE, "peerlb-1", "haproxy", "rps"), ">=", 1.1),
+    ("peerlb-1 CPU per request / HAProxy's, moderate load",
+     (MODERATE, "peerlb-1", "haproxy", "cpu"), "<=", 0.9),
+    ("peerlb-3 req/s / HAProxy's, 16 connections", (BASE, "peerlb-3", "haproxy", "rps"), ">=", 0.6),
+    ("peerlb-3 system CPU / HAProxy's system CPU, moderate load",
+     (MODERATE, "peerlb-3", "haproxy", "sys_cpu"), "<=", 2.0),
+    ("peak RSS per node at saturation, MiB (largest of the peerlb contenders)", "rss", "<=", 24.0),
 ]
 
 
 def goal_lines(results, contenders, pts):
     """One `goal` line per goal: its figure from this run, and met or missed."""
-    b, m = BASE, MODERATE
     have = set(contenders)
-    fig = {}
-    if "haproxy" in have:
-        if m in pts:
-            fig["cpu3"] = per_round_ratio(results, m, "peerlb-3", "haproxy", "cpu") if "peerlb-3" in have else None
-            fig["cpu1"] = per_round_ratio(results, m, "peerlb-1", "haproxy", "cpu") if "peerlb-1" in have else None
-        fig["rps3"] = per_round_ratio(results, b, "peerlb-3", "haproxy", "rps") if "peerlb-3" in have else None
-        fig["rps1"] = per_round_ratio(results, b, "peerlb-1", "haproxy", "rps") if "peerlb-1" in have else None
-        fig["rps3b"] = (per_round_ratio(results, b, "peerlb-3-builtin", "haproxy", "rps")
-                        if "peerlb-3-builtin" in have else None)
-        if "direct" in have and "peerlb-3" in have and m in pts:
-            ap, ah = added_p99(results, m, "peerlb-3")
-            fig["p99"] = ap / ah if ah > 0 else None
-    rss = [med([r["rss"] for r in results.get((b, c), [])]) / NODES[c] for c in PEERLB if c in have]
-    fig["rss"] = max(rss) if rss else None
     out = []
-    for label, key, cmp, bound in GOALS:
-        v = fig.get(key)
+    for label, what, cmp, bound in GOALS:
+        v = None
+        if what == "rss":
+            rss = [med([r["rss"] for r in results.get((BASE, c), [])]) / NODES[c] for c in PEERLB if c in have]
+            v = max(rss) if rss else None
+        else:
+            pt, a, b, key = what
+            if pt in pts and a in have and b in have:
+                v = per_round_ratio(results, pt, a, b, key)
         if v is None or v != v:
             out.append(f"goal {label}: not measured (needs its contenders and points)")
             continue
@@ -798,6 +842,9 @@ def main():
                          "and the clients speak HTTPS to them (direct stays cleartext)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "peerlb"))
+    ap.add_argument("--floor", metavar="BIN",
+                    help="the hop's floor (benches/hop_floor.rs; bench/floor.sh builds it and "
+                         "prints its path): the hop-floor contender, left out without it")
     ap.add_argument("--before", metavar="BIN",
                     help="also run peerlb-3-before and peerlb-1-before: the nodes of this "
                          "other peerlb binary, in the same rounds (before/after ratios)")
@@ -813,6 +860,13 @@ def main():
     if args.points == "https" and not args.https:
         sys.exit("--points https needs --https")
     contenders = [c for c in args.contenders.split(",") if c]
+    if not args.floor and "hop-floor" in contenders:
+        if args.contenders != ",".join(CONTENDERS):
+            sys.exit("hop-floor needs --floor BIN (bench/floor.sh builds it)")
+        contenders.remove("hop-floor")
+    if args.https and "hop-floor" in contenders:
+        # The floor has no TLS at its entry: not a counterpart over HTTPS.
+        contenders.remove("hop-floor")
     if args.before:
         contenders += [c + "-before" for c in PEERLB if c in contenders and c + "-before" not in contenders]
     for c in contenders:
@@ -862,7 +916,7 @@ def run(args, contenders, tmp, procs):
     # Warm-up: connection pools, page cache, QUIC congestion windows.
     for c in contenders:
         url, pids = targets[c]
-        measure(url, pids, app_pids, BASE, 1, tmp)
+        measure(url, pids, app_pids, BASE, 1, tmp, c in ON_BACKENDS)
     results = {}
     for r in range(args.rounds):
         for pt in pts:
@@ -871,7 +925,7 @@ def run(args, contenders, tmp, procs):
                 if mode(pt) == "h2" and c == "direct":
                     continue  # the backend speaks HTTP/1.1 only
                 url, pids = targets[c]
-                m = measure(url, pids, app_pids, pt, args.duration, tmp)
+                m = measure(url, pids, app_pids, pt, args.duration, tmp, c in ON_BACKENDS)
                 results.setdefault((pt, c), []).append(m)
                 think = f"+{pt[2]}ms" if pt[2] else (mode(pt) or "")
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "

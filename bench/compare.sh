@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for the side-by-side benchmark (docs/performance.md):
-#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps, 7 contenders (~13 min on 2 cores)
+#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps, 8 contenders (~15 min on 2 cores)
 #   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~2 min)
 #   bench/compare.sh --before OLD/peerlb   # adds the -before twin of every peerlb contender, same rounds
 #   bench/compare.sh --https    # TLS at every balancer (one certificate): keep-alive points, a new connection per request, HTTP/2 with h2load
@@ -25,5 +25,9 @@ if ! printf '%s\n' "$@" | grep -q -- '^--bin'; then
   if ! cargo build --release --bin peerlb >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; exit 1; fi
   rm -f "$log"
   set -- --bin "$CARGO_TARGET_DIR/release/peerlb" "$@"
+fi
+# The hop's floor (the hop-floor contender), unless one is given.
+if ! printf '%s\n' "$@" | grep -q -- '^--floor'; then
+  set -- --floor "$(bench/floor.sh)" "$@"
 fi
 exec python3 bench/compare.py "$@"

@@ -10,6 +10,9 @@
 #   N=4000 bench/instructions.sh BIN     # more requests per measurement
 #   bench/instructions.sh --haproxy [BIN ...]   # and HAProxy, for scale
 #   PATHS=hop bench/instructions.sh BIN  # only some of the paths below
+#   FLOOR= bench/instructions.sh BIN     # without the floor's figures
+#   KEEP=DIR bench/instructions.sh BIN   # keeps each callgrind profile in DIR
+#                                        # (callgrind_annotate DIR/hop.4000.1)
 #
 # Two paths, each on one keep-alive connection (a Python client that sends
 # a request, reads its whole answer, sends the next: no pipelining):
@@ -20,6 +23,10 @@
 #          instructions per forwarded request.
 #   owner  the same two nodes: the owner's instructions per forwarded
 #          request.
+# Then the hop's floor (benches/hop_floor.rs, built by bench/floor.sh
+# unless FLOOR names its binary): its entry's and its owner's
+# instructions per forwarded request, the scale for the hop and owner
+# figures (`floor` and `floor-owner` below; FLOOR= leaves them out).
 # With --haproxy, HAProxy (one thread, Debian's haproxy) in front of the
 # same backend as `local`, configured as bench/compare.sh's contender
 # (consistent hash on `user`, pooled keep-alive): HAProxy's instructions
@@ -33,7 +40,7 @@
 # 10 % between runs.
 #
 # Needs valgrind and python3 (apt-get install -y valgrind). Not part of CI.
-# Ports 127.0.0.1:23001-23300. Default BIN: target/release/peerlb (built).
+# Ports 127.0.0.1:23001-23312. Default BIN: target/release/peerlb (built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install -y valgrind)" >&2; exit 1; }
@@ -47,6 +54,9 @@ fi
 if [ $# -eq 0 ]; then
   cargo build --release --bin peerlb >/dev/null 2>&1 || cargo build --release --bin peerlb
   set -- target/release/peerlb
+fi
+if [ -z "${FLOOR+set}" ]; then
+  FLOOR=$(bench/floor.sh)
 fi
 work=$(mktemp -d /tmp/peerlb-instr-XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -148,7 +158,23 @@ wait_http() { # port
 # measure BIN PATH COUNT -> total Ir of the node under callgrind over COUNT requests
 measure() {
   local bin=$1 path=$2 count=$3 out="$work/cg.$2.$3" others=() node port
-  if [ "$path" = haproxy ]; then
+  if [ "$path" = floor ] || [ "$path" = floor-owner ]; then
+    "$bin" certs "$work/certs-floor"
+    if [ "$path" = floor ]; then
+      "$bin" owner "$work/certs-floor" 127.0.0.1:23312 >/dev/null 2>&1 &
+      others+=($!)
+      valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" entry "$work/certs-floor" \
+        127.0.0.1:23301 127.0.0.1:23312 >"$work/node.log" 2>&1 &
+      node=$!
+    else
+      valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" owner "$work/certs-floor" \
+        127.0.0.1:23312 >"$work/node.log" 2>&1 &
+      node=$!
+      "$bin" entry "$work/certs-floor" 127.0.0.1:23301 127.0.0.1:23312 >/dev/null 2>&1 &
+      others+=($!)
+    fi
+    port=23301
+  elif [ "$path" = haproxy ]; then
     "$bin" app --listen 127.0.0.1:23100 --name app1 >/dev/null 2>&1 &
     others+=($!)
     valgrind --tool=callgrind --callgrind-out-file="$out" haproxy -f "$work/haproxy.cfg" -db \
@@ -193,6 +219,10 @@ measure() {
   wait $node "${others[@]}" 2>/dev/null || true
   # The dump on demand is part 1; its totals line is the counted interval.
   awk '/^totals:/ {print $2}' "$out".1
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"
+    cp "$out".1 "$KEEP/$path.$count.1"
+  fi
   rm -f "$out" "$out".*
 }
 
@@ -204,6 +234,15 @@ for bin in "$@"; do
     printf '%-40s %-6s %14s\n' "$bin" $path $(((b - a) / N))
   done
 done
+if [ -n "$FLOOR" ]; then
+  for path in floor floor-owner; do
+    a=$(measure "$FLOOR" $path "$N")
+    b=$(measure "$FLOOR" $path $((2 * N)))
+    label=hop
+    [ $path = floor-owner ] && label=owner
+    printf '%-40s %-6s %14s\n' hop-floor $label $(((b - a) / N))
+  done
+fi
 if $haproxy; then
   a=$(measure "$1" haproxy "$N")
   b=$(measure "$1" haproxy $((2 * N)))
