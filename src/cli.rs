@@ -14,6 +14,7 @@ use peerlb::{ClusterFile, Overrides, Source};
 pub(crate) mod app;
 pub(crate) mod certs;
 pub(crate) mod check_config;
+pub(crate) mod json_log;
 pub(crate) mod keyring;
 pub(crate) mod log_limit;
 pub(crate) mod members;
@@ -49,7 +50,8 @@ fn access_directive(access_log: bool) -> tracing_subscriber::filter::Directive {
 
 /// Logs to stderr in `format`, filtered by `RUST_LOG` (default:
 /// [`DEFAULT_FILTER`]) with the access log on only with `access_log`
-/// ([`access_directive`]), text coloured on a terminal; chitchat's repeated
+/// ([`access_directive`]), text coloured on a terminal, JSON one object a
+/// line with lists as arrays ([`json_log`]); chitchat's repeated
 /// warnings rate limited (`log_limit`).
 pub(crate) fn init_tracing(format: LogFormat, access_log: bool) {
     use std::io::IsTerminal;
@@ -68,8 +70,7 @@ pub(crate) fn init_tracing(format: LogFormat, access_log: bool) {
             .init(),
         LogFormat::Json => tracing_subscriber::fmt()
             .json()
-            .flatten_event(true)
-            .with_span_list(false)
+            .event_format(json_log::JsonLines)
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .finish()

@@ -1,7 +1,8 @@
 //! The access log (`peerlb node --access-log --log-format json`) over real
 //! `peerlb` processes on loopback: the fields of a routed request on the
 //! entry and the owner, the time to the last byte of a long body, and a
-//! line for each answer the edge gives before routing (400, 414, 431).
+//! line for each answer the edge gives before routing (400, 414, 431, and
+//! 408 for a head that timed out), counted apart from the app's 4xx.
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -118,12 +119,17 @@ async fn access_lines_carry_the_request_its_routing_and_the_time_to_the_last_byt
     );
 }
 
+/// Every answer the edge gives has its line (peerlb's own 414 and 400,
+/// hyper's 431 and 400; a head begun and not finished within
+/// `limits.header_read_timeout_ms`, closed with nothing written, says
+/// 408), and the ones written count in `edge_client_errors`, which the
+/// app's own 4xx (the built-in app's 400 for `/bytes/x`) does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edges_answers_have_access_lines() {
     let c = Cluster::start_args(
         "access-edge",
         1,
-        "[limits]\nmax_request_target = 64\n",
+        "[limits]\nmax_request_target = 64\nheader_read_timeout_ms = 1000\n",
         "",
         &["--log-format", "json", "--access-log"],
     );
@@ -161,18 +167,33 @@ async fn the_edges_answers_have_access_lines() {
             "{name}: {got}"
         );
     }
+    // Half a head, then nothing: closed at the head read timeout (1 s,
+    // well inside raw's 5 s wait) with nothing written.
+    let got = raw(n1, b"GET /slow HTTP/1.1\r\nhost: h408\r\n");
+    assert_eq!(got, "", "a timed-out head gets no answer");
+    // The app's own 4xx: an entry line, not an edge answer.
+    let app = raw(
+        n1,
+        b"GET /bytes/x HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n",
+    );
+    assert!(app.starts_with("HTTP/1.1 400"), "{app}");
     let mut lines = Vec::new();
     poll(Duration::from_secs(10), || {
         lines = access_lines(&c, "n1");
-        lines.len() >= cases.len()
+        lines.len() >= cases.len() + 2
     })
     .unwrap_or_else(|()| panic!("access lines: {lines:?}\n{}", c.log("n1")));
     let statuses: Vec<u64> = lines
         .iter()
         .map(|l| l["status"].as_u64().unwrap())
         .collect();
-    assert_eq!(statuses, [414, 400, 431, 400], "{lines:?}");
-    for l in &lines {
+    assert_eq!(statuses, [414, 400, 431, 400, 408, 400], "{lines:?}");
+    assert_eq!(lines[5]["role"], "entry", "{}", lines[5]);
+    // The four edge answers written; not the timed-out head, not the
+    // app's 400.
+    assert_eq!(counter(n1, "edge_client_errors"), 4);
+    let lines = &lines[..5];
+    for l in lines {
         assert_eq!(l["role"], "edge", "{l}");
         assert_eq!(l["owner"], "-", "{l}");
         assert!(

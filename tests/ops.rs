@@ -391,6 +391,17 @@ async fn json_access_log_lines_share_the_request_id_on_entry_and_owner() {
         "{:?}",
         lines.0
     );
+    // Lists are arrays: the view's serving members as n1 saw the
+    // cluster whole.
+    assert!(
+        lines
+            .0
+            .iter()
+            .any(|l| l["message"] == "membership view changed"
+                && l["serving"] == serde_json::json!(["n1", "n2"])),
+        "{:?}",
+        lines.0
+    );
 
     // A client-sent UUID is kept (headers.trust_client_forwarded, the
     // default): both nodes log it, and the app receives it.

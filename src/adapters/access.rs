@@ -303,15 +303,20 @@ pub(crate) fn log_when_done(resp: Response<Body>, mut line: Line) -> Response<Bo
 
 /// The status of an answer hyper gave before any request reached peerlb
 /// (a head that did not parse: 400; one past the read buffer: 431), from
-/// the connection's error; `None` for other errors. A head read timeout is
-/// not one: hyper closes the connection without an answer, and an idle
-/// keep-alive connection ends the same way (HAProxy's `dontlognull`: a
-/// connection that sent nothing is not logged).
+/// the connection's error, or 408 for a head begun and not finished
+/// within `limits.header_read_timeout_ms`: hyper closes that connection
+/// without writing an answer, and the line says 408 as HAProxy's does for
+/// it. `None` for other errors. An idle keep-alive connection that times
+/// out ends without an error, and a connection that sent nothing is
+/// closed before hyper (the HTTP/2 preface wait): neither is logged
+/// (HAProxy's `dontlognull`).
 pub(crate) fn edge_status(e: &hyper::Error) -> Option<u16> {
     if e.is_parse_too_large() {
         Some(431)
     } else if e.is_parse() {
         Some(400)
+    } else if e.is_timeout() {
+        Some(408)
     } else {
         None
     }

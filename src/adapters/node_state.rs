@@ -114,6 +114,11 @@ pub(crate) struct Counters {
     /// WebSocket upgrades answered 503: open tunnels held
     /// `limits.max_tunnels_percent` of the connection cap.
     pub tunnels_refused: AtomicU64,
+    /// Client requests answered 4xx by peerlb itself, not by the app: its
+    /// own checks (400, 403, 413, 414, 431 ...: answers that carry
+    /// `peerlb-error-from`) and hyper's answers at the edge (400, 408,
+    /// 431 before a request head was whole).
+    pub edge_client_errors: AtomicU64,
 }
 
 /// Whether the router's policy reads load figures.

@@ -267,6 +267,16 @@ impl Ingress {
         };
         if !admin_path {
             self.state.metrics.count_status(resp.status());
+            if resp.status().is_client_error()
+                && resp
+                    .headers()
+                    .contains_key(crate::adapters::errors::ERROR_FROM)
+            {
+                self.state
+                    .counters
+                    .edge_client_errors
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
         if self.settings.header_entry
             && let Some(v) = &self.id_header
@@ -352,7 +362,20 @@ impl server::Handler for Ingress {
     }
 
     fn edge_answer(&self, client: std::net::SocketAddr, status: u16) {
-        crate::adapters::access::edge_line(self.state.node_id(), client, status);
+        // A timed-out head (408) was closed with nothing written: logged,
+        // not counted as an answer.
+        if status != 408
+            && let Ok(s) = http::StatusCode::from_u16(status)
+        {
+            self.state.metrics.count_status(s);
+            self.state
+                .counters
+                .edge_client_errors
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if crate::adapters::access::enabled() {
+            crate::adapters::access::edge_line(self.state.node_id(), client, status);
+        }
     }
 
     fn send_timeout(&self) -> Duration {

@@ -63,9 +63,10 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn h2_max_concurrent_streams(&self) -> u32 {
         100
     }
-    /// Writes the access line of an answer hyper gave itself on an
-    /// HTTP/1.1 connection from `client` (400, 408, 431: `access::edge_status`).
-    /// Nothing by default (the admin listener).
+    /// Counts an answer hyper gave itself on an HTTP/1.1 connection from
+    /// `client` (400, 431; 408 for a head that timed out, closed with
+    /// nothing written: `access::edge_status`) and writes its access line
+    /// when the log is on. Nothing by default (the admin listener).
     fn edge_answer(&self, client: std::net::SocketAddr, status: u16) {
         let _ = (client, status);
     }
@@ -442,9 +443,7 @@ async fn serve_h1<H, I>(
         }
     };
     if let Err(e) = r {
-        if crate::adapters::access::enabled()
-            && let Some(status) = crate::adapters::access::edge_status(&e)
-        {
+        if let Some(status) = crate::adapters::access::edge_status(&e) {
             edge.0.edge_answer(edge.1, status);
         }
         debug!(target: REQUEST_PATH, error = %e, "client connection ended with an error");

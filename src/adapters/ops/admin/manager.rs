@@ -5,7 +5,7 @@
 //! The page lists every member of this node's view with its status, weight
 //! (lbfactor, with the slow start's step), its share of the ring, requests
 //! in flight, its own counters asked over the peer link (requests, served,
-//! p50/p99 latency, bytes in and out, answers by kind: 4xx, app 5xx, 502,
+//! p50/p99 latency, bytes in and out, answers by kind: 4xx at the edge (peerlb's own) and the app's, app 5xx, 502,
 //! 503, 504; version and uptime), the load metric and the policy's state
 //! for it (lbstatus, bytes); then the members out of the view from the
 //! roster (`cluster/roster.rs`): failed (red, with the downtime and the
@@ -467,7 +467,8 @@ const COLUMNS: &[(&str, &str)] = &[
     ("p99", ""),
     ("bytes in", ""),
     ("bytes out", ""),
-    ("4xx", ""),
+    ("4xx edge", ""),
+    ("4xx app", ""),
     ("5xx app", ""),
     ("502", ""),
     ("503", ""),
@@ -516,7 +517,7 @@ fn row_html(r: &serde_json::Value, tok: &str) -> String {
         "<tr id=\"member-{id}\" class=\"{class}\" data-status=\"{st}\"><td class=\"id\">{id}</td><td class=\"state\">{text}</td>\
 <td class=\"weight\">{weight}</td><td class=\"share\">{share}</td><td class=\"inflight\">{inflight}</td><td class=\"rate\">-</td>\
 <td class=\"requests\">{req}</td><td class=\"served\">{served}</td><td class=\"p50\">{p50}</td><td class=\"p99\">{p99}</td>\
-<td class=\"bin\">{bin}</td><td class=\"bout\">{bout}</td><td>{e4}</td><td>{e5}</td><td>{e502}</td><td>{e503}</td><td>{e504}</td>\
+<td class=\"bin\">{bin}</td><td class=\"bout\">{bout}</td><td class=\"e4edge\">{e4edge}</td><td class=\"e4app\">{e4app}</td><td>{e5}</td><td>{e502}</td><td>{e503}</td><td>{e504}</td>\
 <td>{load}</td><td>{pol}</td><td class=\"version\">{ver}</td><td class=\"uptime\">{up}</td><td class=\"actions\">",
         st = esc(status),
         text = esc(&state_text),
@@ -536,7 +537,12 @@ fn row_html(r: &serde_json::Value, tok: &str) -> String {
         p99 = esc(&c["p99_us"].as_u64().map_or("-".to_owned(), human_us)),
         bin = c["bytes_in"].as_u64().map_or("-".to_owned(), human_bytes),
         bout = c["bytes_out"].as_u64().map_or("-".to_owned(), human_bytes),
-        e4 = num(&c["status_4xx"]),
+        e4edge = num(&c["status_4xx_edge"]),
+        // Older members send no `status_4xx_edge` (read as 0).
+        e4app = match (c["status_4xx"].as_u64(), c["status_4xx_edge"].as_u64()) {
+            (Some(all), edge) => (all.saturating_sub(edge.unwrap_or(0))).to_string(),
+            (None, _) => "-".to_owned(),
+        },
         e5 = num(&c["status_5xx"]),
         e502 = num(&c["status_502"]),
         e503 = num(&c["status_503"]),
@@ -663,5 +669,34 @@ mod tests {
             ]
         );
         assert_eq!(form_pairs("msg=n2%3A+draining")[0].1, "n2: draining");
+    }
+
+    /// The cell of class `class` in `row`'s HTML.
+    fn cell<'a>(row: &'a str, class: &str) -> &'a str {
+        let open = format!("<td class=\"{class}\">");
+        let at = row
+            .find(&open)
+            .unwrap_or_else(|| panic!("no {class}: {row}"))
+            + open.len();
+        &row[at..at + row[at..].find("</td>").unwrap()]
+    }
+
+    #[test]
+    fn four_hundreds_are_split_into_the_edges_and_the_apps() {
+        let row = |counters: serde_json::Value| {
+            row_html(
+                &serde_json::json!({"id": "n1", "state": "alive", "status": "serving", "counters": counters}),
+                "t",
+            )
+        };
+        let r = row(serde_json::json!({"status_4xx": 7, "status_4xx_edge": 3}));
+        assert_eq!((cell(&r, "e4edge"), cell(&r, "e4app")), ("3", "4"));
+        // A member of an older version sends no edge count: all its 4xx
+        // read as the app's.
+        let r = row(serde_json::json!({"status_4xx": 7}));
+        assert_eq!((cell(&r, "e4edge"), cell(&r, "e4app")), ("-", "7"));
+        // A member that does not answer: nothing known.
+        let r = row(serde_json::Value::Null);
+        assert_eq!((cell(&r, "e4edge"), cell(&r, "e4app")), ("-", "-"));
     }
 }

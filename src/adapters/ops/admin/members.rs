@@ -225,9 +225,15 @@ pub(crate) struct MemberCounters {
     pub p50_us: u64,
     /// The 99th percentile, as `p50_us`.
     pub p99_us: u64,
-    /// Answers it gave its clients, by kind: 4xx, 5xx other than the
-    /// three below (the app's), 502, 503, 504.
+    /// Answers it gave its clients, by kind: 4xx (the app's and
+    /// peerlb's own), 5xx other than the three below (the app's), 502,
+    /// 503, 504.
     pub status_4xx: u64,
+    /// The 4xx answers of `status_4xx` that peerlb gave itself at the
+    /// edge, not the app (`Counters::edge_client_errors`: its own checks,
+    /// 400, 403, 413, 414, 431 ..., and hyper's 400 and 431).
+    #[serde(default)]
+    pub status_4xx_edge: u64,
     /// See `status_4xx`.
     pub status_5xx: u64,
     /// See `status_4xx`.
@@ -285,6 +291,7 @@ pub(crate) fn own_counters(state: &NodeState) -> MemberCounters {
         p50_us: quantile_us(&h, 0.5),
         p99_us: quantile_us(&h, 0.99),
         status_4xx: range(400, 499),
+        status_4xx_edge: c.edge_client_errors.load(Relaxed),
         status_5xx: range(500, 599) - code(502) - code(503) - code(504),
         status_502: code(502),
         status_503: code(503),
