@@ -555,6 +555,16 @@ async fn a_killed_member_turns_red_on_the_open_page() {
                     .is_some_and(|t| t.starts_with("Live"))
             })
             .expect("the page's script refreshes it");
+            // The request rate's chart: a line of one point per refresh,
+            // drawn once two rates are known (a refresh a second).
+            poll(Duration::from_secs(10), || {
+                b.eval(
+                    "(document.querySelector('#member-n1 td.rate svg polyline')?.getAttribute('points') || '').split(' ').filter(p => p).length",
+                )
+                .as_u64()
+                .is_some_and(|n| n >= 2)
+            })
+            .expect("n1's rate chart drawn");
             b.eval("window.peerlbMarker = 7");
             b
         }

@@ -1,7 +1,8 @@
 // The manager page's script (manager.rs): refreshes the rows in place
 // every second from /_peerlb/manager/data, works out each member's
-// request rate between refreshes, and posts the forms itself so that an
-// action's outcome shows in its row at once. No external asset.
+// request rate between refreshes (with a chart of its last two minutes),
+// and posts the forms itself so that an action's outcome shows in its row
+// at once. No external asset.
 "use strict";
 (() => {
   const DATA = "/_peerlb/manager/data";
@@ -13,6 +14,10 @@
   const live = document.getElementById("live");
   // id -> {requests, at} of the last refresh (for req/s).
   const last = new Map();
+  // id -> the member's req/s at each of the last HISTORY refreshes.
+  const HISTORY = 120;
+  const history = new Map();
+  const SVG = "http://www.w3.org/2000/svg";
   // id -> {status, until} asked on this page; id -> {text, err} outcomes.
   const pending = new Map();
   const notes = new Map();
@@ -49,6 +54,34 @@
     return ((c.requests - prev.requests) * 1000 / (now - prev.at)).toFixed(1);
   }
 
+  // The chart of member id's request rate after rate r was measured: an
+  // SVG line, the newest refresh at the right, scaled to its highest
+  // rate; null until two rates are known.
+  function chart(id, r) {
+    const h = history.get(id) || [];
+    if (r !== "-") {
+      h.push(Number(r));
+      if (h.length > HISTORY) h.shift();
+    }
+    history.set(id, h);
+    if (h.length < 2) return null;
+    const W = 120, H = 18, max = Math.max(1, ...h);
+    const x0 = W - (h.length - 1) * W / (HISTORY - 1);
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("width", W);
+    svg.setAttribute("height", H);
+    svg.setAttribute("class", "chart");
+    const title = document.createElementNS(SVG, "title");
+    title.textContent = "req/s over the last " + h.length + " s (top: " + max.toFixed(1) + ")";
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", "#2a6");
+    line.setAttribute("points", h.map((v, i) =>
+      (x0 + i * W / (HISTORY - 1)).toFixed(1) + "," + (H - 1 - v * (H - 2) / max).toFixed(1)).join(" "));
+    svg.append(title, line);
+    return svg;
+  }
+
   function render(d) {
     const now = Date.now();
     // A row whose weight field is being typed in is left as it is.
@@ -67,7 +100,12 @@
     rows.innerHTML = html.join("");
     for (const [id, r] of rates) {
       const td = document.querySelector("#member-" + CSS.escape(id) + " td.rate");
-      if (td) td.textContent = r;
+      if (!td) continue;
+      td.textContent = r;
+      const svg = chart(id, r);
+      if (svg) {
+        td.append(document.createElement("br"), svg);
+      }
     }
     const alive = d.members.filter(m => m.state === "alive").length;
     const failed = d.members.filter(m => m.state === "failed").length;
