@@ -83,6 +83,12 @@ fn print_summary(o: &Outcome) {
         .map(|(n, (a, b))| format!("{n}={}/{}", ms(*a), ms(*b)))
         .collect();
     println!("latency p50/p99 by serving node: {}", lat.join(" "));
+    if let Some((over, samples)) = f.inflight_over {
+        println!(
+            "in flight: the busiest node above the bound in {over} of {samples} samples ({:.1} %)",
+            100.0 * over as f64 / samples.max(1) as f64
+        );
+    }
     for (n, d) in &f.ejections {
         println!(
             "failover: {n} out of every ring {} after its kill",

@@ -145,6 +145,10 @@ pub struct Figures {
     /// the node, its new weight, and the fraction of the scenario's keys
     /// that moved to it (every moved key moves to it: checked).
     pub ramp_steps: Vec<(String, u32, f64)>,
+    /// With `expect.inflight_factor`: samples in which the busiest node
+    /// held more than the bound, and samples taken
+    /// ([`Expect::inflight_factor`](crate::sim::scenario::Expect)).
+    pub inflight_over: Option<(u64, u64)>,
     /// Peer-layer (QUIC) datagrams sent by all nodes, per virtual second
     /// (`[s]` counts `[s, s + 1)` s; counted by the simulated network).
     pub peer_datagrams: Vec<u64>,

@@ -252,6 +252,24 @@ pub struct Expect {
     /// served (until the next fault or the end) and its share of those
     /// requests' keys on the ring the engine builds with the new weights.
     pub share_tolerance: f64,
+    /// Bounded load in total: the busiest node served at most this many
+    /// times the mean of the requests served per node. Unset: not checked.
+    pub served_factor: Option<f64>,
+    /// Bounded load at every instant: with `inflight_factor = c`, the
+    /// requests in flight at each serving node are sampled every
+    /// `inflight_sample_ms` while traffic runs (from 1 s after the first
+    /// source starts to the last one's stop), and the samples in which the
+    /// busiest node's count passes `c x mean + 1` (mean: all in flight
+    /// over the nodes) are counted (`Figures::inflight_over`, in the
+    /// summary). A request is in flight at the node named in its
+    /// `peerlb-served-by` from the app's call to the answer's arrival at
+    /// the client less the way there. Unset: not measured.
+    pub inflight_factor: Option<f64>,
+    /// The sampling period of `inflight_factor`, ms (default 50).
+    pub inflight_sample_ms: u64,
+    /// The largest fraction of samples allowed over the bound; unset:
+    /// measured and reported, not checked.
+    pub inflight_over_max: Option<f64>,
 }
 
 impl Default for Expect {
@@ -262,6 +280,10 @@ impl Default for Expect {
             eject_within_s: 5.0,
             min_served: 1,
             share_tolerance: 0.03,
+            served_factor: None,
+            inflight_factor: None,
+            inflight_sample_ms: 50,
+            inflight_over_max: None,
         }
     }
 }

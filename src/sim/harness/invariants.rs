@@ -36,6 +36,7 @@ impl Run<'_> {
         self.count_keys_moved(&steps, &mut fig);
         self.check_ramp_steps(&mut fig, &mut violations);
         self.check_sessions(&records, &mut fig, &mut violations);
+        self.check_inflight_bound(&records, &mut fig, &mut violations);
         self.check_convergence_at_end(&mut fig, &mut violations);
         self.check_members(&probe, &mut fig, &mut violations);
         self.outcome(simulated, wall, fig, violations)
@@ -126,6 +127,82 @@ impl Run<'_> {
             violations.push(format!(
                 "only {served_total} requests served (at least {} expected)",
                 expect.min_served
+            ));
+        }
+    }
+
+    /// `expect.served_factor`: the busiest node served at most that many
+    /// times the mean of the requests served. `expect.inflight_factor`:
+    /// the busiest node's requests in flight, sampled, and above the bound
+    /// in at most `expect.inflight_over_max` of the samples when that is
+    /// set (see [`Expect`](crate::sim::scenario::Expect)).
+    fn check_inflight_bound(
+        &self,
+        records: &[Record],
+        fig: &mut Figures,
+        violations: &mut Vec<String>,
+    ) {
+        let expect = &self.scenario.expect;
+        if let Some(factor) = expect.served_factor {
+            let served: Vec<u64> = fig.served.values().copied().collect();
+            let mean = served.iter().sum::<u64>() as f64 / self.scenario.nodes.max(1) as f64;
+            let busiest = served.iter().copied().max().unwrap_or(0) as f64;
+            if busiest > factor * mean {
+                violations.push(format!(
+                    "the busiest node served {:.3} x the mean (at most {factor})",
+                    busiest / mean.max(1.0)
+                ));
+            }
+        }
+        let Some(factor) = expect.inflight_factor else {
+            return;
+        };
+        let traffic = &self.scenario.traffic;
+        let from = traffic.iter().map(|t| t.start_s).fold(f64::MAX, f64::min) + 1.0;
+        let to = traffic.iter().map(|t| t.stop_s).fold(0.0, f64::max);
+        // Each answered request's interval at the node that served it:
+        // from the app's call (the last one, which answered) to the
+        // answer's arrival less the way there (the way back is taken to
+        // be as long).
+        let mut spans: BTreeMap<&str, Vec<(Duration, Duration)>> = BTreeMap::new();
+        for r in records {
+            if let (Some(Ok((_, served, _))), Some(end)) = (&r.result, r.end)
+                && let Some((at, _)) = self.serves_by_tag.get(&r.tag).and_then(|s| s.last())
+                && !served.is_empty()
+            {
+                let back = at.saturating_sub(r.start);
+                spans
+                    .entry(served)
+                    .or_default()
+                    .push((*at, end.saturating_sub(back).max(*at)));
+            }
+        }
+        let nodes = self.scenario.nodes.max(1) as f64;
+        let step = Duration::from_millis(expect.inflight_sample_ms.max(1));
+        let (mut over, mut samples) = (0u64, 0u64);
+        let mut t = Duration::from_secs_f64(from.max(0.0));
+        while t.as_secs_f64() <= to {
+            let counts: Vec<u64> = spans
+                .values()
+                .map(|v| v.iter().filter(|(a, b)| *a <= t && t < *b).count() as u64)
+                .collect();
+            let total: u64 = counts.iter().sum();
+            let busiest = counts.iter().copied().max().unwrap_or(0);
+            if busiest as f64 > factor * (total as f64 / nodes) + 1.0 {
+                over += 1;
+            }
+            samples += 1;
+            t += step;
+        }
+        fig.inflight_over = Some((over, samples));
+        if let Some(max) = expect.inflight_over_max
+            && samples > 0
+            && over as f64 > max * samples as f64
+        {
+            violations.push(format!(
+                "the busiest node held more than {factor} x mean + 1 requests in flight in {over} of {samples} samples ({:.1} %; at most {:.1} % allowed)",
+                100.0 * over as f64 / samples as f64,
+                100.0 * max
             ));
         }
     }
@@ -339,6 +416,9 @@ impl Run<'_> {
         // hashes) stay as they were.
         if fig.post_lost > 0 {
             summary += &format!(" post_lost={}", fig.post_lost);
+        }
+        if let Some((over, samples)) = fig.inflight_over {
+            summary += &format!(" inflight_over={over}/{samples}");
         }
         self.trace.line("sim", format_args!("summary {summary}"));
         for v in &violations {
