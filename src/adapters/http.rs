@@ -4,11 +4,13 @@
 //! table and its limits ([`conns`]); what a connection goes through before
 //! HTTP ([`conn`]: the PROXY header, [`proxy_protocol`], and the TLS
 //! handshake, [`entry_tls`]); HTTP/2 prior knowledge on cleartext
-//! ([`preface`]); the client socket's send timeout ([`send_timeout`]).
+//! ([`preface`]); an HTTP/2 connection's streams and its rapid-reset rule
+//! ([`h2_streams`]); the client socket's send timeout ([`send_timeout`]).
 
 pub(crate) mod conn;
 pub(crate) mod conns;
 pub mod entry_tls;
+pub(crate) mod h2_streams;
 pub(crate) mod preface;
 pub(crate) mod proxy_protocol;
 pub(crate) mod send_timeout;

@@ -23,6 +23,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked, TunnelGuard};
+use super::h2_streams::{ConnStreams, FLOOD_DRAIN, StreamGuard};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
@@ -464,7 +465,8 @@ async fn serve_h1<H, I>(
 ///   [`H2_MAX_PENDING_ACCEPT_RESETS`] pending, else GOAWAY
 ///   `ENHANCE_YOUR_CALM`; streams peerlb itself has to reset for the
 ///   client's errors: at most [`H2_MAX_LOCAL_ERROR_RESETS`]; streams reset
-///   after hyper accepted them count in [`ConnStreams`] (rapid reset);
+///   after hyper accepted them count in [`ConnStreams`] (rapid reset, by
+///   rate: `h2_streams`);
 /// - no keep-alive pings: a connection with no open stream for the head
 ///   read timeout is closed with GOAWAY instead (a WebSocket open on one
 ///   of its streams counts as an open stream, [`ConnHold`]);
@@ -546,7 +548,13 @@ async fn serve_h2<H, I>(
             }
             () = streams.flood.notified() => {
                 ingress.h2_reset_flood();
-                warn!(target: REQUEST_PATH, %client, started = streams.started(), reset = streams.premature(), "http/2 client reset most of its streams before their answers (rapid reset): closing the connection");
+                warn!(target: REQUEST_PATH, %client, started = streams.started(), reset = streams.premature(), "http/2 client reset most of its streams before their answers (rapid reset): GOAWAY, closing the connection");
+                // GOAWAY naming the last stream processed: those finish
+                // (bounded), the client retries the rest.
+                conn.as_mut().graceful_shutdown();
+                if let Err(e) = tokio::time::timeout(FLOOD_DRAIN, conn.as_mut()).await.unwrap_or(Ok(())) {
+                    debug!(target: REQUEST_PATH, error = %e, "flooding connection ended with an error");
+                }
                 return;
             }
             () = tokio::time::sleep_until(idle_check), if !closing => {
@@ -560,156 +568,5 @@ async fn serve_h2<H, I>(
                 }
             }
         }
-    }
-}
-
-/// Streams on one HTTP/2 connection have to reach this many before the
-/// rapid-reset rule applies (Envoy's premature-reset check uses 500).
-pub(super) const RESET_MIN_STREAMS: u64 = 200;
-
-/// The rapid-reset rule (CVE-2023-44487; Envoy's premature-reset check):
-/// a connection on which more than half of at least [`RESET_MIN_STREAMS`]
-/// streams were reset by the client before peerlb answered them is a
-/// flood. `started` counts the connection's streams so far, `premature`
-/// those reset before their answer.
-pub(super) fn reset_flood(started: u64, premature: u64) -> bool {
-    started >= RESET_MIN_STREAMS && premature.saturating_mul(2) > started
-}
-
-/// Counts one HTTP/2 connection's streams: started, reset by the client
-/// before their answer (the handler's future dropped), open now, and when
-/// the last one started or ended (idle close).
-struct ConnStreams {
-    started: AtomicU64,
-    premature: AtomicU64,
-    active: AtomicU64,
-    /// Time of the last stream start or end, in ms since `epoch`.
-    last_ms: AtomicU64,
-    epoch: tokio::time::Instant,
-    /// Woken once when [`reset_flood`] first holds.
-    flood: tokio::sync::Notify,
-    /// Set when `flood` was woken.
-    flooded: std::sync::atomic::AtomicBool,
-}
-
-impl ConnStreams {
-    fn new() -> ConnStreams {
-        ConnStreams {
-            started: AtomicU64::new(0),
-            premature: AtomicU64::new(0),
-            active: AtomicU64::new(0),
-            last_ms: AtomicU64::new(0),
-            epoch: tokio::time::Instant::now(),
-            flood: tokio::sync::Notify::new(),
-            flooded: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    fn started(&self) -> u64 {
-        self.started.load(Ordering::Relaxed)
-    }
-
-    fn premature(&self) -> u64 {
-        self.premature.load(Ordering::Relaxed)
-    }
-
-    fn touch(&self) {
-        let ms = self.epoch.elapsed().as_millis() as u64;
-        self.last_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// `None` when no stream has been open for `idle`; else when to look
-    /// again.
-    fn idle_until(&self, idle: Duration) -> Option<tokio::time::Instant> {
-        let at = self.epoch + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle;
-        let now = tokio::time::Instant::now();
-        if self.active.load(Ordering::Relaxed) > 0 {
-            return Some(now + idle);
-        }
-        (at > now).then_some(at)
-    }
-}
-
-/// One stream's place in [`ConnStreams`], from its handler's start to its
-/// answer (or its reset: the future is dropped unanswered).
-struct StreamGuard {
-    conn: Arc<ConnStreams>,
-    answered: bool,
-}
-
-impl StreamGuard {
-    fn start(conn: &Arc<ConnStreams>) -> StreamGuard {
-        conn.started.fetch_add(1, Ordering::Relaxed);
-        conn.active.fetch_add(1, Ordering::Relaxed);
-        conn.touch();
-        StreamGuard {
-            conn: conn.clone(),
-            answered: false,
-        }
-    }
-}
-
-impl StreamGuard {
-    /// The stream's answer is ready: it ends without counting as reset.
-    fn answer(mut self) {
-        self.answered = true;
-    }
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        let c = &self.conn;
-        c.active.fetch_sub(1, Ordering::Relaxed);
-        c.touch();
-        if !self.answered {
-            let premature = c.premature.fetch_add(1, Ordering::Relaxed) + 1;
-            if reset_flood(c.started(), premature) && !c.flooded.swap(true, Ordering::Relaxed) {
-                c.flood.notify_one();
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rapid_reset_needs_enough_streams_and_a_majority_reset() {
-        assert!(!reset_flood(RESET_MIN_STREAMS - 1, RESET_MIN_STREAMS - 1));
-        assert!(!reset_flood(RESET_MIN_STREAMS, RESET_MIN_STREAMS / 2));
-        assert!(reset_flood(RESET_MIN_STREAMS, RESET_MIN_STREAMS / 2 + 1));
-        assert!(reset_flood(10_000, 9_000));
-        assert!(!reset_flood(10_000, 4_000));
-    }
-
-    #[tokio::test]
-    async fn dropped_unanswered_streams_wake_the_flood_check_once() {
-        let conn = Arc::new(ConnStreams::new());
-        for _ in 0..RESET_MIN_STREAMS {
-            drop(StreamGuard::start(&conn));
-        }
-        assert_eq!(conn.premature(), RESET_MIN_STREAMS);
-        // The permit is stored: the first wait returns at once.
-        tokio::time::timeout(Duration::from_secs(1), conn.flood.notified())
-            .await
-            .expect("flood noticed");
-        // Answered streams are not resets.
-        StreamGuard::start(&conn).answer();
-        assert_eq!(conn.premature(), RESET_MIN_STREAMS);
-        assert_eq!(conn.active.load(Ordering::Relaxed), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_is_idle_only_with_no_stream_open() {
-        let conn = Arc::new(ConnStreams::new());
-        let idle = Duration::from_secs(30);
-        let g = StreamGuard::start(&conn);
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        assert!(conn.idle_until(idle).is_some(), "a stream is open");
-        drop(g);
-        assert!(conn.idle_until(idle).is_some(), "just ended");
-        tokio::time::sleep(idle).await;
-        assert!(conn.idle_until(idle).is_none());
     }
 }
