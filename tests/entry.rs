@@ -240,7 +240,8 @@ fn curl_https(
 // HTTPS at the entry: curl over HTTP/1.1 gets the default certificate for
 // localhost and the SNI certificate for a.example (each trusted alone, so
 // the other one fails); the SNI name reaches the rules (`when = { sni }`)
-// and, in the forwarded head, the owner's app (`proto`, `sni`).
+// and, in the forwarded head, the owner's app (`proto`, `sni`); a request
+// for a name the connection's certificate does not cover gets 421.
 #[test]
 fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
     let certs = temp_dir("https-certs");
@@ -304,6 +305,23 @@ fn https_serves_the_certificate_sni_picks_and_tells_rules_and_owner() {
     assert_eq!(v["sni"], "a.example", "{v}");
     assert_eq!(v["tls_version"], "TLSv1.2", "{v}");
     assert_eq!(v["key"], format!("a:{user}"), "the sni rule: {v}");
+    // A request for a.example on the connection made for localhost (whose
+    // certificate does not cover it: a client that coalesced, or a
+    // rule keyed on the SNI that would route it as localhost's) is
+    // misdirected: 421, so the client opens a connection for a.example;
+    // over HTTP/2 too (:authority). Its own name is served.
+    for proto in ["--http1.1", "--http2"] {
+        let (status, head, _) = curl_https(
+            "localhost",
+            entry,
+            &format!("/?user={user}"),
+            &site,
+            &[proto, "-H", "host: a.example"],
+        )
+        .unwrap();
+        assert_eq!(status, 421, "{proto}: {head}");
+        assert!(head.contains("peerlb-error-from: n1"), "{head}");
+    }
     // Cleartext on an HTTPS listener is not served as HTTP.
     let failed = counter_of(entry, "tls_handshake_failed");
     let (out, _) = raw_exchange(entry, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");

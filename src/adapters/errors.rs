@@ -112,6 +112,17 @@ pub(crate) enum RequestError {
     /// connection cap, this many (`limits.max_tunnels_percent`; 503).
     #[error("open tunnels hold their share of the connection cap ({0}): try again later")]
     TunnelsFull(usize),
+    /// Over TLS, a request for a name the connection's certificate does
+    /// not cover and that is not its SNI (421; `client_input::misdirected`).
+    #[error(
+        "misdirected request: this connection (SNI {sni}) does not serve {host}; open one for {host}"
+    )]
+    Misdirected {
+        /// The connection's SNI name.
+        sni: String,
+        /// The request's host.
+        host: String,
+    },
     /// No candidate could be reached before anything was sent (503).
     #[error("no node could take the request: {0}")]
     NoNode(String),
@@ -151,6 +162,7 @@ impl RequestError {
                 StatusCode::NOT_IMPLEMENTED
             }
             RequestError::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            RequestError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
         }
     }
 

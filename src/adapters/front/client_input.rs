@@ -134,6 +134,44 @@ fn valid_reg_name(h: &[u8]) -> bool {
     true
 }
 
+/// Over TLS, whether a request is misdirected (RFC 9110 section 15.5.20,
+/// RFC 9113 section 9.1.2): its authority (the absolute-form target's,
+/// else `Host`, which an HTTP/2 `:authority` became) names another server than the
+/// connection's SNI, and the certificate the handshake served
+/// (`ConnInfo::cert_names`) does not cover it: a client reused a
+/// connection for another name (connection coalescing) or sent a `Host`
+/// the connection was not opened for. `Some(host)`, answered 421 so the
+/// client opens a connection for that name; `None` for cleartext, a
+/// client that sent no SNI, the SNI's own name, a name the certificate
+/// covers, and an IP literal.
+pub(crate) fn misdirected(
+    sni: Option<&str>,
+    cert_names: Option<&[String]>,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Option<String> {
+    let (sni, names) = (sni?, cert_names?);
+    let host = match uri.authority() {
+        Some(a) => a.as_str(),
+        None => headers.get(header::HOST)?.to_str().ok()?,
+    };
+    if host.starts_with('[') {
+        return None;
+    }
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if host.parse::<std::net::Ipv4Addr>().is_ok()
+        || host == sni.trim_end_matches('.').to_ascii_lowercase()
+        || crate::adapters::http::entry_tls::covers(names, &host)
+    {
+        return None;
+    }
+    Some(host)
+}
+
 /// Absolute-form (RFC 9112 section 3.2.2): the request-target's authority
 /// wins over the `Host` header, for the routing rules and for the app, so
 /// `Host` is replaced by it. True when `Host` was changed.
@@ -340,6 +378,37 @@ pub(crate) fn drop_client_forwarding(headers: &mut HeaderMap) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_request_for_a_name_its_tls_connection_does_not_serve_is_misdirected() {
+        let names: Vec<String> = vec!["localhost".into(), "*.example.com".into()];
+        let at = |host: &str, uri: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_str(host).unwrap());
+            misdirected(Some("localhost"), Some(&names), &uri.parse().unwrap(), &h)
+        };
+        // The SNI's own name, any port, any case, a trailing dot.
+        assert_eq!(at("localhost:8443", "/"), None);
+        assert_eq!(at("LocalHost.", "/"), None);
+        // Another name the certificate covers (coalescing it allows).
+        assert_eq!(at("api.example.com", "/"), None);
+        // Names it does not cover.
+        assert_eq!(at("other.example:8443", "/"), Some("other.example".into()));
+        assert_eq!(at("a.b.example.com", "/"), Some("a.b.example.com".into()));
+        // The absolute-form target's authority wins over Host.
+        assert_eq!(
+            at("localhost", "https://evil.example/x"),
+            Some("evil.example".into())
+        );
+        // IP literals, cleartext and clients without SNI are not checked.
+        assert_eq!(at("127.0.0.1:8443", "/"), None);
+        assert_eq!(at("[::1]:8443", "/"), None);
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("other.example"));
+        let uri: Uri = "/".parse().unwrap();
+        assert_eq!(misdirected(None, Some(&names), &uri, &h), None);
+        assert_eq!(misdirected(Some("localhost"), None, &uri, &h), None);
+    }
+
     use super::*;
 
     fn req(method: Method, target: &str, host: Option<&str>) -> Result<(), RequestError> {

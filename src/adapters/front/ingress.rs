@@ -179,6 +179,21 @@ impl Ingress {
                 }
                 _ => Ok(()),
             })
+            .and_then(|()| {
+                let sni = conn.tls.as_ref().and_then(|t| t.sni.as_deref());
+                match client_input::misdirected(
+                    sni,
+                    conn.cert_names.as_deref(),
+                    req.uri(),
+                    req.headers(),
+                ) {
+                    Some(host) => Err(RequestError::Misdirected {
+                        sni: sni.unwrap_or_default().to_owned(),
+                        host,
+                    }),
+                    None => Ok(()),
+                }
+            })
             .map(|()| client_input::classify_path(req.uri().path(), admin::PREFIX));
         // Admin answers (the sprayer's health checks) are not client
         // requests: not counted by status.
@@ -198,6 +213,7 @@ impl Ingress {
                 // for the rules and for the app.
                 let (parts, headers) = (req.uri().clone(), req.headers_mut());
                 client_input::host_from_authority(&parts, headers);
+
                 if !self.settings.trust_client_forwarded {
                     client_input::drop_client_forwarding(req.headers_mut());
                 }

@@ -57,6 +57,10 @@ pub(crate) struct ConnInfo {
     pub peer: SocketAddr,
     /// The TLS facts; `None` for cleartext HTTP.
     pub tls: Option<TlsFacts>,
+    /// Over TLS: the DNS names of the certificate the handshake served
+    /// (`EntryCerts::names_for`), which a request's authority must be one
+    /// of (else 421, `front/client_input.rs`); `None` for cleartext.
+    pub cert_names: Option<Arc<[String]>>,
 }
 
 /// Why a connection was closed before HTTP.
@@ -94,13 +98,14 @@ pub(crate) async fn open(
             });
         }
     }
-    let Some((acceptor, _)) = &setup.tls else {
+    let Some((acceptor, certs)) = &setup.tls else {
         return Ok((
             stream,
             ConnInfo {
                 client,
                 peer,
                 tls: None,
+                cert_names: None,
             },
         ));
     };
@@ -114,12 +119,14 @@ pub(crate) async fn open(
         version: session.protocol_version().map_or(0, u16::from),
         alpn: session.alpn_protocol().map(<[u8]>::to_vec),
     };
+    let cert_names = Some(certs.names_for(facts.sni.as_deref()));
     Ok((
         Box::new(tls),
         ConnInfo {
             client,
             peer,
             tls: Some(facts),
+            cert_names,
         },
     ))
 }
@@ -218,7 +225,8 @@ mod tests {
             ConnInfo {
                 client: peer,
                 peer,
-                tls: None
+                tls: None,
+                cert_names: None,
             }
         );
         let mut rest = String::new();

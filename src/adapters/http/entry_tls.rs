@@ -64,6 +64,9 @@ struct CertSet {
     /// Lowercase DNS names (a wildcard as `*.example.com`) -> certificate;
     /// the first pair that names a DNS name wins.
     by_name: BTreeMap<String, Arc<CertifiedKey>>,
+    /// Each certificate's DNS names (lowercase, a wildcard as
+    /// `*.example.com`), in file order.
+    names: Vec<(Arc<CertifiedKey>, Arc<[String]>)>,
 }
 
 /// A file's modification time and length, to notice a replacement.
@@ -128,6 +131,18 @@ impl EntryCerts {
         self.files.reload_interval
     }
 
+    /// The DNS names of the certificate a handshake with SNI name `sni`
+    /// gets (lowercase, a wildcard as `*.example.com`): the names a
+    /// request on that connection may be for ([`covers`]).
+    pub(crate) fn names_for(&self, sni: Option<&str>) -> Arc<[String]> {
+        let ck = self.pick(sni);
+        let set = self.current.read().expect("certs lock").clone();
+        set.names
+            .iter()
+            .find(|(c, _)| Arc::ptr_eq(c, &ck))
+            .map_or_else(|| Arc::from(Vec::new()), |(_, n)| n.clone())
+    }
+
     /// The certificate a handshake with SNI name `sni` gets.
     fn pick(&self, sni: Option<&str>) -> Arc<CertifiedKey> {
         let set = self.current.read().expect("certs lock").clone();
@@ -146,6 +161,19 @@ impl EntryCerts {
     }
 }
 
+/// Whether a certificate with DNS names `names` (as
+/// [`EntryCerts::names_for`] gives them) is valid for `host` (lowercase,
+/// no port, no trailing dot): an exact name, or a wildcard `*.parent`
+/// for `label.parent` (one label, RFC 6125 section 6.4.3).
+pub(crate) fn covers(names: &[String], host: &str) -> bool {
+    names.iter().any(|n| match n.strip_prefix("*.") {
+        Some(parent) => host
+            .split_once('.')
+            .is_some_and(|(label, rest)| !label.is_empty() && rest == parent),
+        None => n == host,
+    })
+}
+
 impl ResolvesServerCert for EntryCerts {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.pick(hello.server_name()))
@@ -162,19 +190,25 @@ fn file_stamps(tls: &ListenerTls) -> Vec<Stamp> {
 fn load_set(tls: &ListenerTls) -> Result<CertSet, EntryTlsError> {
     let mut default = None;
     let mut by_name = BTreeMap::new();
+    let mut all = Vec::new();
     for files in &tls.certs {
         let (ck, names) = load_pair(files)?;
         let ck = Arc::new(ck);
-        for n in names {
-            by_name.entry(n).or_insert_with(|| ck.clone());
+        for n in &names {
+            by_name.entry(n.clone()).or_insert_with(|| ck.clone());
         }
+        all.push((ck.clone(), Arc::from(names)));
         default.get_or_insert(ck);
     }
     let default = default.ok_or_else(|| EntryTlsError {
         field: "listener.tls".into(),
         message: "no certificate".into(),
     })?;
-    Ok(CertSet { default, by_name })
+    Ok(CertSet {
+        default,
+        by_name,
+        names: all,
+    })
 }
 
 /// Loads one certificate chain and key: the certified key and the leaf's
@@ -334,7 +368,22 @@ mod tests {
         assert_eq!(leaf(&certs.pick(Some("y.x.b.example"))), def);
         assert_eq!(leaf(&certs.pick(Some("other.example"))), def);
         assert_eq!(leaf(&certs.pick(None)), def);
+        // The names a connection's certificate serves, for 421.
+        assert_eq!(&*certs.names_for(Some("a.example")), ["a.example"]);
+        assert_eq!(&*certs.names_for(Some("x.b.example")), ["*.b.example"]);
+        assert_eq!(&*certs.names_for(Some("other.example")), ["localhost"]);
         std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_certificate_covers_its_names_and_one_label_under_a_wildcard() {
+        let names = ["a.example".to_owned(), "*.b.example".to_owned()];
+        assert!(covers(&names, "a.example"));
+        assert!(covers(&names, "x.b.example"));
+        assert!(!covers(&names, "b.example"));
+        assert!(!covers(&names, "y.x.b.example"));
+        assert!(!covers(&names, ".b.example"));
+        assert!(!covers(&names, "c.example"));
     }
 
     #[test]
