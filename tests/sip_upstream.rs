@@ -240,11 +240,14 @@ fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client(
         assert_eq!(statuses, [180, 200], "{answers:?}");
         let ok = &answers[1];
         assert_eq!(header(ok, "x-fake-uas"), Some("yes"), "{ok}");
-        // Only the client's own Via is left.
+        // Only the client's own Via is left, with where the entry saw it
+        // come from (RFC 3581: `received`, and `rport` filled in).
         assert_eq!(
             all_headers(ok, "via"),
             [format!(
-                "SIP/2.0/UDP {me};branch=z9hG4bK{call}1INVITE;rport"
+                "SIP/2.0/UDP {me};branch=z9hG4bK{call}1INVITE;received={};rport={}",
+                me.ip(),
+                me.port()
             )]
         );
         let rr = header(ok, "record-route").expect("the entry's Record-Route, copied by the UAS");

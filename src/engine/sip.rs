@@ -417,6 +417,55 @@ impl SipMessage {
         }
     }
 
+    /// What a server transaction records of where a request came from
+    /// (RFC 3261 section 18.2.1 with RFC 3581 section 4), on the topmost
+    /// `Via`: `received=<source IP>` when its sent-by host is not that
+    /// address, or when it asks for `rport`; and `rport=<source port>`
+    /// in place of an empty `rport`. The response then tells a client
+    /// behind NAT its public address. Earlier `received` and `rport`
+    /// values on that `Via` are replaced; nothing else changes.
+    pub(crate) fn note_source(&mut self, source: std::net::SocketAddr) {
+        let Some(i) = self.headers.iter().position(|(n, _)| full_name(n) == "via") else {
+            return;
+        };
+        let values = split_list(&self.headers[i].1);
+        let Some(first) = values.first() else {
+            return;
+        };
+        let Some(via) = Via::parse(first) else {
+            return;
+        };
+        let ip = source.ip().to_string();
+        let host = via.host.trim_start_matches('[').trim_end_matches(']');
+        let rport = via.param("rport").is_some();
+        if !rport && host == ip {
+            return;
+        }
+        let head = &first[..first.len() - via.params.len()];
+        let mut params: Vec<String> = via
+            .params
+            .split(';')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .filter(|p| {
+                let k = p.split_once('=').map_or(*p, |(k, _)| k).trim();
+                !k.eq_ignore_ascii_case("received") && !k.eq_ignore_ascii_case("rport")
+            })
+            .map(str::to_owned)
+            .collect();
+        params.push(format!("received={ip}"));
+        if rport {
+            params.push(format!("rport={}", source.port()));
+        }
+        let head = head.trim_end_matches(';').trim_end();
+        let top = format!("{head};{}", params.join(";"));
+        let rest: Vec<&str> = values.iter().skip(1).copied().collect();
+        self.headers[i].1 = std::iter::once(top.as_str())
+            .chain(rest)
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
+
     /// Adds `name: value` above every other field (a proxy's `Via` and
     /// `Record-Route`, RFC 3261 16.6 steps 4 and 8).
     pub(crate) fn push_front(&mut self, name: &str, value: String) {

@@ -169,6 +169,9 @@ impl SipEntry {
             .counters
             .sip_requests
             .fetch_add(1, Ordering::Relaxed);
+        // RFC 3581 / RFC 3261 18.2.1: the top Via records the source
+        // (`received`, and `rport` when asked), which every answer copies.
+        msg.note_source(client);
         // Decided on the message as received (its Route still on top).
         let view = self.state.view();
         let decision = self.state.decide_sip(&msg, client, &view);

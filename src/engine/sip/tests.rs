@@ -746,3 +746,49 @@ fn the_owner_mark_goes_into_the_contact_uri_and_out_of_the_request_uri() {
     mark_contact(&mut two, "INVITE", "n2");
     assert_eq!(two.header("contact"), Some("<sip:a@h>, <sip:b@h>"));
 }
+
+#[test]
+fn a_request_notes_its_source_on_the_top_via_as_rfc_3581_says() {
+    let with = |via: &str| {
+        let text = format!(
+            "OPTIONS sip:x@example.com SIP/2.0\r\nVia: {via}\r\nVia: SIP/2.0/UDP 10.9.9.9;branch=z9hG4bKlower\r\nFrom: <sip:a@example.com>;tag=1\r\nTo: <sip:x@example.com>\r\nCall-ID: c1\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        );
+        let mut m = parse(text.as_bytes()).unwrap();
+        m.note_source("203.0.113.7:40123".parse().unwrap());
+        m.header_list("via")
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+    };
+    // rport asked: both filled (section 4), the lower Via untouched.
+    assert_eq!(
+        with("SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bK776;rport"),
+        [
+            "SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bK776;received=203.0.113.7;rport=40123",
+            "SIP/2.0/UDP 10.9.9.9;branch=z9hG4bKlower"
+        ]
+    );
+    // No rport, another host: received only (RFC 3261 18.2.1).
+    assert_eq!(
+        with("SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bK776")[0],
+        "SIP/2.0/UDP 192.0.2.1:5070;branch=z9hG4bK776;received=203.0.113.7"
+    );
+    // No rport, the source's own address: unchanged.
+    assert_eq!(
+        with("SIP/2.0/UDP 203.0.113.7:40123;branch=z9hG4bK776")[0],
+        "SIP/2.0/UDP 203.0.113.7:40123;branch=z9hG4bK776"
+    );
+    // A client's own received and rport values are replaced.
+    assert_eq!(
+        with("SIP/2.0/TCP h.example;rport=1;branch=z9hG4bK9;received=198.51.100.1")[0],
+        "SIP/2.0/TCP h.example;branch=z9hG4bK9;received=203.0.113.7;rport=40123"
+    );
+    // The parsed Via reads them back.
+    let text = "OPTIONS sip:x@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 192.0.2.1;branch=z9hG4bK1;rport\r\nFrom: <sip:a@example.com>;tag=1\r\nTo: <sip:x@example.com>\r\nCall-ID: c1\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n";
+    let mut m = parse(text.as_bytes()).unwrap();
+    m.note_source("203.0.113.7:40123".parse().unwrap());
+    let via = m.top_via().unwrap();
+    assert_eq!(via.param("rport"), Some("40123"));
+    assert_eq!(via.param("received"), Some("203.0.113.7"));
+    assert_eq!(via.param("branch"), Some("z9hG4bK1"));
+}
