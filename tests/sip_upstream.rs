@@ -56,7 +56,11 @@ fn status(text: &str) -> u16 {
 /// (RFC 3261 8.2.6.2, 12.1.1) and carry `X-Fake-Uas: yes`; an INVITE's
 /// `180` and `200` carry `Contact: <sip:bob@<its address>>`. Every
 /// datagram received (requests and responses) is kept, with its source
-/// address. While `hold_bye` is set a BYE is kept but not answered.
+/// address. While `hold_bye` is set a BYE is kept but not answered. An
+/// INVITE for `ring@` rings (100, 180) and never answers finally. A
+/// CANCEL is matched strictly to the INVITE transaction by its top `Via`
+/// branch (RFC 3261 9.2): `200` when an INVITE with that branch was seen,
+/// else `481 Call/Transaction Does Not Exist`.
 /// [`FakeUas::send`] sends a request of its own from the same socket.
 struct FakeUas {
     addr: SocketAddr,
@@ -86,6 +90,14 @@ impl FakeUas {
         );
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65_536];
+            let mut invites = std::collections::BTreeSet::new();
+            let top_branch = |text: &str| {
+                all_headers(text, "via")
+                    .first()
+                    .and_then(|v| v.split(';').find_map(|p| p.trim().strip_prefix("branch=")))
+                    .unwrap_or("")
+                    .to_owned()
+            };
             while !st.load(Ordering::Relaxed) {
                 let Ok((n, from)) = sock.recv_from(&mut buf) else {
                     continue;
@@ -97,7 +109,15 @@ impl FakeUas {
                 if method == "BYE" && hold.load(Ordering::Relaxed) {
                     continue;
                 }
+                if method == "INVITE" {
+                    invites.insert(top_branch(&text));
+                }
                 let codes: &[(u16, &str)] = match method.as_str() {
+                    "CANCEL" if invites.contains(&top_branch(&text)) => &[(200, "OK")],
+                    "CANCEL" => &[(481, "Call/Transaction Does Not Exist")],
+                    "INVITE" if text.starts_with("INVITE sip:ring@") => {
+                        &[(100, "Trying"), (180, "Ringing")]
+                    }
                     "INVITE" if text.starts_with("INVITE sip:busy@") => {
                         &[(100, "Trying"), (486, "Busy Here")]
                     }
@@ -731,4 +751,59 @@ fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_
     let plain = format!("sip:bob@{}", fake.addr);
     assert_eq!(fake.uris_of("INVITE", &call).last(), Some(&plain));
     assert!(fake.uris_of("BYE", &call).iter().all(|u| *u == plain));
+}
+
+/// RFC 3261 9.1-9.2: a CANCEL that enters through another node than its
+/// INVITE (as most do behind a sprayer) reaches the INVITE's owner, which
+/// sends it upstream on the INVITE's own branch: the strict server
+/// matches it to the INVITE transaction and answers 200, not 481.
+#[test]
+fn a_cancel_through_another_node_reaches_the_server_on_the_invites_branch() {
+    let fake = FakeUas::start();
+    let c = Cluster::start_sip(
+        "sip-cancel",
+        3,
+        &format!("sip_app = \"udp:{}\"", fake.addr),
+        "",
+    );
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    for (i, (invite_at, cancel_at)) in [(0, 1), (1, 2), (2, 0)].into_iter().enumerate() {
+        let call = format!("cancel{i}");
+        let invite = request("INVITE", "ring", &call, 1, me, "");
+        client
+            .send_to(invite.as_bytes(), c.nodes[invite_at].sip.unwrap())
+            .unwrap();
+        // Ringing at the server (its 180 is relayed with the final answer:
+        // provisionals are not yet relayed as they arrive).
+        poll(Duration::from_secs(10), || {
+            fake.seen()
+                .iter()
+                .any(|t| t.starts_with("INVITE ") && header(t, "call-id") == Some(call.as_str()))
+        })
+        .expect("the INVITE reached the server");
+        // The CANCEL: the INVITE's Request-URI, Call-ID, From, To, top Via
+        // and CSeq number (RFC 3261 9.1), through another node.
+        let cancel = invite
+            .replacen("INVITE sip:", "CANCEL sip:", 1)
+            .replace("CSeq: 1 INVITE", "CSeq: 1 CANCEL");
+        let answers = exchange(
+            &client,
+            c.nodes[cancel_at].sip.unwrap(),
+            &cancel,
+            Duration::from_secs(10),
+        );
+        let finals: Vec<u16> = answers
+            .iter()
+            .filter(|a| header(a, "cseq").is_some_and(|s| s.ends_with("CANCEL")))
+            .map(|a| status(a))
+            .collect();
+        assert_eq!(
+            finals,
+            [200],
+            "n{} -> n{}: {answers:?}",
+            invite_at + 1,
+            cancel_at + 1
+        );
+    }
 }

@@ -627,6 +627,11 @@ pub(crate) struct Via<'a> {
 }
 
 impl<'a> Via<'a> {
+    /// Parses one `Via` value (one element of a `Via` field's list).
+    pub(crate) fn parse_value(v: &'a str) -> Option<Via<'a>> {
+        Via::parse(v)
+    }
+
     fn parse(v: &'a str) -> Option<Via<'a>> {
         // `SIP / 2.0 / UDP` with spaces around the slashes is legal
         // (RFC 3261 25.1 `SLASH`; RFC 4475 3.1.1.1).

@@ -65,9 +65,9 @@ mod tcp;
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
 const LOG: &str = "peerlb::adapters::sip";
 
-/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's magic
-/// cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
-const BRANCH_PREFIX: &str = "z9hG4bK-plb-";
+/// The `Via` branch prefix of this cluster's entry nodes (the owner's
+/// branch skips `Via`s that carry it).
+use crate::engine::sip::upstream::ENTRY_BRANCH_PREFIX as BRANCH_PREFIX;
 
 /// Longest body of a proxied SIP answer (every response of one request).
 const MAX_ANSWERS: usize = 4 * MAX_MESSAGE;

@@ -29,23 +29,39 @@ pub(crate) const TIMER_B: Duration = Duration::from_secs(32);
 /// prefix is `-plb-`).
 pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
 
+/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's
+/// magic cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
+pub(crate) const ENTRY_BRANCH_PREFIX: &str = "z9hG4bK-plb-";
+
 /// The branch of the owner's `Via` for `req` on node `node`:
 /// [`OWNER_BRANCH_PREFIX`] then 16 hex digits hashed from the Call-ID,
-/// the CSeq number, the top `Via`'s branch and the node id. A
-/// retransmission gets the same branch, and so does a `CANCEL` of an
-/// `INVITE` (same Call-ID, CSeq number and client branch), as RFC 3261
-/// 9.1 requires of a proxy's `CANCEL`.
+/// the CSeq number, the client's `Via` (its branch and sent-by: the
+/// topmost `Via` that is not an entry node's, [`ENTRY_BRANCH_PREFIX`])
+/// and the node id. A retransmission gets the same branch, and so does a
+/// `CANCEL` of an `INVITE` (same Call-ID, CSeq number and client `Via`)
+/// whichever entry each came through, as RFC 3261 9.1 requires of a
+/// proxy's `CANCEL`: the server matches it to the INVITE's transaction.
 pub(crate) fn branch(req: &SipMessage, node: &str) -> String {
     branch_with(OWNER_BRANCH_PREFIX, req, node)
 }
 
 fn branch_with(prefix: &str, req: &SipMessage, node: &str) -> String {
+    let vias = req.header_list("via");
+    let client = vias
+        .iter()
+        .filter_map(|v| super::Via::parse_value(v))
+        .find(|v| {
+            !v.param("branch")
+                .is_some_and(|b| b.starts_with(ENTRY_BRANCH_PREFIX))
+        });
+    let (via_branch, host, port) = client.map_or(("", "", 0), |v| {
+        (v.param("branch").unwrap_or(""), v.host, v.port.unwrap_or(0))
+    });
     let h = xxhash_rust::xxh3::xxh3_64(
         format!(
-            "{}\n{}\n{}\n{node}",
+            "{}\n{}\n{via_branch}\n{host}:{port}\n{node}",
             req.call_id().unwrap_or(""),
             req.cseq().map_or(0, |(n, _)| n),
-            req.top_via().and_then(|v| v.param("branch")).unwrap_or(""),
         )
         .as_bytes(),
     );
@@ -345,6 +361,33 @@ mod tests {
         assert_ne!(branch(&req, "n3"), b);
         let next = INVITE.replace("7 INVITE", "8 INVITE");
         assert_ne!(branch(&msg(&next), "n2"), b);
+        // Behind a sprayer the CANCEL comes through another entry, whose
+        // Via is on top: the owner's branch is still the INVITE's.
+        let through = |text: &str, entry_branch: &str| {
+            let mut m = msg(text);
+            m.push_front(
+                "Via",
+                format!("SIP/2.0/UDP 127.0.0.1:5061;branch={ENTRY_BRANCH_PREFIX}{entry_branch}"),
+            );
+            m
+        };
+        let invite = branch(&through(INVITE, "00000000000000aa"), "n2");
+        assert_eq!(invite, b, "the entry's Via is not hashed");
+        assert_eq!(branch(&through(&cancel, "00000000000000bb"), "n2"), invite);
+        // Another client's Via (other sent-by, same branch) is another
+        // transaction.
+        let other = INVITE.replace(
+            "192.0.2.1:5070;branch=z9hG4bKc",
+            "192.0.2.9:5070;branch=z9hG4bKc",
+        );
+        assert_ne!(other, INVITE);
+        assert_ne!(branch(&msg(&other), "n2"), b);
+        // The entry's own Via (the INVITE's top one) is not hashed.
+        let other_entry = INVITE.replace(
+            "127.0.0.1:5062;branch=z9hG4bK-plb-1",
+            "127.0.0.1:5063;branch=z9hG4bK-plb-2",
+        );
+        assert_eq!(branch(&msg(&other_entry), "n2"), b);
     }
 
     /// Timer A doubles without bound for an INVITE; Timer E stops at T2.
