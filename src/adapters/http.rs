@@ -4,13 +4,16 @@
 //! table and its limits ([`conns`]); what a connection goes through before
 //! HTTP ([`conn`]: the PROXY header, [`proxy_protocol`], and the TLS
 //! handshake, [`entry_tls`]); HTTP/2 prior knowledge on cleartext
-//! ([`preface`]); the client socket's send timeout ([`send_timeout`]).
+//! ([`preface`]); the client socket's send timeout ([`send_timeout`]);
+//! response bodies under backpressure and the node's response budget
+//! ([`relay`]).
 
 pub(crate) mod conn;
 pub(crate) mod conns;
 pub mod entry_tls;
 pub(crate) mod preface;
 pub(crate) mod proxy_protocol;
+pub(crate) mod relay;
 pub(crate) mod send_timeout;
 pub(crate) mod server;
 

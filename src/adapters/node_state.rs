@@ -114,6 +114,9 @@ pub(crate) struct Counters {
     /// WebSocket upgrades answered 503: open tunnels held
     /// `limits.max_tunnels_percent` of the connection cap.
     pub tunnels_refused: AtomicU64,
+    /// Responses cut because their client took nothing in time, or at
+    /// the response budget (counted by `http::relay`).
+    pub response_cuts: Arc<crate::adapters::http::relay::CutCounts>,
 }
 
 /// Whether the router's policy reads load figures.

@@ -291,6 +291,8 @@ fn status_json(state: &NodeState) -> String {
             "sip_udp_answers_withheld": c.sip_udp_answers_withheld.load(Ordering::Relaxed),
             "sip_tcp_timed_out": c.sip_tcp_timed_out.load(Ordering::Relaxed),
             "tunnels_refused": c.tunnels_refused.load(Ordering::Relaxed),
+            "responses_cut_budget": c.response_cuts.budget.load(Ordering::Relaxed),
+            "responses_cut_stalled": c.response_cuts.stalled.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "h2": {
