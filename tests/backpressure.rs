@@ -65,9 +65,11 @@ async fn warm_up(entry: SocketAddr, user: &str) {
     );
 }
 
-/// Another client: one forwarded request every 20 ms on a keep-alive
-/// connection until `stop`; each must be answered 200 within 5 s. Gives
-/// how many were answered and the slowest.
+/// Another client, started once the unread answers are under way: one
+/// forwarded request every 20 ms on a keep-alive connection until `stop`;
+/// each must be answered 200 within 5 s (the machine running the tests
+/// may be loaded: its normal latency is milliseconds). Gives how many were
+/// answered and the slowest.
 fn other_client(
     entry: SocketAddr,
     user: String,
@@ -94,15 +96,57 @@ fn other_client(
     })
 }
 
-/// Samples the RSS of `pid` every 100 ms for `span`: the highest seen.
-async fn peak_rss(pid: u32, span: Duration) -> u64 {
-    let end = Instant::now() + span;
+/// Bytes the node at `entry` wrote to its clients
+/// (`peerlb_client_sent_bytes_total` of its admin API).
+async fn client_sent_bytes(entry: SocketAddr) -> u64 {
+    let r = get(admin_of(entry), "/_peerlb/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("peerlb_client_sent_bytes_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no peerlb_client_sent_bytes_total in {text}")) as u64
+}
+
+/// Samples the RSS of `pid` every 100 ms, at least 8 s, until the node at
+/// `entry` has written less than 1 MiB to its clients in 2 s (every unread
+/// answer stalled, the kernel's socket buffers full; only the other
+/// client's small answers go on), 40 s at most (below the 60 s send
+/// timeout): the highest seen, ramp included.
+async fn peak_rss(pid: u32, entry: SocketAddr) -> u64 {
+    let start = Instant::now();
     let mut peak = 0;
-    while Instant::now() < end {
-        peak = peak.max(rss_kib(pid));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut sent = (client_sent_bytes(entry).await, Instant::now());
+    while start.elapsed() < Duration::from_secs(40) {
+        for _ in 0..5 {
+            peak = peak.max(rss_kib(pid));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let now = client_sent_bytes(entry).await;
+        if now >= sent.0 + (1 << 20) {
+            sent = (now, Instant::now());
+        } else if sent.1.elapsed() >= Duration::from_secs(2)
+            && start.elapsed() >= Duration::from_secs(8)
+        {
+            break;
+        }
     }
+    eprintln!(
+        "sampled {:.1} s; the node's writes to clients stopped: {}",
+        start.elapsed().as_secs_f64(),
+        sent.1.elapsed() >= Duration::from_secs(2)
+    );
     peak
+}
+
+/// A TCP connection to `addr` with a 4 KiB receive buffer (set before the
+/// handshake, so the window it offers is small): an unread answer then
+/// stalls in the node, not in this machine's socket buffers, and the test
+/// does not spend its time moving megabytes nobody reads.
+fn small_window_connect(addr: SocketAddr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.set_recv_buffer_size(4096).unwrap();
+    s.connect(&addr.into()).unwrap();
+    s.into()
 }
 
 /// The forwarded-requests counter of the node at `entry`.
@@ -127,8 +171,6 @@ async fn a_hundred_unread_http2_streams_keep_the_entry_within_64_mib() {
     warm_up(entry, &user).await;
     let before = rss_kib(pid);
     let base = forwarded(entry);
-    let stop = Arc::new(AtomicBool::new(false));
-    let other = other_client(entry, user.clone(), stop.clone());
 
     let tcp = tokio::net::TcpStream::connect(entry).await.unwrap();
     let (mut h2c, conn) = h2::client::handshake(tcp).await.unwrap();
@@ -151,11 +193,13 @@ async fn a_hundred_unread_http2_streams_keep_the_entry_within_64_mib() {
         assert_eq!(resp.status(), 200);
         bodies.push(resp.into_body());
     }
-    // Every stream was forwarded (the other client's too).
+    // Every stream was forwarded; then another client comes.
     eventually(Duration::from_secs(10), || forwarded(entry) >= base + 100)
         .await
         .unwrap();
-    let peak = peak_rss(pid, Duration::from_secs(8)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let other = other_client(entry, user.clone(), stop.clone());
+    let peak = peak_rss(pid, entry).await;
     stop.store(true, Ordering::Relaxed);
     eprintln!(
         "100 unread h2 streams: rss {before} KiB -> peak {peak} KiB (+{} KiB)",
@@ -194,11 +238,9 @@ async fn three_hundred_unread_http1_connections_keep_the_entry_within_64_mib() {
     warm_up(entry, &user).await;
     let before = rss_kib(pid);
     let base = forwarded(entry);
-    let stop = Arc::new(AtomicBool::new(false));
-    let other = other_client(entry, user.clone(), stop.clone());
     let conns: Vec<TcpStream> = (0..300)
         .map(|i| {
-            let mut s = TcpStream::connect(entry).unwrap();
+            let mut s = small_window_connect(entry);
             write!(
                 s,
                 "GET {TEN_MIB}?user={user}&c={i} HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -207,10 +249,13 @@ async fn three_hundred_unread_http1_connections_keep_the_entry_within_64_mib() {
             s
         })
         .collect();
+    // Every request was forwarded; then another client comes.
     eventually(Duration::from_secs(20), || forwarded(entry) >= base + 300)
         .await
         .unwrap();
-    let peak = peak_rss(pid, Duration::from_secs(8)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let other = other_client(entry, user.clone(), stop.clone());
+    let peak = peak_rss(pid, entry).await;
     stop.store(true, Ordering::Relaxed);
     eprintln!(
         "300 unread h1 connections: rss {before} KiB -> peak {peak} KiB (+{} KiB)",
@@ -343,4 +388,97 @@ async fn at_the_response_budget_the_largest_holders_are_cut_and_new_work_is_answ
         }
     }
     assert!(short >= 8, "{short} of 10 connections cut");
+}
+
+/// The owner stops reading its app when the entry's client stops reading:
+/// an app streaming a 256 MiB answer to a forwarded request whose client
+/// reads nothing has written only a bounded part of it (the peer stream's
+/// window, a frame at each hop, and the sockets' kernel buffers on the
+/// way) once its writes stop, and stays there. The owner's body pump
+/// awaits the peer stream's flow control; a pump that read ahead would
+/// let the app write the whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_stops_reading_its_app_when_the_client_stops() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const BODY: u64 = 256 << 20;
+    let app = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = app.local_addr().unwrap();
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let w = written.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut c, _) = app.accept().await.unwrap();
+            let w = w.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|x| x == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let big = head.starts_with(b"GET /big");
+                let len = if big { BODY } else { 2 };
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+                if c.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                if !big {
+                    let _ = c.write_all(b"ok").await;
+                    return;
+                }
+                let chunk = vec![0u8; 64 * 1024];
+                let mut left = BODY;
+                while left > 0 {
+                    if c.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    left -= chunk.len() as u64;
+                    w.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let c = Cluster::start(
+        "bp-owner",
+        2,
+        &format!("app = \"http://{app_addr}\"\n[ring]\nvnodes = 1024\n{STEADY}"),
+        USER_RULES,
+    );
+    let user = user_where(&ring(&["n1", "n2"], 1024), |o| o == "n2");
+    let entry = c.nodes[0].http;
+    let mut client = TcpStream::connect(entry).unwrap();
+    write!(client, "GET /big?user={user} HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    // Wait until the app's writes stop: no progress for 2 s.
+    let mut last = (0, Instant::now());
+    poll(Duration::from_secs(60), || {
+        let now = written.load(Ordering::Relaxed);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+        now > 0 && last.1.elapsed() >= Duration::from_secs(2)
+    })
+    .expect("the app's writes stop");
+    let stopped = written.load(Ordering::Relaxed);
+    eprintln!(
+        "the app wrote {} KiB of {} MiB before it stopped",
+        stopped / 1024,
+        BODY >> 20
+    );
+    assert!(stopped < 64 << 20, "the app wrote {stopped} bytes");
+    // Reading resumes the flow: the client gets the whole answer.
+    client
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    while got < BODY {
+        match std::io::Read::read(&mut client, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n as u64,
+            Err(e) => panic!("after {got} bytes: {e}"),
+        }
+    }
+    assert!(got >= BODY, "{got} bytes");
 }

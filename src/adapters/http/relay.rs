@@ -35,9 +35,10 @@
 //!   poll a body while its write queue is full). The frame that passed the
 //!   budget is still sent: new work is admitted, the largest holders pay.
 //!
-//! Costs: per response with a body, one registration (a short lock of the
-//! holders' map) and per frame one small allocation (the lease) and two
-//! short uncontended locks.
+//! Costs: per response with a body, one small allocation (its holder) and,
+//! unless its first frame is its last, a registration (a short lock of the
+//! holders' map, again when it ends); per frame one small allocation (the
+//! lease) and two short uncontended locks.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -136,10 +137,15 @@ impl ResponseBudget {
         live > i64::try_from(self.limit).unwrap_or(i64::MAX)
     }
 
-    fn register(self: &Arc<Self>, conn: Option<Arc<ConnState>>) -> Arc<Holder> {
+    /// A new holder; in the registry (so the budget can cut it) unless
+    /// `last`: a body whose first frame is its last holds that frame only,
+    /// for as long as its client takes it, and costs no lock of the
+    /// registry (most answers are one frame).
+    fn register(self: &Arc<Self>, conn: Option<Arc<ConnState>>, last: bool) -> Arc<Holder> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let h = Arc::new(Holder {
             id,
+            registered: !last,
             budget: self.clone(),
             conn,
             acct: Mutex::new(Acct {
@@ -150,10 +156,12 @@ impl ResponseBudget {
                 waker: None,
             }),
         });
-        self.holders
-            .lock()
-            .expect("holders lock")
-            .insert(id, h.clone());
+        if !last {
+            self.holders
+                .lock()
+                .expect("holders lock")
+                .insert(id, h.clone());
+        }
         h
     }
 
@@ -199,6 +207,8 @@ fn signed(n: u64) -> i64 {
 /// One relay's place in the budget.
 struct Holder {
     id: u64,
+    /// In the registry ([`ResponseBudget::register`]).
+    registered: bool,
     budget: Arc<ResponseBudget>,
     /// The HTTP/1.1 connection the response is written to, aborted when
     /// the holder is cut (`None` on HTTP/2: the stream is reset instead).
@@ -420,7 +430,7 @@ where
         };
         let holder = this
             .holder
-            .get_or_insert_with(|| budget.register(this.conn.clone()))
+            .get_or_insert_with(|| budget.register(this.conn.clone(), this.inner.is_end_stream()))
             .clone();
         let leased = data.len() as u64;
         // The backlog charge moves to the new window (it shrinks near the
@@ -462,7 +472,9 @@ impl<B> Relay<B> {
 impl<B> Drop for Relay<B> {
     fn drop(&mut self) {
         self.drop_backlog();
-        if let Some(h) = self.holder.take() {
+        if let Some(h) = self.holder.take()
+            && h.registered
+        {
             h.budget.deregister(h.id);
         }
     }

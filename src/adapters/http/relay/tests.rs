@@ -245,6 +245,30 @@ async fn a_waiting_relay_is_woken_when_it_is_cut() {
     assert_eq!(budget.held(), 0);
 }
 
+/// A one-frame answer is charged but not registered (no lock of the
+/// registry): the budget cannot cut it, and it never holds more than that
+/// frame.
+#[tokio::test(start_paused = true)]
+async fn a_one_frame_answer_is_charged_but_never_cut() {
+    let budget = budget(1_500, 0, Duration::from_secs(60));
+    let mut one = Relay::new(frames(&[1_000]), Some(budget.clone()), false, None);
+    let o = data(poll(&mut one));
+    assert!(budget.holders.lock().unwrap().is_empty());
+    let mut two = Relay::new(frames(&[1_000, 1]), Some(budget.clone()), false, None);
+    let t = data(poll(&mut two));
+    assert_eq!(budget.held(), 2_000);
+    // Over the budget: the registered one is cut, the one-frame one not.
+    assert!(matches!(
+        poll(&mut two),
+        Poll::Ready(Some(Err(BodyError::OverBudget)))
+    ));
+    drop(o);
+    assert!(matches!(poll(&mut one), Poll::Ready(None)));
+    drop((t, one, two));
+    assert_eq!(budget.held(), 0);
+    assert!(budget.holders.lock().unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn without_a_budget_the_body_is_passed_on_as_it_is() {
     let mut relay = Relay::new(frames(&[1000, 2000]), None, true, None);
