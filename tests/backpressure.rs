@@ -96,15 +96,19 @@ fn other_client(
     })
 }
 
-/// Bytes the node at `entry` wrote to its clients
-/// (`peerlb_client_sent_bytes_total` of its admin API).
-async fn client_sent_bytes(entry: SocketAddr) -> u64 {
+/// The counter `name` of the node at `entry`'s Prometheus metrics.
+async fn metric(entry: SocketAddr, name: &str) -> u64 {
     let r = get(admin_of(entry), "/_peerlb/metrics", &[]).await;
     let text = String::from_utf8_lossy(&r.body).into_owned();
     text.lines()
-        .find_map(|l| l.strip_prefix("peerlb_client_sent_bytes_total "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no peerlb_client_sent_bytes_total in {text}")) as u64
+        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
+}
+
+/// Bytes the node at `entry` wrote to its clients.
+async fn client_sent_bytes(entry: SocketAddr) -> u64 {
+    metric(entry, "peerlb_client_sent_bytes_total").await
 }
 
 /// Samples the RSS of `pid` every 100 ms, at least 8 s, until the node at
@@ -346,6 +350,7 @@ async fn an_http2_stream_stalled_for_the_send_timeout_is_reset_alone() {
         counters["responses_cut_stalled"].as_u64() >= Some(1),
         "{counters}"
     );
+    assert!(metric(entry, "peerlb_responses_cut_stalled_total").await >= 1);
 }
 
 /// At `limits.response_budget_bytes` (1 MiB here; each stalled forwarded
@@ -374,6 +379,7 @@ async fn at_the_response_budget_the_largest_holders_are_cut_and_new_work_is_answ
     })
     .await
     .expect("8 holders cut");
+    assert!(metric(entry, "peerlb_responses_cut_budget_total").await >= 8);
     // New work is admitted.
     let r = get(entry, &format!("/x?user={user}"), &[]).await;
     assert_eq!((r.status, r.served_by()), (200, "n2"));

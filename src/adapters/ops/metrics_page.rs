@@ -41,6 +41,8 @@
 //! | `peerlb_sip_udp_answers_withheld_total` | counter | SIP UDP answers not sent: they would have passed twice the request's bytes |
 //! | `peerlb_sip_tcp_timed_out_total` | counter | SIP TCP connections closed for an unfinished message (`limits.header_read_timeout_ms`) or idleness (`limits.sip_idle_timeout_ms`) |
 //! | `peerlb_tunnels_refused_total` | counter | WebSocket upgrades answered 503 at `limits.max_tunnels_percent` of the connection cap |
+//! | `peerlb_responses_cut_budget_total` | counter | responses cut at `limits.response_budget_bytes`: they held the most |
+//! | `peerlb_responses_cut_stalled_total` | counter | responses cut: their client took no frame within `limits.send_timeout_ms` |
 //! | `peerlb_sip_forwarded_total` | counter | SIP forward attempts to an owner (one per candidate tried) |
 //! | `peerlb_errors_total` | counter | requests this node answered with an error status |
 //! | `peerlb_client_connections_refused_total` | counter | client connections closed at accept (`limits.max_connections`) |
@@ -407,6 +409,16 @@ impl Snapshot {
                 "tunnels_refused",
                 "WebSocket upgrades answered 503: open tunnels held limits.max_tunnels_percent of the connection cap",
                 Counter(get(&c.tunnels_refused)),
+            ),
+            Family::one(
+                "responses_cut_budget",
+                "Responses cut at limits.response_budget_bytes: they held the most",
+                Counter(get(&c.response_cuts.budget)),
+            ),
+            Family::one(
+                "responses_cut_stalled",
+                "Responses cut: their client took no frame within limits.send_timeout_ms",
+                Counter(get(&c.response_cuts.stalled)),
             ),
             Family::one(
                 "client_connections_refused",
