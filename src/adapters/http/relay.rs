@@ -151,6 +151,7 @@ impl ResponseBudget {
             acct: Mutex::new(Acct {
                 held: 0,
                 leased: 0,
+                parked: false,
                 cut: false,
                 since: Instant::now(),
                 waker: None,
@@ -226,9 +227,14 @@ struct Acct {
     cut: bool,
     /// The last time a frame was handed on.
     since: Instant,
-    /// The task that polled the relay last: woken when its frame is let
-    /// go or it is cut.
+    /// The task that polled the relay last: woken when it is cut, and
+    /// when its frame is let go while it waits for that (`parked`).
     waker: Option<Waker>,
+    /// The relay returned `Pending` to wait for its frame to be let go.
+    /// Only then does the release wake it: the client connection that
+    /// took the last frame of a body polls nothing more (no wakeup per
+    /// response).
+    parked: bool,
 }
 
 impl Holder {
@@ -262,7 +268,12 @@ impl Holder {
             if a.cut {
                 self.budget.cut_held.fetch_sub(signed(n), Ordering::AcqRel);
             }
-            if leased > 0 { a.waker.take() } else { None }
+            if leased > 0 && a.parked {
+                a.parked = false;
+                a.waker.clone()
+            } else {
+                None
+            }
         };
         if let Some(w) = waker {
             w.wake();
@@ -355,7 +366,8 @@ where
             let mut a = holder.acct.lock().expect("holder lock");
             // Registered before the check: a release or cut after it wakes us.
             set_waker(&mut a.waker, cx.waker());
-            (a.cut, a.leased > 0)
+            a.parked = a.leased > 0;
+            (a.cut, a.parked)
         };
         if cut {
             return Some(Poll::Ready(BodyError::OverBudget));

@@ -245,6 +245,26 @@ async fn a_waiting_relay_is_woken_when_it_is_cut() {
     assert_eq!(budget.held(), 0);
 }
 
+/// A relay waiting for its frame to be let go is woken when it is, and
+/// hands on the next frame (an HTTP/2 stream whose window opened).
+#[tokio::test(start_paused = true)]
+async fn a_relay_waiting_for_its_frame_is_woken_when_the_frame_is_let_go() {
+    let budget = budget(MIB, 0, Duration::from_secs(60));
+    let mut relay = Relay::new(frames(&[1_000, 2_000]), Some(budget.clone()), false, None);
+    let first = data(poll(&mut relay));
+    let next = tokio::spawn(async move {
+        std::future::poll_fn(|cx| Pin::new(&mut relay).poll_frame(cx)).await
+    });
+    tokio::task::yield_now().await;
+    assert!(!next.is_finished(), "it waits while the frame is held");
+    drop(first);
+    let got = tokio::time::timeout(Duration::from_secs(1), next)
+        .await
+        .expect("woken")
+        .unwrap();
+    assert_eq!(got.unwrap().unwrap().into_data().unwrap().len(), 2_000);
+}
+
 /// A one-frame answer is charged but not registered (no lock of the
 /// registry): the budget cannot cut it, and it never holds more than that
 /// frame.
