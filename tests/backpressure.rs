@@ -285,7 +285,9 @@ async fn three_hundred_unread_http1_connections_keep_the_entry_within_64_mib() {
 
 /// An HTTP/2 stream whose client window stays at zero for
 /// `limits.send_timeout_ms` (1.5 s here) is reset, and only that stream:
-/// another stream of the same connection is answered whole afterwards.
+/// a 10 MiB answer, and a one-frame answer one byte over the window (its
+/// end waits for its last frame); another stream of the same connection
+/// is answered whole afterwards.
 /// The client's connection window is large, so only the stream's own
 /// window (65,535 bytes, never updated) stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,6 +330,29 @@ async fn an_http2_stream_stalled_for_the_send_timeout_is_reset_alone() {
     );
     assert!(got <= 65_535, "{got} bytes past the stream window");
     assert!(after >= Duration::from_millis(1400), "{after:?}");
+    // An answer of one 64 KiB frame, one byte over the stream's window:
+    // its last frame is never taken whole, and the stream is reset too.
+    let mut h2c = h2c.ready().await.unwrap();
+    let req = http::Request::get(format!("http://{entry}/bytes/65536?user={user}"))
+        .body(())
+        .unwrap();
+    let (resp, _) = h2c.send_request(req, true).unwrap();
+    let mut small = resp.await.unwrap().into_body();
+    let started = Instant::now();
+    let reset = loop {
+        match tokio::time::timeout(Duration::from_secs(30), small.data()).await {
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => break e,
+            Ok(None) => panic!("the one-frame answer ended without its last byte"),
+            Err(_) => panic!("the one-frame answer was not reset within 30 s"),
+        }
+    };
+    assert_eq!(
+        reset.reason(),
+        Some(h2::Reason::INTERNAL_ERROR),
+        "{reset:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1400));
     // The connection lives: a new stream is answered whole.
     let mut h2c = h2c.ready().await.unwrap();
     let req = http::Request::get(format!("http://{entry}/bytes/1048576?user={user}"))
@@ -347,10 +372,10 @@ async fn an_http2_stream_stalled_for_the_send_timeout_is_reset_alone() {
     assert!(!driver.is_finished(), "the connection stays open");
     let counters = &status(entry).unwrap()["counters"];
     assert!(
-        counters["responses_cut_stalled"].as_u64() >= Some(1),
+        counters["responses_cut_stalled"].as_u64() >= Some(2),
         "{counters}"
     );
-    assert!(metric(entry, "peerlb_responses_cut_stalled_total").await >= 1);
+    assert!(metric(entry, "peerlb_responses_cut_stalled_total").await >= 2);
 }
 
 /// At `limits.response_budget_bytes` (1 MiB here; each stalled forwarded

@@ -19,7 +19,10 @@
 //!   stream (RST_STREAM, the connection's other streams go on) and closes
 //!   an HTTP/1.1 connection, as the socket's own send timeout
 //!   (`send_timeout`) does. Progress is counted per frame: a client that
-//!   takes less than one frame per send timeout is cut.
+//!   takes less than one frame per send timeout is cut. On HTTP/2 a
+//!   body's end is told only once its last frame was let go (then an
+//!   empty DATA frame carries END_STREAM), so a small answer the client
+//!   never takes is cut too.
 //! - **The budget** ([`ResponseBudget`], Envoy's overload manager
 //!   "reset high memory streams"). Each relay is a holder charged the
 //!   bytes of its frame at the connection, plus, for a forwarded answer
@@ -319,6 +322,12 @@ pub(crate) struct Relay<B> {
     from_peer: bool,
     /// The HTTP/1.1 connection, aborted when the budget cuts this.
     conn: Option<Arc<ConnState>>,
+    /// HTTP/2 (no connection to abort): the body's end is told only once
+    /// its last frame was let go, so a stream whose client never takes
+    /// that frame still meets the stall cut (hyper then sends an empty
+    /// DATA frame with END_STREAM). HTTP/1.1 needs none of this: the
+    /// socket's send timeout cuts the whole connection.
+    hold_end: bool,
     /// Registered at the first frame.
     holder: Option<Arc<Holder>>,
     /// The window charged while the peer stream has a backlog: its last
@@ -342,6 +351,7 @@ impl<B> Relay<B> {
     ) -> Relay<B> {
         Relay {
             inner,
+            hold_end: budget.is_some() && conn.is_none(),
             budget,
             from_peer,
             conn,
@@ -463,7 +473,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.failed || self.inner.is_end_stream()
+        self.failed || (self.inner.is_end_stream() && !(self.hold_end && self.leased()))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -472,6 +482,13 @@ where
 }
 
 impl<B> Relay<B> {
+    /// A frame of this body is still at the client connection.
+    fn leased(&self) -> bool {
+        self.holder
+            .as_ref()
+            .is_some_and(|h| h.acct.lock().expect("holder lock").leased > 0)
+    }
+
     /// Releases the backlog's window charge.
     fn drop_backlog(&mut self) {
         if let (Some(h), n @ 1..) = (&self.holder, self.backlog) {

@@ -265,6 +265,41 @@ async fn a_relay_waiting_for_its_frame_is_woken_when_the_frame_is_let_go() {
     assert_eq!(got.unwrap().unwrap().into_data().unwrap().len(), 2_000);
 }
 
+/// On HTTP/2 (no connection given) the end of a body is told only once
+/// its last frame was let go, so a stream whose client never takes it is
+/// still cut at the send timeout; on HTTP/1.1 at once.
+#[tokio::test(start_paused = true)]
+async fn on_http2_the_end_waits_for_the_last_frame_and_meets_the_stall_cut() {
+    let stall = Duration::from_secs(60);
+    let budget = budget(MIB, 0, stall);
+    let mut relay = Relay::new(frames(&[1_000]), Some(budget.clone()), false, None);
+    let last = data(poll(&mut relay));
+    assert!(!relay.is_end_stream(), "the last frame is still held");
+    assert!(poll(&mut relay).is_pending());
+    drop(last);
+    assert!(relay.is_end_stream());
+    assert!(matches!(poll(&mut relay), Poll::Ready(None)));
+
+    let mut relay = Relay::new(frames(&[1_000]), Some(budget.clone()), false, None);
+    let last = data(poll(&mut relay));
+    assert!(poll(&mut relay).is_pending());
+    tokio::time::advance(stall).await;
+    assert!(matches!(
+        poll(&mut relay),
+        Poll::Ready(Some(Err(BodyError::Stalled(_))))
+    ));
+    drop(last);
+
+    // HTTP/1.1: the end is told with the last frame.
+    let table = crate::adapters::http::ConnTable::with_tunnels(10, 10, stall, 100);
+    let admitted = table.admit("127.0.0.1".parse().unwrap(), false).unwrap();
+    let conn = Some(admitted.state.clone());
+    let mut relay = Relay::new(frames(&[1_000]), Some(budget.clone()), false, conn);
+    let last = data(poll(&mut relay));
+    assert!(relay.is_end_stream());
+    drop(last);
+}
+
 /// A one-frame answer is charged but not registered (no lock of the
 /// registry): the budget cannot cut it, and it never holds more than that
 /// frame.
