@@ -47,7 +47,8 @@
 //!     (accept loop), `conns` (connection table), `conn` (before HTTP: the
 //!     PROXY protocol header, `proxy_protocol`, and the TLS handshake),
 //!     `entry_tls` ([`tls::entry`]: HTTPS at the entry, certificates by
-//!     SNI, reloads), `preface`, `send_timeout`;
+//!     SNI, reloads), `preface`, `send_timeout`, `relay` (response
+//!     bodies one frame at a time, the stall cut, the response budget);
 //!   - the shared state: `node_state` (counters, in-flight, weight, rules:
 //!     shared by ingress, owner and admin), `errors` (every error as an
 //!     HTTP answer);
@@ -77,7 +78,7 @@
 #![warn(missing_docs, unreachable_pub)]
 // No unsafe code, but where a reason stands beside an `#[allow]`
 // (`adapters/transport/peer/udp.rs`: registering the peer socket with
-// tokio's reactor; `sim/os.rs`: the simulation's `getrandom` override).
+// tokio's reactor, turning its receive offload off; `sim/os.rs`: the simulation's `getrandom` override).
 #![deny(unsafe_code)]
 // The clock calls clippy.toml bans (they would escape the simulation's
 // virtual time), denied everywhere but where an `#[allow]` says why.

@@ -31,6 +31,15 @@ pub(crate) enum BodyError {
     /// The upstream app's response body failed.
     #[error("upstream body: {0}")]
     Upstream(hyper::Error),
+    /// The client took no byte of a frame of its response for this long
+    /// (`limits.send_timeout_ms`): the response is cut (an HTTP/2 stream
+    /// reset, an HTTP/1.1 connection closed).
+    #[error("the client took nothing of its response for {} ms", .0.as_millis())]
+    Stalled(std::time::Duration),
+    /// The node's response budget (`limits.response_budget_bytes`) was
+    /// reached and this response held the most: it is cut.
+    #[error("cut: the node's response budget is reached and this response held the most")]
+    OverBudget,
 }
 
 /// A body of `bytes`.

@@ -5,7 +5,9 @@
 //! HTTP ([`conn`]: the PROXY header, [`proxy_protocol`], and the TLS
 //! handshake, [`entry_tls`]); HTTP/2 prior knowledge on cleartext
 //! ([`preface`]); an HTTP/2 connection's streams and its rapid-reset rule
-//! ([`h2_streams`]); the client socket's send timeout ([`send_timeout`]).
+//! ([`h2_streams`]); the client socket's send timeout ([`send_timeout`]);
+//! response bodies under backpressure and the node's response budget
+//! ([`relay`]).
 
 pub(crate) mod conn;
 pub(crate) mod conns;
@@ -13,6 +15,7 @@ pub mod entry_tls;
 pub(crate) mod h2_streams;
 pub(crate) mod preface;
 pub(crate) mod proxy_protocol;
+pub(crate) mod relay;
 pub(crate) mod send_timeout;
 pub(crate) mod server;
 

@@ -120,6 +120,9 @@ pub(crate) struct Counters {
     /// before a request head was whole; a head that timed out is closed
     /// with nothing written and not counted).
     pub edge_client_errors: AtomicU64,
+    /// Responses cut because their client took nothing in time, or at
+    /// the response budget (counted by `http::relay`).
+    pub response_cuts: Arc<crate::adapters::http::relay::CutCounts>,
 }
 
 /// Whether the router's policy reads load figures.

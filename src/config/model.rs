@@ -281,6 +281,19 @@ pub struct LimitsSection {
     /// percent (default 75, 1..=100): a tunnel opened beyond it gets 503,
     /// so the rest of the cap stays for new clients.
     pub max_tunnels_percent: u32,
+    /// Most bytes of one response an entry holds for its client, in bytes
+    /// (default 262144, 16384..=16777216): the receive window of each
+    /// peer stream (QUIC `initial_max_stream_data`), so an owner sends a
+    /// forwarded answer only as fast as the entry's client takes it, and
+    /// the owner's read of its app stops within the same bound. One frame
+    /// of at most 64 KiB handed to the client connection comes on top.
+    pub response_buffer_bytes: u64,
+    /// Most bytes of responses a node holds for its clients at once, all
+    /// responses together, in bytes (default 33554432, 1048576..=2^40;
+    /// Envoy's overload manager). Past it the responses that hold the
+    /// most are cut first (an HTTP/2 stream reset, an HTTP/1.1 connection
+    /// closed); new requests are still admitted.
+    pub response_budget_bytes: u64,
 }
 
 impl Default for LimitsSection {
@@ -305,6 +318,8 @@ impl Default for LimitsSection {
             sip_udp_rate_interval_ms: 1_000,
             tunnel_closable_after_ms: 60_000,
             max_tunnels_percent: 75,
+            response_buffer_bytes: 256 * 1024,
+            response_budget_bytes: 32 * 1024 * 1024,
         }
     }
 }

@@ -261,6 +261,12 @@ pub struct IngressSettings {
     /// The share of the connection cap open tunnels may hold, in percent
     /// (`limits.max_tunnels_percent`).
     pub max_tunnels_percent: u32,
+    /// Most bytes of one forwarded response held for its client, the peer
+    /// streams' receive window (`limits.response_buffer_bytes`).
+    pub response_buffer_bytes: u64,
+    /// Most bytes of responses held for clients at once, node-wide
+    /// (`limits.response_budget_bytes`).
+    pub response_budget_bytes: u64,
 }
 
 /// What one client listener expects before the HTTP request.
@@ -332,6 +338,10 @@ pub struct PeerSettings {
     /// false: dialled at first sight, routable once the handshake
     /// succeeded.
     pub dial_on_demand: bool,
+    /// Receive window of each peer stream, in bytes
+    /// (`limits.response_buffer_bytes`): what a peer may send on one
+    /// stream ahead of this node's reads.
+    pub stream_window: u64,
 }
 
 /// Gossip (chitchat) settings.

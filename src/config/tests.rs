@@ -6,6 +6,8 @@ use std::time::Duration;
 use super::*;
 use crate::engine::balance::Policy;
 
+mod response_limits;
+
 fn src(text: &str) -> Source {
     Source {
         origin: "test.toml".into(),

@@ -123,6 +123,25 @@ impl ClusterFile {
                 return Err(inv(name, "must be greater than 0".into()));
             }
         }
+        for (name, v, range) in [
+            (
+                "limits.response_buffer_bytes",
+                l.response_buffer_bytes,
+                MIN_RESPONSE_BUFFER..=MAX_RESPONSE_BUFFER,
+            ),
+            (
+                "limits.response_budget_bytes",
+                l.response_budget_bytes,
+                MIN_RESPONSE_BUDGET..=MAX_RESPONSE_BUDGET,
+            ),
+        ] {
+            if !range.contains(&v) {
+                return Err(inv(
+                    name,
+                    format!("{v} is out of range {}..={}", range.start(), range.end()),
+                ));
+            }
+        }
         if !(1..=100).contains(&l.max_tunnels_percent) {
             return Err(inv(
                 "limits.max_tunnels_percent",
@@ -689,6 +708,8 @@ impl ClusterFile {
                 ),
                 tunnel_closable_after: ms(self.limits.tunnel_closable_after_ms),
                 max_tunnels_percent: self.limits.max_tunnels_percent,
+                response_buffer_bytes: self.limits.response_buffer_bytes,
+                response_budget_bytes: self.limits.response_budget_bytes,
             },
             listener,
             shared_listener,
@@ -700,6 +721,7 @@ impl ClusterFile {
                 max_peers: self.gossip.max_members as usize,
                 max_udp_payload: self.peer.max_udp_payload,
                 dial_on_demand: self.peer.dial == "on_demand",
+                stream_window: self.limits.response_buffer_bytes,
             },
             gossip: GossipSettings {
                 seeds,
@@ -732,6 +754,16 @@ impl ClusterFile {
         }
     }
 }
+
+/// Range of `limits.response_buffer_bytes`: a 16 KiB window at least (a
+/// smaller one makes every forwarded answer a round trip per few
+/// packets), 16 MiB at most.
+const MIN_RESPONSE_BUFFER: u64 = 16 * 1024;
+const MAX_RESPONSE_BUFFER: u64 = 16 * 1024 * 1024;
+
+/// Range of `limits.response_budget_bytes`: 1 MiB to 1 TiB.
+const MIN_RESPONSE_BUDGET: u64 = 1024 * 1024;
+const MAX_RESPONSE_BUDGET: u64 = 1 << 40;
 
 /// Longest `limits.upstream_idle_timeout_ms` (one hour).
 const MAX_UPSTREAM_IDLE_MS: u64 = 3_600_000;

@@ -44,6 +44,7 @@ use crate::adapters::body::Body;
 use crate::adapters::errors::RequestError;
 use crate::adapters::front::client_input::{self, PathClass};
 use crate::adapters::front::extended_connect::{self, Connect};
+use crate::adapters::http::relay::ResponseBudget;
 use crate::adapters::http::server::{self, ConnHold};
 use crate::adapters::node_state::{NodeState, track_body};
 use crate::adapters::ops::admin;
@@ -76,6 +77,8 @@ pub(crate) struct Ingress {
     proxy_warned: std::sync::atomic::AtomicU64,
     /// The open client connections, under the cap and the per-source cap.
     conns: Arc<ConnTable>,
+    /// The node's budget of response bytes held for clients.
+    budget: Arc<ResponseBudget>,
 }
 
 impl Ingress {
@@ -96,6 +99,12 @@ impl Ingress {
             keep_client_request_id: settings.trust_client_forwarded,
         };
         Ingress {
+            budget: ResponseBudget::new(
+                settings.response_budget_bytes,
+                settings.response_buffer_bytes,
+                settings.send_timeout,
+                state.counters.response_cuts.clone(),
+            ),
             conns: ConnTable::with_tunnels(
                 settings.max_connections,
                 settings.max_connections_per_source(),
@@ -396,6 +405,10 @@ impl server::Handler for Ingress {
 
     fn send_timeout(&self) -> Duration {
         self.settings.send_timeout
+    }
+
+    fn response_budget(&self) -> Option<&Arc<ResponseBudget>> {
+        Some(&self.budget)
     }
 
     fn conn_table(&self) -> &Arc<ConnTable> {

@@ -93,6 +93,9 @@ pub(crate) struct ConnState {
     /// reads a connection; registering is lock-free, unlike a `Notify`'s
     /// waiter list, which took a mutex on every read).
     close: AtomicWaker,
+    /// Set when the node cut it while a response was in flight (the
+    /// response budget, `relay`): reads and writes fail from then on.
+    aborted: AtomicBool,
     /// Tunnels open on it (each also holds it busy).
     tunnels: AtomicU32,
     /// When one of its tunnels last moved a byte, ms after `epoch`.
@@ -283,6 +286,7 @@ impl ConnTable {
             idle_since: AtomicU64::new(id),
             closed: AtomicBool::new(false),
             close: AtomicWaker::new(),
+            aborted: AtomicBool::new(false),
             tunnels: AtomicU32::new(0),
             tunnel_active_ms: AtomicU64::new(0),
             epoch: self.epoch,
@@ -348,6 +352,15 @@ impl Drop for TunnelGuard {
     fn drop(&mut self) {
         self.conn.tunnels.fetch_sub(1, Ordering::AcqRel);
         self.table.tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ConnState {
+    /// Cuts the connection whatever is in flight on it: its next read,
+    /// write or flush fails, which ends it; wakes its reader.
+    pub(crate) fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.close.wake();
     }
 }
 
@@ -426,7 +439,23 @@ impl<S> Closable<S> {
     /// it: a request that arrived after the connection was picked
     /// finishes; only an idle connection is cut.
     fn cut(&self) -> bool {
-        self.conn.closed.load(Ordering::Acquire) && self.conn.busy.load(Ordering::Acquire) == 0
+        self.aborted()
+            || (self.conn.closed.load(Ordering::Acquire)
+                && self.conn.busy.load(Ordering::Acquire) == 0)
+    }
+
+    /// Why reads fail once [`Closable::cut`].
+    fn cut_error(&self) -> io::Error {
+        if self.aborted() {
+            abort_error()
+        } else {
+            cut_error()
+        }
+    }
+
+    /// The node cut the connection ([`ConnState::abort`]).
+    fn aborted(&self) -> bool {
+        self.conn.aborted.load(Ordering::Acquire)
     }
 }
 
@@ -437,6 +466,13 @@ fn cut_error() -> io::Error {
     )
 }
 
+fn abort_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "cut: its response held the most of the node's response budget (limits.response_budget_bytes)",
+    )
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -444,7 +480,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         if self.cut() {
-            return Poll::Ready(Err(cut_error()));
+            return Poll::Ready(Err(self.cut_error()));
         }
         let read = Pin::new(&mut self.inner).poll_read(cx, buf);
         if read.is_pending() {
@@ -453,7 +489,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
             // the first check and the registration is not missed.
             self.conn.close.register(cx.waker());
             if self.cut() {
-                return Poll::Ready(Err(cut_error()));
+                return Poll::Ready(Err(self.cut_error()));
             }
         }
         read
@@ -466,10 +502,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Closable<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.aborted() {
+            return Poll::Ready(Err(abort_error()));
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.aborted() {
+            return Poll::Ready(Err(abort_error()));
+        }
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
@@ -482,6 +524,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Closable<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.aborted() {
+            return Poll::Ready(Err(abort_error()));
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 

@@ -24,6 +24,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked, TunnelGuard};
 use super::h2_streams::{ConnStreams, FLOOD_DRAIN, StreamGuard};
+use super::relay::{FromPeer, Relay, ResponseBudget};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
@@ -60,6 +61,12 @@ pub(crate) trait Handler: Send + Sync + 'static {
     /// Where the bytes of its connections are counted (`None`: not
     /// counted, the admin listener).
     fn byte_counts(&self) -> Option<&Arc<crate::adapters::metrics::ByteCounts>>;
+    /// The node's budget of response bytes held for clients, through
+    /// which every response body is written (`None`, the default: bodies
+    /// are written as they are, the admin listener).
+    fn response_budget(&self) -> Option<&Arc<ResponseBudget>> {
+        None
+    }
     /// Most open streams per HTTP/2 connection (default 100).
     fn h2_max_concurrent_streams(&self) -> u32 {
         100
@@ -241,10 +248,21 @@ pub(crate) struct ConnTracker {
 
 impl ConnTracker {
     /// Marks the connection busy for `resp`'s lifetime: until its body
-    /// has been written (or dropped).
-    fn track(&self) -> impl FnOnce(Response<Body>) -> Response<Tracked<Body>> + use<> {
+    /// has been written (or dropped). The body is written through a
+    /// [`Relay`] under `budget`; `h1` says the connection is HTTP/1.1 (the
+    /// budget aborts it to cut a response).
+    fn track(
+        &self,
+        budget: Option<&Arc<ResponseBudget>>,
+        h1: bool,
+    ) -> impl FnOnce(Response<Body>) -> Response<Tracked<Relay<Body>>> + use<> {
         let busy = self.table.busy(&self.state);
-        move |resp| resp.map(|b| Tracked::new(b, busy))
+        let budget = budget.cloned();
+        let conn = h1.then(|| self.state.clone());
+        move |resp| {
+            let from_peer = resp.extensions().get::<FromPeer>().is_some();
+            resp.map(|b| Tracked::new(Relay::new(b, budget, from_peer, conn), busy))
+        }
     }
 }
 
@@ -408,7 +426,7 @@ async fn serve_h1<H, I>(
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
         // Busy from its head until its response body is written.
-        let track = tracker.track();
+        let track = tracker.track(ing.response_budget(), true);
         if req.headers().contains_key(http::header::UPGRADE) {
             // A WebSocket keeps the connection's admission past this task.
             req.extensions_mut().insert(ConnHold {
@@ -517,7 +535,7 @@ async fn serve_h2<H, I>(
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ing.clone(), info.clone());
         let guard = StreamGuard::start(&st);
-        let track = tracker.track();
+        let track = tracker.track(ing.response_budget(), false);
         if req.method() == http::Method::CONNECT {
             req.extensions_mut().insert(ConnHold {
                 tracker: tracker.clone(),

@@ -293,6 +293,8 @@ fn status_json(state: &NodeState) -> String {
             "sip_tcp_timed_out": c.sip_tcp_timed_out.load(Ordering::Relaxed),
             "tunnels_refused": c.tunnels_refused.load(Ordering::Relaxed),
             "edge_client_errors": c.edge_client_errors.load(Ordering::Relaxed),
+            "responses_cut_budget": c.response_cuts.budget.load(Ordering::Relaxed),
+            "responses_cut_stalled": c.response_cuts.stalled.load(Ordering::Relaxed),
         },
         "client_connections": c.client_connections.load(Ordering::Relaxed),
         "h2": {

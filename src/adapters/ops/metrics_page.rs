@@ -42,6 +42,8 @@
 //! | `peerlb_sip_tcp_timed_out_total` | counter | SIP TCP connections closed for an unfinished message (`limits.header_read_timeout_ms`) or idleness (`limits.sip_idle_timeout_ms`) |
 //! | `peerlb_edge_client_errors_total` | counter | client requests answered 4xx by peerlb itself (its own checks: 400, 408, 414, 431; hyper's 400 and 431), not by the app; the app's 4xx are `peerlb_responses_total` minus these |
 //! | `peerlb_tunnels_refused_total` | counter | WebSocket upgrades answered 503 at `limits.max_tunnels_percent` of the connection cap |
+//! | `peerlb_responses_cut_budget_total` | counter | responses cut at `limits.response_budget_bytes`: they held the most |
+//! | `peerlb_responses_cut_stalled_total` | counter | responses cut: their client took no frame within `limits.send_timeout_ms` |
 //! | `peerlb_sip_forwarded_total` | counter | SIP forward attempts to an owner (one per candidate tried) |
 //! | `peerlb_errors_total` | counter | requests this node answered with an error status |
 //! | `peerlb_client_connections_refused_total` | counter | client connections closed at accept (`limits.max_connections`) |
@@ -413,6 +415,16 @@ impl Snapshot {
                 "tunnels_refused",
                 "WebSocket upgrades answered 503: open tunnels held limits.max_tunnels_percent of the connection cap",
                 Counter(get(&c.tunnels_refused)),
+            ),
+            Family::one(
+                "responses_cut_budget",
+                "Responses cut at limits.response_budget_bytes: they held the most",
+                Counter(get(&c.response_cuts.budget)),
+            ),
+            Family::one(
+                "responses_cut_stalled",
+                "Responses cut: their client took no frame within limits.send_timeout_ms",
+                Counter(get(&c.response_cuts.stalled)),
             ),
             Family::one(
                 "client_connections_refused",

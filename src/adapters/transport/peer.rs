@@ -34,10 +34,12 @@ use crate::engine::node_id::NodeId;
 mod admission;
 mod dial;
 mod links;
+mod quic_config;
 pub(crate) mod udp;
 
 use links::Link;
 pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
+use quic_config::transport;
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -115,47 +117,6 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     /// heads) and the app's side `app` (from the app's 101), until it ends.
     fn relay(&self, peer_side: BoxIo, app: Tunnel) -> impl std::future::Future<Output = ()> + Send;
 }
-
-fn transport(s: &PeerSettings) -> Arc<quinn::TransportConfig> {
-    let mut t = quinn::TransportConfig::default();
-    // No QUIC keep-alive: the link keeper pings only while busy. A node
-    // speaking only `peerlb/1` keeps every connection alive, as releases
-    // before one connection per pair did.
-    t.keep_alive_interval(s.only_v1.then_some(s.keep_alive));
-    t.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(links::quic_idle_timeout(s))
-            .expect("idle timeout fits a QUIC varint"),
-    ));
-    t.datagram_receive_buffer_size(Some(links::DATAGRAM_BUFFER));
-    t.max_concurrent_bidi_streams(FIRST_STREAMS.into());
-    t.max_concurrent_uni_streams(0u32.into());
-    // Path MTU discovery above Ethernet size: a bulk body then takes
-    // about 4x fewer packets where the path allows it (loopback, jumbo
-    // LANs), and each packet costs quinn about the same work whatever its
-    // size. A path with a 1500-byte MTU stays at 1452 (discovery just
-    // stops there); quinn documents any upper bound as safe.
-    let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(s.max_udp_payload.min(MAX_UDP_PAYLOAD));
-    t.mtu_discovery_config(Some(mtu));
-    t.ack_frequency_config(Some(ack_frequency()));
-    Arc::new(t)
-}
-
-/// How often the peer acknowledges: after [`ACK_ELICITING_THRESHOLD`] + 1
-/// ack-eliciting packets at the latest (QUIC's default is every second
-/// one), else within its `max_ack_delay` (25 ms). Requests and responses
-/// carry each other's ACKs, so under load an owner that received two
-/// requests no longer sends an ACK-only datagram before its answers, which
-/// carry it anyway (draft-ietf-quic-ack-frequency; quinn negotiates it,
-/// and a peer without it keeps acknowledging every second packet).
-fn ack_frequency() -> quinn::AckFrequencyConfig {
-    let mut a = quinn::AckFrequencyConfig::default();
-    a.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
-    a
-}
-
-/// Ack-eliciting packets a peer may receive without acknowledging at once.
-const ACK_ELICITING_THRESHOLD: u32 = 9;
 
 /// Streams a peer may open at once on a new connection; [`serve_connection`]
 /// doubles the allowance whenever half of it is in use, up to
@@ -770,31 +731,5 @@ mod tests {
         }
         assert_eq!(allowed, MAX_STREAMS);
         assert_eq!(more_streams(MAX_STREAMS, MAX_STREAMS), None);
-    }
-
-    /// Both sides ask for the ACK frequency extension with the threshold:
-    /// without it, an owner acknowledges every second request at once in
-    /// ACK-only datagrams (docs/performance.md, third pass).
-    #[test]
-    fn transport_asks_peers_to_acknowledge_every_tenth_packet() {
-        let t = transport(&PeerSettings {
-            keep_alive: Duration::from_millis(200),
-            idle_timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(1),
-            only_v1: false,
-            max_peers: 128,
-            max_udp_payload: 6500,
-            dial_on_demand: false,
-        });
-        let debug = format!("{t:?}");
-        let ack = &debug[debug
-            .find("ack_frequency_config: Some(")
-            .unwrap_or_else(|| panic!("no ACK frequency config: {debug}"))..];
-        assert!(
-            ack.contains(&format!(
-                "ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}"
-            )),
-            "{ack}"
-        );
     }
 }

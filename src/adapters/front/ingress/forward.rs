@@ -22,6 +22,7 @@ use crate::adapters::access;
 use crate::adapters::body::{self, Body};
 use crate::adapters::errors::RequestError;
 use crate::adapters::http::ConnInfo;
+use crate::adapters::http::relay::FromPeer;
 use crate::adapters::node_state::{NodeState, Outstanding, track_body};
 use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::owner::Owner;
@@ -398,7 +399,10 @@ impl Forwarder {
                     } else {
                         qb.boxed_unsync()
                     };
-                    let resp = peer::response_from_head(rh, body);
+                    let mut resp = peer::response_from_head(rh, body);
+                    // Its peer window fills while the client is slow: the
+                    // response budget charges it (`http::relay`).
+                    resp.extensions_mut().insert(FromPeer);
                     return Ok((resp, served, guard));
                 }
                 Err(e) => {

@@ -1012,6 +1012,7 @@ mod tests {
             max_peers: 128,
             max_udp_payload: 6500,
             dial_on_demand,
+            stream_window: 256 * 1024,
         }
     }
 
