@@ -20,14 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body::Body as _;
 use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use crate::adapters::body::{self, Body, QuicBody};
 use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::adapters::tunnel::{BoxIo, Tunnel};
-use crate::adapters::wire::{self, RequestHeadView, ResponseHead};
+use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadView};
 use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
 
@@ -248,7 +248,7 @@ pub(crate) async fn exchange(
     head: Bytes,
     body: Body,
     timeout: Duration,
-) -> Result<(ResponseHead, PeerBody), ExchangeError> {
+) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
     let PeerStream {
         mut send,
         mut recv,
@@ -295,7 +295,7 @@ pub(crate) async fn exchange(
             }
         };
         let resp = async {
-            read_head::<ResponseHead>(&mut recv)
+            read_response_head(&mut recv)
                 .await
                 .map_err(|e| response_head_error(peer, e))
         };
@@ -308,7 +308,7 @@ pub(crate) async fn exchange(
     let resp = tokio::time::timeout(timeout, read)
         .await
         .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
-    let len = content_length(&resp);
+    let len = resp.content_length();
     Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
 }
 
@@ -325,13 +325,6 @@ fn response_head_error(peer: &NodeId, e: HeadError) -> ExchangeError {
             reason: e.to_string(),
         },
     }
-}
-
-fn content_length(head: &ResponseHead) -> Option<u64> {
-    head.headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
 }
 
 /// What an owner answered to a tunnel request.
@@ -355,7 +348,7 @@ pub(crate) async fn exchange_tunnel(
     stream: PeerStream,
     head: Bytes,
     timeout: Duration,
-) -> Result<(ResponseHead, TunnelAnswer), ExchangeError> {
+) -> Result<(DecodedResponseHead, TunnelAnswer), ExchangeError> {
     let PeerStream {
         mut send,
         mut recv,
@@ -367,7 +360,7 @@ pub(crate) async fn exchange_tunnel(
             peer: peer.clone(),
             reason: e.to_string(),
         })?;
-    let resp = tokio::time::timeout(timeout, read_head::<ResponseHead>(&mut recv))
+    let resp = tokio::time::timeout(timeout, read_response_head(&mut recv))
         .await
         .map_err(|_| ExchangeError::Timeout(peer.clone()))?
         .map_err(|e| response_head_error(peer, e))?;
@@ -379,7 +372,7 @@ pub(crate) async fn exchange_tunnel(
         return Ok((resp, TunnelAnswer::Tunnel(Box::new(io))));
     }
     let _ = send.finish();
-    let len = content_length(&resp);
+    let len = resp.content_length();
     Ok((
         resp,
         TunnelAnswer::Body(PeerBody::new(QuicBody::new(recv, len), busy)),
@@ -461,10 +454,13 @@ enum HeadError {
     Wire(#[from] wire::WireError),
 }
 
-async fn read_head<T: serde::de::DeserializeOwned>(
+/// Reads and decodes a response head; its header values share the frame.
+async fn read_response_head(
     recv: &mut quinn::RecvStream,
-) -> Result<T, HeadError> {
-    Ok(wire::decode(&read_frame(recv).await?)?)
+) -> Result<DecodedResponseHead, HeadError> {
+    Ok(wire::decode_response(&Bytes::from(
+        read_frame(recv).await?,
+    ))?)
 }
 
 /// Reads one length-prefixed head frame's bytes (after the prefix).
@@ -478,24 +474,16 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Vec<u8>, HeadError> 
 }
 
 /// Turns a response head from a peer into an HTTP response with `body`.
-/// Header lines that are not valid HTTP are dropped (and logged).
-pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
+/// Header lines that are not valid HTTP were dropped by the decode; they
+/// are logged here.
+pub(crate) fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
+    for k in &head.dropped {
+        warn!(target: LOG, header = %k, "dropping invalid header from peer");
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    let h = resp.headers_mut();
-    for (k, v) in head.headers {
-        // The value's bytes become the header's without a copy.
-        match (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_maybe_shared(Bytes::from(v)),
-        ) {
-            (Ok(k), Ok(v)) => {
-                h.append(k, v);
-            }
-            _ => warn!(target: LOG, header = %k, "dropping invalid header from peer"),
-        }
-    }
+    *resp.headers_mut() = head.headers;
     resp
 }
 

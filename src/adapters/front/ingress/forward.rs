@@ -375,13 +375,13 @@ impl Forwarder {
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
-                    let served = served_by(&rh.served_by, cand);
+                    let served = served_by(rh.served_by(), cand);
                     let mut resp = peer::response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok((resp, served, guard));
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
-                    let served = served_by(&rh.served_by, cand);
+                    let served = served_by(rh.served_by(), cand);
                     let status = http::StatusCode::from_u16(rh.status)
                         .unwrap_or(http::StatusCode::BAD_GATEWAY);
                     // A bodiless answer gets an ended body, as the app's
