@@ -574,11 +574,14 @@ async fn serve_connection<H: ProxiedHandler>(
         let conn = conn.clone();
         let peer = peer.clone();
         let open = open.clone();
-        tokio::spawn(async move {
+        // Boxed: on its way into a task a spawned future is moved several
+        // times (tokio's spawn, the task's cell, its stage), each a copy of
+        // the whole future (about 3.5 KB here); a boxed one moves as a pointer.
+        tokio::spawn(Box::pin(async move {
             serve_stream(conn, send, recv, handler, &peer).await;
             drop(busy);
             open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        });
+        }));
     }
 }
 
