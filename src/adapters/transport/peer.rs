@@ -531,9 +531,13 @@ pub(crate) fn serve<H: ProxiedHandler>(
             let pending = admission::HalfOpen::start(&half_open);
             let links = links.clone();
             let remote = incoming.remote_address();
+            let connecting = outside_spans(remote, || incoming.accept());
             tokio::spawn(
                 async move {
-                    let r = incoming.await;
+                    let r = match connecting {
+                        Ok(c) => c.await,
+                        Err(e) => Err(e),
+                    };
                     drop(pending);
                     match r {
                         Ok(conn) => links.accepted(conn),
@@ -543,6 +547,26 @@ pub(crate) fn serve<H: ProxiedHandler>(
                 .instrument(info_span!(target: LOG, "peer_conn", %remote)),
             );
         }
+    }
+}
+
+/// Runs `make` (a quinn `connect` or `accept`) so that quinn's driver of
+/// the connection to or from `remote` runs in no enabled span: quinn
+/// instruments that task with the span current when the connection is
+/// made and enters it on every poll, several per request (an enabled
+/// span cost about 300 instructions per enter and exit), and the span
+/// current here is the connection's info-level `peer`, `peer_link` or
+/// `peer_conn` span, or a client connection's. Under a filter that enables
+/// the debug span `peer_driver` the driver runs in that one (quinn's own
+/// events then name the peer's address); otherwise `make` runs with no
+/// subscriber, so the driver is instrumented with no span (quinn makes a
+/// connection without logging: its errors are returned).
+pub(crate) fn outside_spans<T>(remote: std::net::SocketAddr, make: impl FnOnce() -> T) -> T {
+    let span = debug_span!(target: LOG, "peer_driver", %remote);
+    if span.is_disabled() {
+        tracing::dispatcher::with_default(&tracing::Dispatch::none(), make)
+    } else {
+        span.in_scope(make)
     }
 }
 
@@ -740,52 +764,4 @@ async fn serve_stream<H: ProxiedHandler>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_stream_allowance_doubles_at_half_use_up_to_the_cap() {
-        assert_eq!(more_streams(1, FIRST_STREAMS), None);
-        assert_eq!(
-            more_streams(FIRST_STREAMS / 2, FIRST_STREAMS),
-            Some(2 * FIRST_STREAMS)
-        );
-        let mut allowed = FIRST_STREAMS;
-        for open in 1..=MAX_STREAMS {
-            if let Some(more) = more_streams(open, allowed) {
-                assert!(more > allowed);
-                allowed = more;
-            }
-            // Room for as many more again as are open, until the cap.
-            assert!(allowed >= (2 * open).min(MAX_STREAMS), "{open}: {allowed}");
-        }
-        assert_eq!(allowed, MAX_STREAMS);
-        assert_eq!(more_streams(MAX_STREAMS, MAX_STREAMS), None);
-    }
-
-    /// Both sides ask for the ACK frequency extension with the threshold:
-    /// without it, an owner acknowledges every second request at once in
-    /// ACK-only datagrams (docs/performance.md, third pass).
-    #[test]
-    fn transport_asks_peers_to_acknowledge_every_tenth_packet() {
-        let t = transport(&PeerSettings {
-            keep_alive: Duration::from_millis(200),
-            idle_timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(1),
-            only_v1: false,
-            max_peers: 128,
-            max_udp_payload: 6500,
-            dial_on_demand: false,
-        });
-        let debug = format!("{t:?}");
-        let ack = &debug[debug
-            .find("ack_frequency_config: Some(")
-            .unwrap_or_else(|| panic!("no ACK frequency config: {debug}"))..];
-        assert!(
-            ack.contains(&format!(
-                "ack_eliciting_threshold: {ACK_ELICITING_THRESHOLD}"
-            )),
-            "{ack}"
-        );
-    }
-}
+mod tests;

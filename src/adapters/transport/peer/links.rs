@@ -579,10 +579,12 @@ impl PeerLinks {
         };
         let server_name = tls::node_server_name(id);
         let attempt = async {
-            let connecting = self
-                .endpoint
-                .connect_with(self.client.clone(), addr, &server_name)
-                .map_err(|e| e.to_string())?;
+            // Its driver outside this task's span (`super::outside_spans`).
+            let connecting = super::outside_spans(addr, || {
+                self.endpoint
+                    .connect_with(self.client.clone(), addr, &server_name)
+            })
+            .map_err(|e| e.to_string())?;
             connecting.await.map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
