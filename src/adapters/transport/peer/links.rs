@@ -726,6 +726,13 @@ impl PeerLinks {
                 l.state.lock().expect("link state lock").retired = true;
             }
         }
+        // The usual case, one connection to the peer: no list to sort and
+        // nothing to retire (the same answer as the general case below).
+        if let [only] = slot.links.as_slice() {
+            return only
+                .usable(now, self.linger(), self.usable_window())
+                .then(|| only.clone());
+        }
         let mut usable: Vec<&Arc<Link>> = slot
             .links
             .iter()
