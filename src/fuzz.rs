@@ -183,7 +183,19 @@ fn fuzz_peer_wire_heads() {
             let again = wire::encode(&h).expect("a decoded head encodes");
             assert_eq!(wire::decode::<wire::RequestHead>(&again[4..]).ok(), Some(h));
         }
-        let _ = wire::decode::<wire::ResponseHead>(&bytes);
+        // The entry decodes response heads into a header map: it accepts
+        // exactly what the owned decoder accepts, with the same fields.
+        let owned = wire::decode::<wire::ResponseHead>(&bytes);
+        let decoded = wire::decode_response(&bytes::Bytes::from(bytes.clone()));
+        assert_eq!(
+            decoded.is_ok(),
+            owned.is_ok(),
+            "{decoded:?} against {owned:?}"
+        );
+        if let (Ok(d), Ok(h)) = (decoded, owned) {
+            assert_eq!((d.status, d.served_by()), (h.status, h.served_by.as_str()));
+            assert_eq!(d.headers.len() + d.dropped.len(), h.headers.len());
+        }
     });
 }
 

@@ -130,7 +130,11 @@ impl TlsFacts {
     }
 }
 
-/// The head of a proxied response (owner -> entry).
+/// The head of a proxied response (owner -> entry), in its owned form:
+/// the reference for the layout. The owner encodes [`ResponseHeadRef`]
+/// and the entry decodes [`DecodedResponseHead`] ([`decode_response`]),
+/// the same bytes; tests and the fuzz harness build this one.
+#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ResponseHead {
     /// HTTP status code.
@@ -140,6 +144,42 @@ pub(crate) struct ResponseHead {
     pub headers: Vec<(String, Vec<u8>)>,
     /// Node id of the node that served the request.
     pub served_by: String,
+}
+
+/// A [`ResponseHead`] decoded for the entry ([`decode_response`]): the
+/// header lines straight into an `http::HeaderMap` (sized from the
+/// frame's count), each value a slice of the frame's `Bytes` rather than a
+/// copy, so a header line costs no allocation when its name is a standard
+/// one. Same bytes on the wire as [`ResponseHead`].
+#[derive(Debug)]
+pub(crate) struct DecodedResponseHead {
+    /// See [`ResponseHead::status`].
+    pub status: u16,
+    /// The valid header lines of [`ResponseHead::headers`], in order.
+    pub headers: http::HeaderMap,
+    /// The names of the lines that are not valid HTTP and were left out
+    /// (empty, without an allocation, for every well-formed head).
+    pub dropped: Vec<String>,
+    /// [`ResponseHead::served_by`]'s bytes (UTF-8, checked by the decode).
+    served_by: bytes::Bytes,
+}
+
+impl DecodedResponseHead {
+    /// See [`ResponseHead::served_by`].
+    pub(crate) fn served_by(&self) -> &str {
+        // Decoded as a `&str`, so this check cannot fail.
+        std::str::from_utf8(&self.served_by).unwrap_or_default()
+    }
+
+    /// The body length the head announces (`content-length`), if any.
+    pub(crate) fn content_length(&self) -> Option<u64> {
+        self.headers
+            .get(http::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    }
 }
 
 /// A [`RequestHead`] decoded in place (the owner's serve path): the
@@ -355,10 +395,12 @@ pub(crate) fn head_len(prefix: [u8; 4]) -> Result<usize, WireError> {
     Ok(len)
 }
 
-/// Decodes a head from exactly the bytes after the length prefix.
+/// Decodes a head from exactly the bytes after the length prefix, in its
+/// owned form (tests and the fuzz harness: the nodes decode in place).
 ///
 /// # Errors
 /// [`WireError::Decode`] when the bytes are not one complete head.
+#[cfg(test)]
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     decode_view(bytes)
 }
@@ -376,6 +418,111 @@ pub(crate) fn decode_view<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, 
         )));
     }
     Ok(v)
+}
+
+/// Decodes a [`ResponseHead`] frame (exactly the bytes after the length
+/// prefix) into a [`DecodedResponseHead`] whose header values share
+/// `frame`'s buffer. Accepts exactly the frames `decode::<ResponseHead>`
+/// accepts; a line whose name or value is not valid HTTP is left out and
+/// named in [`DecodedResponseHead::dropped`].
+///
+/// # Errors
+/// [`WireError::Decode`] when the bytes are not one complete head.
+pub(crate) fn decode_response(frame: &bytes::Bytes) -> Result<DecodedResponseHead, WireError> {
+    let (v, used) =
+        bincode::serde::seed_decode_from_slice(response_seed::Head(frame), frame, config())?;
+    if used != frame.len() {
+        return Err(WireError::Decode(bincode::error::DecodeError::OtherString(
+            format!("{} trailing bytes after the head", frame.len() - used),
+        )));
+    }
+    Ok(v)
+}
+
+/// The serde seeds of [`decode_response`]: the layout of
+/// [`ResponseHead`] (a struct is its fields in order; the header list a
+/// sequence of `(name, value bytes)` pairs), each borrowed piece of the
+/// input turned into a slice of the frame's `Bytes`.
+mod response_seed {
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderName, HeaderValue};
+    use serde::de::{DeserializeSeed, Deserializer, Error, SeqAccess, Visitor};
+
+    use super::DecodedResponseHead;
+
+    /// Header slots reserved up front: the head's lines and two for the
+    /// entry's own (`peerlb-served-by`, a route cookie), at least the 6 a
+    /// map's first insert would make room for (fewer made the entry's
+    /// inserts grow the map: a second allocation and a rehash), at most
+    /// 64 (a hostile head must not size the map).
+    const MIN_RESERVED: usize = 6;
+    const MAX_RESERVED: usize = 64;
+
+    pub(super) struct Head<'f>(pub(super) &'f Bytes);
+
+    impl<'de> DeserializeSeed<'de> for Head<'_> {
+        type Value = DecodedResponseHead;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_struct("ResponseHead", &["status", "headers", "served_by"], self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Head<'_> {
+        type Value = DecodedResponseHead;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a response head")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            let status: u16 = a
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+            let (headers, dropped) = a
+                .next_element_seed(Lines(self.0))?
+                .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+            let served_by: &'de str = a
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(2, &self))?;
+            Ok(DecodedResponseHead {
+                status,
+                headers,
+                dropped,
+                served_by: self.0.slice_ref(served_by.as_bytes()),
+            })
+        }
+    }
+
+    struct Lines<'f>(&'f Bytes);
+
+    impl<'de> DeserializeSeed<'de> for Lines<'_> {
+        type Value = (HeaderMap, Vec<String>);
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Lines<'_> {
+        type Value = (HeaderMap, Vec<String>);
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a header list")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            let lines = a.size_hint().unwrap_or(0);
+            let mut map = HeaderMap::with_capacity((lines + 2).clamp(MIN_RESERVED, MAX_RESERVED));
+            let mut dropped = Vec::new();
+            while let Some((k, v)) = a.next_element::<(&'de str, &'de [u8])>()? {
+                match (
+                    HeaderName::from_bytes(k.as_bytes()),
+                    HeaderValue::from_maybe_shared(self.0.slice_ref(v)),
+                ) {
+                    (Ok(k), Ok(v)) => {
+                        map.append(k, v);
+                    }
+                    _ => dropped.push(k.to_owned()),
+                }
+            }
+            Ok((map, dropped))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -496,6 +643,54 @@ mod tests {
         };
         let buf = encode(&h).unwrap();
         assert_eq!(decode::<ResponseHead>(&buf[4..]).unwrap(), h);
+    }
+
+    /// The entry's decode of a response head: the owned decode's fields,
+    /// its valid lines in order in the map (values sharing the frame's
+    /// buffer), the invalid ones named and left out; the same frames
+    /// refused.
+    #[test]
+    fn response_heads_decode_into_a_header_map_sharing_the_frame() {
+        let h = ResponseHead {
+            status: 201,
+            headers: vec![
+                ("content-length".into(), b"3".to_vec()),
+                ("set-cookie".into(), b"a=b".to_vec()),
+                ("bad name".into(), b"x".to_vec()),
+                ("set-cookie".into(), b"c=d".to_vec()),
+                ("x-bad-value".into(), b"a\nb".to_vec()),
+                ("x-empty".into(), Vec::new()),
+            ],
+            served_by: "n3".into(),
+        };
+        let frame = bytes::Bytes::from(encode(&h).unwrap()).slice(4..);
+        let d = decode_response(&frame).unwrap();
+        assert_eq!(d.status, 201);
+        assert_eq!(d.served_by(), "n3");
+        assert_eq!(d.content_length(), Some(3));
+        assert_eq!(d.dropped, ["bad name", "x-bad-value"]);
+        let lines: Vec<(&str, &[u8])> = d
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes()))
+            .collect();
+        let want: Vec<(&str, &[u8])> = vec![
+            ("content-length", b"3"),
+            ("set-cookie", b"a=b"),
+            ("set-cookie", b"c=d"),
+            ("x-empty", b""),
+        ];
+        assert_eq!(lines, want);
+        let cookie = d.headers.get("set-cookie").unwrap().as_bytes().as_ptr() as usize;
+        let start = frame.as_ptr() as usize;
+        assert!((start..start + frame.len()).contains(&cookie), "a copy");
+
+        let buf = bytes::Bytes::from(encode(&h).unwrap());
+        assert!(decode_response(&buf.slice(4..buf.len() - 1)).is_err());
+        let mut long = buf[4..].to_vec();
+        long.push(0);
+        assert!(decode_response(&bytes::Bytes::from(long)).is_err());
+        assert!(decode_response(&bytes::Bytes::from_static(&[0xff; 7])).is_err());
     }
 
     #[test]

@@ -20,14 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body::Body as _;
 use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use crate::adapters::body::{self, Body, QuicBody};
 use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::adapters::tunnel::{BoxIo, Tunnel};
-use crate::adapters::wire::{self, RequestHeadView, ResponseHead};
+use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadView};
 use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
 
@@ -209,7 +209,7 @@ pub(crate) async fn exchange(
     head: Bytes,
     body: Body,
     timeout: Duration,
-) -> Result<(ResponseHead, PeerBody), ExchangeError> {
+) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
     let PeerStream {
         mut send,
         mut recv,
@@ -256,7 +256,7 @@ pub(crate) async fn exchange(
             }
         };
         let resp = async {
-            read_head::<ResponseHead>(&mut recv)
+            read_response_head(&mut recv)
                 .await
                 .map_err(|e| response_head_error(peer, e))
         };
@@ -269,7 +269,7 @@ pub(crate) async fn exchange(
     let resp = tokio::time::timeout(timeout, read)
         .await
         .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
-    let len = content_length(&resp);
+    let len = resp.content_length();
     Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
 }
 
@@ -286,13 +286,6 @@ fn response_head_error(peer: &NodeId, e: HeadError) -> ExchangeError {
             reason: e.to_string(),
         },
     }
-}
-
-fn content_length(head: &ResponseHead) -> Option<u64> {
-    head.headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
 }
 
 /// What an owner answered to a tunnel request.
@@ -316,7 +309,7 @@ pub(crate) async fn exchange_tunnel(
     stream: PeerStream,
     head: Bytes,
     timeout: Duration,
-) -> Result<(ResponseHead, TunnelAnswer), ExchangeError> {
+) -> Result<(DecodedResponseHead, TunnelAnswer), ExchangeError> {
     let PeerStream {
         mut send,
         mut recv,
@@ -328,7 +321,7 @@ pub(crate) async fn exchange_tunnel(
             peer: peer.clone(),
             reason: e.to_string(),
         })?;
-    let resp = tokio::time::timeout(timeout, read_head::<ResponseHead>(&mut recv))
+    let resp = tokio::time::timeout(timeout, read_response_head(&mut recv))
         .await
         .map_err(|_| ExchangeError::Timeout(peer.clone()))?
         .map_err(|e| response_head_error(peer, e))?;
@@ -340,7 +333,7 @@ pub(crate) async fn exchange_tunnel(
         return Ok((resp, TunnelAnswer::Tunnel(Box::new(io))));
     }
     let _ = send.finish();
-    let len = content_length(&resp);
+    let len = resp.content_length();
     Ok((
         resp,
         TunnelAnswer::Body(PeerBody::new(QuicBody::new(recv, len), busy)),
@@ -422,10 +415,13 @@ enum HeadError {
     Wire(#[from] wire::WireError),
 }
 
-async fn read_head<T: serde::de::DeserializeOwned>(
+/// Reads and decodes a response head; its header values share the frame.
+async fn read_response_head(
     recv: &mut quinn::RecvStream,
-) -> Result<T, HeadError> {
-    Ok(wire::decode(&read_frame(recv).await?)?)
+) -> Result<DecodedResponseHead, HeadError> {
+    Ok(wire::decode_response(&Bytes::from(
+        read_frame(recv).await?,
+    ))?)
 }
 
 /// Reads one length-prefixed head frame's bytes (after the prefix).
@@ -439,24 +435,16 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Vec<u8>, HeadError> 
 }
 
 /// Turns a response head from a peer into an HTTP response with `body`.
-/// Header lines that are not valid HTTP are dropped (and logged).
-pub(crate) fn response_from_head(head: ResponseHead, body: Body) -> Response<Body> {
+/// Header lines that are not valid HTTP were dropped by the decode; they
+/// are logged here.
+pub(crate) fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
+    for k in &head.dropped {
+        warn!(target: LOG, header = %k, "dropping invalid header from peer");
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    let h = resp.headers_mut();
-    for (k, v) in head.headers {
-        // The value's bytes become the header's without a copy.
-        match (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_maybe_shared(Bytes::from(v)),
-        ) {
-            (Ok(k), Ok(v)) => {
-                h.append(k, v);
-            }
-            _ => warn!(target: LOG, header = %k, "dropping invalid header from peer"),
-        }
-    }
+    *resp.headers_mut() = head.headers;
     resp
 }
 
@@ -504,9 +492,13 @@ pub(crate) fn serve<H: ProxiedHandler>(
             let pending = admission::HalfOpen::start(&half_open);
             let links = links.clone();
             let remote = incoming.remote_address();
+            let connecting = outside_spans(remote, || incoming.accept());
             tokio::spawn(
                 async move {
-                    let r = incoming.await;
+                    let r = match connecting {
+                        Ok(c) => c.await,
+                        Err(e) => Err(e),
+                    };
                     drop(pending);
                     match r {
                         Ok(conn) => links.accepted(conn),
@@ -516,6 +508,26 @@ pub(crate) fn serve<H: ProxiedHandler>(
                 .instrument(info_span!(target: LOG, "peer_conn", %remote)),
             );
         }
+    }
+}
+
+/// Runs `make` (a quinn `connect` or `accept`) so that quinn's driver of
+/// the connection to or from `remote` runs in no enabled span: quinn
+/// instruments that task with the span current when the connection is
+/// made and enters it on every poll, several per request (an enabled
+/// span cost about 300 instructions per enter and exit), and the span
+/// current here is the connection's info-level `peer`, `peer_link` or
+/// `peer_conn` span, or a client connection's. Under a filter that enables
+/// the debug span `peer_driver` the driver runs in that one (quinn's own
+/// events then name the peer's address); otherwise `make` runs with no
+/// subscriber, so the driver is instrumented with no span (quinn makes a
+/// connection without logging: its errors are returned).
+pub(crate) fn outside_spans<T>(remote: std::net::SocketAddr, make: impl FnOnce() -> T) -> T {
+    let span = debug_span!(target: LOG, "peer_driver", %remote);
+    if span.is_disabled() {
+        tracing::dispatcher::with_default(&tracing::Dispatch::none(), make)
+    } else {
+        span.in_scope(make)
     }
 }
 
@@ -547,11 +559,14 @@ async fn serve_connection<H: ProxiedHandler>(
         let conn = conn.clone();
         let peer = peer.clone();
         let open = open.clone();
-        tokio::spawn(async move {
+        // Boxed: on its way into a task a spawned future is moved several
+        // times (tokio's spawn, the task's cell, its stage), each a copy of
+        // the whole future (about 3.5 KB here); a boxed one moves as a pointer.
+        tokio::spawn(Box::pin(async move {
             serve_stream(conn, send, recv, handler, &peer).await;
             drop(busy);
             open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        });
+        }));
     }
 }
 
@@ -710,26 +725,4 @@ async fn serve_stream<H: ProxiedHandler>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_stream_allowance_doubles_at_half_use_up_to_the_cap() {
-        assert_eq!(more_streams(1, FIRST_STREAMS), None);
-        assert_eq!(
-            more_streams(FIRST_STREAMS / 2, FIRST_STREAMS),
-            Some(2 * FIRST_STREAMS)
-        );
-        let mut allowed = FIRST_STREAMS;
-        for open in 1..=MAX_STREAMS {
-            if let Some(more) = more_streams(open, allowed) {
-                assert!(more > allowed);
-                allowed = more;
-            }
-            // Room for as many more again as are open, until the cap.
-            assert!(allowed >= (2 * open).min(MAX_STREAMS), "{open}: {allowed}");
-        }
-        assert_eq!(allowed, MAX_STREAMS);
-        assert_eq!(more_streams(MAX_STREAMS, MAX_STREAMS), None);
-    }
-}
+mod tests;

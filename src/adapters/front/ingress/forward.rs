@@ -235,12 +235,9 @@ impl Forwarder {
         let (mut parts, incoming) = req.into_parts();
         // A WebSocket request: its stream to a peer is a tunnel (`wire`).
         let tunnel = tunnel::wants_websocket(&parts.method, parts.version, &parts.headers);
-        let request_bytes = content_length(&parts.headers).unwrap_or(0);
-        let plan = ReplayPlan::new(
-            &parts.method,
-            incoming.is_end_stream(),
-            content_length(&parts.headers),
-        );
+        let declared = content_length(&parts.headers);
+        let request_bytes = declared.unwrap_or(0);
+        let plan = ReplayPlan::new(&parts.method, incoming.is_end_stream(), declared);
         // A small body of an idempotent request is kept so the request can
         // be replayed on the next candidate; other bodies stream once.
         let timed = body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout);
@@ -376,13 +373,13 @@ impl Forwarder {
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
-                    let served = served_by(&rh.served_by, cand);
+                    let served = served_by(rh.served_by(), cand);
                     let mut resp = peer::response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok((resp, served, guard));
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
-                    let served = served_by(&rh.served_by, cand);
+                    let served = served_by(rh.served_by(), cand);
                     let status = http::StatusCode::from_u16(rh.status)
                         .unwrap_or(http::StatusCode::BAD_GATEWAY);
                     // A bodiless answer gets an ended body, as the app's

@@ -579,10 +579,12 @@ impl PeerLinks {
         };
         let server_name = tls::node_server_name(id);
         let attempt = async {
-            let connecting = self
-                .endpoint
-                .connect_with(self.client.clone(), addr, &server_name)
-                .map_err(|e| e.to_string())?;
+            // Its driver outside this task's span (`super::outside_spans`).
+            let connecting = super::outside_spans(addr, || {
+                self.endpoint
+                    .connect_with(self.client.clone(), addr, &server_name)
+            })
+            .map_err(|e| e.to_string())?;
             connecting.await.map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.settings.connect_timeout, attempt).await {
@@ -723,6 +725,13 @@ impl PeerLinks {
             {
                 l.state.lock().expect("link state lock").retired = true;
             }
+        }
+        // The usual case, one connection to the peer: no list to sort and
+        // nothing to retire (the same answer as the general case below).
+        if let [only] = slot.links.as_slice() {
+            return only
+                .usable(now, self.linger(), self.usable_window())
+                .then(|| only.clone());
         }
         let mut usable: Vec<&Arc<Link>> = slot
             .links
