@@ -143,6 +143,13 @@ pub(super) fn assign(ring: &Ring, first: &[u16]) -> Vec<u16> {
             .expect("quotas sum to the slot count: some node has room");
         let k = next.index as usize;
         let h = &mut held[k];
+        // A node whose share rounds to no slot at all (a tiny weight
+        // beside large ones, or fewer slots than nodes) holds none: the
+        // slot goes on to the next node in its order.
+        if h.quota == 0 {
+            queue.push((s, next));
+            continue;
+        }
         if h.len() < h.quota {
             match &mut h.heap {
                 Some(heap) => heap.push(Claim(Reverse(next.u), s)),

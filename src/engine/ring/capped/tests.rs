@@ -87,6 +87,10 @@ fn assert_stable(ring: &Ring) {
         let owner = ring.contender(u32::from(o), s);
         for k in 0..n as u32 {
             let c = ring.contender(k, s);
+            // A node of quota 0 holds nothing and can take nothing: no pair.
+            if worst[k as usize].is_none() && !ring.table.contains(&(k as u16)) {
+                continue;
+            }
             if c.cmp_rank(&owner).is_lt() {
                 let (wu, ws) = worst[k as usize].expect("a preferred node holds slots");
                 let better = wu > c.u || (wu == c.u && ws < s);
