@@ -1,0 +1,134 @@
+//! One QUIC connection to a peer ([`Link`]), the hold that keeps it busy
+//! while a stream is open on it ([`Busy`]), and a request stream and
+//! response body on it ([`PeerStream`], [`PeerBody`]).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::adapters::body::{BodyError, QuicBody};
+
+/// One QUIC connection to a peer.
+pub(crate) struct Link {
+    pub(super) conn: quinn::Connection,
+    /// Dialled by this node (else accepted from the peer).
+    pub(super) dialled: bool,
+    /// Negotiated the previous protocol (ALPN `peerlb/1`): this node opens
+    /// streams on it only if it dialled it, serves them only if it
+    /// accepted it, and the peer keeps it alive (QUIC keep-alive).
+    pub(super) legacy: bool,
+    pub(super) established: Instant,
+    pub(super) state: Mutex<LinkState>,
+    /// Told when the first stream opens on a quiet connection.
+    pub(super) wake: Notify,
+}
+
+pub(super) struct LinkState {
+    /// Streams open on it (opened or accepted by this node).
+    pub(super) streams: u32,
+    /// When the last stream ended (or the connection was established).
+    pub(super) last_busy: Instant,
+    /// This node opens no new stream on it (another connection won).
+    pub(super) retired: bool,
+    /// The keeper closed it: the peer went silent while busy.
+    pub(super) silent: bool,
+}
+
+impl Link {
+    /// Busy: streams open, or the last one ended less than `linger` ago.
+    pub(super) fn busy(&self, now: Instant, linger: Duration) -> bool {
+        let s = self.state.lock().expect("link state lock");
+        s.streams > 0 || now < s.last_busy + linger
+    }
+
+    /// Usable for a new stream: open, not retired, and busy or quiet for
+    /// less than `usable` after its last ping.
+    /// A `peerlb/1` connection is usable while open: its ends keep it
+    /// alive.
+    pub(super) fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
+        let s = self.state.lock().expect("link state lock");
+        self.conn.close_reason().is_none()
+            && !s.retired
+            && (self.legacy || s.streams > 0 || now < s.last_busy + linger + usable)
+    }
+
+    /// Marks a stream open on this connection until the [`Busy`] drops.
+    pub(crate) fn enter(self: &Arc<Self>) -> Busy {
+        let first = {
+            let mut s = self.state.lock().expect("link state lock");
+            s.streams += 1;
+            s.streams == 1
+        };
+        if first {
+            self.wake.notify_one();
+        }
+        Busy(self.clone())
+    }
+}
+
+/// Holds a connection busy (its keeper pings) while a stream is open on it.
+pub(crate) struct Busy(pub(super) Arc<Link>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().expect("link state lock");
+        s.streams = s.streams.saturating_sub(1);
+        s.last_busy = Instant::now();
+    }
+}
+
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Busy")
+            .field("connection", &self.0.conn.stable_id())
+            .finish()
+    }
+}
+
+/// A request stream opened by [`PeerLinks::open`]: the send and receive
+/// halves, and the hold that keeps its connection's liveness checks on.
+#[derive(Debug)]
+pub(crate) struct PeerStream {
+    /// Request direction.
+    pub(crate) send: quinn::SendStream,
+    /// Response direction.
+    pub(crate) recv: quinn::RecvStream,
+    /// Dropped with the response body.
+    pub(crate) busy: Busy,
+}
+
+/// A response body from a peer: a [`QuicBody`] that holds its connection
+/// busy until the body is dropped.
+pub(crate) struct PeerBody {
+    inner: QuicBody,
+    _busy: Busy,
+}
+
+impl PeerBody {
+    pub(crate) fn new(inner: QuicBody, busy: Busy) -> PeerBody {
+        PeerBody { inner, _busy: busy }
+    }
+}
+
+impl http_body::Body for PeerBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
