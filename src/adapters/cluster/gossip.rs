@@ -146,6 +146,10 @@ pub(crate) async fn start(
         catchup_callback: None,
         extra_liveness_predicate: Some(Box::new(|st: &NodeState| st.get("peer_addr").is_some())),
         protocol_version: chitchat::ProtocolVersion::V0,
+        // A burst of members announced by a key holder past the cap is
+        // ignored (dead members make room first), so this node's digest
+        // never names more than its peers' bounds take.
+        max_nodes: Some(s.max_members),
     };
     let initial = vec![
         ("peer_addr".to_owned(), me.peer_addr.to_string()),
@@ -326,6 +330,7 @@ mod tests {
             catchup_callback: None,
             extra_liveness_predicate: None,
             protocol_version: chitchat::ProtocolVersion::V0,
+            max_nodes: None,
         };
         let (_, seeds) = watch::channel(HashSet::new());
         chitchat::Chitchat::with_chitchat_id_and_seeds(
@@ -336,6 +341,106 @@ mod tests {
                 ("load".into(), "7".into()),
             ],
         )
+    }
+
+    /// A V0 Syn of cluster `c` whose digest names `members` (node id,
+    /// heartbeat), each of generation 1 at 127.0.0.1:9000.
+    fn syn(members: &[(String, u64)]) -> Vec<u8> {
+        let mut b = 0xB053u16.to_le_bytes().to_vec();
+        b.extend([0, 0]);
+        b.extend((members.len() as u16).to_le_bytes());
+        for (node, heartbeat) in members {
+            b.extend((node.len() as u16).to_le_bytes());
+            b.extend(node.as_bytes());
+            b.extend(1u64.to_le_bytes());
+            b.extend([4, 127, 0, 0, 1]);
+            b.extend(9000u16.to_le_bytes());
+            b.extend(heartbeat.to_le_bytes());
+            b.extend(0u64.to_le_bytes());
+            b.extend(0u64.to_le_bytes());
+        }
+        b.extend(1u16.to_le_bytes());
+        b.extend(b"c");
+        b
+    }
+
+    /// A key holder announcing far more members than `gossip.max_members`
+    /// (here 4) gets at most the free places (and dead members' places):
+    /// this node's digest never names more than its peers' bounds take
+    /// (they would refuse its every message: isolated for half an hour,
+    /// the dead node grace), and a live member keeps its place through
+    /// bursts.
+    #[tokio::test]
+    async fn a_burst_of_members_past_the_cap_leaves_the_digest_within_it_and_live_members_in() {
+        // chitchat's own UDP transport (no seal) on a free loopback port.
+        let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .unwrap();
+        let transport = chitchat::transport::UdpTransport;
+        let who = GossipIdentity {
+            cluster: "c".into(),
+            node_id: NodeId::from("n1"),
+            generation: 1,
+            gossip_addr: addr,
+            listen_addr: addr,
+        };
+        let settings = GossipSettings {
+            seeds: vec![],
+            interval: Duration::from_millis(100),
+            phi_threshold: 8.0,
+            dead_node_grace: Duration::from_secs(3600),
+            max_members: 4,
+            sample_window: 100,
+        };
+        let me = Published {
+            peer_addr: "127.0.0.1:7001".parse().unwrap(),
+            http_addr: "127.0.0.1:7002".parse().unwrap(),
+            weight: 1,
+            status: NodeStatus::Serving,
+        };
+        let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
+            keyring::GossipKey::from_bytes([1; 32]),
+        )));
+        let g = start(&who, &settings, &me, &transport, keys).await.unwrap();
+        let attacker = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        // Sends a Syn and returns how many members the answer (a SynAck)
+        // names in its digest.
+        let exchange = async |members: &[(String, u64)]| {
+            attacker.send_to(&syn(members), addr).await.unwrap();
+            let mut answer = vec![0u8; 65_536];
+            let wait = Duration::from_secs(10);
+            let (n, _) = tokio::time::timeout(wait, attacker.recv_from(&mut answer))
+                .await
+                .expect("a SynAck")
+                .unwrap();
+            assert!(n >= 6 && answer[3] == 1, "not a SynAck");
+            usize::from(u16::from_le_bytes([answer[4], answer[5]]))
+        };
+        let m = |h| ("m".to_owned(), h);
+        let burst = |h| -> Vec<(String, u64)> {
+            std::iter::once(m(h))
+                .chain((0..60).map(|i| (format!("ghost{i}"), 1)))
+                .collect()
+        };
+        // `m` beats every round and is live; three more rounds of bursts.
+        for h in 1..=6u64 {
+            let members = if h <= 3 { vec![m(h)] } else { burst(h) };
+            let named = exchange(&members).await;
+            assert!(named <= 4, "the digest names {named} members");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let c = g.handle.chitchat();
+        let c = c.lock().await;
+        assert!(c.node_states().len() <= 4, "{:?}", c.node_states().keys());
+        let m_id = ChitchatId::new("m".to_owned(), 1, "127.0.0.1:9000".parse().unwrap());
+        assert!(
+            c.node_state(&m_id).is_some(),
+            "the live member was pushed out"
+        );
+        assert!(
+            c.live_nodes().any(|id| *id == m_id),
+            "the live member is not live"
+        );
     }
 
     #[test]
