@@ -184,6 +184,7 @@ pub(crate) async fn start(
     let republisher = tokio::spawn(republish_over_echoes(
         std::sync::Arc::downgrade(&handle.chitchat()),
         keys.clone(),
+        s.interval * bounds::REPUBLISH_PAUSE_ROUNDS,
     ));
     Ok(Gossip {
         handle,
@@ -195,10 +196,14 @@ pub(crate) async fn start(
 
 /// Whenever a peer's digest names this node with a heartbeat or version
 /// above its own ([`bounds::SelfEcho`]: forged state about it that the
-/// peer took), republishes over it (see [`republish`]). Ends with chitchat.
+/// peer took), republishes over it (see [`republish`]), then waits
+/// `pause` ([`bounds::REPUBLISH_PAUSE_ROUNDS`] gossip rounds) before the
+/// next step, so its peers' budgets ([`bounds::Lead`]) take every step.
+/// Ends with chitchat.
 async fn republish_over_echoes(
     chitchat: std::sync::Weak<tokio::sync::Mutex<chitchat::Chitchat>>,
     keys: std::sync::Arc<keyring::GossipKeys>,
+    pause: Duration,
 ) {
     loop {
         keys.echo.grown().await;
@@ -209,12 +214,15 @@ async fn republish_over_echoes(
         let mut c = chitchat.lock().await;
         let republished = republish(&mut c, heartbeat, version);
         keys.echo.set_own_version(c.self_node_state().max_version());
+        drop(c);
+        drop(chitchat);
         if republished {
             warn!(target: LOG,
                 heartbeat,
                 version,
                 "a peer holds forged gossip state about this node: republished this node's own state over it"
             );
+            tokio::time::sleep(pause).await;
         }
     }
 }
@@ -441,6 +449,36 @@ mod tests {
             c.live_nodes().any(|id| *id == m_id),
             "the live member is not live"
         );
+    }
+
+    /// Echoes of a forged heartbeat arriving many times a round move this
+    /// node one step per pause, never faster than its peers' budgets
+    /// ([`bounds::Lead`]) earn: a republish per echo would make them
+    /// refuse this node's own datagrams.
+    #[tokio::test(start_paused = true)]
+    async fn republishing_steps_once_per_pause_however_many_echoes() {
+        let c = std::sync::Arc::new(tokio::sync::Mutex::new(chitchat()));
+        let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
+            keyring::GossipKey::from_bytes([1; 32]),
+        )));
+        let h0 = u64::from(c.lock().await.self_node_state().heartbeat());
+        let pause = Duration::from_millis(400);
+        let task = tokio::spawn(republish_over_echoes(
+            std::sync::Arc::downgrade(&c),
+            keys.clone(),
+            pause,
+        ));
+        let heartbeat = async || u64::from(c.lock().await.self_node_state().heartbeat());
+        for _ in 0..20 {
+            keys.echo.see(1 << 30, 0);
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(pause / 4).await;
+        assert_eq!(heartbeat().await, h0 + bounds::REPUBLISH_HEARTBEAT_STEP);
+        keys.echo.see(1 << 30, 0);
+        tokio::time::sleep(pause).await;
+        assert_eq!(heartbeat().await, h0 + 2 * bounds::REPUBLISH_HEARTBEAT_STEP);
+        task.abort();
     }
 
     #[test]
