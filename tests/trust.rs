@@ -288,39 +288,40 @@ fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node(
     settle(&c);
 }
 
-/// A key holder announces a ghost member whose peer and gossip addresses
-/// are traps, and keeps it alive with one sealed SynAck per gossip round
-/// for ten seconds. Every node dials the ghost's peer address at most
-/// three times (`dial::GIVE_UP_AFTER`), then gives up while the
-/// announcement goes on, so the QUIC bytes the cluster sends the trap are
-/// a constant (3 nodes x 3 attempts) that the announcement's bytes pass
-/// within about eight seconds; no gossip goes to the ghost's gossip
-/// address (it never sent an authenticated datagram). The figures are
-/// printed.
+/// The review of issue 34: ghost members a key holder announces with
+/// third parties' addresses drew 30 times the announcement's bytes in
+/// QUIC Initials (every node dialled every ghost's peer address, three
+/// attempts of about 2.4 KB each). Now a member is dialled only once its
+/// gossip address is confirmed (a seed, or an authenticated datagram came
+/// from it), and a live member not confirmed gets a probe (a sealed
+/// empty-digest Syn, about 60 bytes) at most once a round per node and
+/// once a minute per address. Here 40 ghosts, each with its own trap
+/// addresses, are announced in one sealed SynAck a round for 10 rounds
+/// and then left; the traps are watched 3 s more. No QUIC byte may reach
+/// a peer trap, and what the gossip traps get (probes, from every node
+/// the ghosts spread to) must stay under the bytes announced. The figures
+/// are printed (docs/operations.md, Security).
 #[test]
-fn a_ghost_announced_by_a_key_holder_gets_fewer_bytes_than_announced_it() {
+fn ghosts_announced_by_a_key_holder_get_fewer_bytes_than_announced_them() {
     let c = Cluster::start("trust-ghost-bytes", 3, "", "");
     let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
     let n1 = gossip_id(&c, "n1", "n1");
-    let quic_trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let gossip_trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    for t in [&quic_trap, &gossip_trap] {
+    let trap = || {
+        let t = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         t.set_nonblocking(true).unwrap();
-    }
-    let ghost = Id {
-        node: "ghost".into(),
-        generation: 1,
-        gossip: gossip_trap.local_addr().unwrap(),
+        t
     };
-    let peer_addr = quic_trap.local_addr().unwrap().to_string();
-    let kvs = [
-        ("peer_addr", peer_addr.as_str(), 1),
-        ("http_addr", peer_addr.as_str(), 2),
-        ("weight", "1", 3),
-        ("status", "serving", 4),
-        ("load", "100", 5),
-        ("inflight", "0", 6),
-    ];
+    let ghosts: Vec<(Id, std::net::UdpSocket, std::net::UdpSocket)> = (0..40)
+        .map(|i| {
+            let (quic, gossip) = (trap(), trap());
+            let id = Id {
+                node: format!("ghost{i}"),
+                generation: 1,
+                gossip: gossip.local_addr().unwrap(),
+            };
+            (id, quic, gossip)
+        })
+        .collect();
     let drain = |t: &std::net::UdpSocket| {
         let mut buf = [0u8; 65_536];
         let mut n = 0;
@@ -330,56 +331,58 @@ fn a_ghost_announced_by_a_key_holder_gets_fewer_bytes_than_announced_it() {
         n
     };
     let (mut announced, mut quic, mut gossip) = (0usize, 0usize, 0usize);
-    let mut heartbeat = 10u64;
-    let gave_up = |c: &Cluster| {
-        ["n1", "n2", "n3"]
-            .iter()
-            .all(|n| c.log(n).contains("peer never completed a handshake"))
-    };
     let start = std::time::Instant::now();
-    let mut done_at = None;
-    // Announce every gossip round, 100 times (ten seconds) and until every
-    // node gave up, then one second more (nothing more may reach the trap).
-    let mut sent = 0;
-    while sent < 100
-        || done_at.is_none_or(|d: std::time::Instant| d.elapsed() < Duration::from_secs(1))
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(40),
-            "not every node gave up on the ghost: {quic} QUIC bytes so far"
-        );
-        heartbeat += 1;
+    for heartbeat in 10..20u64 {
+        let nodes: Vec<_> = ghosts
+            .iter()
+            .map(|(id, q, _)| {
+                let peer = q.local_addr().unwrap().to_string();
+                let kvs = [
+                    ("peer_addr", peer.as_str()),
+                    ("http_addr", peer.as_str()),
+                    ("weight", "1"),
+                    ("status", "serving"),
+                    ("load", "100"),
+                    ("inflight", "0"),
+                ]
+                .iter()
+                .zip(1u64..)
+                .map(|((k, v), version)| (k.to_string(), v.to_string(), version))
+                .collect();
+                (id.clone(), heartbeat, 6, kvs)
+            })
+            .collect();
         let mut nonce = [0u8; 12];
         nonce[..8].copy_from_slice(&heartbeat.to_le_bytes());
-        let d = ring.seal(&forge::syn_ack(&ghost, heartbeat, 6, &kvs), nonce);
+        let d = ring.seal(&forge::syn_ack_many(&nodes), nonce);
         announced += d.len();
-        sent += 1;
         forge::send(n1.gossip, &d);
         std::thread::sleep(Duration::from_millis(100));
-        quic += drain(&quic_trap);
-        gossip += drain(&gossip_trap);
-        if done_at.is_none() && gave_up(&c) {
-            done_at = Some(std::time::Instant::now());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let mut probers = std::collections::BTreeSet::new();
+    for (_, q, g) in &ghosts {
+        quic += drain(q);
+        let mut buf = [0u8; 65_536];
+        while let Ok((k, from)) = g.recv_from(&mut buf) {
+            gossip += k;
+            probers.insert(from);
         }
     }
-    let after_give_up = {
-        std::thread::sleep(Duration::from_millis(200));
-        drain(&quic_trap)
-    };
-    quic += after_give_up;
     println!(
-        "ghost over {:.1} s: announced with {announced} bytes; QUIC trap got {quic} bytes ({:.2}x), gossip trap {gossip} bytes ({:.2}x)",
+        "40 ghosts over {:.1} s: announced with {announced} bytes; peer traps got {quic} bytes of QUIC ({:.2}x), gossip traps {gossip} bytes of probes ({:.3}x) from {} nodes",
         start.elapsed().as_secs_f64(),
         quic as f64 / announced as f64,
         gossip as f64 / announced as f64,
+        probers.len(),
     );
-    assert!(quic > 0, "no node dialled the ghost: the test saw nothing");
-    assert_eq!(after_give_up, 0, "a node dialled after giving up");
+    assert_eq!(quic, 0, "a node dialled a ghost that never answered");
+    assert!(gossip > 0, "no node probed a ghost: the test saw nothing");
     assert!(
-        quic <= announced,
-        "{quic} QUIC bytes sent to the ghost, {announced} bytes announced it"
+        quic + gossip <= announced,
+        "{} bytes sent to the ghosts, {announced} bytes announced them",
+        quic + gossip
     );
-    assert_eq!(gossip, 0, "gossip was sent to the ghost's gossip address");
 }
 
 /// A joining node asks for the whole state with an empty digest, and the

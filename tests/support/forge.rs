@@ -87,6 +87,43 @@ pub fn syn_ack(who: &Id, heartbeat: u64, max_version: u64, kvs: &[(&str, &str, u
     out
 }
 
+/// One node a forged message announces: (id, heartbeat, max_version,
+/// key-values (key, value, version)).
+pub type Announced = (Id, u64, u64, Vec<(String, String, u64)>);
+
+/// A SynAck whose digest gives each of `nodes` (id, heartbeat,
+/// max_version, key-values) its heartbeat and max_version, and whose delta
+/// (one plain block, so at most 64 KiB of operations) sets its key-values.
+pub fn syn_ack_many(nodes: &[Announced]) -> Vec<u8> {
+    let mut out = header(1);
+    out.extend((nodes.len() as u16).to_le_bytes());
+    for (who, heartbeat, max_version, _) in nodes {
+        id(&mut out, who);
+        out.extend(heartbeat.to_le_bytes());
+        out.extend(0u64.to_le_bytes());
+        out.extend(max_version.to_le_bytes());
+    }
+    let mut ops = Vec::new();
+    for (who, _, _, kvs) in nodes {
+        ops.push(0u8);
+        id(&mut ops, who);
+        ops.extend(0u64.to_le_bytes());
+        ops.extend(0u64.to_le_bytes());
+        for (k, v, version) in kvs {
+            ops.push(1);
+            str16(&mut ops, k);
+            str16(&mut ops, v);
+            ops.extend(version.to_le_bytes());
+            ops.push(0);
+        }
+    }
+    out.push(2);
+    out.extend((ops.len() as u16).to_le_bytes());
+    out.extend(ops);
+    out.push(0);
+    out
+}
+
 /// A Syn of cluster `cluster` with an empty digest: a node that knows
 /// nothing yet, asking for the whole state (the answer is a SynAck whose
 /// delta is as large as a datagram allows).

@@ -385,6 +385,11 @@ impl Bounds {
         self.max_members
     }
 
+    /// The gossip round interval (`gossip.interval_ms`).
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
     /// Checks an opened datagram received now; when it passes, its
     /// heartbeats and versions become the known ones, and the largest
     /// heartbeat and version its digest gives for this node itself (if it

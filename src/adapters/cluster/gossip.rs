@@ -10,7 +10,7 @@
 //! peer layer admits a member to routing only after an mTLS handshake
 //! proves its identity.
 
-use crate::adapters::cluster::{bounds, keyring};
+use crate::adapters::cluster::{bounds, confirm, keyring};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -171,14 +171,30 @@ pub(crate) async fn start(
         keys.echo.set_own_version(c.self_node_state().max_version());
         c.live_nodes_watcher()
     };
-    let first = to_members(&live.borrow_and_update());
+    let self_id = ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr);
+    let mut confirmed = keys.confirmed.subscribe();
+    let first = to_members(&live.borrow_and_update(), &self_id, &keys.confirmed);
     let (tx, members) = watch::channel(first);
+    let confirm_keys = keys.clone();
     tokio::spawn(async move {
-        while live.changed().await.is_ok() {
-            let m = to_members(&live.borrow_and_update());
-            if tx.send(m).is_err() {
+        loop {
+            tokio::select! {
+                r = live.changed() => if r.is_err() { return },
+                // A member's gossip address was confirmed: it may be
+                // dialled now (no change of the live set says so).
+                _ = confirmed.changed() => {}
+            }
+            let m = to_members(&live.borrow_and_update(), &self_id, &confirm_keys.confirmed);
+            if tx.is_closed() {
                 return;
             }
+            tx.send_if_modified(|cur| {
+                let changed = *cur != m;
+                if changed {
+                    *cur = m;
+                }
+                changed
+            });
         }
     });
     let republisher = tokio::spawn(republish_over_echoes(
@@ -271,8 +287,25 @@ fn republish(c: &mut chitchat::Chitchat, heartbeat: u64, version: u64) -> bool {
     changed
 }
 
-fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<Member> {
+/// The live members to hand on: this node, and every other whose gossip
+/// address is confirmed ([`confirm`]); a live member not confirmed is
+/// asked to be probed, and left out until it answers (it would be
+/// dialled: a ghost with a third party's peer address would turn every
+/// node into a source of QUIC Initials aimed at that party).
+fn to_members(
+    live: &std::collections::BTreeMap<ChitchatId, NodeState>,
+    self_id: &ChitchatId,
+    confirmed: &confirm::Confirmed,
+) -> Vec<Member> {
+    let now = tokio::time::Instant::now();
     live.iter()
+        .filter(|(id, _)| {
+            let ok = *id == self_id || confirmed.is_confirmed(id.gossip_advertise_addr);
+            if !ok {
+                confirmed.want_probe(id.gossip_advertise_addr, now);
+            }
+            ok
+        })
         .filter_map(|(id, st)| match member(id, st) {
             Ok(m) => Some(m),
             Err(key) => {
@@ -449,6 +482,79 @@ mod tests {
             c.live_nodes().any(|id| *id == m_id),
             "the live member is not live"
         );
+    }
+
+    /// Three nodes on the sealed transport, `b` and `c` seeded with `a`
+    /// only: `b` and `c` learn of each other from `a`, are not each
+    /// other's seeds and have not heard from each other, so neither would
+    /// send the other gossip or dial it; the probe ([`confirm`]) makes
+    /// them confirm each other, and each hands the other on as a member.
+    #[tokio::test]
+    async fn members_that_are_not_seeds_of_each_other_confirm_each_other_by_probe() {
+        use crate::adapters::cluster::sealed::SealedUdpTransport;
+        let free = || {
+            std::net::UdpSocket::bind("127.0.0.1:0")
+                .and_then(|s| s.local_addr())
+                .unwrap()
+        };
+        let (a, b, c) = (free(), free(), free());
+        let mut nodes = Vec::new();
+        for (name, addr, seeds) in [
+            ("a", a, vec![]),
+            ("b", b, vec![a.to_string()]),
+            ("c", c, vec![a.to_string()]),
+        ] {
+            let who = GossipIdentity {
+                cluster: "c".into(),
+                node_id: NodeId::from(name),
+                generation: 1,
+                gossip_addr: addr,
+                listen_addr: addr,
+            };
+            let settings = GossipSettings {
+                seeds: seeds.clone(),
+                interval: Duration::from_millis(50),
+                phi_threshold: 8.0,
+                dead_node_grace: Duration::from_secs(3600),
+                max_members: 8,
+                sample_window: 100,
+            };
+            let me = Published {
+                peer_addr: addr,
+                http_addr: addr,
+                weight: 1,
+                status: NodeStatus::Serving,
+            };
+            let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
+                keyring::GossipKey::from_bytes([1; 32]),
+            )));
+            let bounds = std::sync::Arc::new(bounds::Bounds::new(name, 1, 8, settings.interval));
+            let transport = SealedUdpTransport::new(keys.clone(), bounds, seeds);
+            nodes.push(start(&who, &settings, &me, &transport, keys).await.unwrap());
+        }
+        let ids = |g: &Gossip| -> Vec<String> {
+            let mut v: Vec<String> = g
+                .members()
+                .borrow()
+                .iter()
+                .map(|m| m.id.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        let all = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while nodes.iter().any(|g| ids(g) != all) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "members: {:?}",
+                nodes.iter().map(ids).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for g in nodes {
+            g.shutdown().await;
+        }
     }
 
     /// Echoes of a forged heartbeat arriving many times a round move this
