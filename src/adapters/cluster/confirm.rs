@@ -80,6 +80,11 @@ impl Confirmed {
         s.cap = cap.max(1);
     }
 
+    /// True once [`Confirmed::gate`] was called.
+    pub(crate) fn is_gated(&self) -> bool {
+        self.state().gated
+    }
+
     /// Records a seed address (always confirmed).
     pub(crate) fn add_seed(&self, seed: SocketAddr) {
         self.state().seeds.insert(seed);
