@@ -51,6 +51,7 @@ use crate::engine::node_id::NodeId;
 mod configs;
 mod identity;
 mod issuance;
+mod state_sign;
 #[cfg(test)]
 mod tests;
 
@@ -59,6 +60,10 @@ pub use configs::{
 };
 pub use identity::{node_server_name, peer_node_id, verify_peer_is};
 pub use issuance::{GeneratedCerts, LOCAL_HTTPS_STEM, ensure_local, ensure_local_https, generate};
+pub use state_sign::{
+    DOMAIN as STATE_SIGNATURE_DOMAIN, SCHEMES as STATE_SIGNATURE_SCHEMES, StateSignError,
+    StateSignature, StateSigner, StateVerifier,
+};
 
 /// The ALPN protocol id of the peer wire: one connection per node pair,
 /// carrying requests both ways. Offered first by both ends.
