@@ -22,7 +22,7 @@
 //! every address counts as confirmed: the simulation's transport carries
 //! tickets, not datagrams from addresses, and applies no bounds either.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -47,7 +47,11 @@ struct State {
     gated: bool,
     /// Most addresses kept in `heard`, `wanted` and `probed` each.
     cap: usize,
-    seeds: HashSet<SocketAddr>,
+    /// A `BTreeSet`, not a `HashSet`: building a `RandomState` moves the
+    /// thread's hash keys, and with them the iteration order of every
+    /// hash map built after it on that thread (the simulation runs every
+    /// node on one thread: its trace hashes changed).
+    seeds: BTreeSet<SocketAddr>,
     /// Addresses an authenticated datagram came from, oldest first.
     heard: VecDeque<SocketAddr>,
     /// Addresses of live members to probe, oldest first.
