@@ -142,6 +142,36 @@ pub fn empty_syn_ack() -> Vec<u8> {
     out
 }
 
+/// The heartbeat a Syn's or SynAck's digest gives node `node` (any
+/// generation), if it names it.
+pub fn digest_heartbeat(message: &[u8], node: &str) -> Option<u64> {
+    let mut r = message;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (a, b) = r.split_at_checked(n)?;
+        r = b;
+        Some(a)
+    };
+    let head = take(4)?;
+    if head[..3] != [0x53, 0xB0, 0] || !matches!(head[3], 0 | 1) {
+        return None;
+    }
+    let count = u16::from_le_bytes(take(2)?.try_into().ok()?);
+    for _ in 0..count {
+        let len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
+        let id = take(len)?.to_vec();
+        take(8)?; // generation
+        let family = take(1)?[0];
+        take(if family == 4 { 4 } else { 16 })?;
+        take(2)?; // port
+        let heartbeat = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        take(16)?; // last_gc_version, max_version
+        if id == node.as_bytes() {
+            return Some(heartbeat);
+        }
+    }
+    None
+}
+
 /// Sends `datagram` from a fresh loopback socket to `to`.
 pub fn send(to: SocketAddr, datagram: &[u8]) {
     let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
