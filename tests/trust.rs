@@ -355,7 +355,7 @@ fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node(
 /// attempts of about 2.4 KB each). Now a member is dialled only once its
 /// gossip address is confirmed (a seed, or an authenticated datagram came
 /// from it), and a live member not confirmed gets a probe (a sealed
-/// empty-digest Syn, about 60 bytes) at most once a round per node and
+/// empty-digest Syn, about 60 bytes) at most 16 a round per node and
 /// once a minute per address. Here 40 ghosts, each with its own trap
 /// addresses, are announced in one sealed SynAck a round for 10 rounds
 /// and then left; the traps are watched 3 s more. No QUIC byte may reach

@@ -13,10 +13,13 @@
 //! (two non-seed members learn of each other through a seed), the
 //! transport sends its gossip address a *probe*, a sealed Syn with an
 //! empty digest (about 45 bytes); a real member answers it with a sealed
-//! SynAck, which confirms it. Probes are paced: at most one per gossip
-//! round per node ([`Confirmed::next_probe`]) and one per address per
-//! [`PROBE_AGAIN`], so a ghost costs its address at most one probe per
-//! node per minute, whatever the key holder sends.
+//! SynAck, which confirms it. Probes are paced: at most
+//! [`PROBES_PER_ROUND`] per gossip round per node
+//! ([`Confirmed::next_probe`]) and one per address per [`PROBE_AGAIN`], so
+//! a ghost costs its address at most one probe per node per minute,
+//! whatever the key holder sends, and a node of a large cluster with few
+//! seeds still confirms its members within a few dozen rounds (each probe
+//! confirms both ends: the probed member hears the prober too).
 //!
 //! Until [`Confirmed::gate`] is called (by the production transport),
 //! every address counts as confirmed: the simulation's transport carries
@@ -31,6 +34,8 @@ use tokio::time::Instant;
 
 /// How long an address probed is not probed again.
 pub(crate) const PROBE_AGAIN: Duration = Duration::from_secs(60);
+/// Most probes a node sends per gossip round.
+pub(crate) const PROBES_PER_ROUND: usize = 16;
 
 /// Confirmed gossip addresses and pending probes (see the module doc).
 #[derive(Debug)]
@@ -58,8 +63,8 @@ struct State {
     wanted: VecDeque<SocketAddr>,
     /// Addresses probed and when, oldest first.
     probed: VecDeque<(SocketAddr, Instant)>,
-    /// When the last probe went out.
-    last_probe: Option<Instant>,
+    /// When the current round of probes began, and probes sent in it.
+    round: Option<(Instant, usize)>,
 }
 
 impl Default for Confirmed {
@@ -152,22 +157,28 @@ impl Confirmed {
         s.wanted.push_back(addr);
     }
 
-    /// The address to probe now, if any: at most one every `every` (the
-    /// gossip interval), each address once per [`PROBE_AGAIN`].
+    /// The address to probe now, if any: at most [`PROBES_PER_ROUND`] in
+    /// every `every` (the gossip interval), each address once per
+    /// [`PROBE_AGAIN`].
     pub(crate) fn next_probe(&self, now: Instant, every: Duration) -> Option<SocketAddr> {
         let mut s = self.state();
-        if s.last_probe
-            .is_some_and(|at| now.saturating_duration_since(at) < every)
-        {
+        let sent = match s.round {
+            Some((start, sent)) if now.saturating_duration_since(start) < every => sent,
+            _ => {
+                s.round = Some((now, 0));
+                0
+            }
+        };
+        if sent >= PROBES_PER_ROUND {
             return None;
         }
         let addr = s.wanted.pop_front()?;
+        s.round = s.round.map(|(start, n)| (start, n + 1));
         s.probed.retain(|(a, _)| *a != addr);
         if s.probed.len() >= s.cap {
             s.probed.pop_front();
         }
         s.probed.push_back((addr, now));
-        s.last_probe = Some(now);
         Some(addr)
     }
 
@@ -197,27 +208,31 @@ mod tests {
     #[test]
     fn seeds_and_addresses_heard_from_are_confirmed_others_probed_at_a_pace() {
         let c = Confirmed::default();
-        c.gate(4);
+        c.gate(64);
         c.add_seed(addr(1));
         let mut changed = c.subscribe();
         assert!(c.is_confirmed(addr(1)));
         assert!(!c.is_confirmed(addr(2)));
         let t0 = Instant::now();
         let round = Duration::from_millis(100);
-        for p in 2..=4 {
+        let last = 2 + PROBES_PER_ROUND as u16 + 1;
+        for p in 2..=last {
             c.want_probe(addr(p), t0);
         }
         c.want_probe(addr(1), t0);
-        // One probe a round, in order; a seed is never probed.
-        assert_eq!(c.next_probe(t0, round), Some(addr(2)));
+        // PROBES_PER_ROUND a round, in order; a seed is never probed.
+        for p in 2..2 + PROBES_PER_ROUND as u16 {
+            assert_eq!(c.next_probe(t0, round), Some(addr(p)));
+        }
         assert_eq!(c.next_probe(t0 + round / 2, round), None);
-        assert_eq!(c.next_probe(t0 + round, round), Some(addr(3)));
-        // 4 answered: confirmed, no probe left for it, the gossip layer told.
+        assert_eq!(c.next_probe(t0 + round, round), Some(addr(last - 1)));
+        // `last` answered: confirmed, no probe left for it, the gossip
+        // layer told.
         assert!(!changed.has_changed().unwrap());
-        c.heard(addr(4));
+        c.heard(addr(last));
         assert!(changed.has_changed().unwrap());
         changed.mark_unchanged();
-        assert!(c.is_confirmed(addr(4)) && c.may_send(addr(4)));
+        assert!(c.is_confirmed(addr(last)) && c.may_send(addr(last)));
         assert_eq!(c.next_probe(t0 + 2 * round, round), None);
         // 2 never answered: not probed again within PROBE_AGAIN.
         c.want_probe(addr(2), t0 + 3 * round);

@@ -200,19 +200,23 @@ impl SealedSocket {
         self.keys.confirmed.may_send(to)
     }
 
-    /// Sends the probe due now, if any ([`super::confirm`]): a sealed V0
-    /// Syn of this node's cluster with an empty digest.
+    /// Sends the probes due now, if any ([`super::confirm`]): sealed V0
+    /// Syns of this node's cluster with an empty digest.
     async fn probe(&mut self) {
-        let Some(cluster) = &self.cluster_id else {
+        let Some(cluster) = self.cluster_id.clone() else {
             return;
         };
-        let Some(to) = self
+        while let Some(to) = self
             .keys
             .confirmed
             .next_probe(tokio::time::Instant::now(), self.bounds.interval())
-        else {
-            return;
-        };
+        {
+            self.probe_one(&cluster, to).await;
+        }
+    }
+
+    /// Sends one probe to `to`.
+    async fn probe_one(&mut self, cluster: &str, to: SocketAddr) {
         let mut syn = 0xB053u16.to_le_bytes().to_vec();
         syn.extend([0, 0]);
         syn.extend(0u16.to_le_bytes());
@@ -493,9 +497,19 @@ mod tests {
             got.envelope
         );
         assert!(ka.confirmed.may_send(b_addr), "a did not hear b");
-        // The same round: no second probe (the trap gets nothing yet).
-        b.send(a_addr, bad_cluster()).await.unwrap();
+        // The trap was probed in the same call; asked again, it gets
+        // nothing more within PROBE_AGAIN.
         let mut buf = [0u8; 64];
+        let (n, from) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), trap.recv_from(&mut buf))
+                .await
+                .expect("the trap is probed")
+                .unwrap();
+        assert_eq!(from, b_addr);
+        assert!(n < 64, "a probe of {n} bytes");
+        kb.confirmed
+            .want_probe(trap_addr, tokio::time::Instant::now());
+        b.send(a_addr, bad_cluster()).await.unwrap();
         assert!(trap.try_recv_from(&mut buf).is_err());
         // a answers: confirmed at b.
         a.send(b_addr, bad_cluster()).await.unwrap();
