@@ -349,6 +349,56 @@ fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node(
     settle(&c);
 }
 
+/// `gossip.state_signatures = "require"`: every node signs its state with
+/// its node certificate's key. A key holder's forged state for n2 (status
+/// leaving and a signature it cannot make, at versions within the
+/// bounds), sent to n1 and n3, is refused there: they log it and keep n2
+/// serving, and n2's own later state is taken.
+#[test]
+fn with_state_signatures_a_key_holders_forged_state_for_another_node_is_refused() {
+    let c = Cluster::start_gossip("trust-signed", 3, "state_signatures = \"require\"");
+    settle(&c);
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let n2 = gossip_id(&c, "n1", "n2");
+    // n2's max_version as n1 holds it (n1's answer to an empty Syn); the
+    // forgery goes a little past it, within the bounds.
+    let syn = ring.seal(&forge::syn("test-trust-signed"), [5; 12]);
+    let answer = forge::ask(c.node("n1").gossip, &syn, Duration::from_secs(2)).expect("n1 answers");
+    let (_, version) = forge::digest_entry(&ring.open(&answer).unwrap(), "n2").expect("n2 named");
+    let forged = forge::ack(
+        &n2,
+        &[
+            ("status", "leaving", version + 500),
+            ("sig", "0403:AAAA", version + 501),
+        ],
+    );
+    for (peer, nonce) in [("n1", 6), ("n3", 7)] {
+        forge::send(c.node(peer).gossip, &ring.seal(&forged, [nonce; 12]));
+    }
+    c.wait_until(Duration::from_secs(10), || {
+        ["n1", "n3"].iter().all(|n| {
+            c.log(n)
+                .contains("not signed by its certificate's key: forged")
+        })
+    })
+    .unwrap_or_else(|_| panic!("no refusal logged:\n{}", c.log("n1")));
+    assert!(all_serving(&c), "views: {:?}", views(&c));
+    // n2 changes its own state (a weight): signed, taken by the others.
+    assert!(put_weight(c.node("n2").http, 3).contains("\"weight\":3"));
+    c.wait_until(Duration::from_secs(10), || {
+        ["n1", "n3"].iter().all(|n| {
+            let v = status(c.node(n).http).unwrap();
+            v["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["id"] == "n2" && m["weight"] == 3)
+        })
+    })
+    .expect("n2's own change was not taken");
+    assert!(all_serving(&c), "views: {:?}", views(&c));
+}
+
 /// The review of issue 34: ghost members a key holder announces with
 /// third parties' addresses drew 30 times the announcement's bytes in
 /// QUIC Initials (every node dialled every ghost's peer address, three

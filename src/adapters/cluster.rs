@@ -12,3 +12,4 @@ pub mod keyring;
 pub(crate) mod pause;
 pub(crate) mod roster;
 pub(crate) mod sealed;
+pub(crate) mod signed;

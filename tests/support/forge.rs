@@ -145,6 +145,12 @@ pub fn empty_syn_ack() -> Vec<u8> {
 /// The heartbeat a Syn's or SynAck's digest gives node `node` (any
 /// generation), if it names it.
 pub fn digest_heartbeat(message: &[u8], node: &str) -> Option<u64> {
+    digest_entry(message, node).map(|(h, _)| h)
+}
+
+/// The (heartbeat, max_version) a Syn's or SynAck's digest gives node
+/// `node` (any generation), if it names it.
+pub fn digest_entry(message: &[u8], node: &str) -> Option<(u64, u64)> {
     let mut r = message;
     let mut take = |n: usize| -> Option<&[u8]> {
         let (a, b) = r.split_at_checked(n)?;
@@ -164,9 +170,10 @@ pub fn digest_heartbeat(message: &[u8], node: &str) -> Option<u64> {
         take(if family == 4 { 4 } else { 16 })?;
         take(2)?; // port
         let heartbeat = u64::from_le_bytes(take(8)?.try_into().ok()?);
-        take(16)?; // last_gc_version, max_version
+        take(8)?; // last_gc_version
+        let max_version = u64::from_le_bytes(take(8)?.try_into().ok()?);
         if id == node.as_bytes() {
-            return Some(heartbeat);
+            return Some((heartbeat, max_version));
         }
     }
     None

@@ -10,7 +10,7 @@
 //! peer layer admits a member to routing only after an mTLS handshake
 //! proves its identity.
 
-use crate::adapters::cluster::{bounds, confirm, keyring};
+use crate::adapters::cluster::{bounds, confirm, keyring, signed};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -74,7 +74,23 @@ pub struct GossipError {
 pub(crate) struct Publisher(
     std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
     std::sync::Arc<keyring::GossipKeys>,
+    Option<std::sync::Arc<signed::Signatures>>,
 );
+
+/// Signs this node's state again (`gossip.state_signatures`), then records
+/// its `max_version`.
+fn signed_own(
+    c: &mut chitchat::Chitchat,
+    signatures: Option<&signed::Signatures>,
+    keys: &keyring::GossipKeys,
+) {
+    let id = c.self_chitchat_id().clone();
+    let st = c.self_node_state();
+    if let Some(s) = signatures {
+        s.sign_own(&id, st);
+    }
+    keys.echo.set_own_version(st.max_version());
+}
 
 impl Publisher {
     /// The gossip keyring and drop counters.
@@ -85,18 +101,16 @@ impl Publisher {
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
     pub(crate) async fn set_status(&self, status: NodeStatus) {
         let mut c = self.0.lock().await;
-        let st = c.self_node_state();
-        st.set("status", status.as_str());
-        self.1.echo.set_own_version(st.max_version());
+        c.self_node_state().set("status", status.as_str());
+        signed_own(&mut c, self.2.as_deref(), &self.1);
     }
 
     /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
     /// caller checks the range).
     pub(crate) async fn set_weight(&self, weight: u32) {
         let mut c = self.0.lock().await;
-        let st = c.self_node_state();
-        st.set("weight", weight);
-        self.1.echo.set_own_version(st.max_version());
+        c.self_node_state().set("weight", weight);
+        signed_own(&mut c, self.2.as_deref(), &self.1);
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
@@ -105,7 +119,7 @@ impl Publisher {
         let st = c.self_node_state();
         st.set("load", load.min(100));
         st.set("inflight", inflight);
-        self.1.echo.set_own_version(st.max_version());
+        signed_own(&mut c, self.2.as_deref(), &self.1);
     }
 }
 
@@ -115,10 +129,12 @@ pub(crate) struct Gossip {
     keys: std::sync::Arc<keyring::GossipKeys>,
     members: watch::Receiver<Vec<Member>>,
     republisher: tokio::task::JoinHandle<()>,
+    signatures: Option<std::sync::Arc<signed::Signatures>>,
 }
 
 /// Starts gossip on `transport` (which opens the UDP socket and seals
-/// with `keys`).
+/// with `keys`); with `signatures`, this node's state is signed and
+/// members' states are checked ([`signed`]).
 ///
 /// # Errors
 /// [`GossipError`] when chitchat cannot open its socket.
@@ -128,7 +144,9 @@ pub(crate) async fn start(
     me: &Published,
     transport: &dyn Transport,
     keys: std::sync::Arc<keyring::GossipKeys>,
+    signatures: Option<signed::Signatures>,
 ) -> Result<Gossip, GossipError> {
+    let signatures = signatures.map(std::sync::Arc::new);
     let config = ChitchatConfig {
         chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),
         cluster_id: who.cluster.clone(),
@@ -151,7 +169,7 @@ pub(crate) async fn start(
         // never names more than its peers' bounds take.
         max_nodes: Some(s.max_members),
     };
-    let initial = vec![
+    let mut initial = vec![
         ("peer_addr".to_owned(), me.peer_addr.to_string()),
         ("http_addr".to_owned(), me.http_addr.to_string()),
         ("weight".to_owned(), me.weight.to_string()),
@@ -159,6 +177,9 @@ pub(crate) async fn start(
         ("load".to_owned(), "100".to_owned()),
         ("inflight".to_owned(), "0".to_owned()),
     ];
+    if let Some(s) = &signatures {
+        initial.extend(s.cert_keys());
+    }
     let handle = chitchat::spawn_chitchat(config, initial, transport)
         .await
         .map_err(|e| GossipError {
@@ -168,15 +189,22 @@ pub(crate) async fn start(
     let mut live = {
         let chitchat = handle.chitchat();
         let mut c = chitchat.lock().await;
-        keys.echo.set_own_version(c.self_node_state().max_version());
+        signed_own(&mut c, signatures.as_deref(), &keys);
         c.live_nodes_watcher()
     };
     let self_id = ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr);
     let mut confirmed = keys.confirmed.subscribe();
-    let first = to_members(&live.borrow_and_update(), &self_id, &keys.confirmed);
+    let mut verified = signed::Verified::default();
+    let first = to_members(
+        &live.borrow_and_update(),
+        &self_id,
+        &keys.confirmed,
+        signatures.as_deref().map(|s| (s, &mut verified)),
+    );
     let (tx, members) = watch::channel(first);
     let confirm_keys = keys.clone();
     let gated = keys.confirmed.is_gated();
+    let check = signatures.clone();
     tokio::spawn(async move {
         loop {
             if gated {
@@ -192,7 +220,12 @@ pub(crate) async fn start(
                 // counts as confirmed, and the task runs as it always did.
                 return;
             }
-            let m = to_members(&live.borrow_and_update(), &self_id, &confirm_keys.confirmed);
+            let m = to_members(
+                &live.borrow_and_update(),
+                &self_id,
+                &confirm_keys.confirmed,
+                check.as_deref().map(|s| (s, &mut verified)),
+            );
             if tx.send(m).is_err() {
                 return;
             }
@@ -202,12 +235,14 @@ pub(crate) async fn start(
         std::sync::Arc::downgrade(&handle.chitchat()),
         keys.clone(),
         s.interval * bounds::REPUBLISH_PAUSE_ROUNDS,
+        signatures.clone(),
     ));
     Ok(Gossip {
         handle,
         keys,
         members,
         republisher,
+        signatures,
     })
 }
 
@@ -221,6 +256,7 @@ async fn republish_over_echoes(
     chitchat: std::sync::Weak<tokio::sync::Mutex<chitchat::Chitchat>>,
     keys: std::sync::Arc<keyring::GossipKeys>,
     pause: Duration,
+    signatures: Option<std::sync::Arc<signed::Signatures>>,
 ) {
     loop {
         keys.echo.grown().await;
@@ -230,7 +266,7 @@ async fn republish_over_echoes(
         let (heartbeat, version) = keys.echo.take();
         let mut c = chitchat.lock().await;
         let republished = republish(&mut c, heartbeat, version);
-        keys.echo.set_own_version(c.self_node_state().max_version());
+        signed_own(&mut c, signatures.as_deref(), &keys);
         drop(c);
         drop(chitchat);
         if republished {
@@ -297,7 +333,11 @@ fn to_members(
     live: &std::collections::BTreeMap<ChitchatId, NodeState>,
     self_id: &ChitchatId,
     confirmed: &confirm::Confirmed,
+    mut signatures: Option<(&signed::Signatures, &mut signed::Verified)>,
 ) -> Vec<Member> {
+    if let Some((_, verified)) = &mut signatures {
+        verified.retain_live(live);
+    }
     live.iter()
         .filter(|(id, _)| {
             let ok = *id == self_id || confirmed.is_confirmed(id.gossip_advertise_addr);
@@ -307,7 +347,11 @@ fn to_members(
             ok
         })
         .filter_map(|(id, st)| match member(id, st) {
-            Ok(m) => Some(m),
+            Ok(m) => match &mut signatures {
+                // This node's own state is its own.
+                Some((s, verified)) if id != self_id => verified.judge(s, id, st, m),
+                _ => Some(m),
+            },
             Err(key) => {
                 warn!(target: LOG, node = %id.node_id, key, "ignoring member with a missing or invalid key");
                 None
@@ -340,7 +384,11 @@ impl Gossip {
 
     /// A clonable handle that publishes this node's state.
     pub(crate) fn publisher(&self) -> Publisher {
-        Publisher(self.handle.chitchat(), self.keys.clone())
+        Publisher(
+            self.handle.chitchat(),
+            self.keys.clone(),
+            self.signatures.clone(),
+        )
     }
 
     /// Stops gossiping.
@@ -432,6 +480,7 @@ mod tests {
             dead_node_grace: Duration::from_secs(3600),
             max_members: 4,
             sample_window: 100,
+            state_signatures: crate::config::StateSignatures::Off,
         };
         let me = Published {
             peer_addr: "127.0.0.1:7001".parse().unwrap(),
@@ -442,7 +491,9 @@ mod tests {
         let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
             keyring::GossipKey::from_bytes([1; 32]),
         )));
-        let g = start(&who, &settings, &me, &transport, keys).await.unwrap();
+        let g = start(&who, &settings, &me, &transport, keys, None)
+            .await
+            .unwrap();
         let attacker = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         // Sends a Syn and returns how many members the answer (a SynAck)
         // names in its digest.
@@ -518,6 +569,7 @@ mod tests {
                 dead_node_grace: Duration::from_secs(3600),
                 max_members: 8,
                 sample_window: 100,
+                state_signatures: crate::config::StateSignatures::Off,
             };
             let me = Published {
                 peer_addr: addr,
@@ -530,7 +582,11 @@ mod tests {
             )));
             let bounds = std::sync::Arc::new(bounds::Bounds::new(name, 1, 8, settings.interval));
             let transport = SealedUdpTransport::new(keys.clone(), bounds, seeds);
-            nodes.push(start(&who, &settings, &me, &transport, keys).await.unwrap());
+            nodes.push(
+                start(&who, &settings, &me, &transport, keys, None)
+                    .await
+                    .unwrap(),
+            );
         }
         let ids = |g: &Gossip| -> Vec<String> {
             let mut v: Vec<String> = g
@@ -573,6 +629,7 @@ mod tests {
             std::sync::Arc::downgrade(&c),
             keys.clone(),
             pause,
+            None,
         ));
         let heartbeat = async || u64::from(c.lock().await.self_node_state().heartbeat());
         for _ in 0..20 {

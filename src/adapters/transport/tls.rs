@@ -245,4 +245,13 @@ pub enum TlsError {
         /// The DNS name its certificate should have carried.
         name: String,
     },
+    /// This node's key cannot sign its gossip state
+    /// (`gossip.state_signatures`): it supports no TLS 1.3 signature
+    /// scheme, or the key provider refused it. Use an ECDSA, Ed25519 or
+    /// RSA node key (`peerlb certs` makes ECDSA P-256 ones).
+    #[error("the node key cannot sign gossip state: {error}")]
+    StateSign {
+        /// Why.
+        error: Box<StateSignError>,
+    },
 }
