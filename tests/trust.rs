@@ -352,8 +352,9 @@ fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node(
 /// `gossip.state_signatures = "require"`: every node signs its state with
 /// its node certificate's key. A key holder's forged state for n2 (status
 /// leaving and a signature it cannot make, at versions within the
-/// bounds), sent to n1 and n3, is refused there: they log it and keep n2
-/// serving, and n2's own later state is taken.
+/// bounds), sent to n1 and n3, is refused there (logged), the views show
+/// n2 serving (checked after the refusal and at the end), and n2's own
+/// later state is taken.
 #[test]
 fn with_state_signatures_a_key_holders_forged_state_for_another_node_is_refused() {
     let c = Cluster::start_gossip("trust-signed", 3, "state_signatures = \"require\"");
@@ -362,9 +363,22 @@ fn with_state_signatures_a_key_holders_forged_state_for_another_node_is_refused(
     let n2 = gossip_id(&c, "n1", "n2");
     // n2's max_version as n1 holds it (n1's answer to an empty Syn); the
     // forgery goes a little past it, within the bounds.
-    let syn = ring.seal(&forge::syn("test-trust-signed"), [5; 12]);
-    let answer = forge::ask(c.node("n1").gossip, &syn, Duration::from_secs(2)).expect("n1 answers");
-    let (_, version) = forge::digest_entry(&ring.open(&answer).unwrap(), "n2").expect("n2 named");
+    let mut nonce = 0u8;
+    let mut seal = |d: &[u8]| {
+        nonce += 1;
+        ring.seal(d, [nonce; 12])
+    };
+    let mut version = None;
+    c.wait_until(Duration::from_secs(10), || {
+        let syn = seal(&forge::syn("test-trust-signed"));
+        version = forge::ask(c.node("n1").gossip, &syn, Duration::from_secs(1))
+            .and_then(|a| ring.open(&a))
+            .and_then(|plain| forge::digest_entry(&plain, "n2"))
+            .map(|(_, v)| v);
+        version.is_some()
+    })
+    .expect("n1 answers with a digest naming n2");
+    let version = version.unwrap();
     let forged = forge::ack(
         &n2,
         &[
@@ -372,16 +386,32 @@ fn with_state_signatures_a_key_holders_forged_state_for_another_node_is_refused(
             ("sig", "0403:AAAA", version + 501),
         ],
     );
-    for (peer, nonce) in [("n1", 6), ("n3", 7)] {
-        forge::send(c.node(peer).gossip, &ring.seal(&forged, [nonce; 12]));
-    }
+    // Sent again until a node logged the refusal (a datagram may be lost
+    // on a loaded machine). Not both: a node reads a member's state once
+    // a gossip round, and n2's own state republished over the forgery
+    // (`SelfEcho`) may reach it first, so it never sees the forgery at
+    // all (1 run in 4 for n3); the unit test in signed.rs judges a
+    // forgery deterministically.
     c.wait_until(Duration::from_secs(10), || {
-        ["n1", "n3"].iter().all(|n| {
+        for peer in ["n1", "n3"] {
+            forge::send(c.node(peer).gossip, &seal(&forged));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        ["n1", "n3"].iter().any(|n| {
             c.log(n)
                 .contains("not signed by its certificate's key: forged")
         })
     })
-    .unwrap_or_else(|_| panic!("no refusal logged:\n{}", c.log("n1")));
+    .unwrap_or_else(|_| {
+        panic!(
+            "no refusal logged: n1 {}, n3 {}; views {:?}; n1 dropped out_of_bounds {}:\n{}",
+            c.log("n1").contains("forged node"),
+            c.log("n3").contains("forged node"),
+            views(&c),
+            dropped(&c, "n1", "out_of_bounds"),
+            c.log("n1")
+        )
+    });
     assert!(all_serving(&c), "views: {:?}", views(&c));
     // n2 changes its own state (a weight): signed, taken by the others.
     assert!(put_weight(c.node("n2").http, 3).contains("\"weight\":3"));
