@@ -42,7 +42,8 @@ pub use model::{
 pub use settings::{
     ADMIN_PORT_OFFSET, AppAddr, AppKind, BindAddrs, CertFiles, GossipSettings, IngressSettings,
     LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs, NodeConfig,
-    PeerSettings, RoutingSettings, SipAppKind, TlsPaths, UpstreamApp, default_admin_addr,
+    PeerSettings, RoutingSettings, SipAppKind, StateSignatures, TlsPaths, UpstreamApp,
+    default_admin_addr,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1

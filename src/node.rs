@@ -187,6 +187,10 @@ impl Node {
             },
             &*env.gossip,
             env.gossip_keys.clone(),
+            crate::adapters::cluster::signed::Signatures::new(
+                config.gossip.state_signatures,
+                &tls,
+            )?,
         )
         .await?;
 

@@ -80,6 +80,7 @@ fn chitchat_failure_detector_runs_on_virtual_time() {
                         catchup_callback: None,
                         extra_liveness_predicate: None,
                         protocol_version: chitchat::ProtocolVersion::V0,
+                        max_nodes: None,
                     };
                     let h = chitchat::spawn_chitchat(config, Vec::new(), &t).await?;
                     let start = tokio::time::Instant::now();

@@ -4,6 +4,10 @@
 //! ghost members have no effect; sealed datagrams that break a bound are
 //! dropped too. The forger builds chitchat V0 datagrams by hand
 //! (`support::forge`).
+//!
+//! Past 800 lines: every test here drives the same forger and cluster
+//! helpers (top of the file); a split by surface (gossip, peer port) is
+//! planned.
 
 // Black-box tests of real processes: they run on wall-clock time.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -266,6 +270,63 @@ fn a_key_holders_heartbeat_jump_is_dropped_counted_and_the_member_stays_live() {
     settle(&c);
 }
 
+/// A burst of forged heartbeat jumps for n2 sent to n1 (20 sealed
+/// SynAcks in 100 ms, each as far ahead as n1 lets it: they share one
+/// budget per member, `gossip::bounds`), then silence: n1 holds a
+/// heartbeat for n2 above n2's own, so n2's real heartbeats do not count
+/// there until n2, seeing the figure echoed, republishes over it. The
+/// test measures how long after the burst n1 counts n2's own heartbeats
+/// again (n2's heartbeat at n1 passes the forged one) and requires a few
+/// gossip rounds, with n2 serving in every view. The figures are printed.
+#[test]
+fn a_burst_of_forged_heartbeat_jumps_heals_a_few_rounds_after_it_stops() {
+    let c = Cluster::start("trust-burst", 3, "", "");
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let (n1, n2) = (gossip_id(&c, "n1", "n1"), gossip_id(&c, "n1", "n2"));
+    let nonce = std::cell::Cell::new(0u64);
+    let seal = |d: &[u8]| {
+        nonce.set(nonce.get() + 1);
+        let mut n = [9u8; 12];
+        n[..8].copy_from_slice(&nonce.get().to_le_bytes());
+        ring.seal(d, n)
+    };
+    // n2's heartbeat as n1 holds it, from n1's answer to an empty Syn.
+    let held = || -> u64 {
+        let syn = seal(&forge::syn("test-trust-burst"));
+        let answer = forge::ask(n1.gossip, &syn, Duration::from_secs(2)).expect("n1 answers");
+        let plain = ring.open(&answer).expect("sealed answer");
+        forge::digest_heartbeat(&plain, "n2").expect("n1 names n2")
+    };
+    let h0 = held();
+    // Leads of 1,000 (within a full budget) then 50 more every 5 ms (a
+    // round's worth every 10 ms, faster than the budget earns): the first
+    // is taken, most of the rest refused.
+    for i in 0..20u64 {
+        let d = seal(&forge::syn_ack(&n2, h0 + 1000 + 50 * i, 1, &[]));
+        forge::send(n1.gossip, &d);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stopped = std::time::Instant::now();
+    let forged = held();
+    assert!(forged >= h0 + 1000, "n1 took no jump: {h0} -> {forged}");
+    assert!(
+        dropped(&c, "n1", "out_of_bounds") > 0,
+        "n1 took every datagram of the burst"
+    );
+    c.wait_until(Duration::from_secs(10), || held() > forged)
+        .unwrap_or_else(|_| panic!("n2's heartbeat at n1 stayed at or below the forged {forged}"));
+    let healed = stopped.elapsed();
+    println!(
+        "forged lead {} heartbeats (n2 at {h0}); n1 counts n2's own heartbeats again {:.2} s ({:.0} rounds) after the burst",
+        forged - h0,
+        healed.as_secs_f64(),
+        healed.as_secs_f64() * 1000.0 / 100.0,
+    );
+    assert!(healed < Duration::from_secs(3), "healed after {healed:?}");
+    c.wait_until(Duration::from_secs(10), || all_serving(&c))
+        .unwrap_or_else(|_| panic!("views: {:?}", views(&c)));
+}
+
 #[test]
 fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node() {
     let c = Cluster::start("trust-republish", 3, "", "");
@@ -288,39 +349,120 @@ fn forged_state_about_a_node_taken_by_its_peers_is_republished_over_by_the_node(
     settle(&c);
 }
 
-/// A key holder announces a ghost member whose peer and gossip addresses
-/// are traps, and keeps it alive with one sealed SynAck per gossip round
-/// for ten seconds. Every node dials the ghost's peer address at most
-/// three times (`dial::GIVE_UP_AFTER`), then gives up while the
-/// announcement goes on, so the QUIC bytes the cluster sends the trap are
-/// a constant (3 nodes x 3 attempts) that the announcement's bytes pass
-/// within about eight seconds; no gossip goes to the ghost's gossip
-/// address (it never sent an authenticated datagram). The figures are
-/// printed.
+/// `gossip.state_signatures = "require"`: every node signs its state with
+/// its node certificate's key. A key holder's forged state for n2 (status
+/// leaving and a signature it cannot make, at versions within the
+/// bounds), sent to n1 and n3, is refused there (logged), the views show
+/// n2 serving (checked after the refusal and at the end), and n2's own
+/// later state is taken.
 #[test]
-fn a_ghost_announced_by_a_key_holder_gets_fewer_bytes_than_announced_it() {
+fn with_state_signatures_a_key_holders_forged_state_for_another_node_is_refused() {
+    let c = Cluster::start_gossip("trust-signed", 3, "state_signatures = \"require\"");
+    settle(&c);
+    let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
+    let n2 = gossip_id(&c, "n1", "n2");
+    // n2's max_version as n1 holds it (n1's answer to an empty Syn); the
+    // forgery goes a little past it, within the bounds.
+    let mut nonce = 0u8;
+    let mut seal = |d: &[u8]| {
+        nonce += 1;
+        ring.seal(d, [nonce; 12])
+    };
+    let mut version = None;
+    c.wait_until(Duration::from_secs(10), || {
+        let syn = seal(&forge::syn("test-trust-signed"));
+        version = forge::ask(c.node("n1").gossip, &syn, Duration::from_secs(1))
+            .and_then(|a| ring.open(&a))
+            .and_then(|plain| forge::digest_entry(&plain, "n2"))
+            .map(|(_, v)| v);
+        version.is_some()
+    })
+    .expect("n1 answers with a digest naming n2");
+    let version = version.unwrap();
+    let forged = forge::ack(
+        &n2,
+        &[
+            ("status", "leaving", version + 500),
+            ("sig", "0403:AAAA", version + 501),
+        ],
+    );
+    // Sent again until a node logged the refusal (a datagram may be lost
+    // on a loaded machine). Not both: a node reads a member's state once
+    // a gossip round, and n2's own state republished over the forgery
+    // (`SelfEcho`) may reach it first, so it never sees the forgery at
+    // all (1 run in 4 for n3); the unit test in signed.rs judges a
+    // forgery deterministically.
+    c.wait_until(Duration::from_secs(10), || {
+        for peer in ["n1", "n3"] {
+            forge::send(c.node(peer).gossip, &seal(&forged));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        ["n1", "n3"].iter().any(|n| {
+            c.log(n)
+                .contains("not signed by its certificate's key: forged")
+        })
+    })
+    .unwrap_or_else(|_| {
+        panic!(
+            "no refusal logged: n1 {}, n3 {}; views {:?}; n1 dropped out_of_bounds {}:\n{}",
+            c.log("n1").contains("forged node"),
+            c.log("n3").contains("forged node"),
+            views(&c),
+            dropped(&c, "n1", "out_of_bounds"),
+            c.log("n1")
+        )
+    });
+    assert!(all_serving(&c), "views: {:?}", views(&c));
+    // n2 changes its own state (a weight): signed, taken by the others.
+    assert!(put_weight(c.node("n2").http, 3).contains("\"weight\":3"));
+    c.wait_until(Duration::from_secs(10), || {
+        ["n1", "n3"].iter().all(|n| {
+            let v = status(c.node(n).http).unwrap();
+            v["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["id"] == "n2" && m["weight"] == 3)
+        })
+    })
+    .expect("n2's own change was not taken");
+    assert!(all_serving(&c), "views: {:?}", views(&c));
+}
+
+/// The review of issue 34: ghost members a key holder announces with
+/// third parties' addresses drew 30 times the announcement's bytes in
+/// QUIC Initials (every node dialled every ghost's peer address, three
+/// attempts of about 2.4 KB each). Now a member is dialled only once its
+/// gossip address is confirmed (a seed, or an authenticated datagram came
+/// from it), and a live member not confirmed gets a probe (a sealed
+/// empty-digest Syn, about 60 bytes) at most 16 a round per node and
+/// once a minute per address. Here 40 ghosts, each with its own trap
+/// addresses, are announced in one sealed SynAck a round for 10 rounds
+/// and then left; the traps are watched 3 s more. No QUIC byte may reach
+/// a peer trap, and what the gossip traps get (probes, from every node
+/// the ghosts spread to) must stay under the bytes announced. The figures
+/// are printed (docs/operations.md, Security).
+#[test]
+fn ghosts_announced_by_a_key_holder_get_fewer_bytes_than_announced_them() {
     let c = Cluster::start("trust-ghost-bytes", 3, "", "");
     let ring = Keyring::load(&c.dir.join("certs").join("gossip.keys")).unwrap();
     let n1 = gossip_id(&c, "n1", "n1");
-    let quic_trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let gossip_trap = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    for t in [&quic_trap, &gossip_trap] {
+    let trap = || {
+        let t = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         t.set_nonblocking(true).unwrap();
-    }
-    let ghost = Id {
-        node: "ghost".into(),
-        generation: 1,
-        gossip: gossip_trap.local_addr().unwrap(),
+        t
     };
-    let peer_addr = quic_trap.local_addr().unwrap().to_string();
-    let kvs = [
-        ("peer_addr", peer_addr.as_str(), 1),
-        ("http_addr", peer_addr.as_str(), 2),
-        ("weight", "1", 3),
-        ("status", "serving", 4),
-        ("load", "100", 5),
-        ("inflight", "0", 6),
-    ];
+    let ghosts: Vec<(Id, std::net::UdpSocket, std::net::UdpSocket)> = (0..40)
+        .map(|i| {
+            let (quic, gossip) = (trap(), trap());
+            let id = Id {
+                node: format!("ghost{i}"),
+                generation: 1,
+                gossip: gossip.local_addr().unwrap(),
+            };
+            (id, quic, gossip)
+        })
+        .collect();
     let drain = |t: &std::net::UdpSocket| {
         let mut buf = [0u8; 65_536];
         let mut n = 0;
@@ -330,56 +472,58 @@ fn a_ghost_announced_by_a_key_holder_gets_fewer_bytes_than_announced_it() {
         n
     };
     let (mut announced, mut quic, mut gossip) = (0usize, 0usize, 0usize);
-    let mut heartbeat = 10u64;
-    let gave_up = |c: &Cluster| {
-        ["n1", "n2", "n3"]
-            .iter()
-            .all(|n| c.log(n).contains("peer never completed a handshake"))
-    };
     let start = std::time::Instant::now();
-    let mut done_at = None;
-    // Announce every gossip round, 100 times (ten seconds) and until every
-    // node gave up, then one second more (nothing more may reach the trap).
-    let mut sent = 0;
-    while sent < 100
-        || done_at.is_none_or(|d: std::time::Instant| d.elapsed() < Duration::from_secs(1))
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(40),
-            "not every node gave up on the ghost: {quic} QUIC bytes so far"
-        );
-        heartbeat += 1;
+    for heartbeat in 10..20u64 {
+        let nodes: Vec<_> = ghosts
+            .iter()
+            .map(|(id, q, _)| {
+                let peer = q.local_addr().unwrap().to_string();
+                let kvs = [
+                    ("peer_addr", peer.as_str()),
+                    ("http_addr", peer.as_str()),
+                    ("weight", "1"),
+                    ("status", "serving"),
+                    ("load", "100"),
+                    ("inflight", "0"),
+                ]
+                .iter()
+                .zip(1u64..)
+                .map(|((k, v), version)| (k.to_string(), v.to_string(), version))
+                .collect();
+                (id.clone(), heartbeat, 6, kvs)
+            })
+            .collect();
         let mut nonce = [0u8; 12];
         nonce[..8].copy_from_slice(&heartbeat.to_le_bytes());
-        let d = ring.seal(&forge::syn_ack(&ghost, heartbeat, 6, &kvs), nonce);
+        let d = ring.seal(&forge::syn_ack_many(&nodes), nonce);
         announced += d.len();
-        sent += 1;
         forge::send(n1.gossip, &d);
         std::thread::sleep(Duration::from_millis(100));
-        quic += drain(&quic_trap);
-        gossip += drain(&gossip_trap);
-        if done_at.is_none() && gave_up(&c) {
-            done_at = Some(std::time::Instant::now());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let mut probers = std::collections::BTreeSet::new();
+    for (_, q, g) in &ghosts {
+        quic += drain(q);
+        let mut buf = [0u8; 65_536];
+        while let Ok((k, from)) = g.recv_from(&mut buf) {
+            gossip += k;
+            probers.insert(from);
         }
     }
-    let after_give_up = {
-        std::thread::sleep(Duration::from_millis(200));
-        drain(&quic_trap)
-    };
-    quic += after_give_up;
     println!(
-        "ghost over {:.1} s: announced with {announced} bytes; QUIC trap got {quic} bytes ({:.2}x), gossip trap {gossip} bytes ({:.2}x)",
+        "40 ghosts over {:.1} s: announced with {announced} bytes; peer traps got {quic} bytes of QUIC ({:.2}x), gossip traps {gossip} bytes of probes ({:.3}x) from {} nodes",
         start.elapsed().as_secs_f64(),
         quic as f64 / announced as f64,
         gossip as f64 / announced as f64,
+        probers.len(),
     );
-    assert!(quic > 0, "no node dialled the ghost: the test saw nothing");
-    assert_eq!(after_give_up, 0, "a node dialled after giving up");
+    assert_eq!(quic, 0, "a node dialled a ghost that never answered");
+    assert!(gossip > 0, "no node probed a ghost: the test saw nothing");
     assert!(
-        quic <= announced,
-        "{quic} QUIC bytes sent to the ghost, {announced} bytes announced it"
+        quic + gossip <= announced,
+        "{} bytes sent to the ghosts, {announced} bytes announced them",
+        quic + gossip
     );
-    assert_eq!(gossip, 0, "gossip was sent to the ghost's gossip address");
 }
 
 /// A joining node asks for the whole state with an empty digest, and the

@@ -1,7 +1,11 @@
-//! Rate limiting of repeated warnings from chitchat: an isolated node's
-//! chitchat warns "Failed to gossip" for every peer every gossip round
-//! (15 lines a second with the defaults). This layer lets the first event
-//! of each chitchat WARN/ERROR call site through per [`WINDOW`], drops the
+//! Rate limiting of repeated warnings from chitchat and from peerlb's
+//! gossip layer: an isolated node's chitchat warns "Failed to gossip" for
+//! every peer every gossip round (15 lines a second with the defaults),
+//! and a holder of the gossip key can make the gossip layer warn of every
+//! datagram it sends (13.5 lines a second in the review of issue 34:
+//! forged state republished over, members with invalid keys, datagrams
+//! out of bounds). This layer lets the first event of each such WARN/ERROR
+//! call site through per [`WINDOW`], drops the
 //! rest and, when the call site speaks again after the window, first logs
 //! how many it dropped (`repeated warnings suppressed`, with `suppressed`
 //! and `target`).
@@ -54,9 +58,13 @@ impl RateLimit {
     }
 }
 
+/// The targets rate limited: chitchat's, and the gossip layer's
+/// (`adapters/cluster`: `gossip.rs`, `sealed.rs`).
+const LIMITED_TARGETS: [&str; 2] = ["chitchat", "peerlb::adapters::gossip"];
+
 /// Whether events of this metadata are rate limited.
 fn limited(meta: &tracing::Metadata<'_>) -> bool {
-    *meta.level() <= Level::WARN && meta.target().starts_with("chitchat")
+    *meta.level() <= Level::WARN && LIMITED_TARGETS.iter().any(|t| meta.target().starts_with(t))
 }
 
 impl<S: Subscriber> Layer<S> for RateLimit {
@@ -133,7 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn only_chitchat_warnings_and_errors_are_limited() {
+    fn only_chitchat_and_gossip_warnings_and_errors_are_limited() {
         let meta = |level, target| {
             tracing::Metadata::new(
                 "e",
@@ -150,5 +158,12 @@ mod tests {
         assert!(limited(&meta(Level::ERROR, "chitchat")));
         assert!(!limited(&meta(Level::INFO, "chitchat::server")));
         assert!(!limited(&meta(Level::WARN, "peerlb::node")));
+        // The gossip layer's targets (gossip.rs, sealed.rs `LOG`).
+        assert!(limited(&meta(Level::WARN, "peerlb::adapters::gossip")));
+        assert!(limited(&meta(
+            Level::WARN,
+            "peerlb::adapters::gossip::sealed"
+        )));
+        assert!(!limited(&meta(Level::INFO, "peerlb::adapters::gossip")));
     }
 }

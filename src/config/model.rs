@@ -493,6 +493,11 @@ pub struct GossipSection {
     /// estimate their mean (default 1000, 10..=1000): 8 bytes each, per
     /// member, on every node.
     pub sample_window: u32,
+    /// Signatures of members' gossip state with their node certificate's
+    /// key: `"off"` (default), `"sign"` (sign this node's state, check
+    /// others' and log those that fail, take them anyway: for a rolling
+    /// upgrade) or `"require"` (a member's state that fails is not taken).
+    pub state_signatures: String,
 }
 
 impl Default for GossipSection {
@@ -503,6 +508,7 @@ impl Default for GossipSection {
             dead_node_grace_ms: 3_600_000,
             max_members: 128,
             sample_window: 1000,
+            state_signatures: "off".to_owned(),
         }
     }
 }

@@ -344,6 +344,20 @@ pub struct PeerSettings {
     pub stream_window: u64,
 }
 
+/// Whether members' gossip state is signed and checked
+/// (`gossip.state_signatures`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateSignatures {
+    /// Neither signed nor checked.
+    #[default]
+    Off,
+    /// This node signs its state; members' are checked, and those that
+    /// fail logged and taken anyway (a cluster being upgraded).
+    Sign,
+    /// Signed, and a member's state that fails the check is not taken.
+    Require,
+}
+
 /// Gossip (chitchat) settings.
 #[derive(Debug, Clone)]
 pub struct GossipSettings {
@@ -360,6 +374,8 @@ pub struct GossipSettings {
     /// Heartbeat intervals kept per member by the failure detector
     /// (`gossip.sample_window`).
     pub sample_window: usize,
+    /// `gossip.state_signatures`.
+    pub state_signatures: StateSignatures,
 }
 
 /// Start-up and shutdown waits.

@@ -84,11 +84,28 @@ fn gossip_max_members_above_the_default_needs_ids_whose_full_digest_fits_one_dat
     );
     // The default fits any ids.
     validate(&long, &"n".repeat(40)).unwrap();
+    // gossip.state_signatures: off by default, "sign" and "require".
+    assert_eq!(
+        c.gossip.state_signatures,
+        crate::config::StateSignatures::Off
+    );
+    for (v, want) in [
+        ("sign", crate::config::StateSignatures::Sign),
+        ("require", crate::config::StateSignatures::Require),
+    ] {
+        let c = validate(
+            &format!("[gossip]\nstate_signatures = \"{v}\"\n{ONE}"),
+            "n1",
+        )
+        .unwrap();
+        assert_eq!(c.gossip.state_signatures, want);
+    }
     for (gossip, field) in [
         ("max_members = 1", "gossip.max_members"),
         ("max_members = 5000", "gossip.max_members"),
         ("sample_window = 5", "gossip.sample_window"),
         ("sample_window = 1001", "gossip.sample_window"),
+        ("state_signatures = \"maybe\"", "gossip.state_signatures"),
     ] {
         let e = validate(&format!("[gossip]\n{gossip}\n{ONE}"), "n1")
             .unwrap_err()

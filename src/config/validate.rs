@@ -11,7 +11,7 @@ use super::bind::{bind_problem, parse_bind};
 use super::{
     BindAddrs, ClusterFile, ConfigError, GossipSettings, IngressSettings, LifecycleSettings,
     MAX_DURATION_MS, MAX_WEIGHT, MetricSettings, NodeAddrs, NodeConfig, Overrides, PeerSettings,
-    RoutingSettings, RulesSource, Source, TlsPaths,
+    RoutingSettings, RulesSource, Source, StateSignatures, TlsPaths,
 };
 use crate::engine::gossip_budget as bounds;
 use crate::engine::node_id::NodeId;
@@ -376,6 +376,15 @@ impl ClusterFile {
                 ));
             }
         }
+        if !["off", "sign", "require"].contains(&self.gossip.state_signatures.as_str()) {
+            return Err(inv(
+                "gossip.state_signatures",
+                format!(
+                    "{:?} is none of \"off\", \"sign\", \"require\"",
+                    self.gossip.state_signatures
+                ),
+            ));
+        }
         if !["at_sight", "on_demand"].contains(&self.peer.dial.as_str()) {
             return Err(inv(
                 "peer.dial",
@@ -730,6 +739,11 @@ impl ClusterFile {
                 dead_node_grace: ms(self.gossip.dead_node_grace_ms),
                 max_members: self.gossip.max_members as usize,
                 sample_window: self.gossip.sample_window as usize,
+                state_signatures: match self.gossip.state_signatures.as_str() {
+                    "sign" => StateSignatures::Sign,
+                    "require" => StateSignatures::Require,
+                    _ => StateSignatures::Off,
+                },
             },
             lifecycle: LifecycleSettings {
                 startup_wait: ms(self.limits.startup_wait_ms),

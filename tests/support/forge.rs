@@ -87,6 +87,43 @@ pub fn syn_ack(who: &Id, heartbeat: u64, max_version: u64, kvs: &[(&str, &str, u
     out
 }
 
+/// One node a forged message announces: (id, heartbeat, max_version,
+/// key-values (key, value, version)).
+pub type Announced = (Id, u64, u64, Vec<(String, String, u64)>);
+
+/// A SynAck whose digest gives each of `nodes` (id, heartbeat,
+/// max_version, key-values) its heartbeat and max_version, and whose delta
+/// (one plain block, so at most 64 KiB of operations) sets its key-values.
+pub fn syn_ack_many(nodes: &[Announced]) -> Vec<u8> {
+    let mut out = header(1);
+    out.extend((nodes.len() as u16).to_le_bytes());
+    for (who, heartbeat, max_version, _) in nodes {
+        id(&mut out, who);
+        out.extend(heartbeat.to_le_bytes());
+        out.extend(0u64.to_le_bytes());
+        out.extend(max_version.to_le_bytes());
+    }
+    let mut ops = Vec::new();
+    for (who, _, _, kvs) in nodes {
+        ops.push(0u8);
+        id(&mut ops, who);
+        ops.extend(0u64.to_le_bytes());
+        ops.extend(0u64.to_le_bytes());
+        for (k, v, version) in kvs {
+            ops.push(1);
+            str16(&mut ops, k);
+            str16(&mut ops, v);
+            ops.extend(version.to_le_bytes());
+            ops.push(0);
+        }
+    }
+    out.push(2);
+    out.extend((ops.len() as u16).to_le_bytes());
+    out.extend(ops);
+    out.push(0);
+    out
+}
+
 /// A Syn of cluster `cluster` with an empty digest: a node that knows
 /// nothing yet, asking for the whole state (the answer is a SynAck whose
 /// delta is as large as a datagram allows).
@@ -103,6 +140,43 @@ pub fn empty_syn_ack() -> Vec<u8> {
     out.extend(0u16.to_le_bytes());
     out.push(0);
     out
+}
+
+/// The heartbeat a Syn's or SynAck's digest gives node `node` (any
+/// generation), if it names it.
+pub fn digest_heartbeat(message: &[u8], node: &str) -> Option<u64> {
+    digest_entry(message, node).map(|(h, _)| h)
+}
+
+/// The (heartbeat, max_version) a Syn's or SynAck's digest gives node
+/// `node` (any generation), if it names it.
+pub fn digest_entry(message: &[u8], node: &str) -> Option<(u64, u64)> {
+    let mut r = message;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (a, b) = r.split_at_checked(n)?;
+        r = b;
+        Some(a)
+    };
+    let head = take(4)?;
+    if head[..3] != [0x53, 0xB0, 0] || !matches!(head[3], 0 | 1) {
+        return None;
+    }
+    let count = u16::from_le_bytes(take(2)?.try_into().ok()?);
+    for _ in 0..count {
+        let len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
+        let id = take(len)?.to_vec();
+        take(8)?; // generation
+        let family = take(1)?[0];
+        take(if family == 4 { 4 } else { 16 })?;
+        take(2)?; // port
+        let heartbeat = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        take(8)?; // last_gc_version
+        let max_version = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        if id == node.as_bytes() {
+            return Some((heartbeat, max_version));
+        }
+    }
+    None
 }
 
 /// Sends `datagram` from a fresh loopback socket to `to`.

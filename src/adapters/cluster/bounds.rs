@@ -24,10 +24,14 @@
 //!   node reaches 2^40 after 35,000 years at one update a millisecond;
 //! - a heartbeat or version of a member this node already knows (same node
 //!   id and generation) runs further ahead of the largest one it accepted
-//!   for it than an honest member can advance (see [`Lead`]): one datagram
-//!   sealed by a key holder cannot push a live member's heartbeat or
-//!   version far ahead (the others would then ignore the member's real
-//!   heartbeats and declare it dead, or ignore its real updates);
+//!   for it than an honest member can advance in the time since (see
+//!   [`Lead`]: a budget earned with wall-clock time, shared by all the
+//!   datagrams that name the member): datagrams sealed by a key holder
+//!   cannot push a live member's heartbeat or version far ahead (the
+//!   others would then ignore the member's real heartbeats and declare it
+//!   dead, or ignore its real updates), however many it sends, and naming
+//!   many made-up members does not make this node forget a real one
+//!   ([`KNOWN_PER_MEMBER`]);
 //! - a delta carries state about this very node (its id and generation)
 //!   with a version above this node's own `max_version`: only this node
 //!   writes its own state, so such a delta is forged and chitchat would
@@ -44,14 +48,18 @@
 //! updates with a version at or below the forged one are then ignored
 //! there. Such foreign state is never adopted by this node (a peer's
 //! delta that carries it, above this node's own versions, is dropped here
-//! whole), and it is bounded to one [`Lead`] per accepted datagram. So
+//! whole), and it is bounded by the [`Lead`] budget: `SLACK_ROUNDS`
+//! rounds' worth plus a round's worth per round of the attack. So
 //! dropping is not the whole defence: the peers holding the forged state
 //! name this node in their digests with the forged heartbeat or version,
 //! [`Bounds::check`] hands those figures on ([`SelfEcho`]), and the gossip
 //! layer republishes this node's own values above them (its heartbeat
 //! past the forged one, every key at a new version past the forged
-//! `max_version`), so within a few rounds every view holds the node's
-//! real state again and its real heartbeats count again.
+//! `max_version`, a step at a time, at half the pace peers' budgets
+//! earn: [`REPUBLISH_PAUSE_ROUNDS`]), so a few rounds after a forged jump
+//! (about `2 x` the attack's length in rounds after a sustained one)
+//! every view holds the node's real state again and its real heartbeats
+//! count again.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -100,11 +108,25 @@ const SLACK_ROUNDS: u64 = 4;
 pub(crate) const REPUBLISH_HEARTBEAT_STEP: u64 = HEARTBEATS_PER_ROUND * SLACK_ROUNDS / 2;
 /// Most a node moves its own `max_version` ahead in one republish.
 pub(crate) const REPUBLISH_VERSION_STEP: u64 = VERSIONS_PER_ROUND * SLACK_ROUNDS / 2;
+/// Gossip rounds a node waits after a republish before the next: a step
+/// ([`REPUBLISH_HEARTBEAT_STEP`], half a full budget of [`Lead`]) every
+/// four rounds is half what peers' budgets earn meanwhile, so they take
+/// every step on top of the node's own heartbeats.
+pub(crate) const REPUBLISH_PAUSE_ROUNDS: u32 = 4;
 /// Members remembered per member allowed: `KNOWN_PER_MEMBER x
-/// max_members` members' last accepted heartbeat and version are kept;
-/// the least recently heard is forgotten first (it is then judged as a
-/// new member: absolute bounds only).
+/// max_members` members' last accepted heartbeat and version are kept.
+/// When the memory is full, a newly named member takes the place of the
+/// least recently heard one only if that one was not heard for
+/// [`FORGET_AFTER_ROUNDS`]; otherwise the newcomer is not remembered (it is
+/// judged as a new member again next time: absolute bounds only). Every
+/// member of a cluster is named in every digest, so a live or recently
+/// dead member is heard every round and a key holder naming thousands of
+/// made-up members cannot make this node forget a real one (and then take
+/// a 2^40 heartbeat for it).
 const KNOWN_PER_MEMBER: usize = 4;
+/// Rounds a remembered member must go unheard before a newcomer may take
+/// its place in a full memory ([`KNOWN_PER_MEMBER`]).
+pub(crate) const FORGET_AFTER_ROUNDS: u32 = 64;
 
 /// Longest node id (as certificate names allow).
 const MAX_NODE_ID_LEN: usize = 63;
@@ -145,31 +167,63 @@ pub(crate) enum BoundsError {
 }
 
 /// How far a known member's heartbeat and versions may run ahead of the
-/// largest ones this node accepted for it:
-/// `per_round x (SLACK_ROUNDS + rounds since it was last heard)`, with
-/// `per_round` [`HEARTBEATS_PER_ROUND`] or [`VERSIONS_PER_ROUND`]. The
-/// allowance grows with silence, so a member (or this node) cut off for a
-/// while is taken back; a member unheard for longer than the memory of
-/// `KNOWN_PER_MEMBER x max_members` members is judged as new. A key holder can still move a
-/// member ahead by one allowance per accepted datagram; what it gains is
-/// bounded per datagram, and a member's own datagrams keep counting as
-/// heartbeats to the failure detector (each is larger than the last one
-/// it sent).
+/// largest ones this node accepted for it: a token bucket per member and
+/// figure, `per_round` ([`HEARTBEATS_PER_ROUND`] or
+/// [`VERSIONS_PER_ROUND`]) earned per round of wall-clock time (fractions
+/// count), at most `SLACK_ROUNDS` rounds' worth kept between datagrams,
+/// and the whole of it earned during a silence. The allowance grows with
+/// silence, so a member (or this node) cut off for a while is taken back;
+/// a member forgotten (see [`KNOWN_PER_MEMBER`]) is judged as new. A key
+/// holder moves a member ahead by at most `SLACK_ROUNDS` rounds' worth
+/// plus `per_round` a round of its attack, however many datagrams it
+/// sends (before, each accepted datagram was allowed a full allowance
+/// again: a thousand datagrams, a thousand allowances), and the member
+/// republishes over it once the attack stops (`gossip.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lead {
     /// Largest heartbeat accepted.
     heartbeat: u64,
     /// Largest version accepted (digest `max_version` or a delta's versions).
     version: u64,
+    /// Heartbeats the member may still move ahead at `at` (see [`Lead::allowed`]).
+    heartbeat_credit: u64,
+    /// Versions the member may still move ahead at `at`.
+    version_credit: u64,
     /// When it was last heard.
     at: Instant,
 }
 
 impl Lead {
-    /// The allowance after `elapsed` of silence, given `per_round`.
-    fn allowed(per_round: u64, elapsed: Duration, interval: Duration) -> u64 {
-        let rounds = (elapsed.as_nanos() / interval.as_nanos().max(1)) as u64;
-        per_round.saturating_mul(SLACK_ROUNDS.saturating_add(rounds))
+    /// A member first heard at `now` with these figures: full credit.
+    fn new(heartbeat: u64, version: u64, heartbeats_per_round: u64, now: Instant) -> Lead {
+        Lead {
+            heartbeat,
+            version,
+            heartbeat_credit: heartbeats_per_round.saturating_mul(SLACK_ROUNDS),
+            version_credit: VERSIONS_PER_ROUND.saturating_mul(SLACK_ROUNDS),
+            at: now,
+        }
+    }
+
+    /// The lead allowed after `elapsed` since the member was last heard,
+    /// given its `credit` then and `per_round`: the credit plus
+    /// `per_round` per round elapsed (fractions count). Once a lead is
+    /// taken, what is left of it (at most `SLACK_ROUNDS` rounds' worth) is
+    /// the new credit ([`Lead::after`]), so datagrams in quick succession
+    /// share one allowance: a key holder moves a member ahead at most
+    /// `per_round` a round after its first `SLACK_ROUNDS` rounds' worth,
+    /// however many datagrams it sends, and a member silent for a while is
+    /// still taken back with what it did meanwhile.
+    fn allowed(credit: u64, per_round: u64, elapsed: Duration, interval: Duration) -> u64 {
+        let earned = u128::from(per_round) * elapsed.as_nanos() / interval.as_nanos().max(1);
+        credit.saturating_add(u64::try_from(earned).unwrap_or(u64::MAX))
+    }
+
+    /// The credit left when `lead` of `allowed` was taken.
+    fn after(allowed: u64, lead: u64, per_round: u64) -> u64 {
+        allowed
+            .saturating_sub(lead)
+            .min(per_round.saturating_mul(SLACK_ROUNDS))
     }
 }
 
@@ -331,6 +385,11 @@ impl Bounds {
         self.max_members
     }
 
+    /// The gossip round interval (`gossip.interval_ms`).
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
     /// Checks an opened datagram received now; when it passes, its
     /// heartbeats and versions become the known ones, and the largest
     /// heartbeat and version its digest gives for this node itself (if it
@@ -362,21 +421,35 @@ impl Bounds {
         }
         let me = seen.remove(&(self.self_id.clone(), self.self_generation));
         let mut known = self.known.lock().expect("gossip bounds lock");
+        // The new figures of each known member, checked before any is kept
+        // (a refused datagram moves nothing).
+        let mut updates = Vec::new();
         for (id, &(heartbeat, version)) in &seen {
             let Some(k) = known.get(id) else {
                 continue;
             };
             let elapsed = now.saturating_duration_since(k.at);
-            for (what, got, had, per_round) in [
+            let mut credits = [0; 2];
+            for (i, (what, got, had, credit, per_round)) in [
                 (
                     "heartbeat",
                     heartbeat,
                     k.heartbeat,
+                    k.heartbeat_credit,
                     self.heartbeats_per_round,
                 ),
-                ("version", version, k.version, VERSIONS_PER_ROUND),
-            ] {
-                let max = Lead::allowed(per_round, elapsed, self.interval);
+                (
+                    "version",
+                    version,
+                    k.version,
+                    k.version_credit,
+                    VERSIONS_PER_ROUND,
+                ),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let max = Lead::allowed(credit, per_round, elapsed, self.interval);
                 let lead = got.saturating_sub(had);
                 if lead > max {
                     return Err(BoundsError::Jump {
@@ -386,25 +459,39 @@ impl Bounds {
                         max,
                     });
                 }
+                credits[i] = Lead::after(max, lead, per_round);
             }
+            updates.push((id.clone(), credits));
         }
+        for (id, [heartbeat_credit, version_credit]) in updates {
+            let k = known.get_mut(&id).expect("checked above");
+            k.heartbeat_credit = heartbeat_credit;
+            k.version_credit = version_credit;
+        }
+        let cap = KNOWN_PER_MEMBER * self.max_members;
+        let forget_after = self.interval * FORGET_AFTER_ROUNDS;
         for (id, (heartbeat, version)) in seen {
-            let k = known.entry(id).or_insert(Lead {
-                heartbeat,
-                version,
-                at: now,
-            });
-            k.heartbeat = k.heartbeat.max(heartbeat);
-            k.version = k.version.max(version);
-            k.at = now;
-        }
-        while known.len() > KNOWN_PER_MEMBER * self.max_members {
-            let oldest = known
-                .iter()
-                .min_by_key(|(_, k)| k.at)
-                .map(|(id, _)| id.clone())
-                .expect("not empty");
-            known.remove(&oldest);
+            if let Some(k) = known.get_mut(&id) {
+                k.heartbeat = k.heartbeat.max(heartbeat);
+                k.version = k.version.max(version);
+                k.at = now;
+                continue;
+            }
+            if known.len() >= cap {
+                let oldest = known
+                    .iter()
+                    .min_by_key(|(_, k)| k.at)
+                    .map(|(id, k)| (id.clone(), k.at))
+                    .expect("not empty");
+                if now.saturating_duration_since(oldest.1) < forget_after {
+                    continue;
+                }
+                known.remove(&oldest.0);
+            }
+            known.insert(
+                id,
+                Lead::new(heartbeat, version, self.heartbeats_per_round, now),
+            );
         }
         Ok(me)
     }

@@ -10,7 +10,7 @@
 //! peer layer admits a member to routing only after an mTLS handshake
 //! proves its identity.
 
-use crate::adapters::cluster::{bounds, keyring};
+use crate::adapters::cluster::{bounds, confirm, keyring, signed};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -74,7 +74,23 @@ pub struct GossipError {
 pub(crate) struct Publisher(
     std::sync::Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
     std::sync::Arc<keyring::GossipKeys>,
+    Option<std::sync::Arc<signed::Signatures>>,
 );
+
+/// Signs this node's state again (`gossip.state_signatures`), then records
+/// its `max_version`.
+fn signed_own(
+    c: &mut chitchat::Chitchat,
+    signatures: Option<&signed::Signatures>,
+    keys: &keyring::GossipKeys,
+) {
+    let id = c.self_chitchat_id().clone();
+    let st = c.self_node_state();
+    if let Some(s) = signatures {
+        s.sign_own(&id, st);
+    }
+    keys.echo.set_own_version(st.max_version());
+}
 
 impl Publisher {
     /// The gossip keyring and drop counters.
@@ -85,18 +101,16 @@ impl Publisher {
     /// Publishes a new status (e.g. `leaving` on SIGTERM).
     pub(crate) async fn set_status(&self, status: NodeStatus) {
         let mut c = self.0.lock().await;
-        let st = c.self_node_state();
-        st.set("status", status.as_str());
-        self.1.echo.set_own_version(st.max_version());
+        c.self_node_state().set("status", status.as_str());
+        signed_own(&mut c, self.2.as_deref(), &self.1);
     }
 
     /// Publishes a new weight (gossip key `weight`, `0..=MAX_WEIGHT`; the
     /// caller checks the range).
     pub(crate) async fn set_weight(&self, weight: u32) {
         let mut c = self.0.lock().await;
-        let st = c.self_node_state();
-        st.set("weight", weight);
-        self.1.echo.set_own_version(st.max_version());
+        c.self_node_state().set("weight", weight);
+        signed_own(&mut c, self.2.as_deref(), &self.1);
     }
 
     /// Publishes load figures: `load` 0..=100 (100 idle) and requests in flight.
@@ -105,7 +119,7 @@ impl Publisher {
         let st = c.self_node_state();
         st.set("load", load.min(100));
         st.set("inflight", inflight);
-        self.1.echo.set_own_version(st.max_version());
+        signed_own(&mut c, self.2.as_deref(), &self.1);
     }
 }
 
@@ -115,10 +129,12 @@ pub(crate) struct Gossip {
     keys: std::sync::Arc<keyring::GossipKeys>,
     members: watch::Receiver<Vec<Member>>,
     republisher: tokio::task::JoinHandle<()>,
+    signatures: Option<std::sync::Arc<signed::Signatures>>,
 }
 
 /// Starts gossip on `transport` (which opens the UDP socket and seals
-/// with `keys`).
+/// with `keys`); with `signatures`, this node's state is signed and
+/// members' states are checked ([`signed`]).
 ///
 /// # Errors
 /// [`GossipError`] when chitchat cannot open its socket.
@@ -128,7 +144,9 @@ pub(crate) async fn start(
     me: &Published,
     transport: &dyn Transport,
     keys: std::sync::Arc<keyring::GossipKeys>,
+    signatures: Option<signed::Signatures>,
 ) -> Result<Gossip, GossipError> {
+    let signatures = signatures.map(std::sync::Arc::new);
     let config = ChitchatConfig {
         chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),
         cluster_id: who.cluster.clone(),
@@ -146,8 +164,12 @@ pub(crate) async fn start(
         catchup_callback: None,
         extra_liveness_predicate: Some(Box::new(|st: &NodeState| st.get("peer_addr").is_some())),
         protocol_version: chitchat::ProtocolVersion::V0,
+        // A burst of members announced by a key holder past the cap is
+        // ignored (dead members make room first), so this node's digest
+        // never names more than its peers' bounds take.
+        max_nodes: Some(s.max_members),
     };
-    let initial = vec![
+    let mut initial = vec![
         ("peer_addr".to_owned(), me.peer_addr.to_string()),
         ("http_addr".to_owned(), me.http_addr.to_string()),
         ("weight".to_owned(), me.weight.to_string()),
@@ -155,6 +177,9 @@ pub(crate) async fn start(
         ("load".to_owned(), "100".to_owned()),
         ("inflight".to_owned(), "0".to_owned()),
     ];
+    if let Some(s) = &signatures {
+        initial.extend(s.cert_keys());
+    }
     let handle = chitchat::spawn_chitchat(config, initial, transport)
         .await
         .map_err(|e| GossipError {
@@ -164,14 +189,43 @@ pub(crate) async fn start(
     let mut live = {
         let chitchat = handle.chitchat();
         let mut c = chitchat.lock().await;
-        keys.echo.set_own_version(c.self_node_state().max_version());
+        signed_own(&mut c, signatures.as_deref(), &keys);
         c.live_nodes_watcher()
     };
-    let first = to_members(&live.borrow_and_update());
+    let self_id = ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr);
+    let mut confirmed = keys.confirmed.subscribe();
+    let mut verified = signed::Verified::default();
+    let first = to_members(
+        &live.borrow_and_update(),
+        &self_id,
+        &keys.confirmed,
+        signatures.as_deref().map(|s| (s, &mut verified)),
+    );
     let (tx, members) = watch::channel(first);
+    let confirm_keys = keys.clone();
+    let gated = keys.confirmed.is_gated();
+    let check = signatures.clone();
     tokio::spawn(async move {
-        while live.changed().await.is_ok() {
-            let m = to_members(&live.borrow_and_update());
+        loop {
+            if gated {
+                tokio::select! {
+                    biased;
+                    r = live.changed() => if r.is_err() { return },
+                    // A member's gossip address was confirmed: it may be
+                    // dialled now (no change of the live set says so).
+                    _ = confirmed.changed() => {}
+                }
+            } else if live.changed().await.is_err() {
+                // Not gated (the simulation's transport): every address
+                // counts as confirmed, and the task runs as it always did.
+                return;
+            }
+            let m = to_members(
+                &live.borrow_and_update(),
+                &self_id,
+                &confirm_keys.confirmed,
+                check.as_deref().map(|s| (s, &mut verified)),
+            );
             if tx.send(m).is_err() {
                 return;
             }
@@ -180,21 +234,29 @@ pub(crate) async fn start(
     let republisher = tokio::spawn(republish_over_echoes(
         std::sync::Arc::downgrade(&handle.chitchat()),
         keys.clone(),
+        s.interval * bounds::REPUBLISH_PAUSE_ROUNDS,
+        signatures.clone(),
     ));
     Ok(Gossip {
         handle,
         keys,
         members,
         republisher,
+        signatures,
     })
 }
 
 /// Whenever a peer's digest names this node with a heartbeat or version
 /// above its own ([`bounds::SelfEcho`]: forged state about it that the
-/// peer took), republishes over it (see [`republish`]). Ends with chitchat.
+/// peer took), republishes over it (see [`republish`]), then waits
+/// `pause` ([`bounds::REPUBLISH_PAUSE_ROUNDS`] gossip rounds) before the
+/// next step, so its peers' budgets ([`bounds::Lead`]) take every step.
+/// Ends with chitchat.
 async fn republish_over_echoes(
     chitchat: std::sync::Weak<tokio::sync::Mutex<chitchat::Chitchat>>,
     keys: std::sync::Arc<keyring::GossipKeys>,
+    pause: Duration,
+    signatures: Option<std::sync::Arc<signed::Signatures>>,
 ) {
     loop {
         keys.echo.grown().await;
@@ -204,13 +266,16 @@ async fn republish_over_echoes(
         let (heartbeat, version) = keys.echo.take();
         let mut c = chitchat.lock().await;
         let republished = republish(&mut c, heartbeat, version);
-        keys.echo.set_own_version(c.self_node_state().max_version());
+        signed_own(&mut c, signatures.as_deref(), &keys);
+        drop(c);
+        drop(chitchat);
         if republished {
             warn!(target: LOG,
                 heartbeat,
                 version,
                 "a peer holds forged gossip state about this node: republished this node's own state over it"
             );
+            tokio::time::sleep(pause).await;
         }
     }
 }
@@ -259,10 +324,34 @@ fn republish(c: &mut chitchat::Chitchat, heartbeat: u64, version: u64) -> bool {
     changed
 }
 
-fn to_members(live: &std::collections::BTreeMap<ChitchatId, NodeState>) -> Vec<Member> {
+/// The live members to hand on: this node, and every other whose gossip
+/// address is confirmed ([`confirm`]); a live member not confirmed is
+/// asked to be probed, and left out until it answers (it would be
+/// dialled: a ghost with a third party's peer address would turn every
+/// node into a source of QUIC Initials aimed at that party).
+fn to_members(
+    live: &std::collections::BTreeMap<ChitchatId, NodeState>,
+    self_id: &ChitchatId,
+    confirmed: &confirm::Confirmed,
+    mut signatures: Option<(&signed::Signatures, &mut signed::Verified)>,
+) -> Vec<Member> {
+    if let Some((_, verified)) = &mut signatures {
+        verified.retain_live(live);
+    }
     live.iter()
+        .filter(|(id, _)| {
+            let ok = *id == self_id || confirmed.is_confirmed(id.gossip_advertise_addr);
+            if !ok {
+                confirmed.want_probe(id.gossip_advertise_addr, tokio::time::Instant::now());
+            }
+            ok
+        })
         .filter_map(|(id, st)| match member(id, st) {
-            Ok(m) => Some(m),
+            Ok(m) => match &mut signatures {
+                // This node's own state is its own.
+                Some((s, verified)) if id != self_id => verified.judge(s, id, st, m),
+                _ => Some(m),
+            },
             Err(key) => {
                 warn!(target: LOG, node = %id.node_id, key, "ignoring member with a missing or invalid key");
                 None
@@ -295,7 +384,11 @@ impl Gossip {
 
     /// A clonable handle that publishes this node's state.
     pub(crate) fn publisher(&self) -> Publisher {
-        Publisher(self.handle.chitchat(), self.keys.clone())
+        Publisher(
+            self.handle.chitchat(),
+            self.keys.clone(),
+            self.signatures.clone(),
+        )
     }
 
     /// Stops gossiping.
@@ -326,6 +419,7 @@ mod tests {
             catchup_callback: None,
             extra_liveness_predicate: None,
             protocol_version: chitchat::ProtocolVersion::V0,
+            max_nodes: None,
         };
         let (_, seeds) = watch::channel(HashSet::new());
         chitchat::Chitchat::with_chitchat_id_and_seeds(
@@ -336,6 +430,218 @@ mod tests {
                 ("load".into(), "7".into()),
             ],
         )
+    }
+
+    /// A V0 Syn of cluster `c` whose digest names `members` (node id,
+    /// heartbeat), each of generation 1 at 127.0.0.1:9000.
+    fn syn(members: &[(String, u64)]) -> Vec<u8> {
+        let mut b = 0xB053u16.to_le_bytes().to_vec();
+        b.extend([0, 0]);
+        b.extend((members.len() as u16).to_le_bytes());
+        for (node, heartbeat) in members {
+            b.extend((node.len() as u16).to_le_bytes());
+            b.extend(node.as_bytes());
+            b.extend(1u64.to_le_bytes());
+            b.extend([4, 127, 0, 0, 1]);
+            b.extend(9000u16.to_le_bytes());
+            b.extend(heartbeat.to_le_bytes());
+            b.extend(0u64.to_le_bytes());
+            b.extend(0u64.to_le_bytes());
+        }
+        b.extend(1u16.to_le_bytes());
+        b.extend(b"c");
+        b
+    }
+
+    /// A key holder announcing far more members than `gossip.max_members`
+    /// (here 4) gets at most the free places (and dead members' places):
+    /// this node's digest never names more than its peers' bounds take
+    /// (they would refuse its every message: isolated for half an hour,
+    /// the dead node grace), and a live member keeps its place through
+    /// bursts.
+    #[tokio::test]
+    async fn a_burst_of_members_past_the_cap_leaves_the_digest_within_it_and_live_members_in() {
+        // chitchat's own UDP transport (no seal) on a free loopback port.
+        let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .unwrap();
+        let transport = chitchat::transport::UdpTransport;
+        let who = GossipIdentity {
+            cluster: "c".into(),
+            node_id: NodeId::from("n1"),
+            generation: 1,
+            gossip_addr: addr,
+            listen_addr: addr,
+        };
+        let settings = GossipSettings {
+            seeds: vec![],
+            interval: Duration::from_millis(100),
+            phi_threshold: 8.0,
+            dead_node_grace: Duration::from_secs(3600),
+            max_members: 4,
+            sample_window: 100,
+            state_signatures: crate::config::StateSignatures::Off,
+        };
+        let me = Published {
+            peer_addr: "127.0.0.1:7001".parse().unwrap(),
+            http_addr: "127.0.0.1:7002".parse().unwrap(),
+            weight: 1,
+            status: NodeStatus::Serving,
+        };
+        let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
+            keyring::GossipKey::from_bytes([1; 32]),
+        )));
+        let g = start(&who, &settings, &me, &transport, keys, None)
+            .await
+            .unwrap();
+        let attacker = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        // Sends a Syn and returns how many members the answer (a SynAck)
+        // names in its digest.
+        let exchange = async |members: &[(String, u64)]| {
+            attacker.send_to(&syn(members), addr).await.unwrap();
+            let mut answer = vec![0u8; 65_536];
+            let wait = Duration::from_secs(10);
+            let (n, _) = tokio::time::timeout(wait, attacker.recv_from(&mut answer))
+                .await
+                .expect("a SynAck")
+                .unwrap();
+            assert!(n >= 6 && answer[3] == 1, "not a SynAck");
+            usize::from(u16::from_le_bytes([answer[4], answer[5]]))
+        };
+        let m = |h| ("m".to_owned(), h);
+        let burst = |h| -> Vec<(String, u64)> {
+            std::iter::once(m(h))
+                .chain((0..60).map(|i| (format!("ghost{i}"), 1)))
+                .collect()
+        };
+        // `m` beats every round and is live; three more rounds of bursts.
+        for h in 1..=6u64 {
+            let members = if h <= 3 { vec![m(h)] } else { burst(h) };
+            let named = exchange(&members).await;
+            assert!(named <= 4, "the digest names {named} members");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let c = g.handle.chitchat();
+        let c = c.lock().await;
+        assert!(c.node_states().len() <= 4, "{:?}", c.node_states().keys());
+        let m_id = ChitchatId::new("m".to_owned(), 1, "127.0.0.1:9000".parse().unwrap());
+        assert!(
+            c.node_state(&m_id).is_some(),
+            "the live member was pushed out"
+        );
+        assert!(
+            c.live_nodes().any(|id| *id == m_id),
+            "the live member is not live"
+        );
+    }
+
+    /// Three nodes on the sealed transport, `b` and `c` seeded with `a`
+    /// only: `b` and `c` learn of each other from `a`, are not each
+    /// other's seeds and have not heard from each other, so neither would
+    /// send the other gossip or dial it; the probe ([`confirm`]) makes
+    /// them confirm each other, and each hands the other on as a member.
+    #[tokio::test]
+    async fn members_that_are_not_seeds_of_each_other_confirm_each_other_by_probe() {
+        use crate::adapters::cluster::sealed::SealedUdpTransport;
+        let free = || {
+            std::net::UdpSocket::bind("127.0.0.1:0")
+                .and_then(|s| s.local_addr())
+                .unwrap()
+        };
+        let (a, b, c) = (free(), free(), free());
+        let mut nodes = Vec::new();
+        for (name, addr, seeds) in [
+            ("a", a, vec![]),
+            ("b", b, vec![a.to_string()]),
+            ("c", c, vec![a.to_string()]),
+        ] {
+            let who = GossipIdentity {
+                cluster: "c".into(),
+                node_id: NodeId::from(name),
+                generation: 1,
+                gossip_addr: addr,
+                listen_addr: addr,
+            };
+            let settings = GossipSettings {
+                seeds: seeds.clone(),
+                interval: Duration::from_millis(50),
+                phi_threshold: 8.0,
+                dead_node_grace: Duration::from_secs(3600),
+                max_members: 8,
+                sample_window: 100,
+                state_signatures: crate::config::StateSignatures::Off,
+            };
+            let me = Published {
+                peer_addr: addr,
+                http_addr: addr,
+                weight: 1,
+                status: NodeStatus::Serving,
+            };
+            let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
+                keyring::GossipKey::from_bytes([1; 32]),
+            )));
+            let bounds = std::sync::Arc::new(bounds::Bounds::new(name, 1, 8, settings.interval));
+            let transport = SealedUdpTransport::new(keys.clone(), bounds, seeds);
+            nodes.push(
+                start(&who, &settings, &me, &transport, keys, None)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let ids = |g: &Gossip| -> Vec<String> {
+            let mut v: Vec<String> = g
+                .members()
+                .borrow()
+                .iter()
+                .map(|m| m.id.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        let all = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while nodes.iter().any(|g| ids(g) != all) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "members: {:?}",
+                nodes.iter().map(ids).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for g in nodes {
+            g.shutdown().await;
+        }
+    }
+
+    /// Echoes of a forged heartbeat arriving many times a round move this
+    /// node one step per pause, never faster than its peers' budgets
+    /// ([`bounds::Lead`]) earn: a republish per echo would make them
+    /// refuse this node's own datagrams.
+    #[tokio::test(start_paused = true)]
+    async fn republishing_steps_once_per_pause_however_many_echoes() {
+        let c = std::sync::Arc::new(tokio::sync::Mutex::new(chitchat()));
+        let keys = std::sync::Arc::new(keyring::GossipKeys::new(keyring::Keyring::single(
+            keyring::GossipKey::from_bytes([1; 32]),
+        )));
+        let h0 = u64::from(c.lock().await.self_node_state().heartbeat());
+        let pause = Duration::from_millis(400);
+        let task = tokio::spawn(republish_over_echoes(
+            std::sync::Arc::downgrade(&c),
+            keys.clone(),
+            pause,
+            None,
+        ));
+        let heartbeat = async || u64::from(c.lock().await.self_node_state().heartbeat());
+        for _ in 0..20 {
+            keys.echo.see(1 << 30, 0);
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(pause / 4).await;
+        assert_eq!(heartbeat().await, h0 + bounds::REPUBLISH_HEARTBEAT_STEP);
+        keys.echo.see(1 << 30, 0);
+        tokio::time::sleep(pause).await;
+        assert_eq!(heartbeat().await, h0 + 2 * bounds::REPUBLISH_HEARTBEAT_STEP);
+        task.abort();
     }
 
     #[test]

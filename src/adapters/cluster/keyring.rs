@@ -428,6 +428,10 @@ pub struct GossipKeys {
     /// What peers' digests say of this node (filled by the sealed
     /// transport, read by the gossip layer, which republishes over it).
     pub(crate) echo: super::bounds::SelfEcho,
+    /// Gossip addresses confirmed (filled and probed by the sealed
+    /// transport, read by the gossip layer, which dials only confirmed
+    /// members).
+    pub(crate) confirmed: super::confirm::Confirmed,
 }
 
 impl fmt::Debug for GossipKeys {
@@ -447,6 +451,7 @@ impl GossipKeys {
             file: None,
             counters: GossipCounters::default(),
             echo: super::bounds::SelfEcho::default(),
+            confirmed: super::confirm::Confirmed::default(),
         }
     }
 
@@ -466,6 +471,7 @@ impl GossipKeys {
             file: None,
             counters: GossipCounters::default(),
             echo: super::bounds::SelfEcho::default(),
+            confirmed: super::confirm::Confirmed::default(),
         }
     }
 

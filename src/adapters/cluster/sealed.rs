@@ -24,12 +24,16 @@
 //!
 //! A datagram is sent only to a seed (resolved when the socket opens) or
 //! to an address an authenticated datagram came from (the last
-//! [`HEARD_PER_MEMBER`] x `gossip.max_members` of them): chitchat gossips to every member's claimed
-//! gossip address, and a member announced by a key holder with a third
-//! party's address would otherwise draw a Syn from every node every few
-//! rounds, as long as it stays in the state. A real member is heard from
-//! within a round or two of joining (it gossips to its seeds and to the
-//! members it learns of), and is then gossiped to.
+//! [`HEARD_PER_MEMBER`] x `gossip.max_members` of them, kept in
+//! [`super::confirm::Confirmed`]): chitchat gossips to every member's
+//! claimed gossip address, and a member announced by a key holder with a
+//! third party's address would otherwise draw a Syn from every node every
+//! few rounds, as long as it stays in the state. A real member is heard
+//! from within a round or two of joining (it gossips to its seeds and to
+//! the members it learns of), and is then gossiped to. A live member not
+//! heard from (two non-seeds) gets a probe, at the pace
+//! [`super::confirm`] sets: a sealed Syn with an empty digest, sent before
+//! one of chitchat's own datagrams, which a real member answers.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -127,10 +131,9 @@ pub(crate) struct SealedSocket {
     buf: Box<[u8]>,
     keys: Arc<GossipKeys>,
     bounds: Arc<Bounds>,
-    /// Seed addresses: always sent to.
-    seeds: std::collections::HashSet<SocketAddr>,
-    /// Addresses an authenticated datagram came from, oldest first.
-    heard: std::collections::VecDeque<SocketAddr>,
+    /// This node's cluster id, from the first Syn chitchat sends (for
+    /// probes).
+    cluster_id: Option<String>,
 }
 
 impl SealedSocket {
@@ -173,29 +176,63 @@ impl SealedSocket {
             buf: vec![0u8; MAX_DATAGRAM + 1].into_boxed_slice(),
             keys,
             bounds,
-            seeds: std::collections::HashSet::new(),
-            heard: std::collections::VecDeque::new(),
+            cluster_id: None,
+        })
+        .inspect(|s| {
+            s.keys
+                .confirmed
+                .gate(HEARD_PER_MEMBER * s.bounds.max_members())
         })
     }
 
     /// Sends to `seed` even before hearing from it.
     pub(crate) fn add_seed(&mut self, seed: SocketAddr) {
-        self.seeds.insert(seed);
+        self.keys.confirmed.add_seed(seed);
     }
 
     /// Remembers that an authenticated datagram came from `from`.
     fn heard_from(&mut self, from: SocketAddr) {
-        if let Some(i) = self.heard.iter().position(|a| *a == from) {
-            self.heard.remove(i);
-        } else if self.heard.len() >= HEARD_PER_MEMBER * self.bounds.max_members() {
-            self.heard.pop_front();
-        }
-        self.heard.push_back(from);
+        self.keys.confirmed.heard(from);
     }
 
     /// True when gossip may be sent to `to`.
     fn may_send(&self, to: SocketAddr) -> bool {
-        self.seeds.contains(&to) || self.heard.contains(&to)
+        self.keys.confirmed.may_send(to)
+    }
+
+    /// Sends the probes due now, if any ([`super::confirm`]): sealed V0
+    /// Syns of this node's cluster with an empty digest.
+    async fn probe(&mut self) {
+        let Some(cluster) = self.cluster_id.clone() else {
+            return;
+        };
+        while let Some(to) = self
+            .keys
+            .confirmed
+            .next_probe(tokio::time::Instant::now(), self.bounds.interval())
+        {
+            self.probe_one(&cluster, to).await;
+        }
+    }
+
+    /// Sends one probe to `to`.
+    async fn probe_one(&mut self, cluster: &str, to: SocketAddr) {
+        let mut syn = 0xB053u16.to_le_bytes().to_vec();
+        syn.extend([0, 0]);
+        syn.extend(0u16.to_le_bytes());
+        let len = u16::try_from(cluster.len()).unwrap_or(u16::MAX);
+        syn.extend(len.to_le_bytes());
+        syn.extend(&cluster.as_bytes()[..usize::from(len)]);
+        let Some(sealed) = self.keys.seal(&syn) else {
+            return;
+        };
+        match self.outer.send_to(&sealed, to).await {
+            Ok(_) => {
+                self.keys.counters.sent[0].fetch_add(1, Ordering::Relaxed);
+                debug!(target: LOG, %to, "gossip probe sent to a member not heard from yet");
+            }
+            Err(e) => debug!(target: LOG, %to, error = %e, "gossip probe not sent"),
+        }
     }
 
     /// Opens one received datagram and hands it to the codec through the
@@ -263,6 +300,12 @@ impl Socket for SealedSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
+        if let chitchat::ChitchatMessage::Syn { cluster_id, .. } = &envelope.message
+            && self.cluster_id.is_none()
+        {
+            self.cluster_id = Some(cluster_id.clone());
+        }
+        self.probe().await;
         if !self.may_send(to) {
             debug!(target: LOG, %to, "gossip not sent: no authenticated datagram came from this address yet");
             return Ok(SendOutcome { num_bytes_sent: 0 });
@@ -412,6 +455,69 @@ mod tests {
             .expect("the answer arrives")
             .unwrap();
         assert_eq!(back.from_addr, b_addr);
+    }
+
+    /// Two members that are not each other's seeds: `b` knows of `a` from
+    /// gossip only. It probes `a` (a sealed empty-digest Syn of its
+    /// cluster, sent before one of chitchat's datagrams), at most once a
+    /// round and once per address per PROBE_AGAIN; `a` answering confirms
+    /// it at `b`, and `a` heard `b` through the probe.
+    #[tokio::test]
+    async fn a_member_not_heard_from_is_probed_at_a_pace_and_confirmed_by_its_answer() {
+        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let (ta, ka) = transport(1);
+        let (tb, kb) = transport(1);
+        let mut a = ta.open(lo).await.unwrap();
+        let mut b = tb.open(lo).await.unwrap();
+        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let trap = tokio::net::UdpSocket::bind(lo).await.unwrap();
+        let trap_addr = trap.local_addr().unwrap();
+        assert!(!kb.confirmed.is_confirmed(a_addr));
+        let now = tokio::time::Instant::now();
+        kb.confirmed.want_probe(a_addr, now);
+        kb.confirmed.want_probe(trap_addr, now);
+        // chitchat's first Syn gives the cluster id; it is not sent (no
+        // one heard), the probe is.
+        let syn = ChitchatEnvelope {
+            version: ProtocolVersion::V0,
+            message: ChitchatMessage::Syn {
+                cluster_id: "c".into(),
+                digest: Default::default(),
+            },
+        };
+        assert_eq!(b.send(a_addr, syn).await.unwrap().num_bytes_sent, 0);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), a.recv())
+            .await
+            .expect("the probe arrives")
+            .unwrap();
+        assert_eq!(got.from_addr, b_addr);
+        assert!(
+            matches!(&got.envelope.message, ChitchatMessage::Syn { cluster_id, .. } if cluster_id == "c"),
+            "{:?}",
+            got.envelope
+        );
+        assert!(ka.confirmed.may_send(b_addr), "a did not hear b");
+        // The trap was probed in the same call; asked again, it gets
+        // nothing more within PROBE_AGAIN.
+        let mut buf = [0u8; 64];
+        let (n, from) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), trap.recv_from(&mut buf))
+                .await
+                .expect("the trap is probed")
+                .unwrap();
+        assert_eq!(from, b_addr);
+        assert!(n < 64, "a probe of {n} bytes");
+        kb.confirmed
+            .want_probe(trap_addr, tokio::time::Instant::now());
+        b.send(a_addr, bad_cluster()).await.unwrap();
+        assert!(trap.try_recv_from(&mut buf).is_err());
+        // a answers: confirmed at b.
+        a.send(b_addr, bad_cluster()).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), b.recv())
+            .await
+            .expect("the answer arrives")
+            .unwrap();
+        assert!(kb.confirmed.is_confirmed(a_addr));
     }
 
     #[tokio::test]

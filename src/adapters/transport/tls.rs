@@ -51,6 +51,7 @@ use crate::engine::node_id::NodeId;
 mod configs;
 mod identity;
 mod issuance;
+mod state_sign;
 #[cfg(test)]
 mod tests;
 
@@ -59,6 +60,10 @@ pub use configs::{
 };
 pub use identity::{node_server_name, peer_node_id, verify_peer_is};
 pub use issuance::{GeneratedCerts, LOCAL_HTTPS_STEM, ensure_local, ensure_local_https, generate};
+pub use state_sign::{
+    DOMAIN as STATE_SIGNATURE_DOMAIN, SCHEMES as STATE_SIGNATURE_SCHEMES, StateSignError,
+    StateSignature, StateSigner, StateVerifier,
+};
 
 /// The ALPN protocol id of the peer wire: one connection per node pair,
 /// carrying requests both ways. Offered first by both ends.
@@ -239,5 +244,14 @@ pub enum TlsError {
         claimed: String,
         /// The DNS name its certificate should have carried.
         name: String,
+    },
+    /// This node's key cannot sign its gossip state
+    /// (`gossip.state_signatures`): it supports no TLS 1.3 signature
+    /// scheme, or the key provider refused it. Use an ECDSA, Ed25519 or
+    /// RSA node key (`peerlb certs` makes ECDSA P-256 ones).
+    #[error("the node key cannot sign gossip state: {error}")]
+    StateSign {
+        /// Why.
+        error: Box<StateSignError>,
     },
 }

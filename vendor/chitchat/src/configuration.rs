@@ -41,6 +41,13 @@ pub struct ChitchatConfig {
     /// compresses the digest. This MUST stay `V0` until every node in the cluster runs a version
     /// able to decode the newer format.
     pub protocol_version: ProtocolVersion,
+    /// Most nodes the cluster state holds, this node included (vendored
+    /// change, not in chitchat 0.13.0; `None`: no limit, as upstream). A
+    /// node first named by a digest when the state is full takes the place
+    /// of the node dead the longest, or is ignored when no node is dead: a
+    /// burst of nodes announced by a peer can neither grow the state (and
+    /// this node's digest) past the limit nor push out a live node.
+    pub max_nodes: Option<usize>,
 }
 
 impl ChitchatConfig {
@@ -59,6 +66,7 @@ impl ChitchatConfig {
             catchup_callback: None,
             extra_liveness_predicate: None,
             protocol_version: ProtocolVersion::V0,
+            max_nodes: None,
         }
     }
 }
@@ -79,6 +87,7 @@ impl Default for ChitchatConfig {
             catchup_callback: None,
             extra_liveness_predicate: None,
             protocol_version: ProtocolVersion::V0,
+            max_nodes: None,
         }
     }
 }

@@ -92,6 +92,23 @@ impl FailureDetector {
         garbage_collected_nodes
     }
 
+    /// The node dead the longest other than `except` (vendored change).
+    pub(crate) fn longest_dead(&self, except: &ChitchatId) -> Option<ChitchatId> {
+        self.dead_nodes
+            .iter()
+            .filter(|(chitchat_id, _)| *chitchat_id != except)
+            .min_by_key(|(chitchat_id, time_of_death)| (**time_of_death, (*chitchat_id).clone()))
+            .map(|(chitchat_id, _)| chitchat_id.clone())
+    }
+
+    /// Forgets a node as [`FailureDetector::garbage_collect`] does (vendored
+    /// change).
+    pub(crate) fn forget(&mut self, chitchat_id: &ChitchatId) {
+        self.dead_nodes.remove(chitchat_id);
+        self.live_nodes.remove(chitchat_id);
+        self.node_samples.remove(chitchat_id);
+    }
+
     /// Returns the list of nodes considered live by the failure detector.
     pub fn live_nodes(&self) -> impl Iterator<Item = &ChitchatId> {
         self.live_nodes.iter()

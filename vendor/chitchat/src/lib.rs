@@ -227,6 +227,9 @@ impl Chitchat {
             .unwrap_or(true);
 
         let node_state = if should_init_if_absent {
+            if !self.make_room_for(chitchat_id) {
+                return;
+            }
             self.cluster_state.node_state_mut_or_init(chitchat_id)
         } else if let Some(node_state) = self.cluster_state.node_state_mut(chitchat_id) {
             node_state
@@ -237,6 +240,29 @@ impl Chitchat {
         if node_state.try_set_heartbeat(heartbeat) {
             self.failure_detector.report_heartbeat(chitchat_id);
         }
+    }
+
+    /// True when `chitchat_id` is in the cluster state or may be added
+    /// under [`ChitchatConfig::max_nodes`] (vendored change): when the
+    /// state is full, the node dead the longest (never this node) is
+    /// removed as garbage collection would remove it, to make room; when no
+    /// node is dead, false.
+    fn make_room_for(&mut self, chitchat_id: &ChitchatId) -> bool {
+        let Some(max_nodes) = self.config.max_nodes else {
+            return true;
+        };
+        if self.cluster_state.node_state(chitchat_id).is_some()
+            || self.cluster_state.node_states().len() < max_nodes
+        {
+            return true;
+        }
+        let self_id = self.config.chitchat_id.clone();
+        let Some(longest_dead) = self.failure_detector.longest_dead(&self_id) else {
+            return false;
+        };
+        self.failure_detector.forget(&longest_dead);
+        self.cluster_state.remove_node(&longest_dead);
+        true
     }
 
     /// Marks the node as dead or alive depending on the new phi values and updates the live nodes
@@ -635,6 +661,7 @@ mod tests {
             catchup_callback: None,
             extra_liveness_predicate: None,
             protocol_version: ProtocolVersion::V0,
+            max_nodes: None,
         };
         start_node_with_config(transport, config).await
     }
@@ -847,6 +874,7 @@ mod tests {
                 node_state.get("READY") == Some("true")
             })),
             protocol_version: ProtocolVersion::V0,
+            max_nodes: None,
         };
         let mut nodes = Vec::new();
         for chitchat_id in &chitchat_ids {

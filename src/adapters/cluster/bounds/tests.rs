@@ -283,7 +283,17 @@ fn a_known_members_heartbeat_or_version_jumping_ahead_is_refused() {
         matches!(&e, BoundsError::Jump { what: "heartbeat", node, .. } if node == "n2"),
         "{e}"
     );
-    // A refused datagram moves nothing: one step more still passes.
+    // The allowance was spent: one step more at once is refused, and
+    // passes once the rounds that earn it went by (a refused datagram
+    // moved nothing).
+    assert!(matches!(
+        b.check_at_own(&syn_ack("n2", 1000 + 2 * step, 50), t0),
+        Err(BoundsError::Jump {
+            what: "heartbeat",
+            ..
+        })
+    ));
+    let t0 = t0 + INTERVAL * SLACK_ROUNDS as u32;
     assert_eq!(
         b.check_at_own(&syn_ack("n2", 1000 + 2 * step, 50), t0),
         Ok(None)
@@ -345,17 +355,102 @@ fn this_nodes_own_figures_in_a_digest_are_not_judged_but_handed_on() {
 #[test]
 fn the_memory_of_members_is_bounded() {
     let b = Bounds::new("n1", 7, DEFAULT_MAX_MEMBERS, INTERVAL);
+    let cap = KNOWN_PER_MEMBER * DEFAULT_MAX_MEMBERS;
     let t0 = Instant::now();
-    for i in 0..(KNOWN_PER_MEMBER * DEFAULT_MAX_MEMBERS + 10) {
+    for i in 0..(cap + 10) {
         let at = t0 + Duration::from_millis(i as u64);
         assert_eq!(
             b.check_at_own(&syn_ack(&format!("g{i}"), 5, 5), at),
             Ok(None)
         );
     }
+    {
+        let known = b.known.lock().unwrap();
+        assert_eq!(known.len(), cap);
+        // Full of members heard lately: the newcomers were not remembered.
+        assert!(known.contains_key(&("g0".to_owned(), 1)));
+        assert!(!known.contains_key(&(format!("g{cap}"), 1)));
+    }
+    // Once the oldest went unheard for FORGET_AFTER_ROUNDS, a newcomer
+    // takes its place.
+    let later = t0 + INTERVAL * FORGET_AFTER_ROUNDS;
+    assert_eq!(b.check_at_own(&syn_ack("new", 5, 5), later), Ok(None));
     let known = b.known.lock().unwrap();
-    assert_eq!(known.len(), KNOWN_PER_MEMBER * DEFAULT_MAX_MEMBERS);
+    assert_eq!(known.len(), cap);
     assert!(!known.contains_key(&("g0".to_owned(), 1)));
+    assert!(known.contains_key(&("new".to_owned(), 1)));
+}
+
+/// The attack of the review of issue 34: name 512 made-up members to make
+/// this node forget a real one, then give the real one a heartbeat near
+/// 2^40 (taken as a new member's, it froze the member for good). A member
+/// named every round is never forgotten for made-up ones.
+#[test]
+fn a_flood_of_made_up_members_does_not_make_this_node_forget_a_real_one() {
+    let b = Bounds::new("n1", 7, DEFAULT_MAX_MEMBERS, INTERVAL);
+    let t0 = Instant::now();
+    let mut at = t0;
+    for round in 0..10u32 {
+        at = t0 + INTERVAL * round;
+        // The real member, named by honest digests every round ...
+        assert_eq!(
+            b.check_at_own(&syn_ack("n2", 100 + u64::from(round), 5), at),
+            Ok(None)
+        );
+        // ... and 600 made-up ones a round, in datagrams of 120 heard
+        // after it.
+        for d in 0..5 {
+            at += Duration::from_millis(1);
+            let mut w = W::header(1);
+            w.0.extend(120u16.to_le_bytes());
+            for i in 0..120 {
+                w.id(&format!("ghost-{round}-{d}-{i}"), 1)
+                    .u64(5)
+                    .u64(0)
+                    .u64(5);
+            }
+            w.0.extend(delta(&[]));
+            assert_eq!(b.check_at_own(&w.0, at), Ok(None));
+        }
+    }
+    assert!(matches!(
+        b.check_at_own(&syn_ack("n2", (1 << 40) - 1, 5), at),
+        Err(BoundsError::Jump {
+            what: "heartbeat",
+            ..
+        })
+    ));
+}
+
+/// A key holder sending a datagram every tenth of a round for 100
+/// rounds, each moving a live member's heartbeat as far ahead as it is
+/// let, gains the budget of those 100 rounds, not one allowance per
+/// datagram (1,000 of them before).
+#[test]
+fn a_key_holders_datagrams_share_one_budget_per_member() {
+    let b = bounds();
+    let per_round = heartbeats_per_round(4);
+    let t0 = Instant::now();
+    assert_eq!(b.check_at_own(&syn_ack("n2", 1000, 50), t0), Ok(None));
+    let mut accepted = 1000;
+    for tick in 1..=1000u32 {
+        let at = t0 + INTERVAL / 10 * tick;
+        // The largest lead taken: try a full allowance, then less.
+        for lead in [per_round * SLACK_ROUNDS, per_round, per_round / 10] {
+            if b.check_at_own(&syn_ack("n2", accepted + lead, 50), at)
+                .is_ok()
+            {
+                accepted += lead;
+                break;
+            }
+        }
+    }
+    let most = 1000 + per_round * (SLACK_ROUNDS + 100);
+    assert!(accepted <= most, "moved to {accepted}, more than {most}");
+    assert!(
+        accepted >= 1000 + per_round * 90,
+        "{accepted}: honest pace refused"
+    );
 }
 
 #[test]

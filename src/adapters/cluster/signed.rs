@@ -1,0 +1,369 @@
+//! Signed gossip state (`gossip.state_signatures`): each node signs its
+//! own state with the private key of its node certificate
+//! ([`tls::StateSigner`]) and publishes the signature and the certificate
+//! as keys of that state; a member's state is taken only when the
+//! signature is the key's of a certificate the cluster CA vouches for and
+//! that names the member ([`tls::StateVerifier`]). A holder of the gossip
+//! key without a node's private key cannot then speak for that node.
+//!
+//! Fitting chitchat's model (versioned key-values per node, sent as
+//! deltas): the signature is one more key, [`SIG_KEY`], over
+//! [`canonical`] bytes of the node's id, generation and every other live
+//! key with its value and version; it is set again after every change,
+//! so it is always the node's newest key and a delta carries it after the
+//! keys it covers (chitchat sends a node's keys in version order). The
+//! certificate is DER in base64 over the keys `cert.0`, `cert.1`, ...
+//! ([`MAX_CERT_KEYS`] at most, each at most [`CERT_CHUNK`] characters:
+//! the gossip bounds' longest value). A receiver checks a member's state
+//! whenever its `max_version` changed ([`Verified`]): a state that fails
+//! (forged, or caught mid-delta) keeps the member as it was last verified
+//! (`require`) or is taken with a warning (`sign`, for a rolling upgrade).
+//! Heartbeats are not signed (chitchat carries them in digests, not in a
+//! node's keys): liveness stays with the gossip bounds.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use chitchat::{ChitchatId, NodeState};
+use rustls_pki_types::CertificateDer;
+use tracing::{debug, warn};
+
+use crate::adapters::transport::tls;
+use crate::config::StateSignatures;
+use crate::engine::membership::Member;
+
+/// The tracing target of this module's events (rate limited with the
+/// gossip layer's, `cli/log_limit.rs`).
+const LOG: &str = "peerlb::adapters::gossip::signed";
+
+/// The key holding a node's signature over its other keys.
+pub(crate) const SIG_KEY: &str = "sig";
+/// The prefix of the keys holding its certificate (`cert.0`, ...).
+const CERT_PREFIX: &str = "cert.";
+/// Most certificate keys read.
+pub(crate) const MAX_CERT_KEYS: usize = 8;
+/// Characters of base64 per certificate key.
+pub(crate) const CERT_CHUNK: usize = 256;
+
+/// This node's signer and the check of members' signatures.
+#[derive(Debug)]
+pub(crate) struct Signatures {
+    signer: tls::StateSigner,
+    verifier: tls::StateVerifier,
+    require: bool,
+}
+
+impl Signatures {
+    /// Signatures for `mode` with this node's TLS material; `None` when
+    /// `mode` is off.
+    ///
+    /// # Errors
+    /// [`tls::TlsError::StateSign`] when the node key cannot sign.
+    pub(crate) fn new(
+        mode: StateSignatures,
+        material: &tls::TlsMaterial,
+    ) -> Result<Option<Signatures>, tls::TlsError> {
+        if mode == StateSignatures::Off {
+            return Ok(None);
+        }
+        let signer = material
+            .state_signer()
+            .map_err(|error| tls::TlsError::StateSign {
+                error: Box::new(error),
+            })?;
+        Ok(Some(Signatures {
+            signer,
+            verifier: material.state_verifier(),
+            require: mode == StateSignatures::Require,
+        }))
+    }
+
+    /// The certificate keys of this node's state (`cert.0`, ...).
+    pub(crate) fn cert_keys(&self) -> Vec<(String, String)> {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(self.signer.certificate());
+        b64.as_bytes()
+            .chunks(CERT_CHUNK)
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    format!("{CERT_PREFIX}{i}"),
+                    String::from_utf8_lossy(c).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Signs this node's state `st` (its id `id`) again: sets [`SIG_KEY`].
+    pub(crate) fn sign_own(&self, id: &ChitchatId, st: &mut NodeState) {
+        match self.signer.sign(&canonical(id, st)) {
+            Ok(sig) => st.set(SIG_KEY, encode(&sig)),
+            Err(e) => warn!(target: LOG, error = %e, "gossip state not signed"),
+        }
+    }
+
+    /// Checks member `id`'s state `st`.
+    ///
+    /// # Errors
+    /// What is missing or wrong, for the log.
+    pub(crate) fn verify(&self, id: &ChitchatId, st: &NodeState) -> Result<(), String> {
+        let mut b64 = String::new();
+        for i in 0..MAX_CERT_KEYS {
+            match st.get(&format!("{CERT_PREFIX}{i}")) {
+                Some(c) => b64.push_str(c),
+                None => break,
+            }
+        }
+        if b64.is_empty() {
+            return Err("no certificate".into());
+        }
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|_| "certificate not base64")?;
+        let sig = st
+            .get(SIG_KEY)
+            .and_then(decode)
+            .ok_or("no signature, or a malformed one")?;
+        self.verifier
+            .verify(
+                &id.node_id,
+                &CertificateDer::from(der),
+                &canonical(id, st),
+                &sig,
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The bytes a state signature covers: the node id, its generation, then
+/// every live key but [`SIG_KEY`] in key order with its value and version
+/// (strings as a u32 length and the bytes, integers little-endian).
+pub(crate) fn canonical(id: &ChitchatId, st: &NodeState) -> Vec<u8> {
+    fn put(b: &mut Vec<u8>, s: &str) {
+        b.extend((s.len() as u32).to_le_bytes());
+        b.extend(s.as_bytes());
+    }
+    let mut b = Vec::new();
+    put(&mut b, &id.node_id);
+    b.extend(id.generation_id.to_le_bytes());
+    let mut kvs: Vec<(&str, &str, u64)> = st
+        .key_values()
+        .filter(|(k, _)| *k != SIG_KEY)
+        .map(|(k, v)| (k, v, st.get_versioned(k).map_or(0, |vv| vv.version)))
+        .collect();
+    kvs.sort_unstable();
+    for (k, v, version) in kvs {
+        put(&mut b, k);
+        put(&mut b, v);
+        b.extend(version.to_le_bytes());
+    }
+    b
+}
+
+/// True when a key of `st` is newer than its signature (or it has none).
+fn incomplete(st: &NodeState) -> bool {
+    let Some(sig) = st.get_versioned(SIG_KEY).filter(|v| !v.is_deleted()) else {
+        return true;
+    };
+    st.key_values()
+        .any(|(k, _)| k != SIG_KEY && st.get_versioned(k).is_some_and(|v| v.version > sig.version))
+}
+
+fn encode(sig: &tls::StateSignature) -> String {
+    format!(
+        "{:04x}:{}",
+        sig.scheme,
+        base64::engine::general_purpose::STANDARD.encode(&sig.bytes)
+    )
+}
+
+fn decode(v: &str) -> Option<tls::StateSignature> {
+    let (scheme, b64) = v.split_once(':')?;
+    Some(tls::StateSignature {
+        scheme: u16::from_str_radix(scheme, 16).ok()?,
+        bytes: base64::engine::general_purpose::STANDARD.decode(b64).ok()?,
+    })
+}
+
+/// Members as last verified, each with the `max_version` its state had
+/// when checked (a `BTreeMap`: no hash keys drawn, see `confirm.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct Verified(BTreeMap<ChitchatId, (u64, Option<Member>)>);
+
+impl Verified {
+    /// The member to hand on for `id` whose state is `st` and would give
+    /// `member`: `member` when the state verifies (checked once per
+    /// `max_version`); otherwise, under `require`, the member as last
+    /// verified (none if never), and under `sign` `member` anyway.
+    pub(crate) fn judge(
+        &mut self,
+        s: &Signatures,
+        id: &ChitchatId,
+        st: &NodeState,
+        member: Member,
+    ) -> Option<Member> {
+        let version = st.max_version();
+        if let Some((v, m)) = self.0.get(id)
+            && *v == version
+        {
+            return if s.require { m.clone() } else { Some(member) };
+        }
+        match s.verify(id, st) {
+            Ok(()) => {
+                self.0.insert(id.clone(), (version, Some(member.clone())));
+                Some(member)
+            }
+            Err(why) if incomplete(st) => {
+                // A key newer than the signature: the rest of an honest
+                // delta is on its way (or a forgery without a signature:
+                // taken no more than an incomplete one).
+                debug!(target: LOG, node = %id.node_id, version, why, require = s.require,
+                    "a member's gossip state is not signed yet");
+                let last = self.0.get(id).and_then(|(_, m)| m.clone());
+                self.0.insert(id.clone(), (version, last.clone()));
+                if s.require { last } else { Some(member) }
+            }
+            Err(why) => {
+                warn!(target: LOG, node = %id.node_id, version, why, require = s.require,
+                    "a member's gossip state is not signed by its certificate's key: forged");
+                let last = self.0.get(id).and_then(|(_, m)| m.clone());
+                self.0.insert(id.clone(), (version, last.clone()));
+                if s.require { last } else { Some(member) }
+            }
+        }
+    }
+
+    /// Forgets members not in `live`.
+    pub(crate) fn retain_live(&mut self, live: &BTreeMap<ChitchatId, NodeState>) {
+        self.0.retain(|id, _| live.contains_key(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use chitchat::{ChitchatConfig, FailureDetectorConfig};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::engine::membership::NodeStatus;
+    use crate::engine::node_id::NodeId;
+
+    fn material(certs: &tls::GeneratedCerts, id: &str) -> tls::TlsMaterial {
+        let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| n == id).unwrap();
+        tls::TlsMaterial::load(&certs.ca_cert, cert, key).unwrap()
+    }
+
+    /// Node `id`'s own chitchat state after it signed it with `s`.
+    fn signed_state(id: &ChitchatId, s: &Signatures) -> NodeState {
+        let config = ChitchatConfig {
+            chitchat_id: id.clone(),
+            cluster_id: "c".into(),
+            gossip_interval: Duration::from_millis(100),
+            listen_addr: id.gossip_advertise_addr,
+            seed_nodes: vec![],
+            failure_detector_config: FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(3600),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: chitchat::ProtocolVersion::V0,
+            max_nodes: None,
+        };
+        let (_, seeds) = watch::channel(HashSet::new());
+        let mut kvs = vec![
+            ("status".to_owned(), "serving".to_owned()),
+            ("load".to_owned(), "100".to_owned()),
+        ];
+        kvs.extend(s.cert_keys());
+        let mut c = chitchat::Chitchat::with_chitchat_id_and_seeds(config, seeds, kvs);
+        let st = c.self_node_state();
+        s.sign_own(id, st);
+        st.clone()
+    }
+
+    fn member(st: &NodeState) -> Member {
+        Member {
+            id: NodeId::from("n2"),
+            generation: 1,
+            peer_addr: "127.0.0.1:1".parse().unwrap(),
+            http_addr: "127.0.0.1:2".parse().unwrap(),
+            weight: 100,
+            status: st.get("status").unwrap().parse().unwrap(),
+            load: 100,
+            inflight: 0,
+        }
+    }
+
+    /// A key holder's forged state for n2 (a value changed, as its delta
+    /// would set it: a new version, no valid signature) is refused under
+    /// `require`, n2 staying as last verified; n1's key cannot sign for
+    /// n2, nor can a certificate of another CA naming n2.
+    #[test]
+    fn a_members_signed_state_is_taken_and_forged_or_foreign_state_is_not() {
+        let dir = std::env::temp_dir().join(format!("peerlb-signed-{}", std::process::id()));
+        let foreign_dir = dir.join("foreign");
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = tls::generate(&dir, "c1", &["n1", "n2"]).unwrap();
+        let foreign = tls::generate(&foreign_dir, "c2", &["n2"]).unwrap();
+        let mode = StateSignatures::Require;
+        let n1 = Signatures::new(mode, &material(&certs, "n1"))
+            .unwrap()
+            .unwrap();
+        let n2 = Signatures::new(mode, &material(&certs, "n2"))
+            .unwrap()
+            .unwrap();
+        let impostor = Signatures::new(mode, &material(&foreign, "n2"))
+            .unwrap()
+            .unwrap();
+        let addr: SocketAddr = "127.0.0.1:7002".parse().unwrap();
+        let id = ChitchatId::new("n2".to_owned(), 1, addr);
+
+        let st = signed_state(&id, &n2);
+        n1.verify(&id, &st).unwrap();
+        let mut seen = Verified::default();
+        let first = seen.judge(&n1, &id, &st, member(&st)).unwrap();
+        assert_eq!(first.status, NodeStatus::Serving);
+
+        // Forged: n2 leaving, at a new version, the old signature.
+        let mut forged = st.clone();
+        forged.set("status", "leaving");
+        assert!(n1.verify(&id, &forged).is_err());
+        let kept = seen.judge(&n1, &id, &forged, member(&forged)).unwrap();
+        assert_eq!(
+            kept.status,
+            NodeStatus::Serving,
+            "the forged state was taken"
+        );
+        // Signed again with n1's key (a member and key holder): refused.
+        n1.sign_own(&id, &mut forged);
+        assert!(n1.verify(&id, &forged).is_err());
+        // n2's own later change, signed: taken.
+        let mut real = st.clone();
+        real.set("status", "draining");
+        n2.sign_own(&id, &mut real);
+        let later = seen.judge(&n1, &id, &real, member(&real)).unwrap();
+        assert_eq!(later.status, NodeStatus::Draining);
+
+        // Another CA's "n2", never verified: not taken at all.
+        let other = signed_state(&id, &impostor);
+        let e = n1.verify(&id, &other).unwrap_err();
+        assert!(e.contains("not trusted"), "{e}");
+        let mut fresh = Verified::default();
+        assert_eq!(fresh.judge(&n1, &id, &other, member(&other)), None);
+        // Unsigned state: not taken under `require`, taken under `sign`.
+        let mut bare = st.clone();
+        bare.delete(SIG_KEY);
+        assert_eq!(fresh.judge(&n1, &id, &bare, member(&bare)), None);
+        let lenient = Signatures::new(StateSignatures::Sign, &material(&certs, "n1"))
+            .unwrap()
+            .unwrap();
+        assert!(
+            Verified::default()
+                .judge(&lenient, &id, &bare, member(&bare))
+                .is_some()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
