@@ -52,6 +52,7 @@ async fn access_lines_carry_the_request_its_routing_and_the_time_to_the_last_byt
     );
     let r = ring(&["n1", "n2"], 64);
     let remote = user_where(&r, |o| o == "n2");
+    let local = user_where(&r, |o| o == "n1");
     let n1 = c.nodes[0].http;
     // 4 MiB from the owner: the body takes longer than its head.
     let size = 4 << 20;
@@ -99,6 +100,29 @@ async fn access_lines_carry_the_request_its_routing_and_the_time_to_the_last_byt
             l["duration_us"].as_u64().unwrap(),
         );
         assert!(ttfb <= total, "{l}");
+    }
+    // A chunked upload (no Content-Length): the entry logs the body bytes
+    // it read from the client, on the local path and across the hop.
+    for user in [remote.as_str(), local.as_str()] {
+        let chunked = format!(
+            "POST /echo?user={user}&chunked HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n400\r\n{}\r\n200\r\n{}\r\n0\r\n\r\n",
+            "a".repeat(0x400),
+            "b".repeat(0x200)
+        );
+        let got = raw(n1, chunked.as_bytes());
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        let path = format!("/echo?user={user}&chunked");
+        let mut up = None;
+        poll(Duration::from_secs(10), || {
+            up = access_lines(&c, "n1")
+                .into_iter()
+                .find(|l| l["path"] == path.as_str() && l["role"] == "entry");
+            up.is_some()
+        })
+        .unwrap_or_else(|()| panic!("no line for {path}:\n{}", c.log("n1")));
+        let up = up.unwrap();
+        assert_eq!(up["bytes_in"], 0x600, "{up}");
+        assert_eq!(up["bytes_out"], 0x600, "{up}");
     }
     assert_eq!(entry["role"], "entry", "{entry}");
     assert_eq!(entry["reason"], "rule", "{entry}");

@@ -24,7 +24,8 @@
 //! (`entry`, `owner`, `edge` for an answer before routing, `tunnel` for a
 //! WebSocket tunnel when it closes), `client`, `entry`, `owner`, the
 //! decision (`reason`, `rule`, `sticky`, `key`, `failover`, `retries`),
-//! `method`, `host`, `path`, `protocol`, `status`, `bytes_in`,
+//! `method`, `host`, `path`, `protocol`, `status`, `bytes_in` (the
+//! entry's count of the body bytes read, [`BodyBytes`]),
 //! `bytes_out`, `ttfb_us` (to the response head) and `duration_us` (to the
 //! last byte of the body: the line is written when the body ends). The
 //! target is on only with `peerlb node --access-log` (whatever `RUST_LOG`
@@ -69,6 +70,13 @@ pub(crate) fn request_id(headers: &mut HeaderMap, random: [u8; 16], keep_client:
     );
     id.as_u128()
 }
+
+/// The request body bytes an entry read from its client, counted as they
+/// are read (a request extension the ingress sets when the access log is
+/// on; `body::from_incoming_with_timeout` adds to it): the line's
+/// `bytes_in`, the body as received, chunked or not.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BodyBytes(pub(crate) std::sync::Arc<std::sync::atomic::AtomicU64>);
 
 /// True when the access log is on (`peerlb node --access-log`): a
 /// callsite-cached check, so a node with the log off formats nothing and
@@ -122,8 +130,13 @@ pub(crate) struct Line {
     pub(crate) path: String,
     /// `HTTP/1.1`, `HTTP/2.0`, ...
     pub(crate) protocol: &'static str,
-    /// The request body's declared length (`Content-Length`), 0 without.
+    /// The request body's declared length (`Content-Length`), 0 without;
+    /// replaced when the line is written by the bytes counted in
+    /// `body_read`, if set.
     pub(crate) bytes_in: u64,
+    /// The entry's count of the body bytes read from the client
+    /// ([`BodyBytes`]); `None` on the owner and for edge answers.
+    pub(crate) body_read: Option<BodyBytes>,
     /// The routing, at the entry.
     pub(crate) routed: Routed,
     /// The status answered.
@@ -172,6 +185,7 @@ impl Line {
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse().ok())
                 .unwrap_or(0),
+            body_read: None,
             routed: Routed::default(),
             status: 0,
             bytes_out: 0,
@@ -202,7 +216,10 @@ impl Line {
             path = %self.path,
             protocol = self.protocol,
             status = self.status,
-            bytes_in = self.bytes_in,
+            bytes_in = self
+                .body_read
+                .as_ref()
+                .map_or(self.bytes_in, |b| b.0.load(std::sync::atomic::Ordering::Relaxed)),
             bytes_out = self.bytes_out,
             ttfb_us = self.ttfb.as_micros() as u64,
             duration_us = self.start.elapsed().as_micros() as u64,
@@ -335,6 +352,7 @@ pub(crate) fn edge_line(node: &NodeId, client: std::net::SocketAddr, status: u16
         path: "-".to_owned(),
         protocol: "HTTP/1.1",
         bytes_in: 0,
+        body_read: None,
         routed: Routed {
             reason: "edge",
             ..Routed::default()

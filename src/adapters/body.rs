@@ -61,15 +61,19 @@ pub(crate) fn from_incoming(b: hyper::body::Incoming) -> Body {
 
 /// A client's request body (hyper) as a [`Body`] that fails with
 /// [`BodyError::ClientTimeout`] when `idle` passes with no frame (measured
-/// from the first poll, then from each frame).
+/// from the first poll, then from each frame). With `counted`, the bytes of
+/// its data frames are added to it as they are read (the access log's
+/// `bytes_in`).
 pub(crate) fn from_incoming_with_timeout(
     b: hyper::body::Incoming,
     idle: std::time::Duration,
+    counted: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 ) -> Body {
     ReadTimeout {
         inner: b,
         idle,
         deadline: None,
+        counted,
     }
     .boxed_unsync()
 }
@@ -79,6 +83,7 @@ struct ReadTimeout {
     inner: hyper::body::Incoming,
     idle: std::time::Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    counted: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl HttpBody for ReadTimeout {
@@ -92,6 +97,11 @@ impl HttpBody for ReadTimeout {
         let this = &mut *self;
         if let Poll::Ready(r) = Pin::new(&mut this.inner).poll_frame(cx) {
             this.deadline = None;
+            if let (Some(c), Some(Ok(f))) = (&this.counted, &r)
+                && let Some(d) = f.data_ref()
+            {
+                c.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
             return Poll::Ready(r.map(|f| f.map_err(BodyError::Client)));
         }
         let idle = this.idle;

@@ -147,6 +147,12 @@ impl Ingress {
                 tokio::time::Instant::now(),
             )
         });
+        // The body bytes as read, for the line's `bytes_in`.
+        if let Some(l) = &mut line {
+            let read = crate::adapters::access::BodyBytes::default();
+            req.extensions_mut().insert(read.clone());
+            l.body_read = Some(read);
+        }
         // An HTTP/2 WebSocket (RFC 8441): the HTTP/1.1 handshake from here
         // on, and what its answer must carry.
         let mut h2_websocket = None;
@@ -365,6 +371,7 @@ impl Ingress {
                 .run_counted(Role::Entry, client_io, app_io, watched)
                 .await;
             if let Some(mut line) = line {
+                line.body_read = None;
                 line.bytes_in = up;
                 line.bytes_out = down;
                 line.write();

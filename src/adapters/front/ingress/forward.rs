@@ -240,7 +240,12 @@ impl Forwarder {
         let plan = ReplayPlan::new(&parts.method, incoming.is_end_stream(), declared);
         // A small body of an idempotent request is kept so the request can
         // be replayed on the next candidate; other bodies stream once.
-        let timed = body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout);
+        let counted = parts
+            .extensions
+            .get::<access::BodyBytes>()
+            .map(|b| b.0.clone());
+        let timed =
+            body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout, counted);
         let (replay, mut body) = match plan.body() {
             BodyPlan::Buffer => {
                 let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
