@@ -187,7 +187,7 @@ impl Node {
             },
             &*env.gossip,
             env.gossip_keys.clone(),
-            crate::adapters::cluster::signed::Signatures::new(
+            crate::adapters::transport::tls::state_signatures(
                 config.gossip.state_signatures,
                 &tls,
             )?,

@@ -1,9 +1,11 @@
 //! Signed gossip state (`gossip.state_signatures`): each node signs its
-//! own state with the private key of its node certificate
-//! ([`tls::StateSigner`]) and publishes the signature and the certificate
+//! own state with the private key of its node certificate (a
+//! [`SignState`]: the TLS layer's `StateSigner`) and publishes the signature and the certificate
 //! as keys of that state; a member's state is taken only when the
 //! signature is the key's of a certificate the cluster CA vouches for and
-//! that names the member ([`tls::StateVerifier`]). A holder of the gossip
+//! that names the member (a [`CheckState`]: the TLS layer's
+//! `StateVerifier`, handed in by the node, so this wing does not reach up
+//! into the transport's). A holder of the gossip
 //! key without a node's private key cannot then speak for that node.
 //!
 //! Fitting chitchat's model (versioned key-values per node, sent as
@@ -25,11 +27,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use chitchat::{ChitchatId, NodeState};
-use rustls_pki_types::CertificateDer;
 use tracing::{debug, warn};
 
-use crate::adapters::transport::tls;
-use crate::config::StateSignatures;
 use crate::engine::membership::Member;
 
 /// The tracing target of this module's events (rate limited with the
@@ -45,37 +44,67 @@ pub(crate) const MAX_CERT_KEYS: usize = 8;
 /// Characters of base64 per certificate key.
 pub(crate) const CERT_CHUNK: usize = 256;
 
+/// A signature over a state: the scheme (its TLS `SignatureScheme` code
+/// point) and the bytes (DER for ECDSA).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSignature {
+    /// The TLS `SignatureScheme` code point.
+    pub scheme: u16,
+    /// The signature bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Signs this node's state: the node certificate's key
+/// (`transport::tls::StateSigner`).
+pub(crate) trait SignState: Send + Sync + std::fmt::Debug {
+    /// The signature over `state`.
+    ///
+    /// # Errors
+    /// Why the key did not sign, for the log.
+    fn sign(&self, state: &[u8]) -> Result<StateSignature, String>;
+    /// This node's end-entity certificate (DER), published with the state.
+    fn certificate(&self) -> &[u8];
+}
+
+/// Checks a member's state signature against the cluster CA
+/// (`transport::tls::StateVerifier`).
+pub(crate) trait CheckState: Send + Sync + std::fmt::Debug {
+    /// Whether `cert` (DER) chains to the cluster CA, names `node_id`, and
+    /// its key made `sig` over `state`.
+    ///
+    /// # Errors
+    /// What is wrong, for the log.
+    fn verify(
+        &self,
+        node_id: &str,
+        cert: &[u8],
+        state: &[u8],
+        sig: &StateSignature,
+    ) -> Result<(), String>;
+}
+
 /// This node's signer and the check of members' signatures.
 #[derive(Debug)]
 pub(crate) struct Signatures {
-    signer: tls::StateSigner,
-    verifier: tls::StateVerifier,
+    signer: Box<dyn SignState>,
+    verifier: Box<dyn CheckState>,
     require: bool,
 }
 
 impl Signatures {
-    /// Signatures for `mode` with this node's TLS material; `None` when
-    /// `mode` is off.
-    ///
-    /// # Errors
-    /// [`tls::TlsError::StateSign`] when the node key cannot sign.
+    /// This node's `signer` and the `verifier` of members' states;
+    /// `require`: a state that fails is not taken (`gossip.state_signatures
+    /// = "require"`), else it is taken with a warning (`"sign"`).
     pub(crate) fn new(
-        mode: StateSignatures,
-        material: &tls::TlsMaterial,
-    ) -> Result<Option<Signatures>, tls::TlsError> {
-        if mode == StateSignatures::Off {
-            return Ok(None);
-        }
-        let signer = material
-            .state_signer()
-            .map_err(|error| tls::TlsError::StateSign {
-                error: Box::new(error),
-            })?;
-        Ok(Some(Signatures {
+        signer: Box<dyn SignState>,
+        verifier: Box<dyn CheckState>,
+        require: bool,
+    ) -> Signatures {
+        Signatures {
             signer,
-            verifier: material.state_verifier(),
-            require: mode == StateSignatures::Require,
-        }))
+            verifier,
+            require,
+        }
     }
 
     /// The certificate keys of this node's state (`cert.0`, ...).
@@ -124,13 +153,7 @@ impl Signatures {
             .and_then(decode)
             .ok_or("no signature, or a malformed one")?;
         self.verifier
-            .verify(
-                &id.node_id,
-                &CertificateDer::from(der),
-                &canonical(id, st),
-                &sig,
-            )
-            .map_err(|e| e.to_string())
+            .verify(&id.node_id, &der, &canonical(id, st), &sig)
     }
 }
 
@@ -168,7 +191,7 @@ fn incomplete(st: &NodeState) -> bool {
         .any(|(k, _)| k != SIG_KEY && st.get_versioned(k).is_some_and(|v| v.version > sig.version))
 }
 
-fn encode(sig: &tls::StateSignature) -> String {
+fn encode(sig: &StateSignature) -> String {
     format!(
         "{:04x}:{}",
         sig.scheme,
@@ -176,9 +199,9 @@ fn encode(sig: &tls::StateSignature) -> String {
     )
 }
 
-fn decode(v: &str) -> Option<tls::StateSignature> {
+fn decode(v: &str) -> Option<StateSignature> {
     let (scheme, b64) = v.split_once(':')?;
-    Some(tls::StateSignature {
+    Some(StateSignature {
         scheme: u16::from_str_radix(scheme, 16).ok()?,
         bytes: base64::engine::general_purpose::STANDARD.decode(b64).ok()?,
     })
@@ -248,6 +271,8 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
+    use crate::adapters::transport::tls;
+    use crate::config::StateSignatures;
     use crate::engine::membership::NodeStatus;
     use crate::engine::node_id::NodeId;
 
@@ -308,13 +333,13 @@ mod tests {
         let certs = tls::generate(&dir, "c1", &["n1", "n2"]).unwrap();
         let foreign = tls::generate(&foreign_dir, "c2", &["n2"]).unwrap();
         let mode = StateSignatures::Require;
-        let n1 = Signatures::new(mode, &material(&certs, "n1"))
+        let n1 = tls::state_signatures(mode, &material(&certs, "n1"))
             .unwrap()
             .unwrap();
-        let n2 = Signatures::new(mode, &material(&certs, "n2"))
+        let n2 = tls::state_signatures(mode, &material(&certs, "n2"))
             .unwrap()
             .unwrap();
-        let impostor = Signatures::new(mode, &material(&foreign, "n2"))
+        let impostor = tls::state_signatures(mode, &material(&foreign, "n2"))
             .unwrap()
             .unwrap();
         let addr: SocketAddr = "127.0.0.1:7002".parse().unwrap();
@@ -356,7 +381,7 @@ mod tests {
         let mut bare = st.clone();
         bare.delete(SIG_KEY);
         assert_eq!(fresh.judge(&n1, &id, &bare, member(&bare)), None);
-        let lenient = Signatures::new(StateSignatures::Sign, &material(&certs, "n1"))
+        let lenient = tls::state_signatures(StateSignatures::Sign, &material(&certs, "n1"))
             .unwrap()
             .unwrap();
         assert!(

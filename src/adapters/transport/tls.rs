@@ -60,6 +60,7 @@ pub use configs::{
 };
 pub use identity::{node_server_name, peer_node_id, verify_peer_is};
 pub use issuance::{GeneratedCerts, LOCAL_HTTPS_STEM, ensure_local, ensure_local_https, generate};
+pub(crate) use state_sign::state_signatures;
 pub use state_sign::{
     DOMAIN as STATE_SIGNATURE_DOMAIN, SCHEMES as STATE_SIGNATURE_SCHEMES, StateSignError,
     StateSignature, StateSigner, StateVerifier,

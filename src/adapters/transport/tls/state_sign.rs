@@ -42,14 +42,9 @@ pub const SCHEMES: [SignatureScheme; 6] = [
     SignatureScheme::RSA_PSS_SHA512,
 ];
 
-/// A signature over a state: the scheme (its TLS code point) and the bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateSignature {
-    /// The TLS `SignatureScheme` code point.
-    pub scheme: u16,
-    /// The signature bytes (DER for ECDSA).
-    pub bytes: Vec<u8>,
-}
+pub use crate::adapters::cluster::signed::StateSignature;
+use crate::adapters::cluster::signed::{CheckState, SignState, Signatures};
+use crate::config::StateSignatures;
 
 /// Why a state signature was not made or not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -201,6 +196,53 @@ impl StateVerifier {
             Err(StateSignError::BadSignature)
         }
     }
+}
+
+impl SignState for StateSigner {
+    fn sign(&self, state: &[u8]) -> Result<StateSignature, String> {
+        StateSigner::sign(self, state).map_err(|e| e.to_string())
+    }
+
+    fn certificate(&self) -> &[u8] {
+        StateSigner::certificate(self).as_ref()
+    }
+}
+
+impl CheckState for StateVerifier {
+    fn verify(
+        &self,
+        node_id: &str,
+        cert: &[u8],
+        state: &[u8],
+        sig: &StateSignature,
+    ) -> Result<(), String> {
+        let cert = CertificateDer::from(cert.to_vec());
+        StateVerifier::verify(self, node_id, &cert, state, sig).map_err(|e| e.to_string())
+    }
+}
+
+/// The gossip layer's [`Signatures`] for `mode` with this node's TLS
+/// material; `None` when `mode` is off.
+///
+/// # Errors
+/// [`TlsError::StateSign`] when the node key cannot sign.
+pub(crate) fn state_signatures(
+    mode: StateSignatures,
+    material: &TlsMaterial,
+) -> Result<Option<Signatures>, TlsError> {
+    if mode == StateSignatures::Off {
+        return Ok(None);
+    }
+    let signer = material
+        .state_signer()
+        .map_err(|error| TlsError::StateSign {
+            error: Box::new(error),
+        })?;
+    Ok(Some(Signatures::new(
+        Box::new(signer),
+        Box::new(material.state_verifier()),
+        mode == StateSignatures::Require,
+    )))
 }
 
 #[cfg(test)]
