@@ -4,10 +4,8 @@
 //! router with its rules. The ingress, the owner side and the admin API
 //! read and change the node through it; it imports none of them.
 //!
-//! Past 800 lines, not split yet: it is on the request path that the open
-//! backpressure and hop-cost work change. The split planned once those land:
-//! `node_state/tracking.rs` for `Tracker`, `Outstanding`, `Inflight` and
-//! `TrackedBody`.
+//! What keeps a request counted while it lasts (`Tracker`, `Outstanding`,
+//! `Inflight`, the tracked response body) is in `node_state/tracking.rs`.
 
 use crate::adapters::transport::peer::PeerLinks;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -15,14 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Response;
-use http_body::Body as _;
-use http_body_util::BodyExt;
 use rand::Rng;
 use tokio::sync::watch;
 use tracing::{debug, info};
 
 use crate::adapters::REQUEST_PATH;
-use crate::adapters::body::{self, Body};
+use crate::adapters::body::Body;
 use crate::adapters::cluster::gossip::Publisher;
 use crate::adapters::cluster::roster::Roster;
 use crate::adapters::errors::{ReloadError, RequestError, StateError, WeightError, error_response};
@@ -131,152 +127,9 @@ fn router_tracks_load(r: &Router) -> bool {
         || r.options().hash_balance_factor.is_some()
 }
 
-/// Requests an entry node has outstanding, per node.
-#[derive(Debug, Default)]
-pub(crate) struct Tracker {
-    counts: Mutex<std::collections::BTreeMap<NodeId, u32>>,
-    /// Per node: the published `inflight` figure a decision last read and
-    /// this entry's count when it first read it (`OwnInflight::at_publish`).
-    /// Locked after `counts`.
-    seen: Mutex<std::collections::BTreeMap<NodeId, (u32, u32)>>,
-    /// The policy is by-traffic: a finished request's bytes go to the
-    /// router (no other policy reads them, so no other takes its lock).
-    records_bytes: bool,
-}
+mod tracking;
 
-impl Tracker {
-    /// A tracker for `router`'s policy.
-    fn for_router(router: &Router) -> Tracker {
-        Tracker {
-            records_bytes: router.policy() == PolicyKind::ByTraffic,
-            ..Tracker::default()
-        }
-    }
-}
-
-/// Counts one outstanding request to `node` until dropped; then, under
-/// by-traffic, records the bytes it moved.
-pub(crate) struct Outstanding {
-    tracker: Arc<Tracker>,
-    router: Arc<Mutex<Router>>,
-    node: NodeId,
-    bytes: u64,
-}
-
-impl Outstanding {
-    fn new(
-        tracker: &Arc<Tracker>,
-        router: &Arc<Mutex<Router>>,
-        node: NodeId,
-        request_bytes: u64,
-    ) -> Outstanding {
-        *tracker
-            .counts
-            .lock()
-            .expect("tracker lock")
-            .entry(node.clone())
-            .or_insert(0) += 1;
-        Outstanding {
-            tracker: tracker.clone(),
-            router: router.clone(),
-            node,
-            bytes: request_bytes,
-        }
-    }
-}
-
-impl Drop for Outstanding {
-    fn drop(&mut self) {
-        let mut counts = self.tracker.counts.lock().expect("tracker lock");
-        if let Some(n) = counts.get_mut(&self.node) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.node);
-            }
-        }
-        drop(counts);
-        if self.tracker.records_bytes {
-            self.router
-                .lock()
-                .expect("router lock")
-                .record_bytes(&self.node, self.bytes);
-        }
-    }
-}
-
-/// Counts one request in flight on this node (and in a second counter, the
-/// requests the app serves, when set) until dropped.
-pub(crate) struct Inflight(Arc<AtomicU32>, Option<Arc<AtomicU32>>);
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-        if let Some(c) = &self.1 {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A response body that keeps its request counted (in flight on this node,
-/// and outstanding to its owner) until the body ends, and counts the bytes
-/// it carries.
-struct TrackedBody {
-    inner: Body,
-    guard: Option<Outstanding>,
-    inflight: Option<Inflight>,
-}
-
-impl http_body::Body for TrackedBody {
-    type Data = bytes::Bytes;
-    type Error = body::BodyError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, body::BodyError>>> {
-        let this = &mut *self;
-        let r = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
-        match &r {
-            std::task::Poll::Ready(Some(Ok(f))) => {
-                if let (Some(g), Some(d)) = (this.guard.as_mut(), f.data_ref()) {
-                    g.bytes += d.len() as u64;
-                }
-            }
-            std::task::Poll::Ready(_) => {
-                this.guard = None;
-                this.inflight = None;
-            }
-            std::task::Poll::Pending => {}
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// Wraps `resp`'s body so the guards live until the body ends.
-pub(crate) fn track_body(
-    resp: Response<Body>,
-    guard: Option<Outstanding>,
-    inflight: Inflight,
-) -> Response<Body> {
-    if resp.body().is_end_stream() {
-        return resp;
-    }
-    resp.map(|inner| {
-        TrackedBody {
-            inner,
-            guard,
-            inflight: Some(inflight),
-        }
-        .boxed_unsync()
-    })
-}
+pub(crate) use tracking::{Inflight, Outstanding, Tracker, track_body};
 
 /// The state of one node that its client server, its peer server and its
 /// admin API share.
