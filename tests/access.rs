@@ -123,6 +123,21 @@ async fn access_lines_carry_the_request_its_routing_and_the_time_to_the_last_byt
         let up = up.unwrap();
         assert_eq!(up["bytes_in"], 0x600, "{up}");
         assert_eq!(up["bytes_out"], 0x600, "{up}");
+        // A body the app answers without reading: its declared length.
+        let unread = format!(
+            "POST /plain?user={user}&unread HTTP/1.1\r\nhost: up\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello"
+        );
+        assert!(raw(n1, unread.as_bytes()).starts_with("HTTP/1.1 200"));
+        let path = format!("/plain?user={user}&unread");
+        let mut line = None;
+        poll(Duration::from_secs(10), || {
+            line = access_lines(&c, "n1")
+                .into_iter()
+                .find(|l| l["path"] == path.as_str() && l["role"] == "entry");
+            line.is_some()
+        })
+        .unwrap_or_else(|()| panic!("no line for {path}:\n{}", c.log("n1")));
+        assert_eq!(line.unwrap()["bytes_in"], 5);
     }
     assert_eq!(entry["role"], "entry", "{entry}");
     assert_eq!(entry["reason"], "rule", "{entry}");

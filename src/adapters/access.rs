@@ -131,8 +131,8 @@ pub(crate) struct Line {
     /// `HTTP/1.1`, `HTTP/2.0`, ...
     pub(crate) protocol: &'static str,
     /// The request body's declared length (`Content-Length`), 0 without;
-    /// replaced when the line is written by the bytes counted in
-    /// `body_read`, if set.
+    /// the line writes the bytes counted in `body_read` instead when any
+    /// were read.
     pub(crate) bytes_in: u64,
     /// The entry's count of the body bytes read from the client
     /// ([`BodyBytes`]); `None` on the owner and for edge answers.
@@ -216,15 +216,28 @@ impl Line {
             path = %self.path,
             protocol = self.protocol,
             status = self.status,
-            bytes_in = self
-                .body_read
-                .as_ref()
-                .map_or(self.bytes_in, |b| b.0.load(std::sync::atomic::Ordering::Relaxed)),
+            bytes_in = self.bytes_in(),
             bytes_out = self.bytes_out,
             ttfb_us = self.ttfb.as_micros() as u64,
             duration_us = self.start.elapsed().as_micros() as u64,
             "request"
         );
+    }
+}
+
+impl Line {
+    /// The line's `bytes_in`: the body bytes the entry read, or, when none
+    /// was read (an app that answered without reading it; hyper discards
+    /// it), the declared length.
+    fn bytes_in(&self) -> u64 {
+        match self
+            .body_read
+            .as_ref()
+            .map(|b| b.0.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            Some(read) if read > 0 => read,
+            _ => self.bytes_in,
+        }
     }
 }
 
