@@ -111,7 +111,7 @@ pub(crate) struct Counters {
     /// `limits.max_tunnels_percent` of the connection cap.
     pub tunnels_refused: AtomicU64,
     /// Client requests answered 4xx by peerlb itself, not by the app: its
-    /// own checks (400, 408, 414, 431: answers that carry
+    /// own checks (400, 408, 414, 421, 431: answers that carry
     /// `peerlb-error-from`) and hyper's answers at the edge (400, 431
     /// before a request head was whole; a head that timed out is closed
     /// with nothing written and not counted).

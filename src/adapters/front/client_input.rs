@@ -162,11 +162,15 @@ pub(crate) fn misdirected(
         Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
         _ => host,
     };
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    if host.parse::<std::net::Ipv4Addr>().is_ok()
-        || host == sni.trim_end_matches('.').to_ascii_lowercase()
-        || crate::adapters::http::entry_tls::covers(names, &host)
+    let host = host.trim_end_matches('.');
+    // The common case, a request for the SNI's own name, allocates nothing.
+    if host.eq_ignore_ascii_case(sni.trim_end_matches('.'))
+        || host.parse::<std::net::Ipv4Addr>().is_ok()
     {
+        return None;
+    }
+    let host = host.to_ascii_lowercase();
+    if crate::adapters::http::entry_tls::covers(names, &host) {
         return None;
     }
     Some(host)

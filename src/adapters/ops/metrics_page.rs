@@ -40,7 +40,7 @@
 //! | `peerlb_sip_udp_rate_limited_total` | counter | SIP UDP datagrams dropped unanswered: their source was past `limits.sip_udp_requests_per_source` |
 //! | `peerlb_sip_udp_answers_withheld_total` | counter | SIP UDP answers not sent: they would have passed twice the request's bytes |
 //! | `peerlb_sip_tcp_timed_out_total` | counter | SIP TCP connections closed for an unfinished message (`limits.header_read_timeout_ms`) or idleness (`limits.sip_idle_timeout_ms`) |
-//! | `peerlb_edge_client_errors_total` | counter | client requests answered 4xx by peerlb itself (its own checks: 400, 408, 414, 431; hyper's 400 and 431), not by the app; the app's 4xx are `peerlb_responses_total` minus these |
+//! | `peerlb_edge_client_errors_total` | counter | client requests answered 4xx by peerlb itself (its own checks: 400, 408, 414, 421, 431; hyper's 400 and 431), not by the app; the app's 4xx are `peerlb_responses_total` minus these |
 //! | `peerlb_tunnels_refused_total` | counter | WebSocket upgrades answered 503 at `limits.max_tunnels_percent` of the connection cap |
 //! | `peerlb_responses_cut_budget_total` | counter | responses cut at `limits.response_budget_bytes`: they held the most |
 //! | `peerlb_responses_cut_stalled_total` | counter | responses cut: their client took no frame within `limits.send_timeout_ms` |

@@ -231,7 +231,7 @@ pub(crate) struct MemberCounters {
     pub status_4xx: u64,
     /// The 4xx answers of `status_4xx` that peerlb gave itself at the
     /// edge, not the app (`Counters::edge_client_errors`: its own checks,
-    /// 400, 408, 414, 431, and hyper's 400 and 431).
+    /// 400, 408, 414, 421, 431, and hyper's 400 and 431).
     #[serde(default)]
     pub status_4xx_edge: u64,
     /// See `status_4xx`.

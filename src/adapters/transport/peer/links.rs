@@ -50,12 +50,9 @@
 //!   supervisor re-dials it as above. Identity is still proved by every
 //!   handshake; what is given up is proving it before the first request.
 //!
-//! `links/link.rs` holds one connection ([`Link`]) and what holds it busy;
-//! `links/tests.rs` the tests. Still past 800 lines: what is left is one
-//! type, [`PeerLinks`], and its dial, accept, keep and pick logic; the
-//! link choice is to move to the engine as a pure function of the links'
-//! facts and the time (the structure issue's "decisions in the engine"),
-//! which takes it under.
+//! `links/link.rs` holds one connection ([`Link`]), what holds it busy and
+//! what its handshake proved; `links/slot.rs` what this node knows of one
+//! peer; `links/tests.rs` the tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -110,46 +107,11 @@ mod link;
 pub(super) use link::Link;
 use link::LinkState;
 pub(crate) use link::{Busy, PeerBody, PeerStream};
+use link::{dialler_id, negotiated_v1};
 
-struct Slot {
-    /// The address gossip advertises now; dialled on the next dial.
-    addr: SocketAddr,
-    /// Open connections to this peer (usually one).
-    links: Vec<Arc<Link>>,
-    /// Proved its identity since it was last ejected (in the routable
-    /// set): a watch of its own, so the peer's supervisor wakes on this
-    /// peer's changes only, not on every peer's (a forming cluster of N
-    /// nodes changes the routable set N times on each node).
-    up: watch::Sender<bool>,
-    /// One dial at a time per peer.
-    dial: Arc<tokio::sync::Mutex<()>>,
-    /// Gossip names this peer and this node supervises it (false for a
-    /// peer that connected before gossip named it).
-    watched: bool,
-    /// The supervisor: started at first sight, or under `peer.dial =
-    /// "on_demand"` at the first ejection (none until then).
-    task: Option<JoinHandle<()>>,
-    /// The generation gossip advertises now.
-    generation: u64,
-    /// The (address, generation) the supervisor gave up on: it never
-    /// completed a handshake there in [`dial::GIVE_UP_AFTER`] attempts.
-    gave_up: Option<(SocketAddr, u64)>,
-}
+mod slot;
 
-impl Slot {
-    fn new(addr: SocketAddr) -> Slot {
-        Slot {
-            addr,
-            links: Vec::new(),
-            up: watch::channel(false).0,
-            dial: Arc::new(tokio::sync::Mutex::new(())),
-            watched: false,
-            task: None,
-            generation: 0,
-            gave_up: None,
-        }
-    }
-}
+use slot::Slot;
 
 /// Connections to every known peer, and the set of routable peers.
 pub(crate) struct PeerLinks {
@@ -802,43 +764,6 @@ impl PeerLinks {
         }
         self.endpoint.close(0u32.into(), b"node stopping");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
-    }
-}
-
-/// True when the connection negotiated the previous peer protocol (ALPN
-/// `peerlb/1`).
-fn negotiated_v1(conn: &quinn::Connection) -> bool {
-    conn.handshake_data()
-        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
-        .and_then(|h| h.protocol)
-        .is_some_and(|p| p == tls::ALPN_V1)
-}
-
-/// The node id an accepted connection's client certificate proves, or
-/// `None` (the connection is then closed): the certificate must name
-/// exactly one node id and verify for it.
-fn dialler_id(conn: &quinn::Connection) -> Option<NodeId> {
-    let certs = conn.peer_identity().and_then(|id| {
-        id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
-            .ok()
-    });
-    let Some(certs) = certs else {
-        conn.close(1u32.into(), b"client certificate required");
-        return None;
-    };
-    let id = tls::peer_node_id(&certs);
-    match id.map(|id| tls::verify_peer_is(&certs, &id).map(|()| id)) {
-        Some(Ok(id)) => Some(NodeId::from(id.as_str())),
-        Some(Err(e)) => {
-            warn!(target: LOG, error = %e, "peer certificate does not verify for the node it names: refusing the connection");
-            conn.close(2u32.into(), b"certificate does not match a node id");
-            None
-        }
-        None => {
-            warn!(target: LOG, "peer certificate names no single node id: refusing the connection");
-            conn.close(2u32.into(), b"certificate does not match a node id");
-            None
-        }
     }
 }
 

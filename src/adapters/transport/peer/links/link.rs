@@ -9,7 +9,12 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use tracing::warn;
+
+use super::LOG;
 use crate::adapters::body::{BodyError, QuicBody};
+use crate::adapters::transport::tls;
+use crate::engine::node_id::NodeId;
 
 /// One QUIC connection to a peer.
 pub(crate) struct Link {
@@ -88,7 +93,7 @@ impl std::fmt::Debug for Busy {
     }
 }
 
-/// A request stream opened by [`PeerLinks::open`]: the send and receive
+/// A request stream opened by [`PeerLinks::open`](super::PeerLinks::open): the send and receive
 /// halves, and the hold that keeps its connection's liveness checks on.
 #[derive(Debug)]
 pub(crate) struct PeerStream {
@@ -130,5 +135,42 @@ impl http_body::Body for PeerBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// True when the connection negotiated the previous peer protocol (ALPN
+/// `peerlb/1`).
+pub(super) fn negotiated_v1(conn: &quinn::Connection) -> bool {
+    conn.handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+        .is_some_and(|p| p == tls::ALPN_V1)
+}
+
+/// The node id an accepted connection's client certificate proves, or
+/// `None` (the connection is then closed): the certificate must name
+/// exactly one node id and verify for it.
+pub(super) fn dialler_id(conn: &quinn::Connection) -> Option<NodeId> {
+    let certs = conn.peer_identity().and_then(|id| {
+        id.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    let Some(certs) = certs else {
+        conn.close(1u32.into(), b"client certificate required");
+        return None;
+    };
+    let id = tls::peer_node_id(&certs);
+    match id.map(|id| tls::verify_peer_is(&certs, &id).map(|()| id)) {
+        Some(Ok(id)) => Some(NodeId::from(id.as_str())),
+        Some(Err(e)) => {
+            warn!(target: LOG, error = %e, "peer certificate does not verify for the node it names: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match a node id");
+            None
+        }
+        None => {
+            warn!(target: LOG, "peer certificate names no single node id: refusing the connection");
+            conn.close(2u32.into(), b"certificate does not match a node id");
+            None
+        }
     }
 }
