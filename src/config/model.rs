@@ -494,9 +494,10 @@ pub struct GossipSection {
     /// member, on every node.
     pub sample_window: u32,
     /// Signatures of members' gossip state with their node certificate's
-    /// key: `"off"` (default), `"sign"` (sign this node's state, check
-    /// others' and log those that fail, take them anyway: for a rolling
-    /// upgrade) or `"require"` (a member's state that fails is not taken).
+    /// key: `"require"` (default: a member's state that fails is not
+    /// taken), `"sign"` (sign this node's state, check others' and log
+    /// those that fail, take them anyway: for a rolling upgrade from a
+    /// release without signatures) or `"off"`.
     pub state_signatures: String,
 }
 
@@ -508,7 +509,7 @@ impl Default for GossipSection {
             dead_node_grace_ms: 3_600_000,
             max_members: 128,
             sample_window: 1000,
-            state_signatures: "off".to_owned(),
+            state_signatures: "require".to_owned(),
         }
     }
 }

@@ -349,12 +349,13 @@ pub struct PeerSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StateSignatures {
     /// Neither signed nor checked.
-    #[default]
     Off,
     /// This node signs its state; members' are checked, and those that
     /// fail logged and taken anyway (a cluster being upgraded).
     Sign,
-    /// Signed, and a member's state that fails the check is not taken.
+    /// Signed, and a member's state that fails the check is not taken
+    /// (the default).
+    #[default]
     Require,
 }
 

@@ -84,13 +84,14 @@ fn gossip_max_members_above_the_default_needs_ids_whose_full_digest_fits_one_dat
     );
     // The default fits any ids.
     validate(&long, &"n".repeat(40)).unwrap();
-    // gossip.state_signatures: off by default, "sign" and "require".
+    // gossip.state_signatures: "require" by default, "sign" and "off".
     assert_eq!(
         c.gossip.state_signatures,
-        crate::config::StateSignatures::Off
+        crate::config::StateSignatures::Require
     );
     for (v, want) in [
         ("sign", crate::config::StateSignatures::Sign),
+        ("off", crate::config::StateSignatures::Off),
         ("require", crate::config::StateSignatures::Require),
     ] {
         let c = validate(

@@ -207,6 +207,16 @@ pub(crate) async fn start(
     let check = signatures.clone();
     tokio::spawn(async move {
         loop {
+            // A member's state held by the signature check's pace
+            // (`signed::LOAD_CHECK_PACE`) is judged again when it is due,
+            // though nothing else changed.
+            let due = verified.next_due();
+            let held = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             if gated {
                 tokio::select! {
                     biased;
@@ -214,11 +224,16 @@ pub(crate) async fn start(
                     // A member's gossip address was confirmed: it may be
                     // dialled now (no change of the live set says so).
                     _ = confirmed.changed() => {}
+                    () = held => {}
                 }
-            } else if live.changed().await.is_err() {
-                // Not gated (the simulation's transport): every address
-                // counts as confirmed, and the task runs as it always did.
-                return;
+            } else {
+                tokio::select! {
+                    biased;
+                    // Not gated (the simulation's transport): every address
+                    // counts as confirmed.
+                    r = live.changed() => if r.is_err() { return },
+                    () = held => {}
+                }
             }
             let m = to_members(
                 &live.borrow_and_update(),
@@ -349,7 +364,9 @@ fn to_members(
         .filter_map(|(id, st)| match member(id, st) {
             Ok(m) => match &mut signatures {
                 // This node's own state is its own.
-                Some((s, verified)) if id != self_id => verified.judge(s, id, st, m),
+                Some((s, verified)) if id != self_id => {
+                    verified.judge(s, id, st, m, tokio::time::Instant::now())
+                }
                 _ => Some(m),
             },
             Err(key) => {

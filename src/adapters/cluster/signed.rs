@@ -17,7 +17,10 @@
 //! certificate is DER in base64 over the keys `cert.0`, `cert.1`, ...
 //! ([`MAX_CERT_KEYS`] at most, each at most [`CERT_CHUNK`] characters:
 //! the gossip bounds' longest value). A receiver checks a member's state
-//! whenever its `max_version` changed ([`Verified`]): a state that fails
+//! whenever its `max_version` changed ([`Verified`]; a change of its load
+//! figures alone at most once per [`LOAD_CHECK_PACE_PER_MEMBER`] per
+//! member of the cluster, since every busy node republishes them each
+//! gossip interval): a state that fails
 //! (forged, or caught mid-delta) keeps the member as it was last verified
 //! (`require`) or is taken with a warning (`sign`, for a rolling upgrade).
 //! Heartbeats are not signed (chitchat carries them in digests, not in a
@@ -207,57 +210,153 @@ fn decode(v: &str) -> Option<StateSignature> {
     })
 }
 
+/// How often a member's state is checked when only its load figures
+/// (`load`, `inflight`) changed, per member of the cluster: at most once
+/// per `members x` this. Every node republishes its load figures each
+/// gossip interval under load, and a check costs one ECDSA verification
+/// (about 85 us, `benches/signatures.rs`), so checking every change would
+/// cost a node `N` checks per interval in a busy cluster of `N` (at 1,000
+/// nodes, 5,000 checks a second: 43 % of a core). Paced so, a node makes
+/// at most 200 load checks a second whatever `N` (1.7 % of a core), and a
+/// small cluster is not paced at all (3 members: 15 ms, under the gossip
+/// interval); a member's load figures are then up to `N x 5 ms` old (0.5 s
+/// at 100 nodes, 5 s at 1,000). A change of anything else (status,
+/// weight, addresses, generation) is checked at once; a load change within
+/// the pace is held as last verified (under `require`) and checked when
+/// the pace allows ([`Verified::next_due`]).
+pub(crate) const LOAD_CHECK_PACE_PER_MEMBER: std::time::Duration =
+    std::time::Duration::from_millis(5);
+
+/// One member as last judged.
+#[derive(Debug)]
+struct Judged {
+    /// The `max_version` its state had when judged.
+    version: u64,
+    /// The member as last verified (`None`: never).
+    member: Option<Member>,
+    /// When its state was last checked.
+    checked: tokio::time::Instant,
+    /// A newer state, held for the pace, is waiting to be checked.
+    pending: bool,
+}
+
 /// Members as last verified, each with the `max_version` its state had
-/// when checked (a `BTreeMap`: no hash keys drawn, see `confirm.rs`).
+/// when judged (a `BTreeMap`: no hash keys drawn, see `confirm.rs`), and
+/// the pace of load checks ([`LOAD_CHECK_PACE_PER_MEMBER`] times the live
+/// members at the last [`Verified::retain_live`]).
 #[derive(Debug, Default)]
-pub(crate) struct Verified(BTreeMap<ChitchatId, (u64, Option<Member>)>);
+pub(crate) struct Verified {
+    judged: BTreeMap<ChitchatId, Judged>,
+    pace: std::time::Duration,
+}
+
+/// Whether `a` and `b` differ in their load figures only.
+fn load_only(a: &Member, b: &Member) -> bool {
+    Member {
+        load: b.load,
+        inflight: b.inflight,
+        ..a.clone()
+    } == *b
+}
 
 impl Verified {
     /// The member to hand on for `id` whose state is `st` and would give
-    /// `member`: `member` when the state verifies (checked once per
-    /// `max_version`); otherwise, under `require`, the member as last
-    /// verified (none if never), and under `sign` `member` anyway.
+    /// `member`, at `now`: `member` when the state verifies (checked once
+    /// per `max_version`, and a change of the load figures alone at most
+    /// once per pace, [`LOAD_CHECK_PACE_PER_MEMBER`] per live member); otherwise, under `require`, the
+    /// member as last verified (none if never), and under `sign` `member`
+    /// anyway.
     pub(crate) fn judge(
         &mut self,
         s: &Signatures,
         id: &ChitchatId,
         st: &NodeState,
         member: Member,
+        now: tokio::time::Instant,
     ) -> Option<Member> {
         let version = st.max_version();
-        if let Some((v, m)) = self.0.get(id)
-            && *v == version
-        {
-            return if s.require { m.clone() } else { Some(member) };
-        }
-        match s.verify(id, st) {
-            Ok(()) => {
-                self.0.insert(id.clone(), (version, Some(member.clone())));
-                Some(member)
+        let pace = self.pace;
+        if let Some(j) = self.judged.get_mut(id) {
+            if j.version == version && !j.pending {
+                return if s.require {
+                    j.member.clone()
+                } else {
+                    Some(member)
+                };
             }
+            let paced = j
+                .member
+                .as_ref()
+                .is_some_and(|last| load_only(last, &member))
+                && now < j.checked + pace;
+            if paced {
+                j.version = version;
+                j.pending = true;
+                return if s.require {
+                    j.member.clone()
+                } else {
+                    Some(member)
+                };
+            }
+        }
+        let last = self.judged.get(id).and_then(|j| j.member.clone());
+        let (taken, verified) = match s.verify(id, st) {
+            Ok(()) => (Some(member.clone()), Some(member)),
             Err(why) if incomplete(st) => {
                 // A key newer than the signature: the rest of an honest
                 // delta is on its way (or a forgery without a signature:
                 // taken no more than an incomplete one).
                 debug!(target: LOG, node = %id.node_id, version, why, require = s.require,
                     "a member's gossip state is not signed yet");
-                let last = self.0.get(id).and_then(|(_, m)| m.clone());
-                self.0.insert(id.clone(), (version, last.clone()));
-                if s.require { last } else { Some(member) }
+                (
+                    if s.require {
+                        last.clone()
+                    } else {
+                        Some(member)
+                    },
+                    last,
+                )
             }
             Err(why) => {
                 warn!(target: LOG, node = %id.node_id, version, why, require = s.require,
                     "a member's gossip state is not signed by its certificate's key: forged");
-                let last = self.0.get(id).and_then(|(_, m)| m.clone());
-                self.0.insert(id.clone(), (version, last.clone()));
-                if s.require { last } else { Some(member) }
+                (
+                    if s.require {
+                        last.clone()
+                    } else {
+                        Some(member)
+                    },
+                    last,
+                )
             }
-        }
+        };
+        self.judged.insert(
+            id.clone(),
+            Judged {
+                version,
+                member: verified,
+                checked: now,
+                pending: false,
+            },
+        );
+        taken
     }
 
-    /// Forgets members not in `live`.
+    /// When the earliest held state may be checked (`None`: none is held);
+    /// the gossip task judges again then.
+    pub(crate) fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.judged
+            .values()
+            .filter(|j| j.pending)
+            .map(|j| j.checked + self.pace)
+            .min()
+    }
+
+    /// Forgets members not in `live`, and paces load checks for as many
+    /// members as `live` holds.
     pub(crate) fn retain_live(&mut self, live: &BTreeMap<ChitchatId, NodeState>) {
-        self.0.retain(|id, _| live.contains_key(id));
+        self.judged.retain(|id, _| live.contains_key(id));
+        self.pace = LOAD_CHECK_PACE_PER_MEMBER * u32::try_from(live.len()).unwrap_or(u32::MAX);
     }
 }
 
@@ -345,17 +444,18 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:7002".parse().unwrap();
         let id = ChitchatId::new("n2".to_owned(), 1, addr);
 
+        let t0 = tokio::time::Instant::now();
         let st = signed_state(&id, &n2);
         n1.verify(&id, &st).unwrap();
         let mut seen = Verified::default();
-        let first = seen.judge(&n1, &id, &st, member(&st)).unwrap();
+        let first = seen.judge(&n1, &id, &st, member(&st), t0).unwrap();
         assert_eq!(first.status, NodeStatus::Serving);
 
         // Forged: n2 leaving, at a new version, the old signature.
         let mut forged = st.clone();
         forged.set("status", "leaving");
         assert!(n1.verify(&id, &forged).is_err());
-        let kept = seen.judge(&n1, &id, &forged, member(&forged)).unwrap();
+        let kept = seen.judge(&n1, &id, &forged, member(&forged), t0).unwrap();
         assert_eq!(
             kept.status,
             NodeStatus::Serving,
@@ -368,7 +468,7 @@ mod tests {
         let mut real = st.clone();
         real.set("status", "draining");
         n2.sign_own(&id, &mut real);
-        let later = seen.judge(&n1, &id, &real, member(&real)).unwrap();
+        let later = seen.judge(&n1, &id, &real, member(&real), t0).unwrap();
         assert_eq!(later.status, NodeStatus::Draining);
 
         // Another CA's "n2", never verified: not taken at all.
@@ -376,19 +476,123 @@ mod tests {
         let e = n1.verify(&id, &other).unwrap_err();
         assert!(e.contains("not trusted"), "{e}");
         let mut fresh = Verified::default();
-        assert_eq!(fresh.judge(&n1, &id, &other, member(&other)), None);
+        assert_eq!(fresh.judge(&n1, &id, &other, member(&other), t0), None);
         // Unsigned state: not taken under `require`, taken under `sign`.
         let mut bare = st.clone();
         bare.delete(SIG_KEY);
-        assert_eq!(fresh.judge(&n1, &id, &bare, member(&bare)), None);
+        assert_eq!(fresh.judge(&n1, &id, &bare, member(&bare), t0), None);
         let lenient = tls::state_signatures(StateSignatures::Sign, &material(&certs, "n1"))
             .unwrap()
             .unwrap();
         assert!(
             Verified::default()
-                .judge(&lenient, &id, &bare, member(&bare))
+                .judge(&lenient, &id, &bare, member(&bare), t0)
                 .is_some()
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A change of a member's load figures alone is checked at most once
+    /// per pace ([`LOAD_CHECK_PACE_PER_MEMBER`] per live member: 1 s at
+    /// 200): held as last verified before it (and [`Verified::next_due`]
+    /// says when), taken once checked; a change of status is checked at
+    /// once. With 3 members the pace is 15 ms.
+    #[test]
+    fn a_load_change_is_checked_at_the_pace_and_a_status_change_at_once() {
+        let dir = std::env::temp_dir().join(format!("peerlb-paced-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = tls::generate(&dir, "c1", &["n1", "n2"]).unwrap();
+        let mode = StateSignatures::Require;
+        let n1 = tls::state_signatures(mode, &material(&certs, "n1"))
+            .unwrap()
+            .unwrap();
+        let n2 = tls::state_signatures(mode, &material(&certs, "n2"))
+            .unwrap()
+            .unwrap();
+        let id = ChitchatId::new("n2".to_owned(), 1, "127.0.0.1:7002".parse().unwrap());
+        let with_load = |st: &NodeState| Member {
+            load: st.get("load").unwrap().parse().unwrap(),
+            ..member(st)
+        };
+        let t0 = tokio::time::Instant::now();
+        let mut seen = Verified::default();
+        // 200 live members: n2 and 199 others (the pace counts them).
+        let live: BTreeMap<ChitchatId, NodeState> = std::iter::once(id.clone())
+            .chain((0..199u16).map(|i| {
+                let a = SocketAddr::from(([127, 0, 0, 1], 10_000 + i));
+                ChitchatId::new(format!("m{i}"), 1, a)
+            }))
+            .map(|m| (m, NodeState::for_test()))
+            .collect();
+        seen.retain_live(&live);
+        let pace = Duration::from_secs(1);
+        let mut st = signed_state(&id, &n2);
+        assert_eq!(
+            seen.judge(&n1, &id, &st, with_load(&st), t0).unwrap().load,
+            100
+        );
+        assert_eq!(seen.next_due(), None);
+
+        // n2's load changes, signed, 0.2 s later: held at 100 for the pace.
+        st.set("load", "40");
+        n2.sign_own(&id, &mut st);
+        let soon = t0 + Duration::from_millis(200);
+        assert_eq!(
+            seen.judge(&n1, &id, &st, with_load(&st), soon)
+                .unwrap()
+                .load,
+            100
+        );
+        assert_eq!(seen.next_due(), Some(t0 + pace));
+        // Due: checked and taken, nothing held.
+        let due = t0 + pace;
+        assert_eq!(
+            seen.judge(&n1, &id, &st, with_load(&st), due).unwrap().load,
+            40
+        );
+        assert_eq!(seen.next_due(), None);
+
+        // A forged load after the pace is refused when checked.
+        let mut forged = st.clone();
+        forged.set("load", "0");
+        let later = due + pace;
+        assert_eq!(
+            seen.judge(&n1, &id, &forged, with_load(&forged), later)
+                .unwrap()
+                .load,
+            40
+        );
+        // A status change right after is checked at once (no pace).
+        let mut draining = st.clone();
+        draining.set("status", "draining");
+        n2.sign_own(&id, &mut draining);
+        let next = later + Duration::from_millis(10);
+        let m = seen
+            .judge(&n1, &id, &draining, with_load(&draining), next)
+            .unwrap();
+        assert_eq!(m.status, NodeStatus::Draining);
+
+        // Three members: a load change 20 ms after the last check is
+        // past the pace (15 ms) and taken at once.
+        let three: BTreeMap<ChitchatId, NodeState> = live
+            .into_iter()
+            .filter(|(m, _)| *m == id || matches!(&*m.node_id, "m0" | "m1"))
+            .collect();
+        assert_eq!(three.len(), 3);
+        seen.retain_live(&three);
+        let mut st = draining;
+        st.set("load", "70");
+        n2.sign_own(&id, &mut st);
+        let m = seen
+            .judge(
+                &n1,
+                &id,
+                &st,
+                with_load(&st),
+                next + Duration::from_millis(20),
+            )
+            .unwrap();
+        assert_eq!(m.load, 70);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -77,11 +77,22 @@ pub struct StateSigner {
     cert: CertificateDer<'static>,
 }
 
+/// How long a certificate's chain check is remembered: a member's next
+/// changes within it are checked for their signature only (one ECDSA
+/// verification instead of two, `benches/signatures.rs`). A certificate
+/// that expires is refused at most this long after.
+pub(crate) const CHAIN_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Checks members' state signatures against the cluster CA.
 pub struct StateVerifier {
     roots: Arc<rustls::RootCertStore>,
     time: Arc<dyn TimeProvider>,
     provider: CryptoProvider,
+    /// Per node id, the certificate whose chain and name last passed, and
+    /// when (seconds of the material's clock). Entered only after a check
+    /// passed, so it holds at most one entry per certificate the cluster
+    /// CA issued.
+    chains: std::sync::Mutex<std::collections::BTreeMap<String, (CertificateDer<'static>, u64)>>,
 }
 
 impl std::fmt::Debug for StateVerifier {
@@ -123,6 +134,7 @@ impl TlsMaterial {
             roots: self.roots.clone(),
             time: self.time.clone(),
             provider: provider(),
+            chains: Default::default(),
         }
     }
 }
@@ -152,7 +164,8 @@ impl StateSigner {
 impl StateVerifier {
     /// Checks that `cert` chains to the cluster CA now and names node
     /// `node_id`, and that `sig` is its key's signature over
-    /// `DOMAIN || state`.
+    /// `DOMAIN || state`. The chain and name check of a certificate is
+    /// remembered for [`CHAIN_RECHECK`] per node id.
     ///
     /// # Errors
     /// [`StateSignError::Untrusted`], [`StateSignError::NotTheNode`],
@@ -167,9 +180,20 @@ impl StateVerifier {
         let now = self.time.current_time().ok_or(StateSignError::Untrusted(
             rustls::Error::FailedToGetCurrentTime,
         ))?;
-        let chain = std::slice::from_ref(cert);
-        verify_chain(&self.roots, chain, &self.provider, now).map_err(StateSignError::Untrusted)?;
-        verify_peer_is(chain, node_id).map_err(StateSignError::NotTheNode)?;
+        let remembered = self
+            .chains
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node_id)
+            .is_some_and(|(c, at)| {
+                c == cert && now.as_secs().saturating_sub(*at) < CHAIN_RECHECK.as_secs()
+            });
+        if !remembered {
+            let chain = std::slice::from_ref(cert);
+            verify_chain(&self.roots, chain, &self.provider, now)
+                .map_err(StateSignError::Untrusted)?;
+            verify_peer_is(chain, node_id).map_err(StateSignError::NotTheNode)?;
+        }
         let scheme = SignatureScheme::from(sig.scheme);
         if !SCHEMES.contains(&scheme) {
             return Err(StateSignError::Scheme(sig.scheme));
@@ -191,6 +215,12 @@ impl StateVerifier {
             .iter()
             .any(|alg| ee.verify_signature(*alg, &msg, &sig.bytes).is_ok())
         {
+            if !remembered {
+                self.chains
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(node_id.to_owned(), (cert.clone(), now.as_secs()));
+            }
             Ok(())
         } else {
             Err(StateSignError::BadSignature)
@@ -325,6 +355,58 @@ mod tests {
             verifier.verify("n2", impostor.certificate(), state, &sig),
             Err(StateSignError::Untrusted(_))
         ));
+        // Still refused once the real n2's chain check is remembered: the
+        // memory is of that certificate only.
+        let n2 = material(&certs, "n2").state_signer().unwrap();
+        verifier
+            .verify("n2", n2.certificate(), state, &n2.sign(state).unwrap())
+            .unwrap();
+        assert!(matches!(
+            verifier.verify("n2", impostor.certificate(), state, &sig),
+            Err(StateSignError::Untrusted(_))
+        ));
+        // And n2's remembered certificate does not vouch for n1.
+        assert!(matches!(
+            verifier.verify("n1", n2.certificate(), state, &n2.sign(state).unwrap()),
+            Err(StateSignError::NotTheNode(_))
+        ));
         let _ = (std::fs::remove_dir_all(&d), std::fs::remove_dir_all(&f));
+    }
+
+    /// A remembered chain check is taken again only within
+    /// [`CHAIN_RECHECK`] of the material's clock: past it, the chain is
+    /// checked again (a certificate expired since is refused).
+    #[test]
+    fn a_chain_check_is_remembered_for_chain_recheck_only() {
+        let d = dir("recheck");
+        let certs = generate(&d, "c1", &["n1", "n2"]).unwrap();
+        let verifier = material(&certs, "n1").state_verifier();
+        let n2 = material(&certs, "n2").state_signer().unwrap();
+        let state = b"n2\x001\x00status\x00serving\x007";
+        let sig = n2.sign(state).unwrap();
+        verifier
+            .verify("n2", n2.certificate(), state, &sig)
+            .unwrap();
+        let at = |v: &StateVerifier| v.chains.lock().unwrap().get("n2").map(|(_, at)| *at);
+        let first = at(&verifier).expect("remembered after a pass");
+        // Age the memory past CHAIN_RECHECK: the next check is a full one
+        // and remembers the new time.
+        verifier.chains.lock().unwrap().get_mut("n2").unwrap().1 =
+            first - CHAIN_RECHECK.as_secs() - 1;
+        verifier
+            .verify("n2", n2.certificate(), state, &sig)
+            .unwrap();
+        assert!(
+            at(&verifier).unwrap() >= first,
+            "the chain was not checked again"
+        );
+        // A bad signature is refused with the chain remembered.
+        let mut bad = sig.clone();
+        bad.bytes[10] ^= 1;
+        assert!(matches!(
+            verifier.verify("n2", n2.certificate(), state, &bad),
+            Err(StateSignError::BadSignature)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
