@@ -40,9 +40,9 @@ pub use model::{
     SessionSection, StickySection, TlsSection,
 };
 pub use settings::{
-    ADMIN_PORT_OFFSET, AppAddr, AppKind, BindAddrs, CertFiles, GossipSettings, IngressSettings,
-    LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs, NodeConfig,
-    PeerSettings, RoutingSettings, SipAppKind, StateSignatures, TlsPaths, UpstreamApp,
+    ADMIN_PORT_OFFSET, AppAddr, AppKind, BindAddrs, CertFiles, ClientAuth, GossipSettings,
+    IngressSettings, LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs,
+    NodeConfig, PeerSettings, RoutingSettings, SipAppKind, StateSignatures, TlsPaths, UpstreamApp,
     default_admin_addr,
 };
 

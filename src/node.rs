@@ -43,9 +43,8 @@ fn listener_setup(
     let tls = match &l.tls {
         Some(t) => {
             let certs = entry_tls::EntryCerts::load(t)?;
-            let config =
-                entry_tls::server_config(certs.clone()).map_err(NodeError::EntryTlsConfig)?;
-            Some((tokio_rustls::TlsAcceptor::from(config), certs))
+            let configs = crate::adapters::http::client_cert::EntryTls::new(certs.clone())?;
+            Some((configs, certs))
         }
         None => None,
     };

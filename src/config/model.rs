@@ -370,6 +370,15 @@ pub struct ListenerTlsSection {
     /// in ms (default 5000; 0: only `POST /_peerlb/tls/reload` reloads).
     #[serde(default = "default_tls_reload_ms")]
     pub reload_interval_ms: u64,
+    /// Client certificates: a PEM file of the CA certificates a client's
+    /// certificate must chain to (unset: no client certificates asked).
+    #[serde(default)]
+    pub client_ca: Option<String>,
+    /// `"required"` (default when `client_ca` is set: a client without a
+    /// certificate that chains to `client_ca` fails the handshake) or
+    /// `"optional"` (one is asked for and verified when sent).
+    #[serde(default)]
+    pub client_auth: Option<String>,
 }
 
 /// Default `reload_interval_ms` of `[listener.tls]`.
@@ -387,6 +396,15 @@ pub struct CertPairSpec {
     pub cert: String,
     /// PEM private key.
     pub key: String,
+    /// Client certificates for this certificate's names: the CA file
+    /// (unset: the listener's `client_ca`).
+    #[serde(default)]
+    pub client_ca: Option<String>,
+    /// `"none"`, `"optional"` or `"required"` for this certificate's names
+    /// (unset: the listener's `client_auth`, or `"required"` when this
+    /// pair sets `client_ca`).
+    #[serde(default)]
+    pub client_auth: Option<String>,
 }
 
 /// `[headers]`.

@@ -298,6 +298,22 @@ pub struct CertFiles {
     /// The field path of this pair (`listener.tls`, `listener.tls.sni[1]`,
     /// `--tls-cert`), for errors.
     pub field: String,
+    /// Client certificates asked of a client whose SNI name picks this
+    /// certificate; `None`: none asked.
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// Client certificates at the entry (`client_ca`, `client_auth` of
+/// `[listener.tls]` and `[[listener.tls.sni]]`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClientAuth {
+    /// PEM file of the CA certificates a client certificate must chain to.
+    pub ca: PathBuf,
+    /// A client without a certificate fails the handshake (`"required"`);
+    /// else one is verified when sent (`"optional"`).
+    pub required: bool,
+    /// The field that named the CA file, for errors.
+    pub field: String,
 }
 
 impl IngressSettings {

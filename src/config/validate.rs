@@ -67,6 +67,11 @@ impl ClusterFile {
             ));
         }
         route_cookie(&self.sticky).map_err(|(f, m)| inv(f, m))?;
+        for (name, l) in std::iter::once(("listener", &self.listener))
+            .chain(self.shared_listener.iter().map(|l| ("shared_listener", l)))
+        {
+            parse::check_client_auth(name, l).map_err(|(f, m)| inv(&f, m))?;
+        }
         super::session::session_route(&self.sticky).map_err(|(f, m)| inv(&f, m))?;
         if self.tls.dir.is_empty() {
             return Err(inv("tls.dir", "must not be empty".into()));

@@ -33,6 +33,7 @@
 //! shared with it and the admin API is `node_state`, and errors become
 //! HTTP answers in `errors::error_response`.
 
+use crate::adapters::http::client_cert::FORWARDED_CLIENT_CERT;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -235,6 +236,15 @@ impl Ingress {
                 // peerlb says which scheme the client used (the app layer
                 // sets it): a client's own value never reaches the app.
                 req.headers_mut().remove(client_input::FORWARDED_PROTO);
+                // Likewise the client certificate's identity: only the one
+                // this connection's handshake verified.
+                let headers = req.headers_mut();
+                headers.remove(FORWARDED_CLIENT_CERT);
+                if let Some(v) = &conn.client_cert
+                    && let Ok(v) = http::HeaderValue::from_str(v)
+                {
+                    headers.insert(FORWARDED_CLIENT_CERT, v);
+                }
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);
                 let start = tokio::time::Instant::now();

@@ -16,6 +16,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::proxy_protocol::{self, ProxyError};
+use crate::adapters::http::client_cert::EntryTls;
 use crate::adapters::http::entry_tls::EntryCerts;
 use crate::adapters::wire::TlsFacts;
 use crate::seam::Connection;
@@ -29,8 +30,9 @@ pub(crate) type ClientIo = Box<dyn Connection>;
 pub(crate) struct ListenerSetup {
     /// Read a PROXY header within this time; `None`: never read one.
     pub proxy_protocol: Option<Duration>,
-    /// Serve HTTPS: the acceptor and the certificates it serves.
-    pub tls: Option<(tokio_rustls::TlsAcceptor, Arc<EntryCerts>)>,
+    /// Serve HTTPS: the server configurations (one per client
+    /// certificate policy) and the certificates they serve.
+    pub tls: Option<(Arc<EntryTls>, Arc<EntryCerts>)>,
     /// Longest TLS handshake (`limits.header_read_timeout_ms`: the head
     /// must come within it anyway).
     pub handshake_timeout: Duration,
@@ -61,6 +63,10 @@ pub(crate) struct ConnInfo {
     /// (`EntryCerts::names_for`), which a request's authority must be one
     /// of (else 421, `front/client_input.rs`); `None` for cleartext.
     pub cert_names: Option<Arc<[String]>>,
+    /// The `X-Forwarded-Client-Cert` value of the client certificate the
+    /// handshake verified (`client_cert.rs`); `None`: none was sent or
+    /// asked for.
+    pub client_cert: Option<Arc<str>>,
 }
 
 /// Why a connection was closed before HTTP.
@@ -98,7 +104,7 @@ pub(crate) async fn open(
             });
         }
     }
-    let Some((acceptor, certs)) = &setup.tls else {
+    let Some((configs, certs)) = &setup.tls else {
         return Ok((
             stream,
             ConnInfo {
@@ -106,14 +112,28 @@ pub(crate) async fn open(
                 peer,
                 tls: None,
                 cert_names: None,
+                client_cert: None,
             },
         ));
     };
-    let tls = tokio::time::timeout(setup.handshake_timeout, acceptor.accept(stream))
+    // The ClientHello first: its SNI name picks the configuration (the
+    // client certificate policy of the certificate that name gets).
+    let handshake = async {
+        let start =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream)
+                .await?;
+        let config = configs.config_for(start.client_hello().server_name());
+        start.into_stream(config).await
+    };
+    let tls = tokio::time::timeout(setup.handshake_timeout, handshake)
         .await
         .map_err(|_| OpenError::HandshakeTimeout(setup.handshake_timeout))?
         .map_err(OpenError::Handshake)?;
     let (_, session) = tls.get_ref();
+    let client_cert = session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| Arc::from(super::client_cert::forwarded_client_cert(c)));
     let facts = TlsFacts {
         sni: session.server_name().map(str::to_owned),
         version: session.protocol_version().map_or(0, u16::from),
@@ -127,6 +147,7 @@ pub(crate) async fn open(
             peer,
             tls: Some(facts),
             cert_names,
+            client_cert,
         },
     ))
 }
@@ -227,6 +248,7 @@ mod tests {
                 peer,
                 tls: None,
                 cert_names: None,
+                client_cert: None,
             }
         );
         let mut rest = String::new();

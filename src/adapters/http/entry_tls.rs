@@ -143,6 +143,23 @@ impl EntryCerts {
             .map_or_else(|| Arc::from(Vec::new()), |(_, n)| n.clone())
     }
 
+    /// The files this listener serves (`[listener.tls]`).
+    pub(crate) fn files(&self) -> &ListenerTls {
+        &self.files
+    }
+
+    /// The index, in [`ListenerTls::certs`] order, of the certificate pair
+    /// a handshake with SNI name `sni` gets (0, the default, when none
+    /// names it).
+    pub(crate) fn pair_index(&self, sni: Option<&str>) -> usize {
+        let ck = self.pick(sni);
+        let set = self.current.read().expect("certs lock").clone();
+        set.names
+            .iter()
+            .position(|(c, _)| Arc::ptr_eq(c, &ck))
+            .unwrap_or(0)
+    }
+
     /// The certificate a handshake with SNI name `sni` gets.
     fn pick(&self, sni: Option<&str>) -> Arc<CertifiedKey> {
         let set = self.current.read().expect("certs lock").clone();
@@ -159,6 +176,17 @@ impl EntryCerts {
         }
         set.default.clone()
     }
+}
+
+/// Checks every file an HTTPS listener `tls` needs, as the node reads them
+/// at start: the certificates and keys ([`EntryCerts::load`]) and the
+/// client CA files (`client_ca`).
+///
+/// # Errors
+/// [`EntryTlsError`] naming the field of the first file that cannot be
+/// used.
+pub fn check_files(tls: &ListenerTls) -> Result<(), EntryTlsError> {
+    super::client_cert::EntryTls::new(EntryCerts::load(tls)?).map(|_| ())
 }
 
 /// Whether a certificate with DNS names `names` (as
@@ -270,11 +298,27 @@ fn load_pair(files: &CertFiles) -> Result<(CertifiedKey, Vec<String>), EntryTlsE
 /// rustls' own error when the provider cannot make the configuration (the
 /// ring provider always can).
 pub fn server_config(certs: Arc<EntryCerts>) -> Result<Arc<ServerConfig>, rustls::Error> {
+    server_config_with(certs, None)
+}
+
+/// [`server_config`] asking for client certificates with `verifier`
+/// (`None`: none asked); its own session cache and ticket keys
+/// (`client_cert.rs`: a session never resumes under another policy).
+///
+/// # Errors
+/// As [`server_config`].
+pub(crate) fn server_config_with(
+    certs: Arc<EntryCerts>,
+    verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_cert_resolver(certs);
+    let builder = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(certs);
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE_ENTRIES);
     config.ticketer = rustls::crypto::ring::Ticketer::new()?;
@@ -332,6 +376,7 @@ mod tests {
             cert: c,
             key: k,
             field: format!("listener.tls.{stem}"),
+            client_auth: None,
         }
     }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::super::settings::MAX_UNIX_PATH;
 use super::super::{
-    AppAddr, AppKind, CertFiles, ListenerSection, ListenerSettings, ListenerTls, SipAppKind,
-    StickySection, UpstreamApp,
+    AppAddr, AppKind, CertFiles, CertPairSpec, ClientAuth, ListenerSection, ListenerSettings,
+    ListenerTls, SipAppKind, StickySection, UpstreamApp,
 };
 use super::addrs::parse_addr;
 use crate::engine::balance::Policy;
@@ -24,21 +24,63 @@ pub(super) fn listener_settings(
     tls_cert: Option<&(String, String)>,
     base: &std::path::Path,
 ) -> ListenerSettings {
-    let pair = |cert: &str, key: &str, field: String| CertFiles {
+    let pair = |cert: &str, key: &str, field: String, client_auth: Option<ClientAuth>| CertFiles {
         cert: base.join(cert),
         key: base.join(key),
         field,
+        client_auth,
+    };
+    // The listener's client certificates (checked by `check_client_auth`).
+    let listener_auth = l.tls.as_ref().and_then(|t| {
+        let ca = t.client_ca.as_ref()?;
+        Some(ClientAuth {
+            ca: base.join(ca),
+            required: t.client_auth.as_deref() != Some("optional"),
+            field: format!("{name}.tls.client_ca"),
+        })
+    });
+    let sni_auth = |i: usize, p: &CertPairSpec| -> Option<ClientAuth> {
+        if p.client_auth.as_deref() == Some("none") {
+            return None;
+        }
+        let Some(ca) = &p.client_ca else {
+            // This pair's mode over the listener's CA, or the listener's.
+            return listener_auth.clone().map(|a| ClientAuth {
+                required: p
+                    .client_auth
+                    .as_deref()
+                    .map_or(a.required, |m| m == "required"),
+                ..a
+            });
+        };
+        Some(ClientAuth {
+            ca: base.join(ca),
+            required: p.client_auth.as_deref() != Some("optional"),
+            field: format!("{name}.tls.sni[{i}].client_ca"),
+        })
     };
     let default = match (tls_cert, &l.tls) {
-        (Some((cert, key)), _) => Some(pair(cert, key, "--tls-cert".into())),
-        (None, Some(t)) => Some(pair(&t.cert, &t.key, format!("{name}.tls"))),
+        (Some((cert, key)), _) => Some(pair(cert, key, "--tls-cert".into(), listener_auth.clone())),
+        (None, Some(t)) => Some(pair(
+            &t.cert,
+            &t.key,
+            format!("{name}.tls"),
+            listener_auth.clone(),
+        )),
         (None, None) => None,
     };
     let tls = default.map(|d| {
         let sni = l.tls.iter().flat_map(|t| t.sni.iter()).enumerate();
         ListenerTls {
             certs: std::iter::once(d)
-                .chain(sni.map(|(i, p)| pair(&p.cert, &p.key, format!("{name}.tls.sni[{i}]"))))
+                .chain(sni.map(|(i, p)| {
+                    pair(
+                        &p.cert,
+                        &p.key,
+                        format!("{name}.tls.sni[{i}]"),
+                        sni_auth(i, p),
+                    )
+                }))
                 .collect(),
             reload_interval: Duration::from_millis(
                 l.tls
@@ -55,6 +97,47 @@ pub(super) fn listener_settings(
             .then(|| Duration::from_millis(l.proxy_protocol_timeout_ms)),
         tls,
     }
+}
+
+/// Checks the client certificate fields of `[name.tls]` and its
+/// `[[name.tls.sni]]`: `client_auth` one of `"optional"`, `"required"`
+/// (and `"none"` on an SNI pair), and a mode other than `"none"` only
+/// where a `client_ca` applies (the pair's or the listener's). Error:
+/// (field, message).
+pub(super) fn check_client_auth(name: &str, l: &ListenerSection) -> Result<(), (String, String)> {
+    let Some(t) = &l.tls else { return Ok(()) };
+    let bad =
+        |field: String, v: &str, allowed: &str| Err((field, format!("{v:?} is none of {allowed}")));
+    if let Some(m) = &t.client_auth {
+        if !["optional", "required"].contains(&m.as_str()) {
+            return bad(
+                format!("{name}.tls.client_auth"),
+                m,
+                "\"optional\", \"required\"",
+            );
+        }
+        if t.client_ca.is_none() {
+            return Err((
+                format!("{name}.tls.client_auth"),
+                "needs client_ca: the CA file client certificates must chain to".into(),
+            ));
+        }
+    }
+    for (i, p) in t.sni.iter().enumerate() {
+        if let Some(m) = &p.client_auth {
+            let field = format!("{name}.tls.sni[{i}].client_auth");
+            if !["none", "optional", "required"].contains(&m.as_str()) {
+                return bad(field, m, "\"none\", \"optional\", \"required\"");
+            }
+            if m != "none" && p.client_ca.is_none() && t.client_ca.is_none() {
+                return Err((
+                    field,
+                    "needs client_ca (here or in the listener's tls section)".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The `[sticky]` cookie, checked: the name an RFC 6265 token, the path
@@ -176,4 +259,93 @@ pub(super) fn parse_unix_path(path: &str) -> Result<PathBuf, String> {
         return Err("the socket path names a directory".into());
     }
     Ok(PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(text: &str) -> ListenerSection {
+        toml::from_str(text).unwrap()
+    }
+
+    const PAIR: &str = "cert = \"c.pem\"\nkey = \"c.key\"\n";
+
+    /// Each pair's policy: the listener's CA and mode, a pair's own mode
+    /// over it, `none`, or the pair's own CA (required unless it says).
+    #[test]
+    fn client_auth_resolves_per_certificate_pair() {
+        let l = section(&format!(
+            "[tls]\n{PAIR}client_ca = \"ca.pem\"\nsni = [\
+             {{ cert = \"a.pem\", key = \"a.key\", client_auth = \"optional\" }}, \
+             {{ cert = \"b.pem\", key = \"b.key\", client_auth = \"none\" }}, \
+             {{ cert = \"d.pem\", key = \"d.key\", client_ca = \"other.pem\" }}]\n"
+        ));
+        check_client_auth("listener", &l).unwrap();
+        let s = listener_settings("listener", &l, None, std::path::Path::new("/etc/p"));
+        let auth: Vec<Option<(String, bool, String)>> = s
+            .tls
+            .unwrap()
+            .certs
+            .iter()
+            .map(|c| {
+                c.client_auth
+                    .as_ref()
+                    .map(|a| (a.ca.display().to_string(), a.required, a.field.clone()))
+            })
+            .collect();
+        assert_eq!(
+            auth,
+            vec![
+                Some((
+                    "/etc/p/ca.pem".into(),
+                    true,
+                    "listener.tls.client_ca".into()
+                )),
+                Some((
+                    "/etc/p/ca.pem".into(),
+                    false,
+                    "listener.tls.client_ca".into()
+                )),
+                None,
+                Some((
+                    "/etc/p/other.pem".into(),
+                    true,
+                    "listener.tls.sni[2].client_ca".into()
+                )),
+            ]
+        );
+    }
+
+    /// A bad mode, or a mode with no CA to verify against, names its field.
+    #[test]
+    fn client_auth_without_a_ca_or_with_a_bad_mode_names_the_field() {
+        for (text, field) in [
+            (
+                format!("[tls]\n{PAIR}client_auth = \"required\"\n"),
+                "listener.tls.client_auth",
+            ),
+            (
+                format!("[tls]\n{PAIR}client_ca = \"ca.pem\"\nclient_auth = \"none\"\n"),
+                "listener.tls.client_auth",
+            ),
+            (
+                format!(
+                    "[tls]\n{PAIR}sni = [{{ {} , client_auth = \"optional\" }}]\n",
+                    "cert = \"a.pem\", key = \"a.key\""
+                ),
+                "listener.tls.sni[0].client_auth",
+            ),
+            (
+                format!(
+                    "[tls]\n{PAIR}client_ca = \"ca.pem\"\nsni = [{{ {} , client_auth = \"maybe\" }}]\n",
+                    "cert = \"a.pem\", key = \"a.key\""
+                ),
+                "listener.tls.sni[0].client_auth",
+            ),
+        ] {
+            let (f, m) = check_client_auth("listener", &section(&text)).unwrap_err();
+            assert_eq!(f, field, "{text}: {m}");
+        }
+    }
 }
