@@ -256,7 +256,10 @@ impl Node {
             SipAppKind::Builtin => None,
             SipAppKind::Udp(addr) => Some(SipUpstream::new(
                 addr,
-                sip_upstream::transaction_timeout(config.ingress.response_timeout),
+                (
+                    sip_upstream::transaction_timeout(config.ingress.response_timeout),
+                    config.ingress.sip_timer_c,
+                ),
                 me.id.as_str(),
             )),
         };
@@ -334,6 +337,7 @@ impl Node {
                 (
                     config.ingress.response_timeout,
                     config.ingress.header_read_timeout,
+                    config.ingress.sip_timer_c,
                 ),
                 sip::TcpLimits {
                     conns: crate::adapters::http::Handler::conn_table(&*ingress).clone(),

@@ -121,7 +121,7 @@ impl Owner {
         {
             state.metrics.count_proxied_in();
             let _inflight = state.enter_proxied();
-            return self.sip.serve_proxied(req.into_body()).await;
+            return self.sip.clone().serve_proxied(req.into_body()).await;
         }
         state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();

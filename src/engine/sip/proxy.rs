@@ -88,6 +88,7 @@ impl EntryRelay {
     }
 
     /// Whether a final answer went to the caller.
+    #[cfg(test)]
     pub(crate) fn final_sent(&self) -> bool {
         self.final_sent
     }
@@ -268,6 +269,7 @@ impl Completed {
     }
 
     /// How many transactions are kept.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_branch.len()
     }
