@@ -261,6 +261,7 @@ impl Node {
                     config.ingress.sip_timer_c,
                 ),
                 me.id.as_str(),
+                state.clone(),
             )),
         };
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));

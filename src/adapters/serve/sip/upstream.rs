@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use tracing::debug;
 
 use super::Emit;
 use crate::adapters::REQUEST_PATH;
+use crate::adapters::node_state::NodeState;
 use crate::engine::sip::proxy::{self, ClientTimers, Completed, Expired};
 use crate::engine::sip::upstream::{self as up, Received};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, StartLine};
@@ -50,7 +52,6 @@ type Outcome = watch::Receiver<Progress>;
 
 /// An upstream SIP server, how long a transaction with it may take, and
 /// the transactions in flight.
-#[derive(Debug)]
 pub(crate) struct SipUpstream {
     addr: SocketAddr,
     timeout: Duration,
@@ -60,6 +61,8 @@ pub(crate) struct SipUpstream {
     /// the clock of `epoch`.
     completed: Arc<Mutex<Completed>>,
     epoch: Instant,
+    /// The node's counters (`sip_acks_absorbed`, `sip_timer_c_cancels`).
+    state: Arc<NodeState>,
     /// Keyed by (owner branch, method): a CANCEL shares its INVITE's
     /// branch but is a transaction of its own (RFC 3261 9.1).
     inflight: Mutex<BTreeMap<(String, String), Outcome>>,
@@ -105,8 +108,10 @@ impl SipUpstream {
         addr: SocketAddr,
         (timeout, timer_c): (Duration, Duration),
         node: &str,
+        state: Arc<NodeState>,
     ) -> SipUpstream {
         SipUpstream {
+            state,
             addr,
             timeout,
             timer_c,
@@ -173,6 +178,10 @@ impl SipUpstream {
                 .expect("completed lock")
                 .absorbs(&branch, now)
             {
+                self.state
+                    .counters
+                    .sip_acks_absorbed
+                    .fetch_add(1, Ordering::Relaxed);
                 debug!(target: REQUEST_PATH, %branch, "ack of a non-2xx answer the owner acked: absorbed");
                 return;
             }
@@ -307,6 +316,10 @@ impl SipUpstream {
                         return emit(&generated(408, "Request Timeout"));
                     }
                     Expired::Cancel => {
+                        self.state
+                            .counters
+                            .sip_timer_c_cancels
+                            .fetch_add(1, Ordering::Relaxed);
                         debug!(target: REQUEST_PATH, upstream = %self.addr, %branch, "timer c fired: cancelling the branch");
                         let c = proxy::cancel_for(&sent).to_bytes();
                         let _ = socket.send(&c).await;
