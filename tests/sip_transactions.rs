@@ -92,15 +92,21 @@ struct InviteTx {
 /// by the top `Via` branch (RFC 3261 17.2.3): a retransmitted request gets
 /// the transaction's last answer again, and nothing new. INVITE
 /// `sip:ring@` rings (100, 180) without end; `sip:long@` answers 100, then
-/// 180 every 300 ms eight times, then 200; `sip:busy@` answers 100, 486.
+/// 180 every 300 ms eight times, then 200; `sip:busy@` answers 100, 486;
+/// any other user 100, 180, 200.
 /// A CANCEL whose branch is a pending INVITE's gets 200 and the INVITE
 /// 487; one whose branch is an answered INVITE's gets 200 (no effect,
 /// 9.2); any other 481. An ACK is counted by branch. BYE and OPTIONS get
 /// 200. Answers copy `Via`, `Record-Route`, `From`, `To` (tag `uas` on
 /// all but 100), `Call-ID` and `CSeq`, and carry `X-Fake-Uas: yes`.
+///
+/// With [`StrictUas::answer_to`] set, every answer goes to that address
+/// instead of where its request came from (a server that sends its
+/// answers to one fixed proxy address, not to the `Via`).
 struct StrictUas {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    answer_to: Arc<Mutex<Option<SocketAddr>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -112,7 +118,8 @@ impl StrictUas {
         let addr = sock.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (log, st) = (seen.clone(), stop.clone());
+        let answer_to = Arc::new(Mutex::new(None));
+        let (log, st, fixed) = (seen.clone(), stop.clone(), answer_to.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65_536];
             let mut invites: BTreeMap<String, InviteTx> = BTreeMap::new();
@@ -120,6 +127,7 @@ impl StrictUas {
             // (branch, method).
             let mut others: BTreeMap<(String, String), String> = BTreeMap::new();
             let send = |text: &str, to: SocketAddr| {
+                let to = fixed.lock().unwrap().unwrap_or(to);
                 let _ = sock.send_to(text.as_bytes(), to);
                 log.lock().unwrap().push(Seen {
                     at: Instant::now(),
@@ -172,9 +180,13 @@ impl StrictUas {
                             (Some(486), 0)
                         } else if text.starts_with("INVITE sip:long@") {
                             (None, 9)
-                        } else {
+                        } else if text.starts_with("INVITE sip:ring@") {
                             send(&answer(&text, 180, addr), from);
                             (None, 0)
+                        } else {
+                            send(&answer(&text, 180, addr), from);
+                            send(&answer(&text, 200, addr), from);
+                            (Some(200), 0)
                         };
                         invites.insert(
                             branch,
@@ -214,7 +226,12 @@ impl StrictUas {
                 }
             }
         });
-        StrictUas { addr, seen, stop }
+        StrictUas {
+            addr,
+            seen,
+            answer_to,
+            stop,
+        }
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -673,4 +690,38 @@ fn the_ack_of_a_486_reaches_the_server_once_as_the_ack_of_its_own_transaction() 
         assert_eq!(top_branch(&acks[0]), top_branch(&invites[0]));
         assert_eq!(header(&acks[0], "to"), Some("<sip:busy@test>;tag=uas"));
     }
+}
+
+/// A server that sends every answer to one node's listener (not to the
+/// owner's `Via`): that node hands each answer to the owner its branch
+/// names, over the peer wire, so calls owned by every node complete, and
+/// each answer reaches its caller once.
+#[test]
+fn answers_sent_to_another_nodes_listener_reach_the_owners_transaction() {
+    let uas = StrictUas::start();
+    let c = cluster("sip-tx-stray", &uas);
+    *uas.answer_to.lock().unwrap() = Some(c.nodes[0].sip.unwrap());
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let call = format!("stray{i}");
+        let invite = request("INVITE", "bob", &call, 1, ("UDP", me), &call, "");
+        client
+            .send_to(invite.as_bytes(), c.nodes[i % 3].sip.unwrap())
+            .unwrap();
+        let answers = gather(&client, Duration::from_secs(10), |a| has_final(a, "INVITE"));
+        assert_eq!(
+            statuses(&answers, "INVITE"),
+            [100, 180, 200],
+            "{call}: {answers:?}"
+        );
+        let owner = uas.requests("INVITE", &call)[0].clone();
+        let branch = top_branch(&owner);
+        owners.insert(branch.rsplit('-').next().unwrap().to_owned());
+        // No second copy of any answer comes.
+        let late = gather(&client, Duration::from_millis(300), |_| false);
+        assert!(late.is_empty(), "{late:?}");
+    }
+    assert_eq!(owners.len(), 3, "calls owned by every node: {owners:?}");
 }

@@ -53,7 +53,7 @@ use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::node_id::NodeId;
-use crate::engine::sip::proxy::EntryRelay;
+use crate::engine::sip::proxy::{self, EntryRelay, Stray};
 use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, record_route};
 
@@ -174,8 +174,7 @@ impl SipEntry {
             }
         };
         let Some(method) = msg.method().map(str::to_owned) else {
-            debug!(target: REQUEST_PATH, %client, "sip response from a client: dropped");
-            return;
+            return self.stray(msg, client, tcp).await;
         };
         self.state
             .counters
@@ -247,6 +246,67 @@ impl SipEntry {
         }
         .instrument(span)
         .await
+    }
+
+    /// Takes `resp`, a response that reached a listener from `client`: an
+    /// answer of the upstream SIP server to an owner's transaction, sent
+    /// to the wrong address (a server that answers where it thinks the
+    /// request came from, not to the `Via`), goes to that transaction, on
+    /// this node or, over the peer wire, once, on the owner its branch
+    /// names (`engine::sip::proxy::stray_response`); anything else is
+    /// dropped.
+    async fn stray(&self, resp: SipMessage, client: SocketAddr, tcp: bool) {
+        let Some(up) = self.app.upstream() else {
+            debug!(target: REQUEST_PATH, %client, "sip response at a listener: dropped");
+            return;
+        };
+        let me = self.state.node_id();
+        let to = match proxy::stray_response(&resp, me.as_str(), client.ip() == up.addr().ip()) {
+            Stray::Drop => {
+                debug!(target: REQUEST_PATH, %client, "sip response at a listener, no transaction of this cluster's: dropped");
+                return;
+            }
+            Stray::Mine => return up.deliver(resp).await,
+            Stray::Peer(n) => NodeId::from(n),
+        };
+        let relayed = async {
+            let stream = self.links.open(&to).await.map_err(|e| e.to_string())?;
+            let bytes = resp.to_bytes();
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                wire::SIP,
+                http::HeaderValue::from_static(if tcp { "tcp" } else { "udp" }),
+            );
+            headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+            let head = wire::encode(&RequestHeadRef {
+                request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
+                entry: me,
+                hops: 1,
+                view_version: self.state.view().version(),
+                method: "SIP",
+                uri: "/",
+                headers: &headers,
+                client,
+                hash_key: None,
+                tls: None,
+            })
+            .map_err(|e| e.to_string())?;
+            let (_, body) = peer::exchange(
+                &to,
+                stream,
+                Bytes::from(head),
+                body::full(bytes),
+                self.response_timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            // Read to its end (an empty body), so the stream closes cleanly.
+            body.collect().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(())
+        };
+        if let Err(why) = relayed.await {
+            debug!(target: REQUEST_PATH, peer = %to, %why, "sip response for a peer's transaction: not relayed");
+        }
     }
 
     /// Forwards `msg` to `peer` and hands `emit` its answers as they come

@@ -74,7 +74,9 @@ impl SipApp {
     }
 
     /// Serves a SIP request a peer forwarded (`wire::SIP`): the body is
-    /// the SIP message; the answer is `200` at once, its body the SIP
+    /// the SIP message (a response of the upstream, that reached the
+    /// peer's listener, is handed to its transaction and answered `200`
+    /// with no body); the answer is `200` at once, its body the SIP
     /// responses one after the other as they come (each framed by its
     /// `Content-Length`; the body ends after the final one), or `400` (no
     /// body) when the body is not a SIP request. The transaction runs in
@@ -93,7 +95,17 @@ impl SipApp {
         };
         let req = match sipmsg::parse(&bytes.to_bytes()) {
             Ok(m) if m.method().is_some() => m,
-            _ => return status(400),
+            // A response of the upstream that reached a peer's listener
+            // (`SipEntry`'s stray responses): handed to its transaction
+            // here, never passed on.
+            Ok(m) => {
+                if let Some(up) = &self.upstream {
+                    up.deliver(m).await;
+                    return status(200);
+                }
+                return status(400);
+            }
+            Err(_) => return status(400),
         };
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
         tokio::spawn(async move {

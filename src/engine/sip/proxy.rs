@@ -13,6 +13,9 @@
 //!   provisional answer but `100`; when Timer C fires after a provisional
 //!   answer the owner CANCELs the branch ([`cancel_for`]) and waits Timer
 //!   B more for the final answer (the server's `487`).
+//! - [`stray_response`]: a response that reached a SIP listener (a server
+//!   that answers a fixed address, not the `Via`) goes to the owner whose
+//!   branch it carries.
 //! - [`Completed`]: INVITE transactions the owner ended with a non-2xx
 //!   final answer, which it ACKed itself (17.1.1.3): the caller's ACK of
 //!   that answer is absorbed there (hop by hop), and a retransmission of
@@ -221,6 +224,45 @@ pub(crate) fn cancel_for(sent: &SipMessage) -> SipMessage {
         },
         headers,
         body: Vec::new(),
+    }
+}
+
+/// Where a response that reached a node's SIP listener goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stray<'a> {
+    /// An answer to this node's own client transaction: handed to it as if
+    /// it had come to the node's socket toward the server.
+    Mine,
+    /// An answer to the client transaction of the owner node named: sent
+    /// to it over the peer wire, once (it hands it to its transaction and
+    /// never passes it on).
+    Peer(&'a str),
+    /// Nothing of this cluster's waits for it: dropped.
+    Drop,
+}
+
+/// Where `resp`, a response that reached a SIP listener of node `me`,
+/// goes: its top `Via` branch names the owner whose client transaction it
+/// answers (`upstream::node_of_branch`); only a response from the SIP
+/// server's address (`from_server`: the source's IP is `sip_app`'s) is
+/// taken, any other is dropped (a client's responses never come to a
+/// listener: the ones to requests relayed toward it go to the relaying
+/// socket). A request is [`Stray::Drop`] too.
+pub(crate) fn stray_response<'a>(resp: &'a SipMessage, me: &str, from_server: bool) -> Stray<'a> {
+    if status_of(resp).is_none() || !from_server {
+        return Stray::Drop;
+    }
+    let Some(branch) = resp
+        .header_list("via")
+        .first()
+        .and_then(|v| super::Via::parse_value(v).and_then(|v| v.param("branch")))
+    else {
+        return Stray::Drop;
+    };
+    match super::upstream::node_of_branch(branch) {
+        Some(n) if n == me => Stray::Mine,
+        Some(n) => Stray::Peer(n),
+        None => Stray::Drop,
     }
 }
 

@@ -34,7 +34,10 @@ pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
 pub(crate) const ENTRY_BRANCH_PREFIX: &str = "z9hG4bK-plb-";
 
 /// The branch of the owner's `Via` for `req` on node `node`:
-/// [`OWNER_BRANCH_PREFIX`] then 16 hex digits hashed from the Call-ID,
+/// [`OWNER_BRANCH_PREFIX`], 16 hex digits, `-`, the node id (a node id is
+/// a SIP token: letters, digits, `-`, `_`, `.`; so a node that gets the
+/// answer on its listener knows whose transaction it is,
+/// [`node_of_branch`]). The digits are hashed from the Call-ID,
 /// the CSeq number, the client's `Via` (its branch and sent-by: the
 /// topmost `Via` that is not an entry node's, [`ENTRY_BRANCH_PREFIX`])
 /// and the node id. A retransmission gets the same branch, and so does a
@@ -65,7 +68,26 @@ fn branch_with(prefix: &str, req: &SipMessage, node: &str) -> String {
         )
         .as_bytes(),
     );
-    format!("{prefix}{h:016x}")
+    format!("{prefix}{h:016x}-{node}")
+}
+
+/// The node named in `branch`, an owner's ([`OWNER_BRANCH_PREFIX`]) branch
+/// made by [`branch`]; `None` for any other branch.
+pub(crate) fn node_of_branch(branch: &str) -> Option<&str> {
+    let rest = branch.strip_prefix(OWNER_BRANCH_PREFIX)?;
+    let (hash, node) = (rest.get(..16)?, rest.get(16..)?.strip_prefix('-')?);
+    (hash.bytes().all(|b| b.is_ascii_hexdigit()) && !node.is_empty()).then_some(node)
+}
+
+/// The 8 characters of `branch`, one [`branch`] made, that a response the
+/// owner makes itself (`408`, `503`) uses as its `To` tag: the last 8 of
+/// its hash.
+pub(crate) fn generated_tag(branch: &str) -> &str {
+    let hex = branch
+        .strip_prefix(OWNER_BRANCH_PREFIX)
+        .and_then(|r| r.get(..16))
+        .unwrap_or(branch);
+    &hex[hex.len().saturating_sub(8)..]
 }
 
 /// `req` as sent upstream from `local` (the owner's UDP socket): a `Via`
@@ -352,7 +374,22 @@ mod tests {
     fn a_retransmission_and_a_cancel_share_the_invites_branch_and_nodes_differ() {
         let req = msg(INVITE);
         let b = branch(&req, "n2");
-        assert!(b.starts_with(OWNER_BRANCH_PREFIX) && b.len() == OWNER_BRANCH_PREFIX.len() + 16);
+        assert!(b.starts_with(OWNER_BRANCH_PREFIX) && b.len() == OWNER_BRANCH_PREFIX.len() + 19);
+        assert_eq!(node_of_branch(&b), Some("n2"));
+        assert_eq!(generated_tag(&b), &b[OWNER_BRANCH_PREFIX.len() + 8..][..8]);
+        for other in [
+            "z9hG4bK-plb-0123456789abcdef-n2",
+            "z9hG4bK-plbo-0123-n2",
+            "z9hG4bK-plbo-0123456789abcdef-",
+            "z9hG4bK-plbo-0123456789abcdefn2",
+            "z9hG4bKc",
+        ] {
+            assert_eq!(node_of_branch(other), None, "{other}");
+        }
+        assert_eq!(
+            node_of_branch("z9hG4bK-plbo-0123456789abcdef-n-1.a_b"),
+            Some("n-1.a_b")
+        );
         assert_eq!(branch(&msg(INVITE), "n2"), b);
         let cancel = INVITE
             .replace("INVITE sip", "CANCEL sip")

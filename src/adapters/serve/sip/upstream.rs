@@ -139,6 +139,17 @@ impl SipUpstream {
         self.callee.relay(req, emit).await;
     }
 
+    /// Takes `resp`, a response of the upstream that reached a SIP
+    /// listener (of this node, or of a peer that passed it on) instead of
+    /// the node's socket toward the upstream, as if it had come there
+    /// (`engine::sip::proxy::stray_response`).
+    pub(crate) async fn deliver(&self, resp: SipMessage) {
+        let again = hand_over(resp, &self.waiting, (&self.completed, self.epoch));
+        if let (Some(ack), Ok(socket)) = (again, self.socket().await) {
+            let _ = socket.send(&ack).await;
+        }
+    }
+
     /// The node's socket toward the upstream; the first call binds it and
     /// starts its reader task.
     async fn socket(&self) -> std::io::Result<Arc<UdpSocket>> {
@@ -249,7 +260,7 @@ impl SipUpstream {
     async fn exchange(&self, req: &SipMessage, node: &str, emit: &Emit<'_>) {
         let branch = up::branch(req, node);
         let generated = |status: u16, reason: &str| {
-            let tag = &branch[branch.len() - 8..];
+            let tag = up::generated_tag(&branch);
             let mut r = req.response(status, reason, Some(tag));
             r.headers
                 .push((sipmsg::SERVED_BY.to_owned(), node.to_owned()));
@@ -406,26 +417,7 @@ async fn read_answers(
                     });
                     continue;
                 }
-                let key = match (msg.top_via().and_then(|v| v.param("branch")), msg.cseq()) {
-                    (Some(b), Some((_, m))) => (b.to_owned(), m.to_owned()),
-                    _ => continue,
-                };
-                let again = {
-                    let map = waiting.lock().expect("waiting lock");
-                    match map.get(&key) {
-                        Some(tx) => {
-                            let _ = tx.send(Datagram::Answer(msg));
-                            None
-                        }
-                        None if key.1 == "INVITE" => completed
-                            .lock()
-                            .expect("completed lock")
-                            .ack_of(&key.0, epoch.elapsed())
-                            .map(SipMessage::to_bytes),
-                        None => None,
-                    }
-                };
-                if let Some(ack) = again {
+                if let Some(ack) = hand_over(msg, &waiting, (&completed, epoch)) {
                     let _ = socket.send(&ack).await;
                 }
             }
@@ -436,6 +428,34 @@ async fn read_answers(
                 }
             }
         }
+    }
+}
+
+/// Hands `msg`, a response from the upstream, to the transaction its top
+/// `Via` branch and `CSeq` method name; a retransmitted final answer of a
+/// completed INVITE gives the ACK to send again; anything else is
+/// dropped.
+fn hand_over(
+    msg: SipMessage,
+    waiting: &Waiting,
+    (completed, epoch): (&Mutex<Completed>, Instant),
+) -> Option<Vec<u8>> {
+    let key = match (msg.top_via().and_then(|v| v.param("branch")), msg.cseq()) {
+        (Some(b), Some((_, m))) => (b.to_owned(), m.to_owned()),
+        _ => return None,
+    };
+    let map = waiting.lock().expect("waiting lock");
+    match map.get(&key) {
+        Some(tx) => {
+            let _ = tx.send(Datagram::Answer(msg));
+            None
+        }
+        None if key.1 == "INVITE" => completed
+            .lock()
+            .expect("completed lock")
+            .ack_of(&key.0, epoch.elapsed())
+            .map(SipMessage::to_bytes),
+        None => None,
     }
 }
 

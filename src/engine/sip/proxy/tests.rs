@@ -174,3 +174,23 @@ fn completed_forgets_the_oldest_past_its_cap() {
     assert!(!done.absorbs("b0", s(1)) && !done.absorbs("b1", s(1)));
     assert!(done.absorbs("b2", s(1)));
 }
+
+/// A response at a listener goes to the owner its branch names, once;
+/// anything not from the server, or not an owner's branch, is dropped.
+#[test]
+fn a_response_at_a_listener_goes_to_the_owner_its_branch_names() {
+    let req = msg(INVITE);
+    let b = super::super::upstream::branch(&req, "n2");
+    let sent =
+        super::super::upstream::upstream_request(&req, "127.0.0.1:40000".parse().unwrap(), &b);
+    let ok = sent.response(200, "OK", Some("u"));
+    assert_eq!(stray_response(&ok, "n2", true), Stray::Mine);
+    assert_eq!(stray_response(&ok, "n1", true), Stray::Peer("n2"));
+    assert_eq!(stray_response(&ok, "n1", false), Stray::Drop);
+    assert_eq!(stray_response(&sent, "n1", true), Stray::Drop, "a request");
+    // The entry's or a client's branch on top: nobody's transaction here.
+    assert_eq!(
+        stray_response(&req.response(200, "OK", None), "n1", true),
+        Stray::Drop
+    );
+}
