@@ -254,8 +254,14 @@ impl Node {
         });
         let sip_upstream = match config.sip_app {
             SipAppKind::Builtin => None,
-            SipAppKind::Udp(addr) => Some(SipUpstream::new(
-                addr,
+            SipAppKind::Udp(addr) | SipAppKind::Tcp(addr) => Some(SipUpstream::new(
+                (
+                    match config.sip_app {
+                        SipAppKind::Tcp(_) => sip::SipTransport::Tcp,
+                        _ => sip::SipTransport::Udp,
+                    },
+                    addr,
+                ),
                 (
                     sip_upstream::transaction_timeout(config.ingress.response_timeout),
                     config.ingress.sip_timer_c,

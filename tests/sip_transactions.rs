@@ -78,7 +78,8 @@ struct Seen {
 
 /// An INVITE server transaction of [`StrictUas`] (RFC 3261 17.2.1).
 struct InviteTx {
-    from: SocketAddr,
+    /// Where its answers go (a UDP source, or a TCP connection's number).
+    from: Peer,
     text: String,
     /// The final status sent, once sent.
     final_status: Option<u16>,
@@ -87,22 +88,127 @@ struct InviteTx {
     next_ring: Instant,
 }
 
-/// A strict user agent server on an ephemeral loopback UDP port,
-/// answering from a thread until dropped. Server transactions are keyed
-/// by the top `Via` branch (RFC 3261 17.2.3): a retransmitted request gets
-/// the transaction's last answer again, and nothing new. INVITE
-/// `sip:ring@` rings (100, 180) without end; `sip:long@` answers 100, then
-/// 180 every 300 ms eight times, then 200; `sip:busy@` answers 100, 486;
-/// any other user 100, 180, 200.
-/// A CANCEL whose branch is a pending INVITE's gets 200 and the INVITE
-/// 487; one whose branch is an answered INVITE's gets 200 (no effect,
-/// 9.2); any other 481. An ACK is counted by branch. BYE and OPTIONS get
-/// 200. Answers copy `Via`, `Record-Route`, `From`, `To` (tag `uas` on
-/// all but 100), `Call-ID` and `CSeq`, and carry `X-Fake-Uas: yes`.
+/// Where an answer of [`StrictUas`] goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Peer {
+    Udp(SocketAddr),
+    Tcp(usize),
+}
+
+/// The server transactions of [`StrictUas`], whatever the transport.
+#[derive(Default)]
+struct Core {
+    invites: BTreeMap<String, InviteTx>,
+    /// The last answer of each non-INVITE server transaction, by (branch,
+    /// method).
+    others: BTreeMap<(String, String), String>,
+}
+
+impl Core {
+    /// The answers due by now (the rings of `long@` calls).
+    fn tick(&mut self, contact: SocketAddr) -> Vec<(Peer, String)> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for tx in self.invites.values_mut() {
+            if tx.final_status.is_none() && tx.rings_left > 0 && now >= tx.next_ring {
+                tx.rings_left -= 1;
+                tx.next_ring = now + Duration::from_millis(300);
+                let code = if tx.rings_left == 0 { 200 } else { 180 };
+                if code == 200 {
+                    tx.final_status = Some(200);
+                }
+                out.push((tx.from, answer(&tx.text, code, contact)));
+            }
+        }
+        out
+    }
+
+    /// The answers to `text` received from `from`.
+    fn take(&mut self, text: &str, from: Peer, contact: SocketAddr) -> Vec<(Peer, String)> {
+        let method = text.split(' ').next().unwrap_or("").to_owned();
+        let branch = top_branch(text);
+        let mut out = Vec::new();
+        match method.as_str() {
+            "SIP/2.0" | "ACK" => {}
+            "INVITE" => {
+                if let Some(tx) = self.invites.get(&branch) {
+                    // A retransmission: the last answer again.
+                    let code = tx
+                        .final_status
+                        .unwrap_or(if tx.rings_left > 0 { 100 } else { 180 });
+                    out.push((from, answer(&tx.text, code, contact)));
+                    return out;
+                }
+                out.push((from, answer(text, 100, contact)));
+                let (final_status, rings) = if text.starts_with("INVITE sip:busy@") {
+                    out.push((from, answer(text, 486, contact)));
+                    (Some(486), 0)
+                } else if text.starts_with("INVITE sip:long@") {
+                    (None, 9)
+                } else if text.starts_with("INVITE sip:ring@") {
+                    out.push((from, answer(text, 180, contact)));
+                    (None, 0)
+                } else {
+                    out.push((from, answer(text, 180, contact)));
+                    out.push((from, answer(text, 200, contact)));
+                    (Some(200), 0)
+                };
+                self.invites.insert(
+                    branch,
+                    InviteTx {
+                        from,
+                        text: text.to_owned(),
+                        final_status,
+                        rings_left: rings,
+                        next_ring: Instant::now(),
+                    },
+                );
+            }
+            "CANCEL" => {
+                let key = (branch.clone(), method.clone());
+                if let Some(last) = self.others.get(&key) {
+                    out.push((from, last.clone()));
+                    return out;
+                }
+                let ok = match self.invites.get_mut(&branch) {
+                    Some(tx) => {
+                        if tx.final_status.is_none() {
+                            tx.final_status = Some(487);
+                            out.push((tx.from, answer(&tx.text, 487, contact)));
+                        }
+                        answer(text, 200, contact)
+                    }
+                    None => answer(text, 481, contact),
+                };
+                out.push((from, ok.clone()));
+                self.others.insert(key, ok);
+            }
+            _ => {
+                let a = answer(text, 200, contact);
+                out.push((from, a.clone()));
+                self.others.insert((branch, method), a);
+            }
+        }
+        out
+    }
+}
+
+/// A strict user agent server on an ephemeral loopback port (UDP, or TCP
+/// with [`StrictUas::start_tcp`]), answering from threads until dropped.
+/// Server transactions are keyed by the top `Via` branch (RFC 3261
+/// 17.2.3): a retransmitted request gets the transaction's last answer
+/// again, and nothing new. INVITE `sip:ring@` rings (100, 180) without
+/// end; `sip:long@` answers 100, then 180 every 300 ms eight times, then
+/// 200; `sip:busy@` answers 100, 486; any other user 100, 180, 200. A
+/// CANCEL whose branch is a pending INVITE's gets 200 and the INVITE 487;
+/// one whose branch is an answered INVITE's gets 200 (no effect, 9.2);
+/// any other 481. An ACK is only recorded. BYE and OPTIONS get 200.
+/// Answers copy `Via`, `Record-Route`, `From`, `To` (tag `uas` on all but
+/// 100), `Call-ID` and `CSeq`, and carry `X-Fake-Uas: yes`.
 ///
-/// With [`StrictUas::answer_to`] set, every answer goes to that address
-/// instead of where its request came from (a server that sends its
-/// answers to one fixed proxy address, not to the `Via`).
+/// With [`StrictUas::answer_to`] set, every answer over UDP goes to that
+/// address instead of where its request came from (a server that sends
+/// its answers to one fixed proxy address, not to the `Via`).
 struct StrictUas {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -116,38 +222,25 @@ impl StrictUas {
         sock.set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
         let addr = sock.local_addr().unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let answer_to = Arc::new(Mutex::new(None));
-        let (log, st, fixed) = (seen.clone(), stop.clone(), answer_to.clone());
+        let uas = StrictUas::new(addr);
+        let (log, st, fixed) = (uas.seen.clone(), uas.stop.clone(), uas.answer_to.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65_536];
-            let mut invites: BTreeMap<String, InviteTx> = BTreeMap::new();
-            // The last answer of each non-INVITE server transaction, by
-            // (branch, method).
-            let mut others: BTreeMap<(String, String), String> = BTreeMap::new();
-            let send = |text: &str, to: SocketAddr| {
-                let to = fixed.lock().unwrap().unwrap_or(to);
-                let _ = sock.send_to(text.as_bytes(), to);
-                log.lock().unwrap().push(Seen {
-                    at: Instant::now(),
-                    received: false,
-                    text: text.to_owned(),
-                });
+            let mut core = Core::default();
+            let send = |out: Vec<(Peer, String)>| {
+                for (to, text) in out {
+                    let Peer::Udp(to) = to else { continue };
+                    let to = fixed.lock().unwrap().unwrap_or(to);
+                    let _ = sock.send_to(text.as_bytes(), to);
+                    log.lock().unwrap().push(Seen {
+                        at: Instant::now(),
+                        received: false,
+                        text,
+                    });
+                }
             };
             while !st.load(Ordering::Relaxed) {
-                let now = Instant::now();
-                for tx in invites.values_mut() {
-                    if tx.final_status.is_none() && tx.rings_left > 0 && now >= tx.next_ring {
-                        tx.rings_left -= 1;
-                        tx.next_ring = now + Duration::from_millis(300);
-                        let code = if tx.rings_left == 0 { 200 } else { 180 };
-                        if code == 200 {
-                            tx.final_status = Some(200);
-                        }
-                        send(&answer(&tx.text, code, addr), tx.from);
-                    }
-                }
+                send(core.tick(addr));
                 let Ok((n, from)) = sock.recv_from(&mut buf) else {
                     continue;
                 };
@@ -157,80 +250,77 @@ impl StrictUas {
                     received: true,
                     text: text.clone(),
                 });
-                let method = text.split(' ').next().unwrap_or("").to_owned();
-                let branch = top_branch(&text);
-                match method.as_str() {
-                    "SIP/2.0" | "ACK" => {}
-                    "INVITE" => {
-                        if let Some(tx) = invites.get(&branch) {
-                            // A retransmission: the last answer again.
-                            let code = tx.final_status.unwrap_or(
-                                if tx.rings_left > 0 || text.starts_with("INVITE sip:ring@") {
-                                    180
-                                } else {
-                                    100
-                                },
-                            );
-                            send(&answer(&tx.text, code, addr), from);
-                            continue;
-                        }
-                        send(&answer(&text, 100, addr), from);
-                        let (final_status, rings) = if text.starts_with("INVITE sip:busy@") {
-                            send(&answer(&text, 486, addr), from);
-                            (Some(486), 0)
-                        } else if text.starts_with("INVITE sip:long@") {
-                            (None, 9)
-                        } else if text.starts_with("INVITE sip:ring@") {
-                            send(&answer(&text, 180, addr), from);
-                            (None, 0)
-                        } else {
-                            send(&answer(&text, 180, addr), from);
-                            send(&answer(&text, 200, addr), from);
-                            (Some(200), 0)
+                send(core.take(&text, Peer::Udp(from), addr));
+            }
+        });
+        uas
+    }
+
+    /// The same server over TCP: each connection read by a thread of its
+    /// own, the answers written on the connection the request came in on.
+    fn start_tcp() -> StrictUas {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let uas = StrictUas::new(addr);
+        let core = Arc::new(Mutex::new(Core::default()));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let send = {
+            let (log, conns) = (uas.seen.clone(), conns.clone());
+            move |out: Vec<(Peer, String)>| {
+                for (to, text) in out {
+                    let Peer::Tcp(i) = to else { continue };
+                    let _ = conns.lock().unwrap()[i].write_all(text.as_bytes());
+                    log.lock().unwrap().push(Seen {
+                        at: Instant::now(),
+                        received: false,
+                        text,
+                    });
+                }
+            }
+        };
+        let (st, log) = (uas.stop.clone(), uas.seen.clone());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let due = core.lock().unwrap().tick(addr);
+                send(due);
+                std::thread::sleep(Duration::from_millis(20));
+                while let Ok((conn, _)) = listener.accept() {
+                    conn.set_nonblocking(false).unwrap();
+                    let reader = conn.try_clone().unwrap();
+                    let i = {
+                        let mut all = conns.lock().unwrap();
+                        all.push(conn);
+                        all.len() - 1
+                    };
+                    let (core, send, log) = (core.clone(), send.clone(), log.clone());
+                    std::thread::spawn(move || {
+                        let mut reader = TcpReader {
+                            tcp: reader,
+                            buf: Vec::new(),
                         };
-                        invites.insert(
-                            branch,
-                            InviteTx {
-                                from,
-                                text,
-                                final_status,
-                                rings_left: rings,
-                                next_ring: Instant::now(),
-                            },
-                        );
-                    }
-                    "CANCEL" => {
-                        let key = (branch.clone(), method.clone());
-                        if let Some(last) = others.get(&key) {
-                            send(last, from);
-                            continue;
+                        while let Some((at, text)) = reader.next(Duration::from_secs(3600)) {
+                            log.lock().unwrap().push(Seen {
+                                at,
+                                received: true,
+                                text: text.clone(),
+                            });
+                            let out = core.lock().unwrap().take(&text, Peer::Tcp(i), addr);
+                            send(out);
                         }
-                        let ok = match invites.get_mut(&branch) {
-                            Some(tx) => {
-                                if tx.final_status.is_none() {
-                                    tx.final_status = Some(487);
-                                    send(&answer(&tx.text, 487, addr), tx.from);
-                                }
-                                answer(&text, 200, addr)
-                            }
-                            None => answer(&text, 481, addr),
-                        };
-                        send(&ok, from);
-                        others.insert(key, ok);
-                    }
-                    _ => {
-                        let a = answer(&text, 200, addr);
-                        send(&a, from);
-                        others.insert((branch, method), a);
-                    }
+                    });
                 }
             }
         });
+        uas
+    }
+
+    fn new(addr: SocketAddr) -> StrictUas {
         StrictUas {
             addr,
-            seen,
-            answer_to,
-            stop,
+            seen: Arc::default(),
+            answer_to: Arc::default(),
+            stop: Arc::default(),
         }
     }
 
@@ -724,4 +814,72 @@ fn answers_sent_to_another_nodes_listener_reach_the_owners_transaction() {
         assert!(late.is_empty(), "{late:?}");
     }
     assert_eq!(owners.len(), 3, "calls owned by every node: {owners:?}");
+}
+
+/// `sip_app = "tcp:..."`: each owner reaches the server over one TCP
+/// connection of its own (a `SIP/2.0/TCP` Via, nothing resent on it): a
+/// call completes through each node, a CANCEL through another node gets
+/// 200 and its INVITE 487, and the ACK of a 486 reaches the server once.
+#[test]
+fn over_tcp_to_the_server_calls_cancels_and_acks_take_the_same_ways() {
+    let uas = StrictUas::start_tcp();
+    let c = Cluster::start_sip(
+        "sip-tx-tcp-app",
+        3,
+        &format!(
+            "sip_app = \"tcp:{}\"\n[limits]\nsip_timer_c_ms = {TIMER_C_MS}\n",
+            uas.addr
+        ),
+        "",
+    );
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = client.local_addr().unwrap();
+    let sip = |i: usize| c.nodes[i % 3].sip.unwrap();
+    for i in 0..3 {
+        let call = format!("tcp-ok{i}");
+        let invite = request("INVITE", "bob", &call, 1, ("UDP", me), &call, "");
+        client.send_to(invite.as_bytes(), sip(i)).unwrap();
+        let answers = gather(&client, Duration::from_secs(10), |a| has_final(a, "INVITE"));
+        assert_eq!(statuses(&answers, "INVITE"), [100, 180, 200], "{answers:?}");
+        let seen = uas.requests("INVITE", &call);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(
+            all_headers(&seen[0], "via")[0].starts_with("SIP/2.0/TCP 127.0.0.1:"),
+            "{}",
+            seen[0]
+        );
+
+        let call = format!("tcp-cancel{i}");
+        let invite = request("INVITE", "ring", &call, 1, ("UDP", me), &call, "");
+        client.send_to(invite.as_bytes(), sip(i)).unwrap();
+        let ringing = gather(&client, Duration::from_secs(10), |a| {
+            statuses(a, "INVITE").contains(&180)
+        });
+        assert_eq!(statuses(&ringing, "INVITE"), [100, 180], "{ringing:?}");
+        client
+            .send_to(cancel_of(&invite).as_bytes(), sip(i + 1))
+            .unwrap();
+        let answers = gather(&client, Duration::from_secs(10), |a| {
+            has_final(a, "INVITE") && has_final(a, "CANCEL")
+        });
+        assert_eq!(statuses(&answers, "CANCEL"), [200], "{answers:?}");
+        assert_eq!(statuses(&answers, "INVITE"), [487], "{answers:?}");
+        assert!(uas.sent(481, "CANCEL", &call).is_empty());
+
+        let call = format!("tcp-busy{i}");
+        let invite = request("INVITE", "busy", &call, 1, ("UDP", me), &call, "");
+        client.send_to(invite.as_bytes(), sip(i)).unwrap();
+        let answers = gather(&client, Duration::from_secs(10), |a| has_final(a, "INVITE"));
+        assert_eq!(statuses(&answers, "INVITE"), [100, 486], "{answers:?}");
+        let absorbed = sum_counter(&c, "sip_acks_absorbed");
+        let busy = &answers.last().unwrap().1;
+        client
+            .send_to(ack_of(&invite, busy).as_bytes(), sip(i + 2))
+            .unwrap();
+        poll(Duration::from_secs(10), || {
+            sum_counter(&c, "sip_acks_absorbed") > absorbed
+        })
+        .expect("the caller's ACK was absorbed");
+        assert_eq!(uas.requests("ACK", &call).len(), 1);
+    }
 }

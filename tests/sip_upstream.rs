@@ -472,8 +472,12 @@ fn a_bad_sip_app_exits_64_naming_the_field() {
     let dir = temp_dir("sip-app-config");
     for (value, says) in [
         (
-            "tcp:127.0.0.1:5070",
-            "sip_app: \"tcp:127.0.0.1:5070\" is neither \"builtin\" nor udp:<ip>:<port>",
+            "tls:127.0.0.1:5070",
+            "sip_app: \"tls:127.0.0.1:5070\" is neither \"builtin\" nor udp:<ip>:<port> nor tcp:<ip>:<port>",
+        ),
+        (
+            "tcp:127.0.0.1:0",
+            "sip_app: \"tcp:127.0.0.1:0\": 127.0.0.1:0 cannot be sent to",
         ),
         (
             "udp:nowhere:5070",

@@ -42,6 +42,9 @@ pub enum SipAppKind {
     /// `udp:<ip>:<port>`: an upstream SIP server over UDP; the owner
     /// forwards each request there and relays its answers.
     Udp(SocketAddr),
+    /// `tcp:<ip>:<port>`: an upstream SIP server over TCP (one connection
+    /// per node, opened on the first request and again after it closed).
+    Tcp(SocketAddr),
 }
 
 /// Where an upstream app listens.

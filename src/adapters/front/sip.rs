@@ -57,7 +57,7 @@ use crate::engine::sip::proxy::{self, EntryRelay, Stray};
 use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, record_route};
 
-pub(crate) use crate::adapters::serve::sip::{Emit, SipApp, SipUpstream};
+pub(crate) use crate::adapters::serve::sip::{Emit, SipApp, SipTransport, SipUpstream};
 pub(crate) use tcp::{TcpLimits, serve_tcp};
 
 mod tcp;

@@ -95,12 +95,27 @@ pub(crate) fn generated_tag(branch: &str) -> &str {
 /// 8, RFC 3581), this cluster's `peerlb-owner` removed from the
 /// Request-URI (the owner added it to the upstream's own `Contact`,
 /// [`relayed_answer`]), everything else as the entry forwarded it.
+#[cfg(test)]
 pub(crate) fn upstream_request(req: &SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
+    upstream_request_over(req, "UDP", local, branch)
+}
+
+/// [`upstream_request`] over `transport` (`UDP` or `TCP`, the `Via`'s
+/// transport; `sip_app = "tcp:..."` sends from a TCP connection).
+pub(crate) fn upstream_request_over(
+    req: &SipMessage,
+    transport: &str,
+    local: SocketAddr,
+    branch: &str,
+) -> SipMessage {
     let mut out = req.clone();
     if let StartLine::Request { uri, .. } = &mut out.start {
         *uri = super::strip_owner_param(uri);
     }
-    out.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
+    out.push_front(
+        "Via",
+        format!("SIP/2.0/{transport} {local};branch={branch};rport"),
+    );
     out
 }
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::{OnceCell, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -34,6 +34,11 @@ use crate::adapters::node_state::NodeState;
 use crate::engine::sip::proxy::{self, ClientTimers, Completed, Expired};
 use crate::engine::sip::upstream::{self as up, Received};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, StartLine};
+
+mod link;
+
+use link::Link;
+pub(crate) use link::Transport;
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -66,8 +71,11 @@ pub(crate) struct SipUpstream {
     /// Keyed by (owner branch, method): a CANCEL shares its INVITE's
     /// branch but is a transaction of its own (RFC 3261 9.1).
     inflight: Mutex<BTreeMap<(String, String), Outcome>>,
-    /// The node's socket toward the upstream, bound on first use.
-    socket: OnceCell<Arc<UdpSocket>>,
+    /// `sip_app`'s transport.
+    transport: Transport,
+    /// The node's link to the upstream, opened on first use (and again
+    /// after a TCP connection closed).
+    link: tokio::sync::Mutex<Option<Arc<Link>>>,
     /// Transactions waiting for answers, by (owner branch, method).
     waiting: Arc<Waiting>,
     /// The relay of the requests the upstream sends.
@@ -105,7 +113,7 @@ impl SipUpstream {
     /// waits `timer_c` since the last provisional answer, then is
     /// CANCELled (`engine::sip::proxy::ClientTimers`).
     pub(crate) fn new(
-        addr: SocketAddr,
+        (transport, addr): (Transport, SocketAddr),
         (timeout, timer_c): (Duration, Duration),
         node: &str,
         state: Arc<NodeState>,
@@ -118,7 +126,8 @@ impl SipUpstream {
             completed: Arc::new(Mutex::new(Completed::default())),
             epoch: Instant::now(),
             inflight: Mutex::new(BTreeMap::new()),
-            socket: OnceCell::new(),
+            transport,
+            link: tokio::sync::Mutex::new(None),
             waiting: Arc::new(Mutex::new(BTreeMap::new())),
             callee: Arc::new(CalleeRelay {
                 node: node.to_owned(),
@@ -145,28 +154,27 @@ impl SipUpstream {
     /// (`engine::sip::proxy::stray_response`).
     pub(crate) async fn deliver(&self, resp: SipMessage) {
         let again = hand_over(resp, &self.waiting, (&self.completed, self.epoch));
-        if let (Some(ack), Ok(socket)) = (again, self.socket().await) {
-            let _ = socket.send(&ack).await;
+        if let (Some(ack), Ok(link)) = (again, self.link().await) {
+            let _ = link.send(&ack).await;
         }
     }
 
-    /// The node's socket toward the upstream; the first call binds it and
-    /// starts its reader task.
-    async fn socket(&self) -> std::io::Result<Arc<UdpSocket>> {
-        let s = self
-            .socket
-            .get_or_try_init(|| async {
-                let s = Arc::new(connected(self.addr).await?);
-                tokio::spawn(read_answers(
-                    s.clone(),
-                    self.waiting.clone(),
-                    self.callee.clone(),
-                    (self.completed.clone(), self.epoch),
-                ));
-                Ok::<_, std::io::Error>(s)
-            })
-            .await?;
-        Ok(s.clone())
+    /// The node's link to the upstream; the first call (and the first
+    /// after a TCP connection closed) opens it and starts its reader.
+    async fn link(&self) -> std::io::Result<Arc<Link>> {
+        let mut held = self.link.lock().await;
+        if let Some(l) = held.as_ref().filter(|l| l.is_open()) {
+            return Ok(l.clone());
+        }
+        let readers = link::Readers {
+            waiting: self.waiting.clone(),
+            callee: self.callee.clone(),
+            completed: self.completed.clone(),
+            epoch: self.epoch,
+        };
+        let l = Arc::new(link::open(self.transport, self.addr, self.timeout, readers).await?);
+        *held = Some(l.clone());
+        Ok(l)
     }
 
     /// [`Self::exchange`], except that a request whose transaction is
@@ -273,7 +281,7 @@ impl SipUpstream {
                 emit(&generated(503, "Service Unavailable"));
             }
         };
-        let socket = match self.socket().await {
+        let socket = match self.link().await {
             Ok(s) => s,
             Err(e) => {
                 debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream socket failed");
@@ -283,7 +291,8 @@ impl SipUpstream {
         let Ok(local) = socket.local_addr() else {
             return unavailable();
         };
-        let sent = up::upstream_request(req, local, &branch);
+        let sent = up::upstream_request_over(req, socket.via_name(), local, &branch);
+        let reliable = socket.reliable();
         let bytes = sent.to_bytes();
         // Registered before the first send, so that no answer (nor the
         // error of a closed port) can come before the transaction waits.
@@ -312,7 +321,8 @@ impl SipUpstream {
         // INVITE until the final answer comes.
         let mut cancel: Option<Vec<u8>> = None;
         let mut transmissions = 1;
-        let mut resend = Some(Instant::now() + up::retransmit_interval(invite, 1));
+        // Nothing is resent over a reliable transport (17.1.1.2, 17.1.2.2).
+        let mut resend = (!reliable).then(|| Instant::now() + up::retransmit_interval(invite, 1));
         loop {
             let deadline = self.epoch + timers.deadline();
             let wake = resend.map_or(deadline, |r| r.min(deadline));
@@ -336,7 +346,8 @@ impl SipUpstream {
                         let _ = socket.send(&c).await;
                         cancel = Some(c);
                         transmissions = 1;
-                        resend = Some(Instant::now() + up::retransmit_interval(false, 1));
+                        resend =
+                            (!reliable).then(|| Instant::now() + up::retransmit_interval(false, 1));
                     }
                 },
                 None => {
@@ -358,7 +369,7 @@ impl SipUpstream {
                     Received::Trying => {
                         timers.on_provisional(now(), 100);
                         if cancel.is_none() {
-                            resend = (!invite).then(|| Instant::now() + up::T2);
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
                         }
                     }
                     Received::Provisional(m) => {
@@ -366,7 +377,7 @@ impl SipUpstream {
                             timers.on_provisional(now(), status);
                         }
                         if cancel.is_none() {
-                            resend = (!invite).then(|| Instant::now() + up::T2);
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
                         }
                         emit(&up::relayed_answer(m, method, node));
                     }
@@ -382,50 +393,6 @@ impl SipUpstream {
                         return emit(&up::relayed_answer(m, method, node));
                     }
                 },
-            }
-        }
-    }
-}
-
-/// Reads the upstream's datagrams on `socket` for as long as the node
-/// runs: an answer goes to the transaction its top `Via` branch and `CSeq`
-/// method name (a retransmitted non-2xx final answer to an INVITE the
-/// owner ACKed, kept in `completed` on the clock of its epoch, is ACKed
-/// again, 17.1.1.2; anything else is dropped), a request to `callee` (its
-/// answers go back on `socket`); a socket error goes to every waiting
-/// transaction.
-async fn read_answers(
-    socket: Arc<UdpSocket>,
-    waiting: Arc<Waiting>,
-    callee: Arc<CalleeRelay>,
-    (completed, epoch): (Arc<Mutex<Completed>>, Instant),
-) {
-    let mut buf = vec![0u8; MAX_MESSAGE + 1];
-    loop {
-        match socket.recv(&mut buf).await {
-            Ok(n) => {
-                let Ok(msg) = sipmsg::parse(&buf[..n]) else {
-                    continue;
-                };
-                if msg.method().is_some() {
-                    let (socket, callee) = (socket.clone(), callee.clone());
-                    tokio::spawn(async move {
-                        let emit = move |m: &SipMessage| {
-                            let _ = socket.try_send(&m.to_bytes());
-                        };
-                        callee.relay(msg, &emit).await;
-                    });
-                    continue;
-                }
-                if let Some(ack) = hand_over(msg, &waiting, (&completed, epoch)) {
-                    let _ = socket.send(&ack).await;
-                }
-            }
-            Err(e) => {
-                debug!(target: LOG, error = %e, "sip upstream socket error");
-                for tx in waiting.lock().expect("waiting lock").values() {
-                    let _ = tx.send(Datagram::Failed);
-                }
             }
         }
     }
