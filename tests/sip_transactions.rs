@@ -883,3 +883,64 @@ fn over_tcp_to_the_server_calls_cancels_and_acks_take_the_same_ways() {
         assert_eq!(uas.requests("ACK", &call).len(), 1);
     }
 }
+
+/// A request the server sends toward a caller whose target says
+/// `transport=tcp` goes over a TCP connection (a new one, from the node
+/// that took it: RFC 5923 reuse of the caller's own connection is not
+/// built) with a `SIP/2.0/TCP` Via, and the caller's 200 on it reaches the
+/// server, its own Via only.
+#[test]
+fn a_request_from_the_server_to_a_tcp_caller_goes_over_tcp_and_its_200_comes_back() {
+    let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let c = Cluster::start_sip(
+        "sip-tx-callee-tcp",
+        1,
+        &format!("sip_app = \"udp:{}\"", server.local_addr().unwrap()),
+        "",
+    );
+    let caller = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = caller.local_addr().unwrap();
+    let me = server.local_addr().unwrap();
+    let bye = format!(
+        "BYE sip:alice@{at};transport=tcp SIP/2.0\r\n\
+         Via: SIP/2.0/UDP {me};branch=z9hG4bKsrvbye1\r\nMax-Forwards: 70\r\n\
+         From: <sip:bob@test>;tag=uas\r\nTo: <sip:alice@test>;tag=a1\r\nCall-ID: callee-tcp\r\n\
+         CSeq: 5 BYE\r\nContent-Length: 0\r\n\r\n"
+    );
+    server
+        .send_to(bye.as_bytes(), c.nodes[0].sip.unwrap())
+        .unwrap();
+    caller.set_nonblocking(true).unwrap();
+    let mut accepted = None;
+    poll(Duration::from_secs(10), || {
+        accepted = caller.accept().ok();
+        accepted.is_some()
+    })
+    .expect("a TCP connection to the caller");
+    let (conn, _) = accepted.unwrap();
+    conn.set_nonblocking(false).unwrap();
+    let mut conn = TcpReader {
+        tcp: conn,
+        buf: Vec::new(),
+    };
+    let (_, got) = conn
+        .next(Duration::from_secs(10))
+        .expect("the BYE over TCP");
+    assert!(got.starts_with("BYE sip:alice@"), "{got}");
+    let vias = all_headers(&got, "via");
+    assert_eq!(vias.len(), 2, "{got}");
+    assert!(vias[0].starts_with("SIP/2.0/TCP 127.0.0.1:"), "{got}");
+    assert_eq!(header(&got, "max-forwards"), Some("69"));
+    conn.send(&answer(&got, 200, at));
+    server
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let (n, _) = server.recv_from(&mut buf).expect("the caller's 200");
+    let ok = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert_eq!(status(&ok), 200, "{ok}");
+    assert_eq!(
+        all_headers(&ok, "via"),
+        [format!("SIP/2.0/UDP {me};branch=z9hG4bKsrvbye1")]
+    );
+}

@@ -246,10 +246,12 @@ pub(crate) type Refusal = Option<SipMessage>;
 ///   cluster and is removed (16.4: the owner stands in for any node).
 /// - The destination (16.6 steps 6-7, loose routing only): the next
 ///   `Route`'s URI when there is one, else the Request-URI; its host must
-///   be an IP address (no DNS here), its port defaults to 5060, a
-///   `transport` other than UDP or a `sips:` URI is refused `503
-///   Service Unavailable` (the owner cannot send it, 16.9), as is any
-///   other scheme (`416 Unsupported URI Scheme`, 16.3 step 2).
+///   be an IP address (no DNS here), its port defaults to 5060; UDP, or
+///   TCP with `transport=tcp` (over a new connection: RFC 5923 reuse of
+///   the caller's own connection is not built); another `transport` or a
+///   `sips:` URI is refused `503 Service Unavailable` (the owner cannot
+///   send it, 16.9), as is any other scheme (`416 Unsupported URI
+///   Scheme`, 16.3 step 2).
 /// - A request that sets the remote target (re-INVITE, UPDATE, ...) gets
 ///   `peerlb-owner=<node>` in its `Contact`, as an answer the owner relays
 ///   does ([`relayed_answer`]): the caller's next requests to the callee
@@ -263,7 +265,7 @@ pub(crate) type Refusal = Option<SipMessage>;
 pub(crate) fn callee_request(
     req: &SipMessage,
     node: &str,
-) -> Result<(SipMessage, SocketAddr), Refusal> {
+) -> Result<(SipMessage, Destination), Refusal> {
     let method = req.method().unwrap_or("");
     let refuse = |status: u16, reason: &str| {
         (method != "ACK").then(|| {
@@ -300,7 +302,7 @@ pub(crate) fn callee_request(
             StartLine::Response { .. } => return Err(None),
         },
     };
-    let to = match udp_destination(&target) {
+    let to = match destination(&target) {
         Ok(to) => to,
         Err(status) => {
             let reason = if status == 416 {
@@ -315,11 +317,21 @@ pub(crate) fn callee_request(
     Ok((out, to))
 }
 
-/// Where a datagram for SIP URI `uri` goes: `sip:[user@]<ip>[:port]`,
-/// port 5060 when absent, no `transport` or `transport=udp`. `Err(416)`
-/// for a scheme other than `sip`/`sips`, `Err(503)` for what the owner
-/// cannot send to (`sips`, TLS or TCP, a host name).
-fn udp_destination(uri: &str) -> Result<SocketAddr, u16> {
+/// Where a request the owner relays toward a caller goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Destination {
+    /// The target's IP and port.
+    pub(crate) addr: SocketAddr,
+    /// Over TCP (`transport=tcp`), else UDP.
+    pub(crate) tcp: bool,
+}
+
+/// Where a message for SIP URI `uri` goes: `sip:[user@]<ip>[:port]`,
+/// port 5060 when absent, over UDP (no `transport`, or `transport=udp`) or
+/// TCP (`transport=tcp`). `Err(416)` for a scheme other than
+/// `sip`/`sips`, `Err(503)` for what the owner cannot send to (`sips`,
+/// TLS or another transport, a host name).
+fn destination(uri: &str) -> Result<Destination, u16> {
     let (scheme, rest) = uri.split_once(':').ok_or(416u16)?;
     if scheme.eq_ignore_ascii_case("sips") {
         return Err(503);
@@ -327,24 +339,39 @@ fn udp_destination(uri: &str) -> Result<SocketAddr, u16> {
     if !scheme.eq_ignore_ascii_case("sip") {
         return Err(416);
     }
-    if super::uri_param(rest, "transport").is_some_and(|t| !t.eq_ignore_ascii_case("udp")) {
-        return Err(503);
-    }
+    let tcp = match super::uri_param(rest, "transport") {
+        None => false,
+        Some(t) if t.eq_ignore_ascii_case("udp") => false,
+        Some(t) if t.eq_ignore_ascii_case("tcp") => true,
+        Some(_) => return Err(503),
+    };
     let (main, _, _) = super::dialog::split_uri(rest);
     let hostport = main.rfind('@').map_or(main, |i| &main[i + 1..]);
     if let Ok(addr) = hostport.parse::<SocketAddr>() {
-        return Ok(addr);
+        return Ok(Destination { addr, tcp });
     }
     let host = hostport.trim_start_matches('[').trim_end_matches(']');
     host.parse::<std::net::IpAddr>()
-        .map(|ip| SocketAddr::new(ip, 5060))
+        .map(|ip| Destination {
+            addr: SocketAddr::new(ip, 5060),
+            tcp,
+        })
         .map_err(|_| 503)
 }
 
-/// `msg` with the owner's `Via` on top, naming `local` (the socket the
-/// caller answers to) and `branch` (16.6 step 8, RFC 3581 `rport`).
-pub(crate) fn with_via(mut msg: SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
-    msg.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
+/// `msg` with the owner's `Via` on top, naming `transport` (`UDP` or
+/// `TCP`), `local` (the socket the caller answers to) and `branch` (16.6
+/// step 8, RFC 3581 `rport`).
+pub(crate) fn with_via(
+    mut msg: SipMessage,
+    transport: &str,
+    local: SocketAddr,
+    branch: &str,
+) -> SipMessage {
+    msg.push_front(
+        "Via",
+        format!("SIP/2.0/{transport} {local};branch={branch};rport"),
+    );
     msg
 }
 
@@ -553,12 +580,13 @@ mod tests {
     #[test]
     fn a_request_from_the_upstream_goes_to_the_callers_target_through_the_next_route() {
         let (out, to) = callee_request(&msg(CALLEE_BYE), "n2").unwrap();
-        assert_eq!(to, "192.0.2.1:5070".parse().unwrap());
+        assert_eq!(to.addr, "192.0.2.1:5070".parse().unwrap());
+        assert!(!to.tcp);
         assert!(out.header("route").is_none());
         assert_eq!(out.header("max-forwards"), Some("69"));
         let b = callee_branch(&msg(CALLEE_BYE), "n2");
         assert!(b.starts_with(CALLEE_BRANCH_PREFIX));
-        let sent = with_via(out, "127.0.0.1:41000".parse().unwrap(), &b);
+        let sent = with_via(out, "UDP", "127.0.0.1:41000".parse().unwrap(), &b);
         assert_eq!(sent.header_list("via").len(), 2);
         assert_eq!(sent.top_via().unwrap().param("branch"), Some(b.as_str()));
         parse(&sent.to_bytes()).unwrap();
@@ -568,7 +596,7 @@ mod tests {
             "Route: <sip:127.0.0.1:5062;lr;peerlb-owner=n2;peerlb-key=k>, <sip:[::1]:5099;lr>\r\nX: <sip:x",
         );
         let (out, to) = callee_request(&msg(&routed), "n2").unwrap();
-        assert_eq!(to, "[::1]:5099".parse().unwrap());
+        assert_eq!(to.addr, "[::1]:5099".parse().unwrap());
         assert_eq!(out.header_list("route"), ["<sip:[::1]:5099;lr>"]);
         // No port: 5060.
         let (_, to) = callee_request(
@@ -576,7 +604,20 @@ mod tests {
             "n2",
         )
         .unwrap();
-        assert_eq!(to, "192.0.2.1:5060".parse().unwrap());
+        assert_eq!(to.addr, "192.0.2.1:5060".parse().unwrap());
+        // transport=tcp: over TCP.
+        let (_, to) = callee_request(
+            &msg(&CALLEE_BYE.replace("192.0.2.1:5070", "192.0.2.1:5070;transport=TCP")),
+            "n2",
+        )
+        .unwrap();
+        assert_eq!(
+            to,
+            Destination {
+                addr: "192.0.2.1:5070".parse().unwrap(),
+                tcp: true
+            }
+        );
     }
 
     #[test]
@@ -596,7 +637,7 @@ mod tests {
             ),
             (
                 "sip:alice@192.0.2.1:5070 SIP",
-                "sip:alice@192.0.2.1;transport=tcp SIP",
+                "sip:alice@192.0.2.1;transport=sctp SIP",
                 503,
             ),
         ] {

@@ -442,7 +442,7 @@ impl CalleeRelay {
     async fn relay(&self, req: SipMessage, emit: &Emit<'_>) {
         let method = req.method().unwrap_or("").to_owned();
         let (ack, invite) = (method == "ACK", method == "INVITE");
-        let (out, to) = match up::callee_request(&req, &self.node) {
+        let (out, dest) = match up::callee_request(&req, &self.node) {
             Ok(x) => x,
             Err(refusal) => {
                 if let Some(r) = refusal {
@@ -475,7 +475,13 @@ impl CalleeRelay {
         if invite {
             emit(&req.response(100, "Trying", None));
         }
-        let sock = match connected(to).await {
+        let to = dest.addr;
+        let opened = if dest.tcp {
+            link::CallerSocket::tcp(to, up::T1 * 64).await
+        } else {
+            connected(to).await.map(link::CallerSocket::Udp)
+        };
+        let mut sock = match opened {
             Ok(s) => s,
             Err(e) => {
                 debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: no socket");
@@ -491,7 +497,7 @@ impl CalleeRelay {
             }
             return;
         };
-        let sent = up::with_via(out, local, &branch);
+        let sent = up::with_via(out, sock.via_name(), local, &branch);
         let bytes = sent.to_bytes();
         if let Err(e) = sock.send(&bytes).await {
             debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: send failed");
@@ -506,7 +512,8 @@ impl CalleeRelay {
         let start = Instant::now();
         let deadline = start + up::TIMER_B;
         let mut transmissions = 1;
-        let mut resend = Some(start + up::retransmit_interval(invite, 1));
+        let reliable = sock.reliable();
+        let mut resend = (!reliable).then(|| start + up::retransmit_interval(invite, 1));
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         loop {
             let wake = resend.map_or(deadline, |r| r.min(deadline));
@@ -539,9 +546,11 @@ impl CalleeRelay {
                     }
                     match up::receive(msg, &branch) {
                         Received::Ignore => {}
-                        Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
+                        Received::Trying => {
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
+                        }
                         Received::Provisional(m) => {
-                            resend = (!invite).then(|| Instant::now() + up::T2);
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
                             emit(&m);
                         }
                         Received::Final(m) => {

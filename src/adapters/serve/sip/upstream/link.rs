@@ -8,6 +8,10 @@
 //! transaction, a request to the callee relay, whose answers go back on
 //! the same connection. A closed connection fails every transaction
 //! waiting (`503`).
+//!
+//! [`CallerSocket`] is the other direction: the socket of one request
+//! the upstream sent, relayed toward the caller over UDP or, for a
+//! `transport=tcp` target, over a new TCP connection of its own.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -235,6 +239,100 @@ async fn read_datagrams(socket: Arc<UdpSocket>, readers: Readers) {
                 debug!(target: LOG, error = %e, "sip upstream socket error");
                 fail_waiting(&readers.waiting);
             }
+        }
+    }
+}
+
+/// The socket of one request relayed toward a caller: a UDP socket
+/// connected to the target, or a TCP connection to it (a new one: RFC
+/// 5923 reuse of the caller's own connection is not built), read one
+/// whole message at a time.
+pub(crate) enum CallerSocket {
+    /// Over UDP.
+    Udp(UdpSocket),
+    /// Over TCP, with what was read of the next message.
+    Tcp { stream: TcpStream, buf: Vec<u8> },
+}
+
+impl CallerSocket {
+    /// A TCP connection to `to`, made within `connect_timeout`.
+    ///
+    /// # Errors
+    /// The connection's error, `TimedOut` when it took too long.
+    pub(crate) async fn tcp(to: SocketAddr, connect_timeout: Duration) -> std::io::Result<Self> {
+        let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(to))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        let _ = stream.set_nodelay(true);
+        Ok(CallerSocket::Tcp {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The address the caller sees the request come from.
+    ///
+    /// # Errors
+    /// The socket's error.
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            CallerSocket::Udp(s) => s.local_addr(),
+            CallerSocket::Tcp { stream, .. } => stream.local_addr(),
+        }
+    }
+
+    /// Whether nothing is resent on it (TCP).
+    pub(crate) fn reliable(&self) -> bool {
+        matches!(self, CallerSocket::Tcp { .. })
+    }
+
+    /// The transport's name in a `Via`.
+    pub(crate) fn via_name(&self) -> &'static str {
+        match self {
+            CallerSocket::Udp(_) => Transport::Udp.via_name(),
+            CallerSocket::Tcp { .. } => Transport::Tcp.via_name(),
+        }
+    }
+
+    /// Sends one whole message.
+    ///
+    /// # Errors
+    /// The socket's error.
+    pub(crate) async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            CallerSocket::Udp(s) => s.send(bytes).await.map(|_| ()),
+            CallerSocket::Tcp { stream, .. } => stream.write_all(bytes).await,
+        }
+    }
+
+    /// Reads the next message into `out` (at most [`MAX_MESSAGE`] bytes)
+    /// and returns its length. Cancel-safe: a read dropped unfinished
+    /// loses no byte.
+    ///
+    /// # Errors
+    /// The socket's error; over TCP `UnexpectedEof` when the connection
+    /// closed, `InvalidData` for a stream that cannot be framed.
+    pub(crate) async fn recv(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            CallerSocket::Udp(s) => s.recv(out).await,
+            CallerSocket::Tcp { stream, buf } => loop {
+                let skip = sipmsg::leading_crlf(buf);
+                buf.drain(..skip);
+                match sipmsg::frame_len(buf) {
+                    Ok(Some(n)) if n <= out.len() => {
+                        out[..n].copy_from_slice(&buf[..n]);
+                        buf.drain(..n);
+                        return Ok(n);
+                    }
+                    Ok(None) if buf.len() <= MAX_MESSAGE => {}
+                    _ => return Err(std::io::ErrorKind::InvalidData.into()),
+                }
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await? {
+                    0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    n => buf.extend_from_slice(&chunk[..n]),
+                }
+            },
         }
     }
 }
