@@ -578,7 +578,7 @@ mod tests {
         ));
         let r = app
             .clone()
-            .serve_proxied(body::full(INVITE.as_bytes().to_vec()))
+            .serve_proxied(body::full(INVITE.as_bytes().to_vec()), ())
             .await;
         assert_eq!(r.status(), 200);
         let bytes = r.into_body().collect().await.unwrap().to_bytes();
@@ -596,7 +596,10 @@ mod tests {
         }
         assert_eq!(statuses, vec![100, 180, 200]);
         for junk in [&b"garbage"[..], b"SIP/2.0 200 OK\r\n\r\n"] {
-            let r = app.clone().serve_proxied(body::full(junk.to_vec())).await;
+            let r = app
+                .clone()
+                .serve_proxied(body::full(junk.to_vec()), ())
+                .await;
             assert_eq!(r.status(), 400);
         }
     }

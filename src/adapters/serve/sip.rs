@@ -81,7 +81,15 @@ impl SipApp {
     /// `Content-Length`; the body ends after the final one), or `400` (no
     /// body) when the body is not a SIP request. The transaction runs in
     /// a task of its own: an entry that goes away does not cut it short.
-    pub(crate) async fn serve_proxied(self: Arc<Self>, body: Body) -> Response<Body> {
+    ///
+    /// `inflight` (the node's in-flight count of the request) is held
+    /// until the transaction ends, as for an HTTP request until its
+    /// response ends.
+    pub(crate) async fn serve_proxied<G: Send + 'static>(
+        self: Arc<Self>,
+        body: Body,
+        inflight: G,
+    ) -> Response<Body> {
         let status = |s: u16| {
             let mut r = Response::new(body::empty());
             *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
@@ -109,6 +117,7 @@ impl SipApp {
         };
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
         tokio::spawn(async move {
+            let _inflight = inflight;
             let emit = |m: &SipMessage| {
                 let _ = tx.send(Bytes::from(m.to_bytes()));
             };
