@@ -14,6 +14,11 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 mod support;
+// The SIP text helpers of the strict server's tests; the rest of that
+// module (the strict server itself) is not used here.
+#[allow(dead_code)]
+#[path = "sip_transactions/uas.rs"]
+mod uas;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,33 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::*;
-
-/// The value of header `name` (full name, case-insensitive) in `text`.
-fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    let head = text.split("\r\n\r\n").next().unwrap_or("");
-    head.lines().skip(1).find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-fn all_headers<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
-    let head = text.split("\r\n\r\n").next().unwrap_or("");
-    head.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-        .collect()
-}
-
-fn status(text: &str) -> u16 {
-    text.strip_prefix("SIP/2.0 ")
-        .and_then(|r| r.get(..3))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not a SIP response: {text:?}"))
-}
+use uas::{all_headers, header, status};
 
 /// A fake UAS on an ephemeral loopback UDP port, answering from a
 /// thread until dropped: INVITE `100`, `180`, `200` (to user `busy`:

@@ -516,7 +516,9 @@ pub(crate) async fn serve_udp(
                     .push((m.clone(), bytes));
             };
             entry.handle(&datagram, client, false, local, &gather).await;
-            let answers = gathered.into_inner().expect("sip answers lock");
+            let mut answers = gathered.into_inner().expect("sip answers lock");
+            let mut keep = proxy::moot_trying(answers.iter().map(|(m, _)| m)).into_iter();
+            answers.retain(|_| keep.next().unwrap_or(true));
             let sizes: Vec<(usize, bool)> = answers
                 .iter()
                 .map(|(m, b)| (b.len(), is_final(m)))

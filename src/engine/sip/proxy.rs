@@ -110,6 +110,20 @@ impl EntryRelay {
     }
 }
 
+/// Which of `answers`, the answers to one request gathered at once (the
+/// built-in server's, over UDP), to send: all but a `100` when a final
+/// answer is among them (the `100` says nothing the final answer does
+/// not, and a `100` that arrives after the final one, as a
+/// retransmission's may, is one a strict caller such as SIPp refuses).
+pub(crate) fn moot_trying<'a>(answers: impl Iterator<Item = &'a SipMessage> + Clone) -> Vec<bool> {
+    let has_final = answers
+        .clone()
+        .any(|m| status_of(m).is_some_and(|s| s >= 200));
+    answers
+        .map(|m| !(has_final && status_of(m) == Some(100)))
+        .collect()
+}
+
 /// What a [`ClientTimers`] deadline means when it passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Expired {

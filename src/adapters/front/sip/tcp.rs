@@ -148,11 +148,10 @@ async fn connection(
 ) {
     let _gauge = Gauge::new(&entry.state.counters.client_connections);
     let table = entry.tcp.conns.clone();
-    let (mut reader, writer) = tokio::io::split(Closable::new(conn, admitted.state.clone()));
+    let (mut reader, half) = tokio::io::split(Closable::new(conn, admitted.state.clone()));
     // One writer: the answers of the messages in flight and the pongs go
     // out whole, one after the other, in the order they are handed over.
-    let (out, outgoing) = mpsc::unbounded_channel();
-    let writer = AbortOnDrop(tokio::spawn(write_out(writer, outgoing)));
+    let mut writer = Writer::Idle(half);
     let slots = Arc::new(Semaphore::new(MAX_CONN_INFLIGHT));
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = vec![0u8; 16 * 1024];
@@ -165,7 +164,11 @@ async fn connection(
         buf.drain(..k.skip);
         half = k.half;
         for _ in 0..k.pongs {
-            if out.send(Out::Bytes(keepalive::PONG.to_vec())).is_err() {
+            if writer
+                .out()
+                .send(Out::Bytes(keepalive::PONG.to_vec()))
+                .is_err()
+            {
                 return;
             }
         }
@@ -180,7 +183,7 @@ async fn connection(
                 // Busy while it is answered: idle-first closing at the
                 // cap passes it over.
                 let busy = table.busy(&admitted.state);
-                let (entry, out) = (entry.clone(), out.clone());
+                let (entry, out) = (entry.clone(), writer.out().clone());
                 tokio::spawn(async move {
                     let (_slot, _busy) = (slot, busy);
                     let send = |m: &SipMessage| {
@@ -199,9 +202,9 @@ async fn connection(
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
                 if let Some(answer) = sipmsg::bad_request(&buf, &e) {
-                    let _ = out.send(Out::Bytes(answer.to_bytes()));
+                    let _ = writer.out().send(Out::Bytes(answer.to_bytes()));
                 }
-                let _ = out.send(Out::Shutdown);
+                let _ = writer.out().send(Out::Shutdown);
                 writer.finish().await;
                 return;
             }
@@ -245,8 +248,7 @@ async fn connection(
                 "message unfinished within limits.header_read_timeout_ms"
             };
             debug!(target: REQUEST_PATH, %client, why, "sip tcp connection closed");
-            let _ = out.send(Out::Shutdown);
-            drop(out);
+            let _ = writer.out().send(Out::Shutdown);
             writer.finish().await;
         }
     }
@@ -269,6 +271,51 @@ async fn write_out<W: tokio::io::AsyncWrite + Unpin>(
                 let _ = w.shutdown().await;
                 return;
             }
+        }
+    }
+}
+
+/// A connection's writer: its write half, until something is to be
+/// written; then a task that owns it, fed by a channel. An idle connection
+/// never starts one, so when the table closes it the socket is closed as
+/// this connection's task ends, not a task later (under a burst of new
+/// connections at the cap, that lag would hold descriptors).
+enum Writer<W> {
+    /// Nothing written yet.
+    Idle(W),
+    /// The writer task and its channel.
+    Running(mpsc::UnboundedSender<Out>, AbortOnDrop),
+    /// Finished.
+    Done,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin + Send + 'static> Writer<W> {
+    /// The writer's channel; the first call starts the writer task.
+    fn out(&mut self) -> &mpsc::UnboundedSender<Out> {
+        if !matches!(self, Writer::Running(..)) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            match std::mem::replace(self, Writer::Done) {
+                Writer::Idle(w) => {
+                    *self = Writer::Running(tx, AbortOnDrop(tokio::spawn(write_out(w, rx))));
+                }
+                // Finished: a channel nobody reads (sends fail).
+                _ => {
+                    *self = Writer::Running(tx, AbortOnDrop(tokio::spawn(async move { drop(rx) })))
+                }
+            }
+        }
+        match self {
+            Writer::Running(tx, _) => tx,
+            _ => unreachable!("the writer was just started"),
+        }
+    }
+
+    /// Waits until the writer task has written what it was handed up to
+    /// its [`Out::Shutdown`] (at once when none was started).
+    async fn finish(&mut self) {
+        if let Writer::Running(tx, task) = std::mem::replace(self, Writer::Done) {
+            drop(tx);
+            task.finish().await;
         }
     }
 }

@@ -194,3 +194,15 @@ fn a_response_at_a_listener_goes_to_the_owner_its_branch_names() {
         Stray::Drop
     );
 }
+
+#[test]
+fn a_100_gathered_with_a_final_answer_is_not_sent() {
+    let req = msg(INVITE);
+    let a = |code| req.response(code, "x", Some("u"));
+    assert_eq!(
+        moot_trying([a(100), a(180), a(200)].iter()),
+        [false, true, true]
+    );
+    assert_eq!(moot_trying([a(100), a(180)].iter()), [true, true]);
+    assert_eq!(moot_trying([a(100)].iter()), [true]);
+}
