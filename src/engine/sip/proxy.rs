@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::{SipMessage, StartLine, full_name};
+use super::{SipMessage, StartLine};
 
 /// RFC 3261 Timer C (16.6 step 11): how long a proxy waits for a final
 /// answer to an INVITE after its last provisional answer; "MUST be
@@ -215,30 +215,7 @@ impl ClientTimers {
 /// it to the INVITE's transaction), `CSeq` `<n> CANCEL`, `Max-Forwards:
 /// 70`, no body.
 pub(crate) fn cancel_for(sent: &SipMessage) -> SipMessage {
-    let uri = match &sent.start {
-        StartLine::Request { uri, .. } => uri.clone(),
-        StartLine::Response { .. } => String::new(),
-    };
-    let mut headers = Vec::new();
-    if let Some(via) = sent.header_list("via").first() {
-        headers.push(("Via".to_owned(), (*via).to_owned()));
-    }
-    for (n, v) in &sent.headers {
-        if matches!(full_name(n).as_ref(), "from" | "to" | "call-id" | "route") {
-            headers.push((n.clone(), v.clone()));
-        }
-    }
-    let n = sent.cseq().map_or(1, |(n, _)| n);
-    headers.push(("CSeq".to_owned(), format!("{n} CANCEL")));
-    headers.push(("Max-Forwards".to_owned(), "70".to_owned()));
-    SipMessage {
-        start: StartLine::Request {
-            method: "CANCEL".to_owned(),
-            uri,
-        },
-        headers,
-        body: Vec::new(),
-    }
+    super::upstream::in_transaction_of(sent, "CANCEL", None)
 }
 
 /// Where a response that reached a node's SIP listener goes.

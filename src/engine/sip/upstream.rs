@@ -178,6 +178,14 @@ pub(crate) fn receive(mut msg: SipMessage, branch: &str) -> Received {
 /// INVITE's Request-URI, `Call-ID`, `From`, `Route` and top `Via` only,
 /// `To` from the response (with its tag), `CSeq` `<n> ACK`.
 pub(crate) fn ack_for_non_2xx(sent: &SipMessage, resp: &SipMessage) -> SipMessage {
+    in_transaction_of(sent, "ACK", resp.header("to"))
+}
+
+/// A `method` request (ACK or CANCEL) of `sent`'s transaction (RFC 3261
+/// 9.1, 17.1.1.3): `sent`'s Request-URI, top `Via` only, `From`,
+/// `Call-ID`, `Route`, its `To` unless `to` is given (the response's, with
+/// its tag), `CSeq` `<n> <method>`, `Max-Forwards: 70`, no body.
+pub(super) fn in_transaction_of(sent: &SipMessage, method: &str, to: Option<&str>) -> SipMessage {
     let uri = match &sent.start {
         StartLine::Request { uri, .. } => uri.clone(),
         StartLine::Response { .. } => String::new(),
@@ -187,19 +195,21 @@ pub(crate) fn ack_for_non_2xx(sent: &SipMessage, resp: &SipMessage) -> SipMessag
         headers.push(("Via".to_owned(), (*via).to_owned()));
     }
     for (n, v) in &sent.headers {
-        if matches!(full_name(n).as_ref(), "from" | "call-id" | "route") {
-            headers.push((n.clone(), v.clone()));
+        match full_name(n).as_ref() {
+            "from" | "call-id" | "route" => headers.push((n.clone(), v.clone())),
+            "to" if to.is_none() => headers.push((n.clone(), v.clone())),
+            _ => {}
         }
     }
-    if let Some(to) = resp.header("to") {
+    if let Some(to) = to {
         headers.push(("To".to_owned(), to.to_owned()));
     }
     let n = sent.cseq().map_or(1, |(n, _)| n);
-    headers.push(("CSeq".to_owned(), format!("{n} ACK")));
+    headers.push(("CSeq".to_owned(), format!("{n} {method}")));
     headers.push(("Max-Forwards".to_owned(), "70".to_owned()));
     SipMessage {
         start: StartLine::Request {
-            method: "ACK".to_owned(),
+            method: method.to_owned(),
             uri,
         },
         headers,
