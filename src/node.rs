@@ -253,10 +253,20 @@ impl Node {
         });
         let sip_upstream = match config.sip_app {
             SipAppKind::Builtin => None,
-            SipAppKind::Udp(addr) => Some(SipUpstream::new(
-                addr,
-                sip_upstream::transaction_timeout(config.ingress.response_timeout),
+            SipAppKind::Udp(addr) | SipAppKind::Tcp(addr) => Some(SipUpstream::new(
+                (
+                    match config.sip_app {
+                        SipAppKind::Tcp(_) => sip::SipTransport::Tcp,
+                        _ => sip::SipTransport::Udp,
+                    },
+                    addr,
+                ),
+                (
+                    sip_upstream::transaction_timeout(config.ingress.response_timeout),
+                    config.ingress.sip_timer_c,
+                ),
                 me.id.as_str(),
+                state.clone(),
             )),
         };
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
@@ -333,6 +343,7 @@ impl Node {
                 (
                     config.ingress.response_timeout,
                     config.ingress.header_read_timeout,
+                    config.ingress.sip_timer_c,
                 ),
                 sip::TcpLimits {
                     conns: crate::adapters::http::Handler::conn_table(&*ingress).clone(),

@@ -14,6 +14,11 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 mod support;
+// The SIP text helpers of the strict server's tests; the rest of that
+// module (the strict server itself) is not used here.
+#[allow(dead_code)]
+#[path = "sip_transactions/uas.rs"]
+mod uas;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,33 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::*;
-
-/// The value of header `name` (full name, case-insensitive) in `text`.
-fn header<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    let head = text.split("\r\n\r\n").next().unwrap_or("");
-    head.lines().skip(1).find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-fn all_headers<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
-    let head = text.split("\r\n\r\n").next().unwrap_or("");
-    head.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-        .collect()
-}
-
-fn status(text: &str) -> u16 {
-    text.strip_prefix("SIP/2.0 ")
-        .and_then(|r| r.get(..3))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not a SIP response: {text:?}"))
-}
+use uas::{all_headers, header, status};
 
 /// A fake UAS on an ephemeral loopback UDP port, answering from a
 /// thread until dropped: INVITE `100`, `180`, `200` (to user `busy`:
@@ -255,10 +234,12 @@ fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client(
             &request("INVITE", "bob", &call, 1, me, ""),
             Duration::from_secs(20),
         );
-        // The upstream's 100 is not relayed (RFC 3261 16.7 step 5).
+        // The entry's own 100 at once (RFC 3261 16.2); the upstream's is
+        // not relayed (16.7 step 5).
         let statuses: Vec<u16> = answers.iter().map(|a| status(a)).collect();
-        assert_eq!(statuses, [180, 200], "{answers:?}");
-        let ok = &answers[1];
+        assert_eq!(statuses, [100, 180, 200], "{answers:?}");
+        assert_eq!(header(&answers[0], "x-fake-uas"), None, "{answers:?}");
+        let ok = &answers[2];
         assert_eq!(header(ok, "x-fake-uas"), Some("yes"), "{ok}");
         // Only the client's own Via is left, with where the entry saw it
         // come from (RFC 3581: `received`, and `rport` filled in).
@@ -298,7 +279,7 @@ fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client(
             [200],
             "{answers:?}"
         );
-        assert_eq!(header(&answers[0], "x-fake-uas"), Some("yes"));
+        assert_eq!(header(answers.last().unwrap(), "x-fake-uas"), Some("yes"));
         poll(Duration::from_secs(10), || {
             fake.seen()
                 .iter()
@@ -324,7 +305,7 @@ fn an_upstream_sip_app_gets_the_owned_requests_and_its_answers_reach_the_client(
     );
     assert_eq!(
         answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
-        [486],
+        [100, 486],
         "{answers:?}"
     );
     poll(Duration::from_secs(10), || {
@@ -380,7 +361,7 @@ fn a_retransmission_in_flight_joins_the_owners_transaction() {
     );
     assert_eq!(
         answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
-        [180, 200]
+        [100, 180, 200]
     );
     fake.hold_bye.store(true, Ordering::Relaxed);
     let bye = request("BYE", "bob", "rt", 2, me, ";tag=fake");
@@ -470,8 +451,12 @@ fn a_bad_sip_app_exits_64_naming_the_field() {
     let dir = temp_dir("sip-app-config");
     for (value, says) in [
         (
-            "tcp:127.0.0.1:5070",
-            "sip_app: \"tcp:127.0.0.1:5070\" is neither \"builtin\" nor udp:<ip>:<port>",
+            "tls:127.0.0.1:5070",
+            "sip_app: \"tls:127.0.0.1:5070\" is neither \"builtin\" nor udp:<ip>:<port> nor tcp:<ip>:<port>",
+        ),
+        (
+            "tcp:127.0.0.1:0",
+            "sip_app: \"tcp:127.0.0.1:0\": 127.0.0.1:0 cannot be sent to",
         ),
         (
             "udp:nowhere:5070",
@@ -559,9 +544,9 @@ fn a_bye_from_the_upstream_reaches_the_caller_and_the_callers_200_the_upstream()
         );
         assert_eq!(
             answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
-            [180, 200]
+            [100, 180, 200]
         );
-        let rr = header(&answers[1], "record-route").unwrap().to_owned();
+        let rr = header(&answers[2], "record-route").unwrap().to_owned();
         let ack = request("ACK", "bob", call, 1, me, ";tag=fake")
             .replace("\r\nCall-ID", &format!("\r\nRoute: {rr}\r\nCall-ID"));
         client.send_to(ack.as_bytes(), entry).unwrap();
@@ -673,16 +658,16 @@ fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_
     );
     assert_eq!(
         answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
-        [180, 200]
+        [100, 180, 200]
     );
-    let contact = header(&answers[1], "contact").unwrap().to_owned();
+    let contact = header(&answers[2], "contact").unwrap().to_owned();
     assert_eq!(
         contact,
         format!("<sip:bob@{};peerlb-owner={owner}>", fake.addr)
     );
     let route = format!(
         "\r\nRoute: {}",
-        header(&answers[1], "record-route").unwrap()
+        header(&answers[2], "record-route").unwrap()
     );
     let ack = retarget(
         &request("ACK", "bob", &call, 1, me, ";tag=fake"),
@@ -705,10 +690,10 @@ fn after_a_failover_a_reinvite_moves_the_dialog_and_it_stays_when_the_old_owner_
     let answers = exchange(&client, entry, &reinvite, Duration::from_secs(20));
     assert_eq!(
         answers.iter().map(|a| status(a)).collect::<Vec<_>>(),
-        [180, 200],
+        [100, 180, 200],
         "{answers:?}"
     );
-    let moved = header(&answers[1], "contact").unwrap().to_owned();
+    let moved = header(&answers[2], "contact").unwrap().to_owned();
     assert_eq!(
         moved,
         format!("<sip:bob@{};peerlb-owner={next}>", fake.addr)

@@ -10,6 +10,13 @@
 //! killed node owned may fail; a run started after the cluster saw the
 //! death completes every call through the survivors.
 //!
+//! A second run pair drives the scenarios in `tests/sipp/`: a caller that
+//! cancels a ringing call (`uac_cancel.xml`), through each node, against
+//! SIPp as the SIP server (`sip_app`, `uas_ring.xml`: it rings until the
+//! CANCEL, answers 200 and 487, and waits for the owner's ACK). Every
+//! call completes on both sides: the CANCEL reaches the INVITE's
+//! transaction whichever node it enters, and the server gets one ACK.
+//!
 //! Skips with a `SKIPPED` line when `sipp` is missing; fails instead when
 //! `PEERLB_REQUIRE_SIPP` or `CI` is set (`.ci/run` installs it).
 
@@ -206,4 +213,84 @@ fn sipp_uac_calls_through_each_node_all_complete_and_survive_a_kill() {
     run_all_complete(&sipp, &c, shared, "after-kill-shared");
     run_all_complete(&sipp, &c, s1, "after-kill-n1");
     run_all_complete(&sipp, &c, s2, "after-kill-n2");
+}
+
+/// A scenario file of `tests/sipp/`.
+fn scenario(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sipp")
+        .join(name)
+}
+
+#[test]
+fn sipp_cancels_a_ringing_call_through_each_node_and_the_server_sees_it_end() {
+    let Some(sipp) = sipp_or_skip() else {
+        return;
+    };
+    let uas_port = free_port();
+    let uas_addr: std::net::SocketAddr = ([127, 0, 0, 1], uas_port).into();
+    let c = Cluster::start_sip(
+        "sipp-cancel",
+        3,
+        &format!("sip_app = \"udp:{uas_addr}\""),
+        "",
+    );
+    let calls = 30u32;
+    let uas_stats = c.dir.join("uas.csv");
+    let uas_log = c.dir.join("uas.log");
+    let out = std::fs::File::create(&uas_log).unwrap();
+    // The server takes every call of the three runs, then ends.
+    let mut uas = Command::new(&sipp)
+        .arg("-sf")
+        .arg(scenario("uas_ring.xml"))
+        .args(["-i", "127.0.0.1", "-p", &uas_port.to_string(), "-nostdin"])
+        .args(["-m", &(3 * calls).to_string()])
+        .args(["-timeout", "60s", "-timeout_error"])
+        .args(["-trace_stat", "-fd", "1", "-stf"])
+        .arg(&uas_stats)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("sipp starts");
+    poll(Duration::from_secs(10), || {
+        std::net::UdpSocket::bind(uas_addr).is_err()
+    })
+    .expect("the sipp server listens");
+    for (i, node) in c.nodes.iter().enumerate() {
+        let name = format!("cancel-n{}", i + 1);
+        let stats = c.dir.join(format!("{name}.csv"));
+        let log = c.dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let mut uac = Command::new(&sipp)
+            .arg(node.sip.unwrap().to_string())
+            .arg("-sf")
+            .arg(scenario("uac_cancel.xml"))
+            .args(["-i", "127.0.0.1", "-nostdin"])
+            .args(["-m", &calls.to_string(), "-r", "30"])
+            .args(["-recv_timeout", "5000", "-timeout", "30s", "-timeout_error"])
+            .args(["-trace_stat", "-fd", "1", "-stf"])
+            .arg(&stats)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("sipp starts");
+        let code = wait_exit(&mut uac, Duration::from_secs(60), &log);
+        let (ok, failed) = call_counts(&stats);
+        assert_eq!(
+            (code, ok, failed),
+            (0, u64::from(calls), 0),
+            "{name}: sipp exit code, successful and failed calls\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    let code = wait_exit(&mut uas, Duration::from_secs(60), &uas_log);
+    let (ok, failed) = call_counts(&uas_stats);
+    assert_eq!(
+        (code, ok, failed),
+        (0, u64::from(3 * calls), 0),
+        "the server: sipp exit code, successful and failed calls\n{}",
+        std::fs::read_to_string(&uas_log).unwrap_or_default()
+    );
 }

@@ -103,6 +103,14 @@ pub(crate) struct Counters {
     /// SIP answers over UDP not sent: they would have passed twice the
     /// bytes of the request (a forged source's reflection bound).
     pub sip_udp_answers_withheld: AtomicU64,
+    /// Callers' ACKs of a non-2xx answer to an INVITE that the owner had
+    /// ACKed to `sip_app` itself: absorbed, not relayed (RFC 3261
+    /// 17.1.1.3).
+    pub sip_acks_absorbed: AtomicU64,
+    /// INVITEs relayed to `sip_app` whose Timer C fired
+    /// (`limits.sip_timer_c_ms` with no provisional answer): the owner
+    /// CANCELled the branch.
+    pub sip_timer_c_cancels: AtomicU64,
     /// SIP TCP connections closed for a message not finished within
     /// `limits.header_read_timeout_ms` or idle past
     /// `limits.sip_idle_timeout_ms`.

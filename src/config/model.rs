@@ -273,6 +273,11 @@ pub struct LimitsSection {
     pub sip_udp_requests_per_source: u32,
     /// The interval of `sip_udp_requests_per_source`, in ms (default 1000).
     pub sip_udp_rate_interval_ms: u64,
+    /// RFC 3261 Timer C, in ms (default 180000: the RFC's "larger than 3
+    /// minutes"): an owner relaying an INVITE to `sip_app` that has had
+    /// no provisional answer but `100` this long CANCELs the branch
+    /// (16.8); each provisional answer restarts it. At most 30 days.
+    pub sip_timer_c_ms: u64,
     /// A WebSocket or other tunnel that moved no byte either way this long
     /// may be closed to admit a new connection at `max_connections`, as
     /// an idle keep-alive connection is, in ms (default 60000).
@@ -316,6 +321,7 @@ impl Default for LimitsSection {
             sip_idle_timeout_ms: 180_000,
             sip_udp_requests_per_source: 1_000,
             sip_udp_rate_interval_ms: 1_000,
+            sip_timer_c_ms: crate::engine::sip::proxy::TIMER_C.as_millis() as u64,
             tunnel_closable_after_ms: 60_000,
             max_tunnels_percent: 75,
             response_buffer_bytes: 256 * 1024,

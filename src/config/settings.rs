@@ -42,6 +42,9 @@ pub enum SipAppKind {
     /// `udp:<ip>:<port>`: an upstream SIP server over UDP; the owner
     /// forwards each request there and relays its answers.
     Udp(SocketAddr),
+    /// `tcp:<ip>:<port>`: an upstream SIP server over TCP (one connection
+    /// per node, opened on the first request and again after it closed).
+    Tcp(SocketAddr),
 }
 
 /// Where an upstream app listens.
@@ -251,6 +254,9 @@ pub struct IngressSettings {
     /// A SIP TCP connection idle this long is closed
     /// (`limits.sip_idle_timeout_ms`).
     pub sip_idle_timeout: Duration,
+    /// RFC 3261 Timer C of an INVITE relayed to `sip_app`
+    /// (`limits.sip_timer_c_ms`).
+    pub sip_timer_c: Duration,
     /// Most SIP requests per source over UDP, and the interval they are
     /// counted over (`limits.sip_udp_requests_per_source`,
     /// `limits.sip_udp_rate_interval_ms`; 0 requests: no limit).

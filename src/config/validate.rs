@@ -111,6 +111,7 @@ impl ClusterFile {
                 l.websocket_idle_timeout_ms,
             ),
             ("limits.sip_idle_timeout_ms", l.sip_idle_timeout_ms),
+            ("limits.sip_timer_c_ms", l.sip_timer_c_ms),
             (
                 "limits.sip_udp_rate_interval_ms",
                 l.sip_udp_rate_interval_ms,
@@ -184,6 +185,7 @@ impl ClusterFile {
                 l.websocket_idle_timeout_ms,
             ),
             ("limits.sip_idle_timeout_ms", l.sip_idle_timeout_ms),
+            ("limits.sip_timer_c_ms", l.sip_timer_c_ms),
             (
                 "limits.sip_udp_rate_interval_ms",
                 l.sip_udp_rate_interval_ms,
@@ -716,6 +718,7 @@ impl ClusterFile {
                 h2_max_concurrent_streams: self.limits.h2_max_concurrent_streams,
                 websocket_idle_timeout: ms(self.limits.websocket_idle_timeout_ms),
                 sip_idle_timeout: ms(self.limits.sip_idle_timeout_ms),
+                sip_timer_c: ms(self.limits.sip_timer_c_ms),
                 sip_udp_rate: (
                     self.limits.sip_udp_requests_per_source,
                     ms(self.limits.sip_udp_rate_interval_ms),

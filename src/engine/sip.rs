@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 
 mod dialog;
 pub(crate) mod keepalive;
+pub(crate) mod proxy;
 mod route;
 mod uas;
 pub(crate) mod udp_guard;

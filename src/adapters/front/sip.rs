@@ -53,10 +53,11 @@ use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::node_id::NodeId;
+use crate::engine::sip::proxy::{self, EntryRelay, Stray};
 use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, record_route};
 
-pub(crate) use crate::adapters::serve::sip::{SipApp, SipUpstream};
+pub(crate) use crate::adapters::serve::sip::{Emit, SipApp, SipTransport, SipUpstream};
 pub(crate) use tcp::{TcpLimits, serve_tcp};
 
 mod tcp;
@@ -69,9 +70,6 @@ const LOG: &str = "peerlb::adapters::sip";
 /// branch skips `Via`s that carry it).
 use crate::engine::sip::upstream::ENTRY_BRANCH_PREFIX as BRANCH_PREFIX;
 
-/// Longest body of a proxied SIP answer (every response of one request).
-const MAX_ANSWERS: usize = 4 * MAX_MESSAGE;
-
 /// UDP datagrams handled at once; more are dropped unread (their senders
 /// retransmit, RFC 3261 17.1.1.2), so a flood cannot pile up tasks.
 const MAX_UDP_INFLIGHT: usize = 10_000;
@@ -82,6 +80,10 @@ pub(crate) struct SipEntry {
     app: Arc<SipApp>,
     links: Arc<PeerLinks>,
     response_timeout: Duration,
+    /// The longest an owner's stream may go without an answer once it
+    /// began: Timer C, plus `response_timeout` for the CANCEL's wait
+    /// (the owner's own deadlines end the transaction before).
+    answer_gap: Duration,
     read_timeout: Duration,
     tcp: TcpLimits,
     /// The per-source request rate over UDP, shared by the UDP listeners.
@@ -93,15 +95,17 @@ pub(crate) struct SipEntry {
 impl SipEntry {
     /// The entry side of the node whose state is `state`; it serves with
     /// `app` when it owns a request. An owner's answer is awaited at most
-    /// `response_timeout`; a TCP message started but not finished within
-    /// `read_timeout` closes its connection; TCP connections are held to
-    /// `tcp`; over UDP a source may send `udp_rate.0` requests per
-    /// `udp_rate.1` (0: no limit).
+    /// `response_timeout` for its head, then `timer_c` plus
+    /// `response_timeout` between two answers (the owner's Timer C,
+    /// `limits.sip_timer_c_ms`); a TCP message started but not finished
+    /// within `read_timeout` closes its connection; TCP connections are
+    /// held to `tcp`; over UDP a source may send `udp_rate.0` requests
+    /// per `udp_rate.1` (0: no limit).
     pub(crate) fn new(
         state: Arc<NodeState>,
         app: Arc<SipApp>,
         links: Arc<PeerLinks>,
-        (response_timeout, read_timeout): (Duration, Duration),
+        (response_timeout, read_timeout, timer_c): (Duration, Duration, Duration),
         tcp: TcpLimits,
         udp_rate: (u32, Duration),
     ) -> SipEntry {
@@ -110,6 +114,7 @@ impl SipEntry {
             app,
             links,
             response_timeout,
+            answer_gap: timer_c.saturating_add(response_timeout),
             read_timeout,
             tcp,
             udp_rate: std::sync::Mutex::new(RateLimit::new(udp_rate.0, udp_rate.1)),
@@ -140,16 +145,20 @@ impl SipEntry {
         true
     }
 
-    /// The answers to one message from `client` that reached the listener
-    /// on `local` (the node's `sip_addr` or the shared sprayer address,
-    /// named in this node's `Record-Route` and `Via`; see the module doc).
+    /// Hands `emit` the answers to one message from `client` that reached
+    /// the listener on `local` (the node's `sip_addr` or the shared sprayer
+    /// address, named in this node's `Record-Route` and `Via`; see the
+    /// module doc) as they come: for an INVITE `100 Trying` at once, then
+    /// the owner's answers but its `100`, at most one final answer
+    /// (`engine::sip::proxy::EntryRelay`).
     async fn handle(
         &self,
         buf: &[u8],
         client: SocketAddr,
         tcp: bool,
         local: SocketAddr,
-    ) -> Vec<SipMessage> {
+        emit: &Emit<'_>,
+    ) {
         let mut msg = match sipmsg::parse(buf) {
             Ok(m) => m,
             Err(e) => {
@@ -158,12 +167,14 @@ impl SipEntry {
                     .sip_malformed
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(target: REQUEST_PATH, %client, error = %e, "malformed sip message");
-                return sipmsg::bad_request(buf, &e).into_iter().collect();
+                if let Some(r) = sipmsg::bad_request(buf, &e) {
+                    emit(&r);
+                }
+                return;
             }
         };
         let Some(method) = msg.method().map(str::to_owned) else {
-            debug!(target: REQUEST_PATH, %client, "sip response from a client: dropped");
-            return Vec::new();
+            return self.stray(msg, client, tcp).await;
         };
         self.state
             .counters
@@ -181,11 +192,10 @@ impl SipEntry {
             None => 70,
         };
         if hops == 0 {
-            return if method == "ACK" {
-                Vec::new()
-            } else {
-                vec![msg.response(483, "Too Many Hops", None)]
-            };
+            if method != "ACK" {
+                emit(&msg.response(483, "Too Many Hops", None));
+            }
+            return;
         }
         msg.headers
             .retain(|(n, _)| sipmsg::full_name(n) != "max-forwards");
@@ -201,14 +211,25 @@ impl SipEntry {
             );
         }
         let me = self.state.node_id();
+        let (relay, trying) = EntryRelay::new(&msg);
+        if let Some(t) = &trying {
+            emit(t);
+        }
+        let relay = std::sync::Mutex::new(relay);
+        let pass = |m: &SipMessage| {
+            let out = relay.lock().expect("sip relay lock").pass(m.clone());
+            if let Some(m) = out {
+                emit(&m);
+            }
+        };
         let span = debug_span!(target: REQUEST_PATH, "sip", %client, method = %method, owner = %decision.owner, reason = decision.reason.as_str());
         async {
             for cand in decision.candidates(&view) {
                 if cand == me {
-                    return self.app.answer(&msg).await;
+                    return self.app.answer(&msg, &pass).await;
                 }
-                match self.forward(cand, &msg, &method, (client, local), tcp, &decision.key, view.version()).await {
-                    Ok(answers) => return answers,
+                match self.forward(cand, &msg, &method, (client, local), tcp, &decision.key, view.version(), &pass).await {
+                    Ok(()) => return,
                     Err(Retry::Next(why)) => {
                         debug!(target: REQUEST_PATH, peer = %cand, %why, "sip owner not reachable: trying the next candidate");
                     }
@@ -218,18 +239,78 @@ impl SipEntry {
                     }
                 }
             }
-            if method == "ACK" {
-                Vec::new()
-            } else {
-                vec![msg.response(503, "Service Unavailable", None)]
+            let failed = relay.lock().expect("sip relay lock").on_failure(&msg);
+            if let Some(r) = failed {
+                emit(&r);
             }
         }
         .instrument(span)
         .await
     }
 
-    /// Forwards `msg` to `peer` and returns its answers, this node's `Via`
-    /// removed.
+    /// Takes `resp`, a response that reached a listener from `client`: an
+    /// answer of the upstream SIP server to an owner's transaction, sent
+    /// to the wrong address (a server that answers where it thinks the
+    /// request came from, not to the `Via`), goes to that transaction, on
+    /// this node or, over the peer wire, once, on the owner its branch
+    /// names (`engine::sip::proxy::stray_response`); anything else is
+    /// dropped.
+    async fn stray(&self, resp: SipMessage, client: SocketAddr, tcp: bool) {
+        let Some(up) = self.app.upstream() else {
+            debug!(target: REQUEST_PATH, %client, "sip response at a listener: dropped");
+            return;
+        };
+        let me = self.state.node_id();
+        let to = match proxy::stray_response(&resp, me.as_str(), client.ip() == up.addr().ip()) {
+            Stray::Drop => {
+                debug!(target: REQUEST_PATH, %client, "sip response at a listener, no transaction of this cluster's: dropped");
+                return;
+            }
+            Stray::Mine => return up.deliver(resp).await,
+            Stray::Peer(n) => NodeId::from(n),
+        };
+        let relayed = async {
+            let stream = self.links.open(&to).await.map_err(|e| e.to_string())?;
+            let bytes = resp.to_bytes();
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                wire::SIP,
+                http::HeaderValue::from_static(if tcp { "tcp" } else { "udp" }),
+            );
+            headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+            let head = wire::encode(&RequestHeadRef {
+                request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
+                entry: me,
+                hops: 1,
+                view_version: self.state.view().version(),
+                method: "SIP",
+                uri: "/",
+                headers: &headers,
+                client,
+                hash_key: None,
+                tls: None,
+            })
+            .map_err(|e| e.to_string())?;
+            let (_, body) = peer::exchange(
+                &to,
+                stream,
+                Bytes::from(head),
+                body::full(bytes),
+                self.response_timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            // Read to its end (an empty body), so the stream closes cleanly.
+            body.collect().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(())
+        };
+        if let Err(why) = relayed.await {
+            debug!(target: REQUEST_PATH, peer = %to, %why, "sip response for a peer's transaction: not relayed");
+        }
+    }
+
+    /// Forwards `msg` to `peer` and hands `emit` its answers as they come
+    /// on the stream, this node's `Via` removed.
     #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
@@ -240,7 +321,8 @@ impl SipEntry {
         tcp: bool,
         key: &str,
         view_version: u64,
-    ) -> Result<Vec<SipMessage>, Retry> {
+        emit: &Emit<'_>,
+    ) -> Result<(), Retry> {
         self.state
             .counters
             .sip_forwarded
@@ -299,33 +381,45 @@ impl SipEntry {
             peer::ExchangeError::Refused(_) => Retry::Next(e.to_string()),
             e => Retry::No(e.to_string()),
         })?;
-        let answers = http_body_util::Limited::new(body, MAX_ANSWERS)
-            .collect()
-            .await
-            .map_err(|e| Retry::No(e.to_string()))?
-            .to_bytes();
         if head.status != 200 {
             return Err(Retry::No(format!("owner answered status {}", head.status)));
         }
-        let mut rest = &answers[..];
-        let mut out = Vec::new();
-        while !rest.is_empty() {
-            let n = match sipmsg::frame_len(rest) {
-                Ok(Some(n)) => n,
-                _ => return Err(Retry::No("owner's answers do not frame as SIP".into())),
-            };
-            let mut m =
-                sipmsg::parse(&rest[..n]).map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
-            if m.top_via()
-                .and_then(|v| v.param("branch"))
-                .is_some_and(|b| b.starts_with(BRANCH_PREFIX))
-            {
-                m.pop_via();
+        // The answers as they come, each framed by its Content-Length;
+        // `buf` holds at most one message and the start of the next.
+        let mut body = std::pin::pin!(body);
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            loop {
+                let n = match sipmsg::frame_len(&buf) {
+                    Ok(Some(n)) => n,
+                    Ok(None) if buf.len() <= MAX_MESSAGE => break,
+                    _ => return Err(Retry::No("owner's answers do not frame as SIP".into())),
+                };
+                let mut m = sipmsg::parse(&buf[..n])
+                    .map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
+                buf.drain(..n);
+                if m.top_via()
+                    .and_then(|v| v.param("branch"))
+                    .is_some_and(|b| b.starts_with(BRANCH_PREFIX))
+                {
+                    m.pop_via();
+                }
+                emit(&m);
             }
-            out.push(m);
-            rest = &rest[n..];
+            let frame = tokio::time::timeout(self.answer_gap, body.as_mut().frame())
+                .await
+                .map_err(|_| Retry::No("no answer from the owner in time".into()))?;
+            match frame {
+                None if buf.is_empty() => return Ok(()),
+                None => return Err(Retry::No("owner's answers end inside a message".into())),
+                Some(Err(e)) => return Err(Retry::No(e.to_string())),
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
         }
-        Ok(out)
     }
 }
 
@@ -396,28 +490,40 @@ pub(crate) async fn serve_udp(
             }
             // A UDP source may be forged: what it draws from the built-in
             // server or from this node (400, 483, 503) stays within twice
-            // what it sent, final answers first. An upstream SIP server's
-            // answers are relayed as it gives them: authenticating its
-            // callers is its part (docs/operations.md, "What to firewall").
-            let bounded = entry.app.upstream().is_none();
-            let answers: Vec<(SipMessage, Vec<u8>)> = entry
-                .handle(&datagram, client, false, local)
-                .await
-                .into_iter()
-                .map(|m| {
-                    let bytes = m.to_bytes();
-                    (m, bytes)
-                })
-                .collect();
+            // what it sent, final answers first: those answers come at
+            // once, so they are gathered and then sent. An upstream SIP
+            // server's answers are relayed as it gives them (a ringing
+            // call's 180 long before its 200): authenticating its callers
+            // is its part (docs/operations.md, "What to firewall").
+            if entry.app.upstream().is_some() {
+                let send = |m: &SipMessage| {
+                    if let Some(via) = m.top_via() {
+                        let to = sipmsg::response_destination(&via, client);
+                        if let Err(e) = socket.try_send_to(&m.to_bytes(), to) {
+                            debug!(target: LOG, error = %e, %to, "sip udp send failed");
+                        }
+                    }
+                };
+                entry.handle(&datagram, client, false, local, &send).await;
+                return;
+            }
+            let gathered = std::sync::Mutex::new(Vec::new());
+            let gather = |m: &SipMessage| {
+                let bytes = m.to_bytes();
+                gathered
+                    .lock()
+                    .expect("sip answers lock")
+                    .push((m.clone(), bytes));
+            };
+            entry.handle(&datagram, client, false, local, &gather).await;
+            let mut answers = gathered.into_inner().expect("sip answers lock");
+            let mut keep = proxy::moot_trying(answers.iter().map(|(m, _)| m)).into_iter();
+            answers.retain(|_| keep.next().unwrap_or(true));
             let sizes: Vec<(usize, bool)> = answers
                 .iter()
                 .map(|(m, b)| (b.len(), is_final(m)))
                 .collect();
-            let keep = if bounded {
-                udp_guard::answers_within_bound(datagram.len(), &sizes)
-            } else {
-                vec![true; sizes.len()]
-            };
+            let keep = udp_guard::answers_within_bound(datagram.len(), &sizes);
             for ((answer, bytes), keep) in answers.into_iter().zip(keep) {
                 if !keep {
                     entry
@@ -463,22 +569,21 @@ mod tests {
         Call-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
 
     /// The owner's side of the `peerlb-sip` exchange: every answer of the
-    /// demo server in the body, each framed by its Content-Length; a body
+    /// demo server in the body as it comes, each framed by its
+    /// Content-Length; a body
     /// that is not a SIP request is a 400 with no body.
     #[tokio::test]
     async fn a_proxied_sip_request_is_answered_with_framed_sip_responses() {
-        let app = SipApp::new(NodeId::from("n2"), Some("127.0.0.1:5062".parse().unwrap()));
+        let app = Arc::new(SipApp::new(
+            NodeId::from("n2"),
+            Some("127.0.0.1:5062".parse().unwrap()),
+        ));
         let r = app
-            .serve_proxied(body::full(INVITE.as_bytes().to_vec()))
+            .clone()
+            .serve_proxied(body::full(INVITE.as_bytes().to_vec()), ())
             .await;
         assert_eq!(r.status(), 200);
-        let len: usize = r.headers()[http::header::CONTENT_LENGTH]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
         let bytes = r.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(bytes.len(), len);
         let mut rest = &bytes[..];
         let mut statuses = Vec::new();
         while !rest.is_empty() {
@@ -493,7 +598,10 @@ mod tests {
         }
         assert_eq!(statuses, vec![100, 180, 200]);
         for junk in [&b"garbage"[..], b"SIP/2.0 200 OK\r\n\r\n"] {
-            let r = app.serve_proxied(body::full(junk.to_vec())).await;
+            let r = app
+                .clone()
+                .serve_proxied(body::full(junk.to_vec()), ())
+                .await;
             assert_eq!(r.status(), 400);
         }
     }

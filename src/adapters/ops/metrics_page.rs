@@ -39,6 +39,8 @@
 //! | `peerlb_sip_malformed_total` | counter | SIP messages from clients that did not parse (answered 400 or dropped) |
 //! | `peerlb_sip_udp_rate_limited_total` | counter | SIP UDP datagrams dropped unanswered: their source was past `limits.sip_udp_requests_per_source` |
 //! | `peerlb_sip_udp_answers_withheld_total` | counter | SIP UDP answers not sent: they would have passed twice the request's bytes |
+//! | `peerlb_sip_acks_absorbed_total` | counter | callers' ACKs of a non-2xx answer the owner had ACKed to `sip_app` itself: absorbed, not relayed |
+//! | `peerlb_sip_timer_c_cancels_total` | counter | INVITEs to `sip_app` CANCELled by the owner when Timer C fired (`limits.sip_timer_c_ms`) |
 //! | `peerlb_sip_tcp_timed_out_total` | counter | SIP TCP connections closed for an unfinished message (`limits.header_read_timeout_ms`) or idleness (`limits.sip_idle_timeout_ms`) |
 //! | `peerlb_edge_client_errors_total` | counter | client requests answered 4xx by peerlb itself (its own checks: 400, 408, 414, 421, 431; hyper's 400 and 431), not by the app; the app's 4xx are `peerlb_responses_total` minus these |
 //! | `peerlb_tunnels_refused_total` | counter | WebSocket upgrades answered 503 at `limits.max_tunnels_percent` of the connection cap |
@@ -397,6 +399,16 @@ impl Snapshot {
                 "sip_udp_answers_withheld",
                 "SIP UDP answers not sent: they would have passed twice the request's bytes",
                 Counter(get(&c.sip_udp_answers_withheld)),
+            ),
+            Family::one(
+                "sip_acks_absorbed",
+                "SIP ACKs of a non-2xx answer the owner had ACKed to sip_app itself: absorbed, not relayed",
+                Counter(get(&c.sip_acks_absorbed)),
+            ),
+            Family::one(
+                "sip_timer_c_cancels",
+                "SIP INVITEs to sip_app CANCELled by the owner when Timer C fired (limits.sip_timer_c_ms)",
+                Counter(get(&c.sip_timer_c_cancels)),
             ),
             Family::one(
                 "sip_tcp_timed_out",

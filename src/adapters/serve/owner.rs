@@ -120,8 +120,12 @@ impl Owner {
             .any(|&(k, _)| k == crate::adapters::wire::SIP)
         {
             state.metrics.count_proxied_in();
-            let _inflight = state.enter_proxied();
-            return self.sip.serve_proxied(req.into_body()).await;
+            let inflight = state.enter_proxied();
+            return self
+                .sip
+                .clone()
+                .serve_proxied(req.into_body(), inflight)
+                .await;
         }
         state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();

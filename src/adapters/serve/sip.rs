@@ -4,18 +4,23 @@
 //! listeners, routing and forwarding) is `front/sip.rs`.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::Response;
+use http_body::Frame;
 use http_body_util::BodyExt as _;
+use tokio::sync::mpsc;
 
-use crate::adapters::body::{self, Body};
+use crate::adapters::body::{self, Body, BodyError};
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage};
 
 mod upstream;
 
-pub(crate) use upstream::SipUpstream;
+pub(crate) use upstream::{SipUpstream, Transport as SipTransport};
 
 /// The SIP server of one node: the built-in demo server (`engine::sip`
 /// `uas`), with the dialogs it established, or a relay to an upstream SIP
@@ -52,21 +57,39 @@ impl SipApp {
         self.upstream.as_ref()
     }
 
-    /// The answers to `req`, in order (none for `ACK` or a response): the
-    /// demo server's, or the upstream's (`SipUpstream::transact`).
-    pub(crate) async fn answer(&self, req: &SipMessage) -> Vec<SipMessage> {
+    /// Hands `emit` the answers to `req` as they come, in order (none
+    /// for `ACK` or a response): the demo server's (all at once), or the
+    /// upstream's (`SipUpstream::transact`).
+    pub(crate) async fn answer(&self, req: &SipMessage, emit: &Emit<'_>) {
         if let Some(up) = &self.upstream {
-            return up.transact(req, self.node.as_str()).await;
+            return up.transact(req, self.node.as_str(), emit).await;
         }
-        let mut dialogs = self.dialogs.lock().expect("dialog table lock");
-        sipmsg::serve_uas(req, &self.node, &self.contact, &mut dialogs)
+        let answers = {
+            let mut dialogs = self.dialogs.lock().expect("dialog table lock");
+            sipmsg::serve_uas(req, &self.node, &self.contact, &mut dialogs)
+        };
+        for a in &answers {
+            emit(a);
+        }
     }
 
     /// Serves a SIP request a peer forwarded (`wire::SIP`): the body is
-    /// the SIP message; the answer is `200` with the SIP responses one
-    /// after the other, or `400` (no body) when the body is not a SIP
-    /// request.
-    pub(crate) async fn serve_proxied(&self, body: Body) -> Response<Body> {
+    /// the SIP message (a response of the upstream, that reached the
+    /// peer's listener, is handed to its transaction and answered `200`
+    /// with no body); the answer is `200` at once, its body the SIP
+    /// responses one after the other as they come (each framed by its
+    /// `Content-Length`; the body ends after the final one), or `400` (no
+    /// body) when the body is not a SIP request. The transaction runs in
+    /// a task of its own: an entry that goes away does not cut it short.
+    ///
+    /// `inflight` (the node's in-flight count of the request) is held
+    /// until the transaction ends, as for an HTTP request until its
+    /// response ends.
+    pub(crate) async fn serve_proxied<G: Send + 'static>(
+        self: Arc<Self>,
+        body: Body,
+        inflight: G,
+    ) -> Response<Body> {
         let status = |s: u16| {
             let mut r = Response::new(body::empty());
             *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
@@ -80,16 +103,45 @@ impl SipApp {
         };
         let req = match sipmsg::parse(&bytes.to_bytes()) {
             Ok(m) if m.method().is_some() => m,
-            _ => return status(400),
+            // A response of the upstream that reached a peer's listener
+            // (`SipEntry`'s stray responses): handed to its transaction
+            // here, never passed on.
+            Ok(m) => {
+                if let Some(up) = &self.upstream {
+                    up.deliver(m).await;
+                    return status(200);
+                }
+                return status(400);
+            }
+            Err(_) => return status(400),
         };
-        let mut out = Vec::new();
-        for a in self.answer(&req).await {
-            out.extend_from_slice(&a.to_bytes());
-        }
-        let len = out.len();
-        let mut r = Response::new(body::full(out));
-        r.headers_mut()
-            .insert(http::header::CONTENT_LENGTH, len.into());
-        r
+        let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+        tokio::spawn(async move {
+            let _inflight = inflight;
+            let emit = |m: &SipMessage| {
+                let _ = tx.send(Bytes::from(m.to_bytes()));
+            };
+            self.answer(&req, &emit).await;
+        });
+        Response::new(ChannelBody(rx).boxed_unsync())
+    }
+}
+
+/// Where a SIP transaction hands each answer, as it comes.
+pub(crate) type Emit<'a> = dyn Fn(&SipMessage) + Send + Sync + 'a;
+
+/// A response body fed by a channel: one data frame per message sent,
+/// ending when every sender is dropped.
+struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.0.poll_recv(cx).map(|m| m.map(|b| Ok(Frame::data(b))))
     }
 }

@@ -189,22 +189,28 @@ pub(super) fn route_cookie(s: &StickySection) -> Result<RouteCookie, (&'static s
     })
 }
 
-/// `sip_app`: `"builtin"` or `"udp:<ip>:<port>"` with a port other than 0
-/// and an address a datagram can be sent to (not `0.0.0.0` or `::`).
+/// `sip_app`: `"builtin"`, or `"udp:<ip>:<port>"` or `"tcp:<ip>:<port>"`
+/// with a port other than 0 and an address a message can be sent to (not
+/// `0.0.0.0` or `::`).
 pub(super) fn parse_sip_app(s: &str) -> Result<SipAppKind, String> {
     if s == "builtin" {
         return Ok(SipAppKind::Builtin);
     }
-    let Some(addr) = s.strip_prefix("udp:") else {
-        return Err(format!(
-            "{s:?} is neither \"builtin\" nor udp:<ip>:<port> (the only upstream SIP transport is UDP)"
-        ));
-    };
+    let (kind, addr): (fn(std::net::SocketAddr) -> SipAppKind, &str) =
+        if let Some(a) = s.strip_prefix("udp:") {
+            (SipAppKind::Udp, a)
+        } else if let Some(a) = s.strip_prefix("tcp:") {
+            (SipAppKind::Tcp, a)
+        } else {
+            return Err(format!(
+                "{s:?} is neither \"builtin\" nor udp:<ip>:<port> nor tcp:<ip>:<port>"
+            ));
+        };
     let addr = parse_addr(addr).map_err(|m| format!("{s:?}: {m}"))?;
     if addr.port() == 0 || addr.ip().is_unspecified() {
         return Err(format!("{s:?}: {addr} cannot be sent to"));
     }
-    Ok(SipAppKind::Udp(addr))
+    Ok(kind(addr))
 }
 
 pub(super) fn parse_policy(s: &str) -> Result<Policy, String> {

@@ -34,7 +34,10 @@ pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
 pub(crate) const ENTRY_BRANCH_PREFIX: &str = "z9hG4bK-plb-";
 
 /// The branch of the owner's `Via` for `req` on node `node`:
-/// [`OWNER_BRANCH_PREFIX`] then 16 hex digits hashed from the Call-ID,
+/// [`OWNER_BRANCH_PREFIX`], 16 hex digits, `-`, the node id (a node id is
+/// a SIP token: letters, digits, `-`, `_`, `.`; so a node that gets the
+/// answer on its listener knows whose transaction it is,
+/// [`node_of_branch`]). The digits are hashed from the Call-ID,
 /// the CSeq number, the client's `Via` (its branch and sent-by: the
 /// topmost `Via` that is not an entry node's, [`ENTRY_BRANCH_PREFIX`])
 /// and the node id. A retransmission gets the same branch, and so does a
@@ -65,7 +68,26 @@ fn branch_with(prefix: &str, req: &SipMessage, node: &str) -> String {
         )
         .as_bytes(),
     );
-    format!("{prefix}{h:016x}")
+    format!("{prefix}{h:016x}-{node}")
+}
+
+/// The node named in `branch`, an owner's ([`OWNER_BRANCH_PREFIX`]) branch
+/// made by [`branch`]; `None` for any other branch.
+pub(crate) fn node_of_branch(branch: &str) -> Option<&str> {
+    let rest = branch.strip_prefix(OWNER_BRANCH_PREFIX)?;
+    let (hash, node) = (rest.get(..16)?, rest.get(16..)?.strip_prefix('-')?);
+    (hash.bytes().all(|b| b.is_ascii_hexdigit()) && !node.is_empty()).then_some(node)
+}
+
+/// The 8 characters of `branch`, one [`branch`] made, that a response the
+/// owner makes itself (`408`, `503`) uses as its `To` tag: the last 8 of
+/// its hash.
+pub(crate) fn generated_tag(branch: &str) -> &str {
+    let hex = branch
+        .strip_prefix(OWNER_BRANCH_PREFIX)
+        .and_then(|r| r.get(..16))
+        .unwrap_or(branch);
+    &hex[hex.len().saturating_sub(8)..]
 }
 
 /// `req` as sent upstream from `local` (the owner's UDP socket): a `Via`
@@ -73,12 +95,27 @@ fn branch_with(prefix: &str, req: &SipMessage, node: &str) -> String {
 /// 8, RFC 3581), this cluster's `peerlb-owner` removed from the
 /// Request-URI (the owner added it to the upstream's own `Contact`,
 /// [`relayed_answer`]), everything else as the entry forwarded it.
+#[cfg(test)]
 pub(crate) fn upstream_request(req: &SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
+    upstream_request_over(req, "UDP", local, branch)
+}
+
+/// [`upstream_request`] over `transport` (`UDP` or `TCP`, the `Via`'s
+/// transport; `sip_app = "tcp:..."` sends from a TCP connection).
+pub(crate) fn upstream_request_over(
+    req: &SipMessage,
+    transport: &str,
+    local: SocketAddr,
+    branch: &str,
+) -> SipMessage {
     let mut out = req.clone();
     if let StartLine::Request { uri, .. } = &mut out.start {
         *uri = super::strip_owner_param(uri);
     }
-    out.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
+    out.push_front(
+        "Via",
+        format!("SIP/2.0/{transport} {local};branch={branch};rport"),
+    );
     out
 }
 
@@ -141,6 +178,14 @@ pub(crate) fn receive(mut msg: SipMessage, branch: &str) -> Received {
 /// INVITE's Request-URI, `Call-ID`, `From`, `Route` and top `Via` only,
 /// `To` from the response (with its tag), `CSeq` `<n> ACK`.
 pub(crate) fn ack_for_non_2xx(sent: &SipMessage, resp: &SipMessage) -> SipMessage {
+    in_transaction_of(sent, "ACK", resp.header("to"))
+}
+
+/// A `method` request (ACK or CANCEL) of `sent`'s transaction (RFC 3261
+/// 9.1, 17.1.1.3): `sent`'s Request-URI, top `Via` only, `From`,
+/// `Call-ID`, `Route`, its `To` unless `to` is given (the response's, with
+/// its tag), `CSeq` `<n> <method>`, `Max-Forwards: 70`, no body.
+pub(super) fn in_transaction_of(sent: &SipMessage, method: &str, to: Option<&str>) -> SipMessage {
     let uri = match &sent.start {
         StartLine::Request { uri, .. } => uri.clone(),
         StartLine::Response { .. } => String::new(),
@@ -150,19 +195,21 @@ pub(crate) fn ack_for_non_2xx(sent: &SipMessage, resp: &SipMessage) -> SipMessag
         headers.push(("Via".to_owned(), (*via).to_owned()));
     }
     for (n, v) in &sent.headers {
-        if matches!(full_name(n).as_ref(), "from" | "call-id" | "route") {
-            headers.push((n.clone(), v.clone()));
+        match full_name(n).as_ref() {
+            "from" | "call-id" | "route" => headers.push((n.clone(), v.clone())),
+            "to" if to.is_none() => headers.push((n.clone(), v.clone())),
+            _ => {}
         }
     }
-    if let Some(to) = resp.header("to") {
+    if let Some(to) = to {
         headers.push(("To".to_owned(), to.to_owned()));
     }
     let n = sent.cseq().map_or(1, |(n, _)| n);
-    headers.push(("CSeq".to_owned(), format!("{n} ACK")));
+    headers.push(("CSeq".to_owned(), format!("{n} {method}")));
     headers.push(("Max-Forwards".to_owned(), "70".to_owned()));
     SipMessage {
         start: StartLine::Request {
-            method: "ACK".to_owned(),
+            method: method.to_owned(),
             uri,
         },
         headers,
@@ -209,10 +256,12 @@ pub(crate) type Refusal = Option<SipMessage>;
 ///   cluster and is removed (16.4: the owner stands in for any node).
 /// - The destination (16.6 steps 6-7, loose routing only): the next
 ///   `Route`'s URI when there is one, else the Request-URI; its host must
-///   be an IP address (no DNS here), its port defaults to 5060, a
-///   `transport` other than UDP or a `sips:` URI is refused `503
-///   Service Unavailable` (the owner cannot send it, 16.9), as is any
-///   other scheme (`416 Unsupported URI Scheme`, 16.3 step 2).
+///   be an IP address (no DNS here), its port defaults to 5060; UDP, or
+///   TCP with `transport=tcp` (over a new connection: RFC 5923 reuse of
+///   the caller's own connection is not built); another `transport` or a
+///   `sips:` URI is refused `503 Service Unavailable` (the owner cannot
+///   send it, 16.9), as is any other scheme (`416 Unsupported URI
+///   Scheme`, 16.3 step 2).
 /// - A request that sets the remote target (re-INVITE, UPDATE, ...) gets
 ///   `peerlb-owner=<node>` in its `Contact`, as an answer the owner relays
 ///   does ([`relayed_answer`]): the caller's next requests to the callee
@@ -226,7 +275,7 @@ pub(crate) type Refusal = Option<SipMessage>;
 pub(crate) fn callee_request(
     req: &SipMessage,
     node: &str,
-) -> Result<(SipMessage, SocketAddr), Refusal> {
+) -> Result<(SipMessage, Destination), Refusal> {
     let method = req.method().unwrap_or("");
     let refuse = |status: u16, reason: &str| {
         (method != "ACK").then(|| {
@@ -263,7 +312,7 @@ pub(crate) fn callee_request(
             StartLine::Response { .. } => return Err(None),
         },
     };
-    let to = match udp_destination(&target) {
+    let to = match destination(&target) {
         Ok(to) => to,
         Err(status) => {
             let reason = if status == 416 {
@@ -278,11 +327,21 @@ pub(crate) fn callee_request(
     Ok((out, to))
 }
 
-/// Where a datagram for SIP URI `uri` goes: `sip:[user@]<ip>[:port]`,
-/// port 5060 when absent, no `transport` or `transport=udp`. `Err(416)`
-/// for a scheme other than `sip`/`sips`, `Err(503)` for what the owner
-/// cannot send to (`sips`, TLS or TCP, a host name).
-fn udp_destination(uri: &str) -> Result<SocketAddr, u16> {
+/// Where a request the owner relays toward a caller goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Destination {
+    /// The target's IP and port.
+    pub(crate) addr: SocketAddr,
+    /// Over TCP (`transport=tcp`), else UDP.
+    pub(crate) tcp: bool,
+}
+
+/// Where a message for SIP URI `uri` goes: `sip:[user@]<ip>[:port]`,
+/// port 5060 when absent, over UDP (no `transport`, or `transport=udp`) or
+/// TCP (`transport=tcp`). `Err(416)` for a scheme other than
+/// `sip`/`sips`, `Err(503)` for what the owner cannot send to (`sips`,
+/// TLS or another transport, a host name).
+fn destination(uri: &str) -> Result<Destination, u16> {
     let (scheme, rest) = uri.split_once(':').ok_or(416u16)?;
     if scheme.eq_ignore_ascii_case("sips") {
         return Err(503);
@@ -290,24 +349,39 @@ fn udp_destination(uri: &str) -> Result<SocketAddr, u16> {
     if !scheme.eq_ignore_ascii_case("sip") {
         return Err(416);
     }
-    if super::uri_param(rest, "transport").is_some_and(|t| !t.eq_ignore_ascii_case("udp")) {
-        return Err(503);
-    }
+    let tcp = match super::uri_param(rest, "transport") {
+        None => false,
+        Some(t) if t.eq_ignore_ascii_case("udp") => false,
+        Some(t) if t.eq_ignore_ascii_case("tcp") => true,
+        Some(_) => return Err(503),
+    };
     let (main, _, _) = super::dialog::split_uri(rest);
     let hostport = main.rfind('@').map_or(main, |i| &main[i + 1..]);
     if let Ok(addr) = hostport.parse::<SocketAddr>() {
-        return Ok(addr);
+        return Ok(Destination { addr, tcp });
     }
     let host = hostport.trim_start_matches('[').trim_end_matches(']');
     host.parse::<std::net::IpAddr>()
-        .map(|ip| SocketAddr::new(ip, 5060))
+        .map(|ip| Destination {
+            addr: SocketAddr::new(ip, 5060),
+            tcp,
+        })
         .map_err(|_| 503)
 }
 
-/// `msg` with the owner's `Via` on top, naming `local` (the socket the
-/// caller answers to) and `branch` (16.6 step 8, RFC 3581 `rport`).
-pub(crate) fn with_via(mut msg: SipMessage, local: SocketAddr, branch: &str) -> SipMessage {
-    msg.push_front("Via", format!("SIP/2.0/UDP {local};branch={branch};rport"));
+/// `msg` with the owner's `Via` on top, naming `transport` (`UDP` or
+/// `TCP`), `local` (the socket the caller answers to) and `branch` (16.6
+/// step 8, RFC 3581 `rport`).
+pub(crate) fn with_via(
+    mut msg: SipMessage,
+    transport: &str,
+    local: SocketAddr,
+    branch: &str,
+) -> SipMessage {
+    msg.push_front(
+        "Via",
+        format!("SIP/2.0/{transport} {local};branch={branch};rport"),
+    );
     msg
 }
 
@@ -352,7 +426,22 @@ mod tests {
     fn a_retransmission_and_a_cancel_share_the_invites_branch_and_nodes_differ() {
         let req = msg(INVITE);
         let b = branch(&req, "n2");
-        assert!(b.starts_with(OWNER_BRANCH_PREFIX) && b.len() == OWNER_BRANCH_PREFIX.len() + 16);
+        assert!(b.starts_with(OWNER_BRANCH_PREFIX) && b.len() == OWNER_BRANCH_PREFIX.len() + 19);
+        assert_eq!(node_of_branch(&b), Some("n2"));
+        assert_eq!(generated_tag(&b), &b[OWNER_BRANCH_PREFIX.len() + 8..][..8]);
+        for other in [
+            "z9hG4bK-plb-0123456789abcdef-n2",
+            "z9hG4bK-plbo-0123-n2",
+            "z9hG4bK-plbo-0123456789abcdef-",
+            "z9hG4bK-plbo-0123456789abcdefn2",
+            "z9hG4bKc",
+        ] {
+            assert_eq!(node_of_branch(other), None, "{other}");
+        }
+        assert_eq!(
+            node_of_branch("z9hG4bK-plbo-0123456789abcdef-n-1.a_b"),
+            Some("n-1.a_b")
+        );
         assert_eq!(branch(&msg(INVITE), "n2"), b);
         let cancel = INVITE
             .replace("INVITE sip", "CANCEL sip")
@@ -501,12 +590,13 @@ mod tests {
     #[test]
     fn a_request_from_the_upstream_goes_to_the_callers_target_through_the_next_route() {
         let (out, to) = callee_request(&msg(CALLEE_BYE), "n2").unwrap();
-        assert_eq!(to, "192.0.2.1:5070".parse().unwrap());
+        assert_eq!(to.addr, "192.0.2.1:5070".parse().unwrap());
+        assert!(!to.tcp);
         assert!(out.header("route").is_none());
         assert_eq!(out.header("max-forwards"), Some("69"));
         let b = callee_branch(&msg(CALLEE_BYE), "n2");
         assert!(b.starts_with(CALLEE_BRANCH_PREFIX));
-        let sent = with_via(out, "127.0.0.1:41000".parse().unwrap(), &b);
+        let sent = with_via(out, "UDP", "127.0.0.1:41000".parse().unwrap(), &b);
         assert_eq!(sent.header_list("via").len(), 2);
         assert_eq!(sent.top_via().unwrap().param("branch"), Some(b.as_str()));
         parse(&sent.to_bytes()).unwrap();
@@ -516,7 +606,7 @@ mod tests {
             "Route: <sip:127.0.0.1:5062;lr;peerlb-owner=n2;peerlb-key=k>, <sip:[::1]:5099;lr>\r\nX: <sip:x",
         );
         let (out, to) = callee_request(&msg(&routed), "n2").unwrap();
-        assert_eq!(to, "[::1]:5099".parse().unwrap());
+        assert_eq!(to.addr, "[::1]:5099".parse().unwrap());
         assert_eq!(out.header_list("route"), ["<sip:[::1]:5099;lr>"]);
         // No port: 5060.
         let (_, to) = callee_request(
@@ -524,7 +614,20 @@ mod tests {
             "n2",
         )
         .unwrap();
-        assert_eq!(to, "192.0.2.1:5060".parse().unwrap());
+        assert_eq!(to.addr, "192.0.2.1:5060".parse().unwrap());
+        // transport=tcp: over TCP.
+        let (_, to) = callee_request(
+            &msg(&CALLEE_BYE.replace("192.0.2.1:5070", "192.0.2.1:5070;transport=TCP")),
+            "n2",
+        )
+        .unwrap();
+        assert_eq!(
+            to,
+            Destination {
+                addr: "192.0.2.1:5070".parse().unwrap(),
+                tcp: true
+            }
+        );
     }
 
     #[test]
@@ -544,7 +647,7 @@ mod tests {
             ),
             (
                 "sip:alice@192.0.2.1:5070 SIP",
-                "sip:alice@192.0.2.1;transport=tcp SIP",
+                "sip:alice@192.0.2.1;transport=sctp SIP",
                 503,
             ),
         ] {

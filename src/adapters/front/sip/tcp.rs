@@ -14,14 +14,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::{LOG, SipEntry};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::http::conns::{Admitted, Closable};
 use crate::adapters::http::{ConnTable, Refusal};
-use crate::engine::sip::{self as sipmsg, keepalive};
+use crate::engine::sip::{self as sipmsg, SipMessage, keepalive};
 use crate::seam::{Connection, HttpListener};
 
 /// What SIP TCP connections are held to.
@@ -125,6 +125,20 @@ enum Ended {
     Unfinished,
 }
 
+/// Most messages of one connection answered at once; the next one is
+/// read only when one of them ends. Several, so that a ringing INVITE
+/// (answered when the callee picks up or Timer C fires) holds up neither
+/// its CANCEL nor any other request on the same connection.
+const MAX_CONN_INFLIGHT: usize = 64;
+
+/// What the writer of a connection is handed.
+enum Out {
+    /// Bytes to write (an answer or a pong).
+    Bytes(Vec<u8>),
+    /// Close the connection's sending side, and stop.
+    Shutdown,
+}
+
 async fn connection(
     conn: Box<dyn Connection>,
     admitted: Admitted,
@@ -134,7 +148,11 @@ async fn connection(
 ) {
     let _gauge = Gauge::new(&entry.state.counters.client_connections);
     let table = entry.tcp.conns.clone();
-    let mut conn = Closable::new(conn, admitted.state.clone());
+    let (mut reader, half) = tokio::io::split(Closable::new(conn, admitted.state.clone()));
+    // One writer: the answers of the messages in flight and the pongs go
+    // out whole, one after the other, in the order they are handed over.
+    let mut writer = Writer::Idle(half);
+    let slots = Arc::new(Semaphore::new(MAX_CONN_INFLIGHT));
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = vec![0u8; 16 * 1024];
     // Half an RFC 5626 ping already skipped.
@@ -146,7 +164,11 @@ async fn connection(
         buf.drain(..k.skip);
         half = k.half;
         for _ in 0..k.pongs {
-            if conn.write_all(keepalive::PONG).await.is_err() {
+            if writer
+                .out()
+                .send(Out::Bytes(keepalive::PONG.to_vec()))
+                .is_err()
+            {
                 return;
             }
         }
@@ -154,14 +176,21 @@ async fn connection(
             Ok(Some(n)) => {
                 let msg: Vec<u8> = buf.drain(..n).collect();
                 begun = None;
+                let slot = tokio::select! {
+                    s = slots.clone().acquire_owned() => s.expect("the slots are never closed"),
+                    _ = stop.wait_for(|s| *s) => return,
+                };
                 // Busy while it is answered: idle-first closing at the
                 // cap passes it over.
-                let _busy = table.busy(&admitted.state);
-                for answer in entry.handle(&msg, client, true, local).await {
-                    if conn.write_all(&answer.to_bytes()).await.is_err() {
-                        return;
-                    }
-                }
+                let busy = table.busy(&admitted.state);
+                let (entry, out) = (entry.clone(), writer.out().clone());
+                tokio::spawn(async move {
+                    let (_slot, _busy) = (slot, busy);
+                    let send = |m: &SipMessage| {
+                        let _ = out.send(Out::Bytes(m.to_bytes()));
+                    };
+                    entry.handle(&msg, client, true, local, &send).await;
+                });
                 continue;
             }
             Ok(None) => {}
@@ -173,15 +202,17 @@ async fn connection(
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(target: REQUEST_PATH, %client, error = %e, "sip stream cannot be framed: closing");
                 if let Some(answer) = sipmsg::bad_request(&buf, &e) {
-                    let _ = conn.write_all(&answer.to_bytes()).await;
+                    let _ = writer.out().send(Out::Bytes(answer.to_bytes()));
                 }
-                let _ = conn.shutdown().await;
+                let _ = writer.out().send(Out::Shutdown);
+                writer.finish().await;
                 return;
             }
         }
         // A message begun must be finished within the read timeout, as a
         // whole; between messages the connection may stay idle up to the
-        // idle timeout (a CR kept for its LF is no message yet).
+        // idle timeout (a CR kept for its LF is no message yet), and
+        // longer while a message is still being answered.
         let pending = !buf.is_empty() && buf != b"\r";
         let now = tokio::time::Instant::now();
         let deadline = if pending {
@@ -190,12 +221,13 @@ async fn connection(
             begun = None;
             now + entry.tcp.idle_timeout
         };
-        let read = tokio::time::timeout_at(deadline, conn.read(&mut chunk));
+        let read = tokio::time::timeout_at(deadline, reader.read(&mut chunk));
         let n = tokio::select! {
             r = read => match r {
                 Ok(Ok(0) | Err(_)) => break Ended::Closed,
                 Ok(Ok(n)) => n,
                 Err(_) if pending => break Ended::Unfinished,
+                Err(_) if slots.available_permits() < MAX_CONN_INFLIGHT => continue,
                 Err(_) => break Ended::Idle,
             },
             _ = stop.wait_for(|s| *s) => return,
@@ -216,7 +248,92 @@ async fn connection(
                 "message unfinished within limits.header_read_timeout_ms"
             };
             debug!(target: REQUEST_PATH, %client, why, "sip tcp connection closed");
-            let _ = conn.shutdown().await;
+            let _ = writer.out().send(Out::Shutdown);
+            writer.finish().await;
         }
+    }
+}
+
+/// Writes what `outgoing` hands over to `w` until a write fails, a
+/// [`Out::Shutdown`] or every sender is gone.
+async fn write_out<W: tokio::io::AsyncWrite + Unpin>(
+    mut w: W,
+    mut outgoing: mpsc::UnboundedReceiver<Out>,
+) {
+    while let Some(o) = outgoing.recv().await {
+        match o {
+            Out::Bytes(b) => {
+                if w.write_all(&b).await.is_err() {
+                    return;
+                }
+            }
+            Out::Shutdown => {
+                let _ = w.shutdown().await;
+                return;
+            }
+        }
+    }
+}
+
+/// A connection's writer: its write half, until something is to be
+/// written; then a task that owns it, fed by a channel. An idle connection
+/// never starts one, so when the table closes it the socket is closed as
+/// this connection's task ends, not a task later (under a burst of new
+/// connections at the cap, that lag would hold descriptors).
+enum Writer<W> {
+    /// Nothing written yet.
+    Idle(W),
+    /// The writer task and its channel.
+    Running(mpsc::UnboundedSender<Out>, AbortOnDrop),
+    /// Finished.
+    Done,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin + Send + 'static> Writer<W> {
+    /// The writer's channel; the first call starts the writer task.
+    fn out(&mut self) -> &mpsc::UnboundedSender<Out> {
+        if !matches!(self, Writer::Running(..)) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            match std::mem::replace(self, Writer::Done) {
+                Writer::Idle(w) => {
+                    *self = Writer::Running(tx, AbortOnDrop(tokio::spawn(write_out(w, rx))));
+                }
+                // Finished: a channel nobody reads (sends fail).
+                _ => {
+                    *self = Writer::Running(tx, AbortOnDrop(tokio::spawn(async move { drop(rx) })))
+                }
+            }
+        }
+        match self {
+            Writer::Running(tx, _) => tx,
+            _ => unreachable!("the writer was just started"),
+        }
+    }
+
+    /// Waits until the writer task has written what it was handed up to
+    /// its [`Out::Shutdown`] (at once when none was started).
+    async fn finish(&mut self) {
+        if let Writer::Running(tx, task) = std::mem::replace(self, Writer::Done) {
+            drop(tx);
+            task.finish().await;
+        }
+    }
+}
+
+/// A connection's writer task, aborted when the connection's task ends
+/// early (the node stops) and awaited when it ends on its own.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    /// Waits until the writer has written what it was handed up to its
+    /// [`Out::Shutdown`].
+    async fn finish(mut self) {
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

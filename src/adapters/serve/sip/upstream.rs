@@ -19,37 +19,63 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::{OnceCell, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::Emit;
 use crate::adapters::REQUEST_PATH;
+use crate::adapters::node_state::NodeState;
+use crate::engine::sip::proxy::{self, ClientTimers, Completed, Expired};
 use crate::engine::sip::upstream::{self as up, Received};
-use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage};
+use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, StartLine};
+
+mod link;
+
+use link::Link;
+pub(crate) use link::Transport;
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
 const LOG: &str = "peerlb::adapters::sip::upstream";
 
-/// The answers of a transaction in flight, once it ends (`None` until
-/// then).
-type Outcome = watch::Receiver<Option<Arc<Vec<SipMessage>>>>;
+/// How far a transaction in flight got: its last answer relayed so far
+/// and whether that was its final one (a retransmission of the request
+/// that joins it gets that answer at once, and the final one).
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    last: Option<SipMessage>,
+    done: bool,
+}
+
+type Outcome = watch::Receiver<Progress>;
 
 /// An upstream SIP server, how long a transaction with it may take, and
 /// the transactions in flight.
-#[derive(Debug)]
 pub(crate) struct SipUpstream {
     addr: SocketAddr,
     timeout: Duration,
+    /// RFC 3261 Timer C (`limits.sip_timer_c_ms`).
+    timer_c: Duration,
+    /// INVITE transactions ended by a non-2xx answer the owner ACKed, on
+    /// the clock of `epoch`.
+    completed: Arc<Mutex<Completed>>,
+    epoch: Instant,
+    /// The node's counters (`sip_acks_absorbed`, `sip_timer_c_cancels`).
+    state: Arc<NodeState>,
     /// Keyed by (owner branch, method): a CANCEL shares its INVITE's
     /// branch but is a transaction of its own (RFC 3261 9.1).
     inflight: Mutex<BTreeMap<(String, String), Outcome>>,
-    /// The node's socket toward the upstream, bound on first use.
-    socket: OnceCell<Arc<UdpSocket>>,
+    /// `sip_app`'s transport.
+    transport: Transport,
+    /// The node's link to the upstream, opened on first use (and again
+    /// after a TCP connection closed).
+    link: tokio::sync::Mutex<Option<Arc<Link>>>,
     /// Transactions waiting for answers, by (owner branch, method).
     waiting: Arc<Waiting>,
     /// The relay of the requests the upstream sends.
@@ -82,13 +108,26 @@ type Waiting = Mutex<BTreeMap<(String, String), mpsc::UnboundedSender<Datagram>>
 
 impl SipUpstream {
     /// The server at `addr` (UDP) of node `node`; a request it has not
-    /// answered finally within `timeout` is answered `408` by the owner.
-    pub(crate) fn new(addr: SocketAddr, timeout: Duration, node: &str) -> SipUpstream {
+    /// answered at all within `timeout` (a non-INVITE: finally) is
+    /// answered `408` by the owner; an INVITE it answered provisionally
+    /// waits `timer_c` since the last provisional answer, then is
+    /// CANCELled (`engine::sip::proxy::ClientTimers`).
+    pub(crate) fn new(
+        (transport, addr): (Transport, SocketAddr),
+        (timeout, timer_c): (Duration, Duration),
+        node: &str,
+        state: Arc<NodeState>,
+    ) -> SipUpstream {
         SipUpstream {
+            state,
             addr,
             timeout,
+            timer_c,
+            completed: Arc::new(Mutex::new(Completed::default())),
+            epoch: Instant::now(),
             inflight: Mutex::new(BTreeMap::new()),
-            socket: OnceCell::new(),
+            transport,
+            link: tokio::sync::Mutex::new(None),
             waiting: Arc::new(Mutex::new(BTreeMap::new())),
             callee: Arc::new(CalleeRelay {
                 node: node.to_owned(),
@@ -105,43 +144,67 @@ impl SipUpstream {
     /// Relays `req`, a request the upstream sent, toward the caller and
     /// hands every answer for the upstream to `emit`, in order (see
     /// `CalleeRelay::relay`).
-    pub(crate) async fn relay_from_upstream(
-        &self,
-        req: SipMessage,
-        emit: &(dyn Fn(&SipMessage) + Send + Sync),
-    ) {
+    pub(crate) async fn relay_from_upstream(&self, req: SipMessage, emit: &Emit<'_>) {
         self.callee.relay(req, emit).await;
     }
 
-    /// The node's socket toward the upstream; the first call binds it and
-    /// starts its reader task.
-    async fn socket(&self) -> std::io::Result<Arc<UdpSocket>> {
-        let s = self
-            .socket
-            .get_or_try_init(|| async {
-                let s = Arc::new(connected(self.addr).await?);
-                tokio::spawn(read_answers(
-                    s.clone(),
-                    self.waiting.clone(),
-                    self.callee.clone(),
-                ));
-                Ok::<_, std::io::Error>(s)
-            })
-            .await?;
-        Ok(s.clone())
+    /// Takes `resp`, a response of the upstream that reached a SIP
+    /// listener (of this node, or of a peer that passed it on) instead of
+    /// the node's socket toward the upstream, as if it had come there
+    /// (`engine::sip::proxy::stray_response`).
+    pub(crate) async fn deliver(&self, resp: SipMessage) {
+        let again = hand_over(resp, &self.waiting, (&self.completed, self.epoch));
+        if let (Some(ack), Ok(link)) = (again, self.link().await) {
+            let _ = link.send(&ack).await;
+        }
+    }
+
+    /// The node's link to the upstream; the first call (and the first
+    /// after a TCP connection closed) opens it and starts its reader.
+    async fn link(&self) -> std::io::Result<Arc<Link>> {
+        let mut held = self.link.lock().await;
+        if let Some(l) = held.as_ref().filter(|l| l.is_open()) {
+            return Ok(l.clone());
+        }
+        let readers = link::Readers {
+            waiting: self.waiting.clone(),
+            callee: self.callee.clone(),
+            completed: self.completed.clone(),
+            epoch: self.epoch,
+        };
+        let l = Arc::new(link::open(self.transport, self.addr, self.timeout, readers).await?);
+        *held = Some(l.clone());
+        Ok(l)
     }
 
     /// [`Self::exchange`], except that a request whose transaction is
     /// already in flight (a client's retransmission: same owner branch and
-    /// method) starts no second one: it waits for that transaction and
-    /// gets the same answers (the client absorbs the duplicates, 17.1.3).
-    /// So at most one transaction waits under a (branch, method) key of
-    /// `waiting`, where a second would take the first one's answers. An
-    /// `ACK` is always sent.
-    pub(crate) async fn transact(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
+    /// method) starts no second one: it joins that transaction, gets its
+    /// last answer so far at once and its final answer when it comes (the
+    /// client absorbs the duplicates, 17.1.3). So at most one transaction
+    /// waits under a (branch, method) key of `waiting`, where a second
+    /// would take the first one's answers. An `ACK` is sent, unless it
+    /// acknowledges a non-2xx answer the owner ACKed itself: that one is
+    /// absorbed here (17.1.1.3, `engine::sip::proxy::Completed`).
+    pub(crate) async fn transact(&self, req: &SipMessage, node: &str, emit: &Emit<'_>) {
         let method = req.method().unwrap_or("");
         if method == "ACK" {
-            return self.exchange(req, node).await;
+            let branch = up::branch(req, node);
+            let now = self.epoch.elapsed();
+            if self
+                .completed
+                .lock()
+                .expect("completed lock")
+                .absorbs(&branch, now)
+            {
+                self.state
+                    .counters
+                    .sip_acks_absorbed
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(target: REQUEST_PATH, %branch, "ack of a non-2xx answer the owner acked: absorbed");
+                return;
+            }
+            return self.exchange(req, node, emit).await;
         }
         let key = (up::branch(req, node), method.to_owned());
         let waiting = {
@@ -149,41 +212,63 @@ impl SipUpstream {
             match map.get(&key) {
                 Some(rx) => Err(rx.clone()),
                 None => {
-                    let (tx, rx) = watch::channel(None);
+                    let (tx, rx) = watch::channel(Progress::default());
                     map.insert(key.clone(), rx);
                     Ok(tx)
                 }
             }
         };
         match waiting {
-            Err(mut rx) => match rx.wait_for(Option::is_some).await {
-                Ok(answers) => answers.as_deref().cloned().unwrap_or_default(),
-                // The first one was dropped unfinished: the client resends.
-                Err(_) => Vec::new(),
-            },
+            Err(mut rx) => {
+                let now = rx.borrow_and_update().clone();
+                if let Some(m) = &now.last {
+                    emit(m);
+                }
+                if now.done {
+                    return;
+                }
+                // Err: the first one was dropped unfinished; the client
+                // resends.
+                if let Ok(p) = rx.wait_for(|p| p.done).await
+                    && let Some(m) = &p.last
+                {
+                    emit(m);
+                }
+            }
             Ok(tx) => {
                 let _entry = InflightEntry {
                     map: &self.inflight,
                     key,
                 };
-                let answers = self.exchange(req, node).await;
-                let _ = tx.send(Some(Arc::new(answers.clone())));
-                answers
+                let relay = |m: &SipMessage| {
+                    emit(m);
+                    tx.send_modify(|p| p.last = Some(m.clone()));
+                };
+                self.exchange(req, node, &relay).await;
+                tx.send_modify(|p| p.done = true);
             }
         }
     }
 
-    /// Sends `req` upstream as node `node` and returns the answers to
-    /// relay, in order, the owner's `Via` removed: every provisional
-    /// answer but `100`, then the final one. An `ACK` is sent once and
-    /// has none. Without a final answer within the timeout: `408 Request
-    /// Timeout` (RFC 3261 16.7 step 1, 16.8); a transport error (the port
-    /// is closed, the socket fails): `503 Service Unavailable` (16.9).
-    /// Either generated answer carries `Peerlb-Served-By: <node>`.
-    async fn exchange(&self, req: &SipMessage, node: &str) -> Vec<SipMessage> {
+    /// Sends `req` upstream as node `node` and hands `emit` the answers
+    /// to relay as they arrive, the owner's `Via` removed: every
+    /// provisional answer but `100`, then the final one. An `ACK` is sent
+    /// once and has none. The deadlines are `engine::sip::proxy`
+    /// `ClientTimers`': no answer at all within the timeout (a non-INVITE:
+    /// no final one) gives `408 Request Timeout` (RFC 3261 16.7 step 1,
+    /// 16.8); an INVITE with no provisional answer but `100` within Timer
+    /// C is CANCELled on its branch (the CANCEL resent on Timer E until
+    /// the final answer, the server's `487`, which is relayed), and `408`
+    /// if that does not come within the timeout either. A transport error
+    /// (the port is closed, the socket fails): `503 Service Unavailable`
+    /// (16.9). Either generated answer carries `Peerlb-Served-By: <node>`.
+    /// The owner ACKs a non-2xx final answer to an INVITE itself and
+    /// keeps the transaction in `completed` (its caller's ACK is absorbed,
+    /// [`Self::transact`]).
+    async fn exchange(&self, req: &SipMessage, node: &str, emit: &Emit<'_>) {
         let branch = up::branch(req, node);
         let generated = |status: u16, reason: &str| {
-            let tag = &branch[branch.len() - 8..];
+            let tag = up::generated_tag(&branch);
             let mut r = req.response(status, reason, Some(tag));
             r.headers
                 .push((sipmsg::SERVED_BY.to_owned(), node.to_owned()));
@@ -191,25 +276,23 @@ impl SipUpstream {
         };
         let method = req.method().unwrap_or("");
         let (invite, ack) = (method == "INVITE", method == "ACK");
-        let socket = match self.socket().await {
+        let unavailable = || {
+            if !ack {
+                emit(&generated(503, "Service Unavailable"));
+            }
+        };
+        let socket = match self.link().await {
             Ok(s) => s,
             Err(e) => {
                 debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream socket failed");
-                return if ack {
-                    Vec::new()
-                } else {
-                    vec![generated(503, "Service Unavailable")]
-                };
+                return unavailable();
             }
         };
         let Ok(local) = socket.local_addr() else {
-            return if ack {
-                Vec::new()
-            } else {
-                vec![generated(503, "Service Unavailable")]
-            };
+            return unavailable();
         };
-        let sent = up::upstream_request(req, local, &branch);
+        let sent = up::upstream_request_over(req, socket.via_name(), local, &branch);
+        let reliable = socket.reliable();
         let bytes = sent.to_bytes();
         // Registered before the first send, so that no answer (nor the
         // error of a closed port) can come before the transaction waits.
@@ -225,57 +308,89 @@ impl SipUpstream {
                 key,
             }
         });
-        let mut answers = Vec::new();
         if let Err(e) = socket.send(&bytes).await {
             debug!(target: REQUEST_PATH, upstream = %self.addr, error = %e, "sip upstream send failed");
-            if !ack {
-                answers.push(generated(503, "Service Unavailable"));
-            }
-            return answers;
+            return unavailable();
         }
         if ack {
-            return answers;
+            return;
         }
-        let start = Instant::now();
-        let deadline = start + self.timeout;
+        let now = || self.epoch.elapsed();
+        let mut timers = ClientTimers::new(invite, now(), self.timeout, self.timer_c);
+        // The owner's CANCEL once Timer C fired: resent instead of the
+        // INVITE until the final answer comes.
+        let mut cancel: Option<Vec<u8>> = None;
         let mut transmissions = 1;
-        let mut resend = Some(start + up::retransmit_interval(invite, 1));
+        // Nothing is resent over a reliable transport (17.1.1.2, 17.1.2.2).
+        let mut resend = (!reliable).then(|| Instant::now() + up::retransmit_interval(invite, 1));
         loop {
+            let deadline = self.epoch + timers.deadline();
             let wake = resend.map_or(deadline, |r| r.min(deadline));
             let got = tokio::select! {
                 r = rx.recv() => Some(r.unwrap_or(Datagram::Failed)),
                 _ = tokio::time::sleep_until(wake) => None,
             };
             match got {
-                None if Instant::now() >= deadline => {
-                    debug!(target: REQUEST_PATH, upstream = %self.addr, "sip upstream gave no final answer in time");
-                    answers.push(generated(408, "Request Timeout"));
-                    return answers;
-                }
+                None if Instant::now() >= deadline => match timers.on_deadline(now()) {
+                    Expired::Timeout => {
+                        debug!(target: REQUEST_PATH, upstream = %self.addr, "sip upstream gave no final answer in time");
+                        return emit(&generated(408, "Request Timeout"));
+                    }
+                    Expired::Cancel => {
+                        self.state
+                            .counters
+                            .sip_timer_c_cancels
+                            .fetch_add(1, Ordering::Relaxed);
+                        debug!(target: REQUEST_PATH, upstream = %self.addr, %branch, "timer c fired: cancelling the branch");
+                        let c = proxy::cancel_for(&sent).to_bytes();
+                        let _ = socket.send(&c).await;
+                        cancel = Some(c);
+                        transmissions = 1;
+                        resend =
+                            (!reliable).then(|| Instant::now() + up::retransmit_interval(false, 1));
+                    }
+                },
                 None => {
                     // A lost datagram is resent (RFC 3261 17.1.1.2, 17.1.2.2).
-                    let _ = socket.send(&bytes).await;
+                    let (again, invite) = match &cancel {
+                        Some(c) => (c, false),
+                        None => (&bytes, invite),
+                    };
+                    let _ = socket.send(again).await;
                     transmissions += 1;
                     resend = Some(Instant::now() + up::retransmit_interval(invite, transmissions));
                 }
                 Some(Datagram::Failed) => {
                     debug!(target: REQUEST_PATH, upstream = %self.addr, "sip upstream transport error");
-                    answers.push(generated(503, "Service Unavailable"));
-                    return answers;
+                    return emit(&generated(503, "Service Unavailable"));
                 }
                 Some(Datagram::Answer(msg)) => match up::receive(msg, &branch) {
                     Received::Ignore => {}
-                    Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
+                    Received::Trying => {
+                        timers.on_provisional(now(), 100);
+                        if cancel.is_none() {
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
+                        }
+                    }
                     Received::Provisional(m) => {
-                        resend = (!invite).then(|| Instant::now() + up::T2);
-                        answers.push(up::relayed_answer(m, method, node));
+                        if let StartLine::Response { status, .. } = m.start {
+                            timers.on_provisional(now(), status);
+                        }
+                        if cancel.is_none() {
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
+                        }
+                        emit(&up::relayed_answer(m, method, node));
                     }
                     Received::Final(m) => {
                         if let Some(a) = up::owner_ack(&sent, &m) {
                             let _ = socket.send(&a.to_bytes()).await;
+                            self.completed.lock().expect("completed lock").insert(
+                                branch.clone(),
+                                a,
+                                now(),
+                            );
                         }
-                        answers.push(up::relayed_answer(m, method, node));
-                        return answers;
+                        return emit(&up::relayed_answer(m, method, node));
                     }
                 },
             }
@@ -283,45 +398,31 @@ impl SipUpstream {
     }
 }
 
-/// Reads the upstream's datagrams on `socket` for as long as the node
-/// runs: an answer goes to the transaction its top `Via` branch and `CSeq`
-/// method name (anything else is dropped), a request to `callee` (its
-/// answers go back on `socket`); a socket error goes to every waiting
-/// transaction.
-async fn read_answers(socket: Arc<UdpSocket>, waiting: Arc<Waiting>, callee: Arc<CalleeRelay>) {
-    let mut buf = vec![0u8; MAX_MESSAGE + 1];
-    loop {
-        match socket.recv(&mut buf).await {
-            Ok(n) => {
-                let Ok(msg) = sipmsg::parse(&buf[..n]) else {
-                    continue;
-                };
-                if msg.method().is_some() {
-                    let (socket, callee) = (socket.clone(), callee.clone());
-                    tokio::spawn(async move {
-                        let emit = move |m: &SipMessage| {
-                            let _ = socket.try_send(&m.to_bytes());
-                        };
-                        callee.relay(msg, &emit).await;
-                    });
-                    continue;
-                }
-                let key = match (msg.top_via().and_then(|v| v.param("branch")), msg.cseq()) {
-                    (Some(b), Some((_, m))) => (b.to_owned(), m.to_owned()),
-                    _ => continue,
-                };
-                let map = waiting.lock().expect("waiting lock");
-                if let Some(tx) = map.get(&key) {
-                    let _ = tx.send(Datagram::Answer(msg));
-                }
-            }
-            Err(e) => {
-                debug!(target: LOG, error = %e, "sip upstream socket error");
-                for tx in waiting.lock().expect("waiting lock").values() {
-                    let _ = tx.send(Datagram::Failed);
-                }
-            }
+/// Hands `msg`, a response from the upstream, to the transaction its top
+/// `Via` branch and `CSeq` method name; a retransmitted final answer of a
+/// completed INVITE gives the ACK to send again; anything else is
+/// dropped.
+fn hand_over(
+    msg: SipMessage,
+    waiting: &Waiting,
+    (completed, epoch): (&Mutex<Completed>, Instant),
+) -> Option<Vec<u8>> {
+    let key = match (msg.top_via().and_then(|v| v.param("branch")), msg.cseq()) {
+        (Some(b), Some((_, m))) => (b.to_owned(), m.to_owned()),
+        _ => return None,
+    };
+    let map = waiting.lock().expect("waiting lock");
+    match map.get(&key) {
+        Some(tx) => {
+            let _ = tx.send(Datagram::Answer(msg));
+            None
         }
+        None if key.1 == "INVITE" => completed
+            .lock()
+            .expect("completed lock")
+            .ack_of(&key.0, epoch.elapsed())
+            .map(SipMessage::to_bytes),
+        None => None,
     }
 }
 
@@ -338,10 +439,10 @@ impl CalleeRelay {
     /// answer to an INVITE is ACKed by the owner (17.1.1.3). No final
     /// answer within Timer B (32 s): `408`; the caller's port closed or
     /// the socket failing: `503`. An ACK is sent once, unanswered.
-    async fn relay(&self, req: SipMessage, emit: &(dyn Fn(&SipMessage) + Send + Sync)) {
+    async fn relay(&self, req: SipMessage, emit: &Emit<'_>) {
         let method = req.method().unwrap_or("").to_owned();
         let (ack, invite) = (method == "ACK", method == "INVITE");
-        let (out, to) = match up::callee_request(&req, &self.node) {
+        let (out, dest) = match up::callee_request(&req, &self.node) {
             Ok(x) => x,
             Err(refusal) => {
                 if let Some(r) = refusal {
@@ -374,7 +475,13 @@ impl CalleeRelay {
         if invite {
             emit(&req.response(100, "Trying", None));
         }
-        let sock = match connected(to).await {
+        let to = dest.addr;
+        let opened = if dest.tcp {
+            link::CallerSocket::tcp(to, up::T1 * 64).await
+        } else {
+            connected(to).await.map(link::CallerSocket::Udp)
+        };
+        let mut sock = match opened {
             Ok(s) => s,
             Err(e) => {
                 debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: no socket");
@@ -390,7 +497,7 @@ impl CalleeRelay {
             }
             return;
         };
-        let sent = up::with_via(out, local, &branch);
+        let sent = up::with_via(out, sock.via_name(), local, &branch);
         let bytes = sent.to_bytes();
         if let Err(e) = sock.send(&bytes).await {
             debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: send failed");
@@ -405,7 +512,8 @@ impl CalleeRelay {
         let start = Instant::now();
         let deadline = start + up::TIMER_B;
         let mut transmissions = 1;
-        let mut resend = Some(start + up::retransmit_interval(invite, 1));
+        let reliable = sock.reliable();
+        let mut resend = (!reliable).then(|| start + up::retransmit_interval(invite, 1));
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         loop {
             let wake = resend.map_or(deadline, |r| r.min(deadline));
@@ -438,9 +546,11 @@ impl CalleeRelay {
                     }
                     match up::receive(msg, &branch) {
                         Received::Ignore => {}
-                        Received::Trying => resend = (!invite).then(|| Instant::now() + up::T2),
+                        Received::Trying => {
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
+                        }
                         Received::Provisional(m) => {
-                            resend = (!invite).then(|| Instant::now() + up::T2);
+                            resend = (!invite && !reliable).then(|| Instant::now() + up::T2);
                             emit(&m);
                         }
                         Received::Final(m) => {
