@@ -119,6 +119,8 @@ pub use node::Node;
 /// (`adapters/http/entry_tls.rs`).
 pub mod tls {
     #[doc(inline)]
+    pub use crate::adapters::http::client_cert::check_files as check_entry_files;
+    #[doc(inline)]
     pub use crate::adapters::http::entry_tls as entry;
     #[doc(inline)]
     pub use crate::adapters::transport::tls::*;

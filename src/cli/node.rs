@@ -127,7 +127,7 @@ pub(crate) fn read_files(
     }
     for l in [&config.listener, &config.shared_listener] {
         if let Some(t) = &l.tls
-            && let Err(e) = tls::entry::check_files(t)
+            && let Err(e) = tls::check_entry_files(t)
         {
             return Err(config_error(e));
         }

@@ -30,7 +30,18 @@ use rustls_pki_types::pem::PemObject;
 use x509_cert::der::Decode;
 
 use super::entry_tls::{EntryCerts, EntryTlsError, server_config_with};
-use crate::config::ClientAuth;
+use crate::config::{ClientAuth, ListenerTls};
+
+/// Checks every file an HTTPS listener `tls` needs, as the node reads them
+/// at start: the certificates and keys ([`EntryCerts::load`]) and the
+/// client CA files (`client_ca`).
+///
+/// # Errors
+/// [`EntryTlsError`] naming the field of the first file that cannot be
+/// used.
+pub fn check_files(tls: &ListenerTls) -> Result<(), EntryTlsError> {
+    EntryTls::new(EntryCerts::load(tls)?).map(|_| ())
+}
 
 /// The header carrying a verified client certificate's identity to the app.
 pub(crate) const FORWARDED_CLIENT_CERT: http::HeaderName =

@@ -178,17 +178,6 @@ impl EntryCerts {
     }
 }
 
-/// Checks every file an HTTPS listener `tls` needs, as the node reads them
-/// at start: the certificates and keys ([`EntryCerts::load`]) and the
-/// client CA files (`client_ca`).
-///
-/// # Errors
-/// [`EntryTlsError`] naming the field of the first file that cannot be
-/// used.
-pub fn check_files(tls: &ListenerTls) -> Result<(), EntryTlsError> {
-    super::client_cert::EntryTls::new(EntryCerts::load(tls)?).map(|_| ())
-}
-
 /// Whether a certificate with DNS names `names` (as
 /// [`EntryCerts::names_for`] gives them) is valid for `host` (lowercase,
 /// no port, no trailing dot): an exact name, or a wildcard `*.parent`
