@@ -386,9 +386,6 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, w
         "[limits]",
         "drain_grace_ms = 100",
     ]
-    # Experiments only (never set for a figure quoted as peerlb's): more
-    # [limits] lines, `;`-separated, e.g. PEERLB_BENCH_LIMITS="response_buffer_bytes = 1310720".
-    lines += [l.strip() for l in os.environ.get("PEERLB_BENCH_LIMITS", "").split(";") if l.strip()]
     if tls:
         lines += ["[listener.tls]", f'cert = "{tls[0]}"', f'key = "{tls[1]}"']
     specs = []

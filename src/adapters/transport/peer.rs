@@ -425,7 +425,9 @@ async fn read_response_head(
 /// Reads one length-prefixed head frame's bytes (after the prefix). A
 /// head that arrived in one piece (the usual case: one STREAM frame) is
 /// the received packet's own bytes, neither copied nor zero-filled first;
-/// one split across frames is gathered into a buffer of its length.
+/// one split across frames is gathered into a buffer of its length. The
+/// packet's buffer (one per datagram: the peer socket has no GRO) then
+/// lives as long as the frame: at most one datagram per open stream.
 async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Bytes, HeadError> {
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
