@@ -407,6 +407,19 @@ async fn nothing_read_yet(recv: &mut quinn::RecvStream) -> bool {
     std::future::poll_fn(|cx| std::task::Poll::Ready(body::poll_chunk(recv, cx).is_pending())).await
 }
 
+/// The request id header every entry sends (`X-Request-Id`), made once:
+/// a name HTTP has no standard constant for is otherwise copied into an
+/// allocation of its own on every request.
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+/// A proxied request's header name, from the head's lowercase text.
+fn header_name(k: &str) -> Result<http::HeaderName, http::header::InvalidHeaderName> {
+    if k == X_REQUEST_ID.as_str() {
+        return Ok(X_REQUEST_ID);
+    }
+    http::HeaderName::from_bytes(k.as_bytes())
+}
+
 #[derive(Debug, thiserror::Error)]
 enum HeadError {
     #[error("reading head: {0}")]
@@ -647,10 +660,7 @@ async fn serve_stream<H: ProxiedHandler>(
             chunked = true;
         }
         if bad_header.is_none() {
-            match (
-                http::HeaderName::from_bytes(k.as_bytes()),
-                HeaderValue::from_bytes(v),
-            ) {
+            match (header_name(k), HeaderValue::from_bytes(v)) {
                 (Ok(k), Ok(v)) => {
                     headers.append(k, v);
                 }
