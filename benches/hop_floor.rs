@@ -71,6 +71,12 @@ fn certs(dir: &Path) {
 fn transport() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(STREAMS.into());
+    // Kept alive while idle: in a full `bench/compare.py` run the other
+    // contenders' measurements leave the floor idle for longer than
+    // quinn's 30 s idle timeout, and the entry, which dials once, then
+    // answered every later request with an error. A ping every 5 s costs
+    // nothing per request.
+    t.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
     Arc::new(t)
 }
 

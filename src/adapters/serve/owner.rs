@@ -77,11 +77,12 @@ impl ProxiedHandler for Owner {
             line.routed.request_id = head.request_id;
             line.routed.owner = Some(me.clone());
             line.routed.reason = "proxied";
-            line
+            // Boxed: it lives across the await below (see the entry's).
+            Box::new(line)
         });
         let resp = self.serve_proxied(head, req).await;
         match line {
-            Some(line) => crate::adapters::access::log_when_done(resp, line),
+            Some(line) => crate::adapters::access::log_when_done(resp, *line),
             None => resp,
         }
     }
@@ -111,8 +112,14 @@ impl Owner {
             .iter()
             .any(|&(k, _)| k == crate::adapters::ops::admin::members::ADMIN_HEADER)
         {
-            return crate::adapters::ops::admin::members::answer_peer(state, head, req.into_body())
-                .await;
+            // Boxed, as the SIP path below: rare paths kept out of every
+            // proxied request's future (which is moved once per request).
+            return Box::pin(crate::adapters::ops::admin::members::answer_peer(
+                state,
+                head,
+                req.into_body(),
+            ))
+            .await;
         }
         if head
             .headers
@@ -121,11 +128,8 @@ impl Owner {
         {
             state.metrics.count_proxied_in();
             let inflight = state.enter_proxied();
-            return self
-                .sip
-                .clone()
-                .serve_proxied(req.into_body(), inflight)
-                .await;
+            // Boxed: a rare path, kept out of every stream's future.
+            return Box::pin(self.sip.clone().serve_proxied(req.into_body(), inflight)).await;
         }
         state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();
