@@ -28,6 +28,7 @@ use super::relay::{FromPeer, Relay, ResponseBudget};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
+use crate::adapters::informational::{H1Inject, H1Queue};
 use crate::seam::HttpListener;
 
 use super::preface::{self, Prefixed};
@@ -423,8 +424,16 @@ async fn serve_h1<H, I>(
 {
     let header_timeout = ingress.header_read_timeout();
     let edge = (ingress.clone(), info.client);
+    // The app's 1xx answers are written between hyper's messages
+    // (`informational::H1Inject`); an HTTP/1.0 client gets none (RFC 9110
+    // section 15.2).
+    let queue = Arc::new(H1Queue::default());
+    let io = TokioIo::new(H1Inject::new(io.into_inner(), queue.clone()));
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
+        if req.version() == http::Version::HTTP_11 {
+            req.extensions_mut().insert(queue.sink());
+        }
         // Busy from its head until its response body is written.
         let track = tracker.track(ing.response_budget(), true);
         if req.headers().contains_key(http::header::UPGRADE) {

@@ -51,6 +51,7 @@ use tokio::time::Instant;
 
 use crate::adapters::body::{self, Body, BodyError};
 pub(crate) use crate::adapters::errors::UpstreamError;
+use crate::adapters::informational::{InfoHead, Informational};
 use crate::adapters::tunnel::{self, Tunnel};
 use crate::config::AppAddr;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
@@ -209,6 +210,16 @@ impl Upstream {
         }
         if tunnel::wants_websocket(&parts.method, parts.version, &parts.headers) {
             return self.send_upgrade(Request::from_parts(parts, body)).await;
+        }
+        // The app's 1xx answers go on to whoever asked for them
+        // (`informational`): the callback travels in the request's
+        // extensions, kept with its head for a resend.
+        if let Some(sink) = parts.extensions.remove::<Informational>() {
+            let mut probe = Request::new(());
+            hyper::ext::on_informational(&mut probe, move |res| {
+                sink.send(InfoHead::new(res.status(), res.headers()));
+            });
+            parts.extensions.extend(probe.into_parts().0.extensions);
         }
         // The engine's replay rules: may the request be sent again after
         // the app may have read it, and how is its body kept?

@@ -25,6 +25,7 @@ use http_body::Body as _;
 use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use crate::adapters::body::{self, Body, QuicBody};
+use crate::adapters::informational::{InfoHead, Informational};
 use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::adapters::tunnel::{BoxIo, Tunnel};
 use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadView};
@@ -210,6 +211,23 @@ pub(crate) async fn exchange(
     body: Body,
     timeout: Duration,
 ) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
+    exchange_informational(peer, stream, head, body, timeout, None).await
+}
+
+/// [`exchange`] of a request whose head asked for informational answers
+/// ([`wire::INFORMATIONAL`]): each 1xx head the owner sends before the
+/// final one goes to `info` and starts the response timeout again.
+///
+/// # Errors
+/// As [`exchange`].
+pub(crate) async fn exchange_informational(
+    peer: &NodeId,
+    stream: PeerStream,
+    head: Bytes,
+    body: Body,
+    timeout: Duration,
+    info: Option<&Informational>,
+) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
     let PeerStream {
         mut send,
         mut recv,
@@ -243,32 +261,39 @@ pub(crate) async fn exchange(
         });
         Some(client_failure)
     };
-    let read = async {
-        // A client body failure before the head is a bad request; a pump
-        // that ended otherwise (the sender dropped) changes nothing.
-        let client_body = async {
-            match client_failure {
-                Some(rx) => match rx.await {
-                    Ok(why) => why,
-                    Err(_) => std::future::pending().await,
-                },
-                None => std::future::pending().await,
-            }
-        };
-        let resp = async {
-            read_response_head(&mut recv)
-                .await
-                .map_err(|e| response_head_error(peer, e))
-        };
-        tokio::select! {
-            biased;
-            why = client_body => Err(ExchangeError::ClientBody(why)),
-            resp = resp => resp,
+    // A client body failure before the head is a bad request; a pump
+    // that ended otherwise (the sender dropped) changes nothing.
+    let client_body = async {
+        match client_failure {
+            Some(rx) => match rx.await {
+                Ok(why) => why,
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
         }
     };
-    let resp = tokio::time::timeout(timeout, read)
-        .await
-        .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
+    tokio::pin!(client_body);
+    // Each informational head (asked for with `wire::INFORMATIONAL`) is
+    // handed on and starts the response timeout again: the app is alive.
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let resp = loop {
+        let head = tokio::select! {
+            biased;
+            why = &mut client_body => return Err(ExchangeError::ClientBody(why)),
+            resp = read_response_head(&mut recv) => resp.map_err(|e| response_head_error(peer, e))?,
+            () = &mut deadline => return Err(ExchangeError::Timeout(peer.clone())),
+        };
+        if !crate::adapters::informational::relayed(head.status) {
+            break head;
+        }
+        if let (Some(sink), Ok(status)) = (info, http::StatusCode::from_u16(head.status)) {
+            sink.send(InfoHead::new(status, &head.headers));
+        }
+        deadline
+            .as_mut()
+            .reset(tokio::time::Instant::now() + timeout);
+    };
     let len = resp.content_length();
     Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
 }
@@ -618,10 +643,15 @@ async fn serve_stream<H: ProxiedHandler>(
     let mut len = None;
     let mut chunked = false;
     let mut tunnel = false;
+    let mut informational = false;
     for &(k, v) in &head.headers {
         if k == wire::TUNNEL {
             // peerlb's own mark: the app never sees it.
             tunnel = true;
+            continue;
+        }
+        if k == wire::INFORMATIONAL {
+            informational = true;
             continue;
         }
         if k == "content-length" {
@@ -674,7 +704,42 @@ async fn serve_stream<H: ProxiedHandler>(
     };
     // Debug level, like the entry's `request` span (cost per request).
     let span = debug_span!(target: LOG, "proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
-    let resp = handler.serve(&head, req).instrument(span).await;
+    // The app's 1xx answers, when the entry asked: a frame each, before
+    // the final head (`wire`).
+    let (req, mut info_rx) = if informational {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut req = req;
+        // At most `informational::MAX_PER_REQUEST` pass the sink.
+        req.extensions_mut()
+            .insert(Informational::new(move |h| drop(tx.send(h))));
+        (req, Some(rx))
+    } else {
+        (req, None)
+    };
+    let serving = handler.serve(&head, req).instrument(span);
+    let resp = match info_rx.as_mut() {
+        None => serving.await,
+        Some(rx) => {
+            tokio::pin!(serving);
+            loop {
+                tokio::select! {
+                    biased;
+                    r = &mut serving => break r,
+                    Some(h) = rx.recv() => {
+                        if !write_informational(&mut send, &h, handler.node_id()).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    };
+    // Those that came with the final answer go first.
+    while let Some(h) = info_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        if !write_informational(&mut send, &h, handler.node_id()).await {
+            return;
+        }
+    }
     let (mut parts, body) = resp.into_parts();
     let app_tunnel = (parts.status == http::StatusCode::SWITCHING_PROTOCOLS)
         .then(|| parts.extensions.remove::<Tunnel>())
@@ -721,6 +786,24 @@ async fn serve_stream<H: ProxiedHandler>(
     }
     if let Err(e) = body::pump(body, &mut send).await {
         debug!(target: LOG, error = %e, "response body to peer stopped");
+    }
+}
+
+/// Writes one informational head as a response head frame (`wire`);
+/// false when the stream is gone.
+async fn write_informational(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> bool {
+    let rh = wire::ResponseHeadRef {
+        status: h.status.as_u16(),
+        headers: &h.headers,
+        served_by: node,
+    };
+    match wire::encode(&rh) {
+        Ok(f) => send.write_chunk(Bytes::from(f)).await.is_ok(),
+        // Too large for a frame: left out, the answer goes on.
+        Err(e) => {
+            debug!(target: LOG, error = %e, "informational head not relayed");
+            true
+        }
     }
 }
 

@@ -260,6 +260,12 @@ impl Forwarder {
             BodyPlan::Empty | BodyPlan::Stream => (None, Some(timed)),
         };
         let empty_body = plan.body() == BodyPlan::Empty;
+        // Where the owner's 1xx answers go (the client connection's sink,
+        // when it can take them: `informational`).
+        let info = parts
+            .extensions
+            .get::<crate::adapters::informational::Informational>()
+            .cloned();
         let mut last_err: Option<RequestError> = None;
         let mut head: Option<bytes::Bytes> = None;
         for cand in candidates {
@@ -321,6 +327,10 @@ impl Forwarder {
                         parts
                             .headers
                             .insert(wire::TUNNEL, HeaderValue::from_static("websocket"));
+                    } else if info.is_some() {
+                        parts
+                            .headers
+                            .insert(wire::INFORMATIONAL, HeaderValue::from_static("1"));
                     }
                     let uri = request_target(&parts.uri);
                     let encoded = wire::encode(&RequestHeadRef {
@@ -338,6 +348,8 @@ impl Forwarder {
                     drop(uri);
                     if tunnel {
                         parts.headers.remove(wire::TUNNEL);
+                    } else if info.is_some() {
+                        parts.headers.remove(wire::INFORMATIONAL);
                     }
                     match encoded {
                         Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
@@ -371,9 +383,16 @@ impl Forwarder {
             let exchanged = if tunnel {
                 peer::exchange_tunnel(cand, pair, h, self.settings.response_timeout).await
             } else {
-                peer::exchange(cand, pair, h, b, self.settings.response_timeout)
-                    .await
-                    .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
+                peer::exchange_informational(
+                    cand,
+                    pair,
+                    h,
+                    b,
+                    self.settings.response_timeout,
+                    info.as_ref(),
+                )
+                .await
+                .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
             };
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
