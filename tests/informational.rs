@@ -215,3 +215,28 @@ async fn each_processing_answer_starts_the_response_timeout_again() {
         assert!(text.contains("HTTP/1.1 200 OK\r\n"), "{user}: {text:?}");
     }
 }
+
+/// An HTTP/2 client gets no 1xx (hyper's HTTP/2 server cannot send one),
+/// but its forwarded request is kept alive by them all the same: the
+/// app's 200 after 2.4 s of `102`s, past the 1 s response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processing_answers_keep_an_http_2_clients_forwarded_request_alive() {
+    use http_body_util::{BodyExt, Empty};
+    let (c, _gate, _local, remote) = cluster("info-h2").await;
+    let tcp = TcpStream::connect(c.nodes[0].http).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake::<_, Empty<bytes::Bytes>>(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(format!("http://a/processing?user={remote}"))
+        .body(Empty::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["peerlb-served-by"], "n2");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"done");
+}

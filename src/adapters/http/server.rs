@@ -28,7 +28,7 @@ use super::relay::{FromPeer, Relay, ResponseBudget};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
-use crate::adapters::informational::{H1Inject, H1Queue};
+use crate::adapters::informational::{H1Inject, H1Queue, Informational};
 use crate::seam::HttpListener;
 
 use super::preface::{self, Prefixed};
@@ -541,8 +541,13 @@ async fn serve_h2<H, I>(
     let ing = ingress.clone();
     let st = streams.clone();
     let client = info.client;
+    // No informational head can be sent on an HTTP/2 stream here (hyper's
+    // server has no way to): a sink that drops them still asks the owner
+    // for them, so each one starts the hop's response timeout again.
+    let drop_informational = Informational::new(|_| {});
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ing.clone(), info.clone());
+        req.extensions_mut().insert(drop_informational.clone());
         let guard = StreamGuard::start(&st);
         let track = tracker.track(ing.response_budget(), false);
         if req.method() == http::Method::CONNECT {

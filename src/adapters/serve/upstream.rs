@@ -32,7 +32,10 @@
 //! section 6.3: the transfer coding decides the length), and a
 //! `101 Switching Protocols` is an error unless the request asked for a
 //! WebSocket: such a request goes on a connection of its own, which a
-//! `101` hands to the tunnel ([`crate::adapters::tunnel`]).
+//! `101` hands to the tunnel ([`crate::adapters::tunnel`]). The app's
+//! informational answers (1xx but 100 and 101) go to the request's
+//! [`Informational`] sink as they arrive, when it has one
+//! ([`crate::adapters::informational`]).
 
 use std::path::PathBuf;
 use std::pin::Pin;
