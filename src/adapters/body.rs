@@ -12,6 +12,9 @@ use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
 
 use crate::adapters::wire;
 
+mod framed;
+pub(crate) use framed::{Http2Client, frame_response, framed, trailer_marks, unframed};
+
 /// The body type of every request and response inside the node.
 pub(crate) type Body = UnsyncBoxBody<Bytes, BodyError>;
 
@@ -40,6 +43,10 @@ pub(crate) enum BodyError {
     /// reached and this response held the most: it is cut.
     #[error("cut: the node's response budget is reached and this response held the most")]
     OverBudget,
+    /// A framed body from a peer (one that may carry trailers,
+    /// [`framed`]) did not frame: a broken or hostile peer.
+    #[error("peer body framing: {0}")]
+    Framing(String),
 }
 
 /// A body of `bytes`.
@@ -281,7 +288,8 @@ pub(crate) enum PumpError {
 }
 
 /// Writes `body` into `send` chunk by chunk, then finishes the stream.
-/// Trailers are dropped (the peer wire does not carry them).
+/// Trailers are dropped: a body that may carry them goes through
+/// [`framed`] first.
 ///
 /// # Errors
 /// [`PumpError::Source`] after resetting the stream when the body fails;

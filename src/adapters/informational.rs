@@ -150,6 +150,67 @@ impl Informational {
     }
 }
 
+/// A sink whose heads come out of the receiver, for the owner's peer
+/// stream ([`serve_relaying`]); bounded by [`MAX_PER_REQUEST`].
+pub(crate) fn channel() -> (
+    Informational,
+    tokio::sync::mpsc::UnboundedReceiver<InfoHead>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    (Informational::new(move |h| drop(tx.send(h))), rx)
+}
+
+/// Awaits `serving` (the owner's answer to a proxied request) while
+/// writing each informational head out of `heads` on `send` as a
+/// response head frame with its 1xx status (`wire`), those that came with
+/// the answer included, so all precede the final head. `None` when the
+/// stream could not be written (the entry is gone).
+pub(crate) async fn serve_relaying<F: std::future::Future>(
+    serving: F,
+    heads: Option<tokio::sync::mpsc::UnboundedReceiver<InfoHead>>,
+    send: &mut quinn::SendStream,
+    node: &str,
+) -> Option<F::Output> {
+    let Some(mut rx) = heads else {
+        return Some(serving.await);
+    };
+    tokio::pin!(serving);
+    let out = loop {
+        tokio::select! {
+            biased;
+            r = &mut serving => break r,
+            Some(h) = rx.recv() => {
+                if !write_frame(send, &h, node).await {
+                    return None;
+                }
+            }
+        }
+    };
+    while let Ok(h) = rx.try_recv() {
+        if !write_frame(send, &h, node).await {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// Writes one informational head as a response head frame; false when
+/// the stream is gone. A head too large for a frame is left out.
+async fn write_frame(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> bool {
+    let rh = crate::adapters::wire::ResponseHeadRef {
+        status: h.status.as_u16(),
+        headers: &h.headers,
+        served_by: node,
+    };
+    match crate::adapters::wire::encode(&rh) {
+        Ok(f) => send.write_chunk(bytes::Bytes::from(f)).await.is_ok(),
+        Err(e) => {
+            tracing::debug!(target: "peerlb::adapters::informational", error = %e, "informational head not relayed");
+            true
+        }
+    }
+}
+
 /// The informational heads waiting to be written on one HTTP/1.1 client
 /// connection, shared by its requests' sinks and its [`H1Inject`] IO.
 #[derive(Debug, Default)]

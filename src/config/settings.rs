@@ -52,6 +52,10 @@ pub enum AppAddr {
     /// `unix:/absolute/path.sock`: HTTP/1.1 over a Unix domain socket (a
     /// path of at most 107 bytes).
     Unix(PathBuf),
+    /// `h2c://host:port` (port 80 when not given): HTTP/2 over TCP with
+    /// prior knowledge (RFC 9113 section 3.3), one multiplexed connection
+    /// (a gRPC server, for one).
+    H2c(http::Uri),
 }
 
 /// Longest Unix socket path an app may have, in bytes: a socket address
@@ -59,11 +63,13 @@ pub enum AppAddr {
 pub(crate) const MAX_UNIX_PATH: usize = 107;
 
 impl std::fmt::Display for AppAddr {
-    /// As written in `app`: `http://127.0.0.1:9000/`, `unix:/run/app.sock`.
+    /// As written in `app`: `http://127.0.0.1:9000/`, `unix:/run/app.sock`,
+    /// `h2c://127.0.0.1:50051/`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AppAddr::Http(uri) => write!(f, "{uri}"),
             AppAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+            AppAddr::H2c(uri) => write!(f, "{uri}"),
         }
     }
 }

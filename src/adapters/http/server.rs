@@ -548,6 +548,8 @@ async fn serve_h2<H, I>(
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ing.clone(), info.clone());
         req.extensions_mut().insert(drop_informational.clone());
+        req.extensions_mut()
+            .insert(crate::adapters::body::Http2Client);
         let guard = StreamGuard::start(&st);
         let track = tracker.track(ing.response_budget(), false);
         if req.method() == http::Method::CONNECT {

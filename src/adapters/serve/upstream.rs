@@ -49,6 +49,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
@@ -77,11 +78,15 @@ enum Target {
     Unix(PathBuf),
 }
 
-/// A pool of HTTP/1.1 connections to one app.
+/// A pool of HTTP/1.1 connections to one app, or (`h2c://`) its one
+/// HTTP/2 connection.
 pub(crate) struct Upstream {
     target: Target,
     authority: HeaderValue,
     idle: Arc<Idle>,
+    /// `Some` for an HTTP/2 app: the connection every request shares,
+    /// made again once it closed.
+    h2: Option<tokio::sync::Mutex<Option<http2::SendRequest<Body>>>>,
 }
 
 /// The idle connections, most recently returned last, and how long one
@@ -159,7 +164,7 @@ impl Upstream {
     /// on first use.
     pub(crate) fn new(addr: &AppAddr, idle_timeout: Duration) -> Upstream {
         let (target, authority) = match addr {
-            AppAddr::Http(base) => {
+            AppAddr::Http(base) | AppAddr::H2c(base) => {
                 let host = base.host().unwrap_or("127.0.0.1");
                 let authority = base
                     .authority()
@@ -189,7 +194,80 @@ impl Upstream {
                 conns: Mutex::default(),
                 timeout: idle_timeout,
             }),
+            h2: matches!(addr, AppAddr::H2c(_)).then(tokio::sync::Mutex::default),
         }
+    }
+
+    /// Sends `req` to an HTTP/2 app on the shared connection: the
+    /// client's `Host` (or the app's authority) as `:authority`, scheme
+    /// `http`; trailers both ways as HTTP/2 carries them. No resend: a
+    /// request the app refused with `REFUSED_STREAM` is still a 502.
+    async fn send_h2(
+        &self,
+        mut parts: http::request::Parts,
+        body: Body,
+    ) -> Result<Response<Body>, UpstreamError> {
+        let mut sender = self.h2_sender().await?;
+        let host = parts
+            .headers
+            .remove(header::HOST)
+            .unwrap_or_else(|| self.authority.clone());
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = host
+            .to_str()
+            .ok()
+            .and_then(|h| format!("http://{h}{path}").parse().ok())
+            .or_else(|| {
+                format!(
+                    "http://{}{path}",
+                    self.authority.to_str().unwrap_or("localhost")
+                )
+                .parse()
+                .ok()
+            })
+            .unwrap_or_default();
+        parts.version = Version::HTTP_2;
+        sender.ready().await?;
+        let resp = sender
+            .send_request(Request::from_parts(parts, body))
+            .await?;
+        let (parts, body) = resp.into_parts();
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(BodyError::Upstream).boxed_unsync(),
+        ))
+    }
+
+    /// The shared HTTP/2 connection, made when there is none or it closed.
+    async fn h2_sender(&self) -> Result<http2::SendRequest<Body>, UpstreamError> {
+        let mut slot = self.h2.as_ref().expect("an HTTP/2 app").lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(s.clone());
+        }
+        let Target::Tcp { host, port } = &self.target else {
+            unreachable!("h2c:// apps are TCP");
+        };
+        let connecting = async {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                .await
+                .map_err(UpstreamError::Connect)?;
+            let _ = stream.set_nodelay(true);
+            let (sender, conn) = http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .handshake(TokioIo::new(stream))
+                .await?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(target: LOG, error = %e, "upstream HTTP/2 app connection ended with an error");
+                }
+            });
+            Ok::<_, UpstreamError>(sender)
+        };
+        let sender = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout(CONNECT_TIMEOUT))??;
+        *slot = Some(sender.clone());
+        Ok(sender)
     }
 
     /// Sends `req` (origin-form target, the client's headers) to the app and
@@ -210,6 +288,9 @@ impl Upstream {
         parts.version = Version::HTTP_11;
         if !parts.headers.contains_key(header::HOST) {
             parts.headers.insert(header::HOST, self.authority.clone());
+        }
+        if self.h2.is_some() {
+            return self.send_h2(parts, body).await;
         }
         if tunnel::wants_websocket(&parts.method, parts.version, &parts.headers) {
             return self.send_upgrade(Request::from_parts(parts, body)).await;

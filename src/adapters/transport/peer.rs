@@ -644,6 +644,7 @@ async fn serve_stream<H: ProxiedHandler>(
     let mut chunked = false;
     let mut tunnel = false;
     let mut informational = false;
+    let (mut trailers_in, mut trailers_out) = (false, false);
     for &(k, v) in &head.headers {
         if k == wire::TUNNEL {
             // peerlb's own mark: the app never sees it.
@@ -652,6 +653,11 @@ async fn serve_stream<H: ProxiedHandler>(
         }
         if k == wire::INFORMATIONAL {
             informational = true;
+            continue;
+        }
+        if k == wire::TRAILERS {
+            // Trailers across the hop (`body::framed`).
+            (trailers_in, trailers_out) = body::trailer_marks(v);
             continue;
         }
         if k == "content-length" {
@@ -679,6 +685,14 @@ async fn serve_stream<H: ProxiedHandler>(
     // A tunnel request has no body; its stream stays open for the tunnel.
     let (body, tunnel_recv) = if tunnel {
         (body::empty(), Some(recv))
+    } else if trailers_in {
+        // Framed: the stream carries more than the body's length.
+        (
+            body::unframed(http_body_util::BodyExt::boxed_unsync(QuicBody::new(
+                recv, None,
+            ))),
+            None,
+        )
     } else if len.is_none() && !chunked && !nothing_read_yet(&mut recv).await {
         (body::empty(), None)
     } else {
@@ -705,41 +719,20 @@ async fn serve_stream<H: ProxiedHandler>(
     // Debug level, like the entry's `request` span (cost per request).
     let span = debug_span!(target: LOG, "proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
     // The app's 1xx answers, when the entry asked: a frame each, before
-    // the final head (`wire`).
-    let (req, mut info_rx) = if informational {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut req = req;
-        // At most `informational::MAX_PER_REQUEST` pass the sink.
-        req.extensions_mut()
-            .insert(Informational::new(move |h| drop(tx.send(h))));
-        (req, Some(rx))
-    } else {
-        (req, None)
-    };
+    // the final head (`informational::serve_relaying`).
+    let mut req = req;
+    let info_rx = informational.then(|| {
+        let (sink, rx) = crate::adapters::informational::channel();
+        req.extensions_mut().insert(sink);
+        rx
+    });
     let serving = handler.serve(&head, req).instrument(span);
-    let resp = match info_rx.as_mut() {
-        None => serving.await,
-        Some(rx) => {
-            tokio::pin!(serving);
-            loop {
-                tokio::select! {
-                    biased;
-                    r = &mut serving => break r,
-                    Some(h) = rx.recv() => {
-                        if !write_informational(&mut send, &h, handler.node_id()).await {
-                            return;
-                        }
-                    }
-                }
-            }
-        }
+    let node = handler.node_id();
+    let Some(resp) =
+        crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
+    else {
+        return;
     };
-    // Those that came with the final answer go first.
-    while let Some(h) = info_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
-        if !write_informational(&mut send, &h, handler.node_id()).await {
-            return;
-        }
-    }
     let (mut parts, body) = resp.into_parts();
     let app_tunnel = (parts.status == http::StatusCode::SWITCHING_PROTOCOLS)
         .then(|| parts.extensions.remove::<Tunnel>())
@@ -758,6 +751,13 @@ async fn serve_stream<H: ProxiedHandler>(
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
     }
+    // Framed when it may end with trailers the entry's client takes.
+    let body = body::frame_response(
+        trailers_out && app_tunnel.is_none(),
+        head.method,
+        &mut parts,
+        body,
+    );
     let rh = wire::ResponseHeadRef {
         status: parts.status.as_u16(),
         headers: &parts.headers,
@@ -786,24 +786,6 @@ async fn serve_stream<H: ProxiedHandler>(
     }
     if let Err(e) = body::pump(body, &mut send).await {
         debug!(target: LOG, error = %e, "response body to peer stopped");
-    }
-}
-
-/// Writes one informational head as a response head frame (`wire`);
-/// false when the stream is gone.
-async fn write_informational(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> bool {
-    let rh = wire::ResponseHeadRef {
-        status: h.status.as_u16(),
-        headers: &h.headers,
-        served_by: node,
-    };
-    match wire::encode(&rh) {
-        Ok(f) => send.write_chunk(Bytes::from(f)).await.is_ok(),
-        // Too large for a frame: left out, the answer goes on.
-        Err(e) => {
-            debug!(target: LOG, error = %e, "informational head not relayed");
-            true
-        }
     }
 }
 

@@ -266,6 +266,28 @@ impl Forwarder {
             .extensions
             .get::<crate::adapters::informational::Informational>()
             .cloned();
+        // Trailers across the hop (`body::framed`): the response's when the
+        // client takes them, the request's when it may have some (HTTP/2,
+        // or an HTTP/1.1 body that names them in `Trailer`).
+        // (An HTTP/2 request is in HTTP/1.1 form by now: `Http2Client`.)
+        let h2 = parts.extensions.get::<body::Http2Client>().is_some();
+        let frame_request = !tunnel
+            && plan.body() == BodyPlan::Stream
+            && (h2 || parts.headers.contains_key(http::header::TRAILER));
+        let version = if h2 {
+            http::Version::HTTP_2
+        } else {
+            parts.version
+        };
+        let trailers_mark = match (
+            !tunnel && crate::adapters::serve::app::takes_trailers(version, &parts.headers),
+            frame_request,
+        ) {
+            (true, true) => Some("te, framed"),
+            (true, false) => Some("te"),
+            (false, true) => Some("framed"),
+            (false, false) => None,
+        };
         let mut last_err: Option<RequestError> = None;
         let mut head: Option<bytes::Bytes> = None;
         for cand in candidates {
@@ -332,6 +354,11 @@ impl Forwarder {
                             .headers
                             .insert(wire::INFORMATIONAL, HeaderValue::from_static("1"));
                     }
+                    if let Some(mark) = trailers_mark {
+                        parts
+                            .headers
+                            .insert(wire::TRAILERS, HeaderValue::from_static(mark));
+                    }
                     let uri = request_target(&parts.uri);
                     let encoded = wire::encode(&RequestHeadRef {
                         request_id,
@@ -350,6 +377,9 @@ impl Forwarder {
                         parts.headers.remove(wire::TUNNEL);
                     } else if info.is_some() {
                         parts.headers.remove(wire::INFORMATIONAL);
+                    }
+                    if trailers_mark.is_some() {
+                        parts.headers.remove(wire::TRAILERS);
                     }
                     match encoded {
                         Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
@@ -370,6 +400,7 @@ impl Forwarder {
                 (Some(bytes), _) => body::full(bytes.clone()),
                 (None, true) => body::empty(),
                 (None, false) => match body.take() {
+                    Some(b) if frame_request => body::framed(b),
                     Some(b) => b,
                     None => break,
                 },
@@ -417,10 +448,13 @@ impl Forwarder {
                         })
                         .await;
                         body::empty()
+                    } else if rh.headers.contains_key(wire::TRAILERS) {
+                        body::unframed(qb.boxed_unsync())
                     } else {
                         qb.boxed_unsync()
                     };
                     let mut resp = peer::response_from_head(rh, body);
+                    resp.headers_mut().remove(wire::TRAILERS);
                     // Its peer window fills while the client is slow: the
                     // response budget charges it (`http::relay`).
                     resp.extensions_mut().insert(FromPeer);
