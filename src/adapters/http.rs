@@ -9,6 +9,7 @@
 //! response bodies under backpressure and the node's response budget
 //! ([`relay`]).
 
+pub(crate) mod client_gone;
 pub(crate) mod conn;
 pub(crate) mod conns;
 pub mod entry_tls;

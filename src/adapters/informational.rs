@@ -164,29 +164,52 @@ pub(crate) fn channel() -> (
 /// writing each informational head out of `heads` on `send` as a
 /// response head frame with its 1xx status (`wire`), those that came with
 /// the answer included, so all precede the final head. `None` when the
-/// stream could not be written (the entry is gone).
+/// stream could not be written, or when the entry stopped it before the
+/// answer (its client left: `http::client_gone`): `serving` is dropped
+/// then, and with it the app exchange (the app sees its connection close).
 pub(crate) async fn serve_relaying<F: std::future::Future>(
     serving: F,
-    heads: Option<tokio::sync::mpsc::UnboundedReceiver<InfoHead>>,
+    mut heads: Option<tokio::sync::mpsc::UnboundedReceiver<InfoHead>>,
     send: &mut quinn::SendStream,
     node: &str,
 ) -> Option<F::Output> {
-    let Some(mut rx) = heads else {
-        return Some(serving.await);
-    };
-    tokio::pin!(serving);
+    enum Event<T> {
+        Done(T),
+        Head(InfoHead),
+        Stopped,
+    }
+    let stopped = send.stopped();
+    tokio::pin!(serving, stopped);
     let out = loop {
-        tokio::select! {
+        let next = async {
+            match heads.as_mut() {
+                Some(rx) => match rx.recv().await {
+                    Some(h) => h,
+                    None => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let event = tokio::select! {
             biased;
-            r = &mut serving => break r,
-            Some(h) = rx.recv() => {
+            r = &mut serving => Event::Done(r),
+            h = next => Event::Head(h),
+            _ = &mut stopped => Event::Stopped,
+        };
+        match event {
+            Event::Done(r) => break r,
+            Event::Head(h) => {
                 if !write_frame(send, &h, node).await {
                     return None;
                 }
             }
+            Event::Stopped => {
+                tracing::debug!(target: "peerlb::adapters::informational", "the entry stopped the stream before the answer: request cancelled");
+                return None;
+            }
         }
     };
-    while let Ok(h) = rx.try_recv() {
+    while let Some(h) = heads.as_mut().and_then(|rx| rx.try_recv().ok()) {
         if !write_frame(send, &h, node).await {
             return None;
         }

@@ -436,6 +436,7 @@ impl server::Handler for Ingress {
             ConnEvent::Refused(Refusal::Full) => &c.connections_refused,
             ConnEvent::Refused(Refusal::SourceFull) => &c.connections_refused_source,
             ConnEvent::ClosedIdle => &c.connections_closed_idle,
+            ConnEvent::ClientAborted => &c.client_aborted,
         }
         .fetch_add(1, Ordering::Relaxed);
     }

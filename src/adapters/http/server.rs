@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::client_gone::{ClientGone, Mode, ReadAhead};
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked, TunnelGuard};
 use super::h2_streams::{ConnStreams, FLOOD_DRAIN, StreamGuard};
@@ -98,7 +99,17 @@ pub(crate) enum ConnEvent {
     Refused(Refusal),
     /// An idle connection was closed to admit a new one.
     ClosedIdle,
+    /// A client left before its answer (an HTTP/1.1 connection that ended
+    /// or failed while the request was pending, an HTTP/2 stream reset or
+    /// connection lost): the request was cancelled (`client_aborted`).
+    ClientAborted,
 }
+
+/// The error that ends an HTTP/1.1 connection whose client left before
+/// its answer: hyper closes the connection, no answer is written.
+#[derive(Debug, thiserror::Error)]
+#[error("the client left before its answer")]
+struct ClientAborted;
 
 /// Counts one open connection in the gauge while it lives.
 struct ConnSlot<H: Handler>(Arc<H>);
@@ -404,6 +415,26 @@ pub(crate) async fn serve_connection<H, I>(
     }
 }
 
+/// Counts an HTTP/2 request whose handler was dropped before its answer
+/// ([`ConnEvent::ClientAborted`]), unless [`Aborted::done`].
+struct Aborted<H: Handler>(Option<Arc<H>>);
+
+impl<H: Handler> Aborted<H> {
+    /// The answer came: nothing to count.
+    fn done(mut self) -> Self {
+        self.0 = None;
+        self
+    }
+}
+
+impl<H: Handler> Drop for Aborted<H> {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.connection_event(ConnEvent::ClientAborted);
+        }
+    }
+}
+
 /// Resolves when `shutdown` is true (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
@@ -428,12 +459,21 @@ async fn serve_h1<H, I>(
     // (`informational::H1Inject`); an HTTP/1.0 client gets none (RFC 9110
     // section 15.2).
     let queue = Arc::new(H1Queue::default());
-    let io = TokioIo::new(H1Inject::new(io.into_inner(), queue.clone()));
+    // A client that leaves while its answer is pending cancels the
+    // request (`client_gone`).
+    let gone = Arc::new(ClientGone::default());
+    let io = TokioIo::new(H1Inject::new(
+        ReadAhead::new(io.into_inner(), gone.clone()),
+        queue.clone(),
+    ));
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
         if req.version() == http::Version::HTTP_11 {
             req.extensions_mut().insert(queue.sink());
         }
+        let armed = (!req.headers().contains_key(http::header::UPGRADE))
+            .then(|| gone.arm(Mode::of(req.version(), req.headers())));
+        let gone = gone.clone();
         // Busy from its head until its response body is written.
         let track = tracker.track(ing.response_budget(), true);
         if req.headers().contains_key(http::header::UPGRADE) {
@@ -443,7 +483,23 @@ async fn serve_h1<H, I>(
                 streams: None,
             });
         }
-        async move { Ok::<_, std::convert::Infallible>(track(ing.handle(req, info).await)) }
+        async move {
+            let Some(armed) = armed else {
+                return Ok(track(ing.handle(req, info).await));
+            };
+            tokio::select! {
+                biased;
+                resp = ing.handle(req, info) => {
+                    drop(armed);
+                    Ok(track(resp))
+                }
+                () = gone.wait() => {
+                    ing.connection_event(ConnEvent::ClientAborted);
+                    debug!(target: REQUEST_PATH, "client left before its answer: request cancelled");
+                    Err(ClientAborted)
+                }
+            }
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
@@ -559,7 +615,11 @@ async fn serve_h2<H, I>(
             });
         }
         async move {
+            // Dropped before its answer: the client reset the stream or
+            // the connection ended (hyper drops the handler).
+            let aborted = Aborted(Some(ing.clone()));
             let resp = ing.handle(req, info).await;
+            drop(aborted.done());
             guard.answer();
             Ok::<_, std::convert::Infallible>(track(resp))
         }
