@@ -66,21 +66,32 @@ pub(crate) fn from_incoming(b: hyper::body::Incoming) -> Body {
     b.map_err(BodyError::Client).boxed_unsync()
 }
 
+/// Request extension set by the client server on a request with a body:
+/// flipped to true once the body was read to its end
+/// ([`from_incoming_with_timeout`]), so the server knows whether the
+/// client may still be sending it after the answer (`http::client_gone`:
+/// the early answer drain).
+#[derive(Debug, Clone)]
+pub(crate) struct BodyEnd(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
+
 /// A client's request body (hyper) as a [`Body`] that fails with
 /// [`BodyError::ClientTimeout`] when `idle` passes with no frame (measured
 /// from the first poll, then from each frame). With `counted`, the bytes of
 /// its data frames are added to it as they are read (the access log's
-/// `bytes_in`).
+/// `bytes_in`). With `end`, its flag is set once the body was read to its
+/// end ([`BodyEnd`]).
 pub(crate) fn from_incoming_with_timeout(
     b: hyper::body::Incoming,
     idle: std::time::Duration,
     counted: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    end: Option<BodyEnd>,
 ) -> Body {
     ReadTimeout {
         inner: b,
         idle,
         deadline: None,
         counted,
+        end,
     }
     .boxed_unsync()
 }
@@ -91,6 +102,7 @@ struct ReadTimeout {
     idle: std::time::Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     counted: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    end: Option<BodyEnd>,
 }
 
 impl HttpBody for ReadTimeout {
@@ -108,6 +120,11 @@ impl HttpBody for ReadTimeout {
                 && let Some(d) = f.data_ref()
             {
                 c.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(e) = &this.end
+                && (r.is_none() || this.inner.is_end_stream())
+            {
+                e.0.store(true, std::sync::atomic::Ordering::Release);
             }
             return Poll::Ready(r.map(|f| f.map_err(BodyError::Client)));
         }

@@ -248,6 +248,10 @@ pub struct IngressSettings {
     /// Longest a write to a client may make no progress
     /// (`limits.send_timeout_ms`).
     pub send_timeout: Duration,
+    /// Most bytes of an unfinished request body read and discarded after
+    /// an early answer, before the connection closes
+    /// (`limits.early_answer_drain_bytes`).
+    pub early_answer_drain_bytes: u64,
     /// Most open streams per HTTP/2 client connection
     /// (`limits.h2_max_concurrent_streams`).
     pub h2_max_concurrent_streams: u32,

@@ -414,6 +414,10 @@ impl server::Handler for Ingress {
         self.settings.send_timeout
     }
 
+    fn early_answer_drain_bytes(&self) -> u64 {
+        self.settings.early_answer_drain_bytes
+    }
+
     fn response_budget(&self) -> Option<&Arc<ResponseBudget>> {
         Some(&self.budget)
     }

@@ -20,12 +20,23 @@
 //!
 //! HTTP/2 needs none of this: hyper drops a stream's handler when the
 //! client resets the stream or the connection ends.
+//!
+//! **Early answers.** When hyper closes a connection whose last request
+//! body was not read to its end (the app answered 413 under the upload),
+//! [`ReadAhead`] first shuts the write side (the answer and a FIN go out),
+//! then reads and discards what the client still sends, up to
+//! `limits.early_answer_drain_bytes` and for at most [`DRAIN_TIME`], before
+//! the socket closes: closed with unread bytes, it would send a reset, and
+//! a client that writes its whole body before reading (Python's
+//! `http.client`) would get a broken pipe instead of its answer.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll};
+
+use std::future::Future;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -34,6 +45,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// read, a pipelined request): past it, reading ahead stops until hyper
 /// takes them.
 const READ_AHEAD: usize = 8 * 1024;
+
+/// Longest time an early answer's connection reads and discards the rest
+/// of the client's body before it closes (HAProxy's and nginx's lingering
+/// close bound the same way).
+pub(crate) const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What ends a pending request of this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +97,10 @@ pub(crate) struct ClientGone {
     /// Set when the pending request's client is gone.
     gone: AtomicBool,
     notify: tokio::sync::Notify,
+    /// The last request's body end flag (`body::BodyEnd`), if it had a body.
+    body_end: std::sync::Mutex<Option<Arc<AtomicBool>>>,
+    /// Most bytes drained after an early answer (0: none).
+    drain_bytes: u64,
 }
 
 /// Disarms the watch when the request's handler is done.
@@ -93,6 +113,29 @@ impl Drop for Armed {
 }
 
 impl ClientGone {
+    /// A watch that drains up to `drain_bytes` after an early answer.
+    pub(crate) fn new(drain_bytes: u64) -> ClientGone {
+        ClientGone {
+            drain_bytes,
+            ..ClientGone::default()
+        }
+    }
+
+    /// The body end flag of the connection's newest request (`None`: it
+    /// has no body).
+    pub(crate) fn set_body(&self, end: Option<Arc<AtomicBool>>) {
+        *self.body_end.lock().expect("body end lock") = end;
+    }
+
+    /// The newest request's body was not read to its end.
+    fn body_unfinished(&self) -> bool {
+        self.body_end
+            .lock()
+            .expect("body end lock")
+            .as_ref()
+            .is_some_and(|e| !e.load(Ordering::Acquire))
+    }
+
     /// Arms the watch for a request in `mode`; already gone if the stream
     /// ended (in that mode) or failed before.
     pub(crate) fn arm(self: &Arc<Self>, mode: Mode) -> Armed {
@@ -139,6 +182,8 @@ pub(crate) struct ReadAhead<T> {
     eof: bool,
     /// A read error, for hyper after the buffer.
     err: Option<io::Error>,
+    /// Draining after an early answer: bytes left, and the deadline.
+    drain: Option<(u64, Pin<Box<tokio::time::Sleep>>)>,
 }
 
 impl<T> ReadAhead<T> {
@@ -150,6 +195,7 @@ impl<T> ReadAhead<T> {
             buf: BytesMut::new(),
             eof: false,
             err: None,
+            drain: None,
         }
     }
 }
@@ -247,7 +293,34 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ReadAhead<T> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let this = &mut *self;
+        if this.drain.is_none() {
+            // The answer and the FIN first, whether or not a drain follows.
+            std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+            if this.watch.drain_bytes == 0 || !this.watch.body_unfinished() {
+                return Poll::Ready(Ok(()));
+            }
+            let left = this.watch.drain_bytes.saturating_sub(this.buf.len() as u64);
+            this.buf.clear();
+            this.drain = Some((left, Box::pin(tokio::time::sleep(DRAIN_TIME))));
+        }
+        let Some((left, deadline)) = this.drain.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let mut chunk = [0u8; 8192];
+        while *left > 0 && !this.eof && this.err.is_none() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                break;
+            }
+            let mut rb = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut this.io).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) if rb.filled().is_empty() => this.eof = true,
+                Poll::Ready(Ok(())) => *left = left.saturating_sub(rb.filled().len() as u64),
+                Poll::Ready(Err(e)) => this.err = Some(e),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -53,6 +53,12 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn header_read_timeout(&self) -> Duration;
     /// Longest a write to a client may make no progress.
     fn send_timeout(&self) -> Duration;
+    /// Most bytes of an unfinished request body read and discarded after
+    /// an early answer before an HTTP/1.1 connection closes
+    /// (`client_gone`); 0 by default (the admin listener): none.
+    fn early_answer_drain_bytes(&self) -> u64 {
+        0
+    }
     /// The open client connections (shared by every listener): the cap,
     /// the per-source cap, idle-first closing.
     fn conn_table(&self) -> &Arc<ConnTable>;
@@ -461,7 +467,7 @@ async fn serve_h1<H, I>(
     let queue = Arc::new(H1Queue::default());
     // A client that leaves while its answer is pending cancels the
     // request (`client_gone`).
-    let gone = Arc::new(ClientGone::default());
+    let gone = Arc::new(ClientGone::new(ingress.early_answer_drain_bytes()));
     let io = TokioIo::new(H1Inject::new(
         ReadAhead::new(io.into_inner(), gone.clone()),
         queue.clone(),
@@ -470,6 +476,16 @@ async fn serve_h1<H, I>(
         let (ing, info) = (ingress.clone(), info.clone());
         if req.version() == http::Version::HTTP_11 {
             req.extensions_mut().insert(queue.sink());
+        }
+        // Whether its body may still be coming after the answer (the
+        // early answer drain).
+        if http_body::Body::is_end_stream(req.body()) {
+            gone.set_body(None);
+        } else {
+            let end = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            gone.set_body(Some(end.clone()));
+            req.extensions_mut()
+                .insert(crate::adapters::body::BodyEnd(end));
         }
         let armed = (!req.headers().contains_key(http::header::UPGRADE))
             .then(|| gone.arm(Mode::of(req.version(), req.headers())));

@@ -449,7 +449,8 @@ async fn handshake<S>(stream: S, upgrades: bool) -> Result<SendRequest<Body>, Up
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(AfterWriteFailure::new(stream))).await?;
     tokio::spawn(async move {
         let r = if upgrades {
             conn.with_upgrades().await
@@ -461,6 +462,67 @@ where
         }
     });
     Ok(sender)
+}
+
+/// An app connection that, once a write failed (the app closed or reset
+/// it under a request body: an early `413`), takes and discards every
+/// later write, so hyper keeps reading and an answer the app sent before
+/// it closed reaches the client instead of a 502 for the failed upload
+/// (RFC 9112 section 9.5: a client sending a body watches for an answer).
+/// With no answer there, the read fails as the write did: a 502 still.
+struct AfterWriteFailure<S> {
+    io: S,
+    failed: bool,
+}
+
+impl<S> AfterWriteFailure<S> {
+    fn new(io: S) -> Self {
+        AfterWriteFailure { io, failed: false }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for AfterWriteFailure<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for AfterWriteFailure<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.failed {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        match std::task::ready!(Pin::new(&mut self.io).poll_write(cx, buf)) {
+            Ok(n) => Poll::Ready(Ok(n)),
+            Err(e) => {
+                tracing::debug!(target: LOG, error = %e, "upstream app closed its connection under the request: reading its answer");
+                self.failed = true;
+                Poll::Ready(Ok(buf.len()))
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// A request from a kept head and body.

@@ -244,8 +244,12 @@ impl Forwarder {
             .extensions
             .get::<access::BodyBytes>()
             .map(|b| b.0.clone());
-        let timed =
-            body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout, counted);
+        let timed = body::from_incoming_with_timeout(
+            incoming,
+            self.settings.body_read_timeout,
+            counted,
+            parts.extensions.get::<body::BodyEnd>().cloned(),
+        );
         let (replay, mut body) = match plan.body() {
             BodyPlan::Buffer => {
                 let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
