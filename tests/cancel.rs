@@ -92,6 +92,17 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<Seen>) -> Seen {
         .unwrap()
 }
 
+/// Every node's requests in flight back to 0: the entry's and the
+/// owner's resources for the cancelled requests are freed.
+fn assert_nothing_in_flight(c: &Cluster) {
+    for n in &c.nodes {
+        poll(Duration::from_secs(5), || {
+            status(n.http).is_some_and(|s| s["inflight"] == 0 && s["app_inflight"] == 0)
+        })
+        .unwrap_or_else(|()| panic!("{}: still in flight: {:?}", n.id, status(n.http)));
+    }
+}
+
 /// How long the app's exchange outlived the client: it must end long
 /// before the app's 8 s answer (the goal is 100 ms; 2 s leaves room for
 /// a loaded machine).
@@ -108,8 +119,8 @@ fn assert_cancelled(seen: Seen, left: Instant, what: &str) {
 }
 
 /// An HTTP/1.1 client that closes its keep-alive connection under a
-/// pending request: the app's connection closes, on each path, and the
-/// entry counts both.
+/// pending request: the app's connection closes, on each path, the entry
+/// counts both, and nothing stays in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_1_1_client_that_leaves_ends_the_apps_exchange_on_both_paths() {
     let (c, mut rx, local, remote) = cluster("cancel-h1").await;
@@ -128,6 +139,7 @@ async fn an_http_1_1_client_that_leaves_ends_the_apps_exchange_on_both_paths() {
         counter(entry, "client_aborted") == 2
     })
     .unwrap_or_else(|()| panic!("client_aborted {}", counter(entry, "client_aborted")));
+    assert_nothing_in_flight(&c);
 }
 
 /// An HTTP/2 client that resets its stream (drops its pending request)
@@ -160,6 +172,7 @@ async fn an_http_2_stream_reset_ends_the_apps_exchange_on_both_paths() {
         counter(entry, "client_aborted") == 2
     })
     .unwrap_or_else(|()| panic!("client_aborted {}", counter(entry, "client_aborted")));
+    assert_nothing_in_flight(&c);
 }
 
 /// A request that says `Connection: close` may half-close after it and

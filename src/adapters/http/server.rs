@@ -5,7 +5,11 @@
 //! HTTP/1.1 (keep-alive, half-close, head read timeout, WebSocket
 //! upgrades) or HTTP/2 (prior knowledge on cleartext, [`preface`]; ALPN
 //! `h2` over TLS; WebSockets by extended CONNECT, RFC 8441), the send
-//! timeout, and the HTTP/2 limits and rapid-reset defence.
+//! timeout, and the HTTP/2 limits and rapid-reset defence. On HTTP/1.1 the
+//! app's 1xx answers are written between hyper's messages
+//! (`informational::H1Inject`) and a client that leaves cancels its
+//! request, or has the rest of its body drained after an early answer
+//! (`client_gone`).
 
 use std::future::Future;
 use std::sync::Arc;
