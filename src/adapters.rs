@@ -9,7 +9,8 @@
 //! - the shared base at this level: [`wire`] (the peer stream's frames and
 //!   the facts of a client connection), [`framing`], [`body`], [`tunnel`]
 //!   (the byte relay of upgraded connections), [`access`], [`metrics`]
-//!   (the counters and histograms the node records);
+//!   (the counters and histograms the node records), [`informational`]
+//!   (1xx responses on their way to the client);
 //! - [`cluster`]: gossip, its keyring, sealed transport and bounds, the
 //!   process pause watch;
 //! - [`transport`]: the peer endpoint, links, dial, admission, UDP socket,
@@ -33,6 +34,7 @@ pub(crate) mod errors;
 pub(crate) mod framing;
 pub(crate) mod front;
 pub(crate) mod http;
+pub(crate) mod informational;
 pub(crate) mod metrics;
 pub(crate) mod node_state;
 pub(crate) mod ops;

@@ -12,6 +12,9 @@ use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
 
 use crate::adapters::wire;
 
+mod framed;
+pub(crate) use framed::{Http2Client, frame_response, framed, trailer_marks, unframed};
+
 /// The body type of every request and response inside the node.
 pub(crate) type Body = UnsyncBoxBody<Bytes, BodyError>;
 
@@ -40,6 +43,10 @@ pub(crate) enum BodyError {
     /// reached and this response held the most: it is cut.
     #[error("cut: the node's response budget is reached and this response held the most")]
     OverBudget,
+    /// A framed body from a peer (one that may carry trailers,
+    /// [`framed`]) did not frame: a broken or hostile peer.
+    #[error("peer body framing: {0}")]
+    Framing(String),
 }
 
 /// A body of `bytes`.
@@ -59,21 +66,32 @@ pub(crate) fn from_incoming(b: hyper::body::Incoming) -> Body {
     b.map_err(BodyError::Client).boxed_unsync()
 }
 
+/// Request extension set by the client server on a request with a body:
+/// flipped to true once the body was read to its end
+/// ([`from_incoming_with_timeout`]), so the server knows whether the
+/// client may still be sending it after the answer (`http::client_gone`:
+/// the early answer drain).
+#[derive(Debug, Clone)]
+pub(crate) struct BodyEnd(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
+
 /// A client's request body (hyper) as a [`Body`] that fails with
 /// [`BodyError::ClientTimeout`] when `idle` passes with no frame (measured
 /// from the first poll, then from each frame). With `counted`, the bytes of
 /// its data frames are added to it as they are read (the access log's
-/// `bytes_in`).
+/// `bytes_in`). With `end`, its flag is set once the body was read to its
+/// end ([`BodyEnd`]).
 pub(crate) fn from_incoming_with_timeout(
     b: hyper::body::Incoming,
     idle: std::time::Duration,
     counted: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    end: Option<BodyEnd>,
 ) -> Body {
     ReadTimeout {
         inner: b,
         idle,
         deadline: None,
         counted,
+        end,
     }
     .boxed_unsync()
 }
@@ -84,6 +102,7 @@ struct ReadTimeout {
     idle: std::time::Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     counted: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    end: Option<BodyEnd>,
 }
 
 impl HttpBody for ReadTimeout {
@@ -101,6 +120,11 @@ impl HttpBody for ReadTimeout {
                 && let Some(d) = f.data_ref()
             {
                 c.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(e) = &this.end
+                && (r.is_none() || this.inner.is_end_stream())
+            {
+                e.0.store(true, std::sync::atomic::Ordering::Release);
             }
             return Poll::Ready(r.map(|f| f.map_err(BodyError::Client)));
         }
@@ -281,7 +305,8 @@ pub(crate) enum PumpError {
 }
 
 /// Writes `body` into `send` chunk by chunk, then finishes the stream.
-/// Trailers are dropped (the peer wire does not carry them).
+/// Trailers are dropped: a body that may carry them goes through
+/// [`framed`] first.
 ///
 /// # Errors
 /// [`PumpError::Source`] after resetting the stream when the body fails;

@@ -11,6 +11,7 @@
 //! ([`relay`]).
 
 pub(crate) mod client_cert;
+pub(crate) mod client_gone;
 pub(crate) mod conn;
 pub(crate) mod conns;
 pub mod entry_tls;

@@ -62,6 +62,11 @@ pub(crate) struct Counters {
     pub failovers: AtomicU64,
     /// Proxied requests received whose owner in this node's view is another node.
     pub proxied_disagree: AtomicU64,
+    /// Client requests cancelled because the client left before its
+    /// answer (an HTTP/1.1 connection closed or reset, an HTTP/2 stream
+    /// reset or its connection lost): the app exchange, or the forwarded
+    /// one and its owner's, ended.
+    pub client_aborted: AtomicU64,
     /// Requests answered with an error status by this node.
     pub errors: AtomicU64,
     /// Client connections closed at accept because `limits.max_connections`

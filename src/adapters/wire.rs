@@ -14,6 +14,11 @@
 //! never a truncated body that looks complete. A head longer than
 //! [`MAX_HEAD_LEN`] or one that does not decode closes that stream only.
 //!
+//! Informational answers (1xx but 100 and 101) come first when the entry
+//! asked ([`INFORMATIONAL`]), a `ResponseHead` frame each, in order:
+//! `[ResponseHead 103] [ResponseHead 102] [ResponseHead 200] body ... FIN`.
+//! Bodies that may carry trailers are framed ([`TRAILERS`], `body::framed`).
+//!
 //! A WebSocket request (a tunnel) is marked by the header [`TUNNEL`] in its
 //! request head (the entry strips every client-sent `peerlb-*` header
 //! first, so no client can set it; the owner removes it before the app).
@@ -70,6 +75,17 @@ pub(crate) const RESET_BAD_FRAME: u32 = 3;
 /// Request head header marking a tunnel (a WebSocket request): see the
 /// module doc. Its value names the protocol (`websocket`).
 pub(crate) const TUNNEL: &str = "peerlb-tunnel";
+
+/// Request head header (value `1`) asking for the app's 1xx answers,
+/// each a [`ResponseHead`] frame before the final one (module doc); never
+/// sent to an entry that did not ask. Removed before the app.
+pub(crate) const INFORMATIONAL: &str = "peerlb-informational";
+
+/// Head header of bodies that may carry trailers (`body::framed`): in a
+/// request head, tokens `te` (the client takes trailers: a response of
+/// unknown length comes framed) and `framed` (the request body is); in a
+/// response head, `framed`. Removed before the app and the client.
+pub(crate) const TRAILERS: &str = "peerlb-trailers";
 
 /// Request head header marking a SIP request: see the module doc. Its
 /// value is the client's transport (`udp` or `tcp`).

@@ -247,6 +247,12 @@ pub struct LimitsSection {
     /// nothing), in ms (default 60000; nginx's `send_timeout`); the
     /// connection is closed after.
     pub send_timeout_ms: u64,
+    /// After a final answer to a request whose body the client is still
+    /// sending (an app's 413), the most bytes of it read and discarded
+    /// before the connection is closed, so a client that writes its whole
+    /// body before it reads gets the answer instead of a reset (default
+    /// 1048576; 0: close at once).
+    pub early_answer_drain_bytes: u64,
     /// An idle keep-alive connection to the upstream app is closed after
     /// this long rather than reused, in ms (default 2000; 0: never reused;
     /// at most 3600000). Keep it below the app's own keep-alive timeout
@@ -315,6 +321,7 @@ impl Default for LimitsSection {
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 30_000,
             send_timeout_ms: 60_000,
+            early_answer_drain_bytes: 1024 * 1024,
             upstream_idle_timeout_ms: 2_000,
             h2_max_concurrent_streams: 100,
             websocket_idle_timeout_ms: 300_000,

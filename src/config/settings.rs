@@ -55,6 +55,10 @@ pub enum AppAddr {
     /// `unix:/absolute/path.sock`: HTTP/1.1 over a Unix domain socket (a
     /// path of at most 107 bytes).
     Unix(PathBuf),
+    /// `h2c://host:port` (port 80 when not given): HTTP/2 over TCP with
+    /// prior knowledge (RFC 9113 section 3.3), one multiplexed connection
+    /// (a gRPC server, for one).
+    H2c(http::Uri),
 }
 
 /// Longest Unix socket path an app may have, in bytes: a socket address
@@ -62,11 +66,13 @@ pub enum AppAddr {
 pub(crate) const MAX_UNIX_PATH: usize = 107;
 
 impl std::fmt::Display for AppAddr {
-    /// As written in `app`: `http://127.0.0.1:9000/`, `unix:/run/app.sock`.
+    /// As written in `app`: `http://127.0.0.1:9000/`, `unix:/run/app.sock`,
+    /// `h2c://127.0.0.1:50051/`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AppAddr::Http(uri) => write!(f, "{uri}"),
             AppAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+            AppAddr::H2c(uri) => write!(f, "{uri}"),
         }
     }
 }
@@ -245,6 +251,10 @@ pub struct IngressSettings {
     /// Longest a write to a client may make no progress
     /// (`limits.send_timeout_ms`).
     pub send_timeout: Duration,
+    /// Most bytes of an unfinished request body read and discarded after
+    /// an early answer, before the connection closes
+    /// (`limits.early_answer_drain_bytes`).
+    pub early_answer_drain_bytes: u64,
     /// Most open streams per HTTP/2 client connection
     /// (`limits.h2_max_concurrent_streams`).
     pub h2_max_concurrent_streams: u32,

@@ -715,6 +715,7 @@ impl ClusterFile {
                 header_read_timeout: ms(self.limits.header_read_timeout_ms),
                 body_read_timeout: ms(self.limits.body_read_timeout_ms),
                 send_timeout: ms(self.limits.send_timeout_ms),
+                early_answer_drain_bytes: self.limits.early_answer_drain_bytes,
                 h2_max_concurrent_streams: self.limits.h2_max_concurrent_streams,
                 websocket_idle_timeout: ms(self.limits.websocket_idle_timeout_ms),
                 sip_idle_timeout: ms(self.limits.sip_idle_timeout_ms),

@@ -431,6 +431,10 @@ impl server::Handler for Ingress {
         self.settings.send_timeout
     }
 
+    fn early_answer_drain_bytes(&self) -> u64 {
+        self.settings.early_answer_drain_bytes
+    }
+
     fn response_budget(&self) -> Option<&Arc<ResponseBudget>> {
         Some(&self.budget)
     }
@@ -453,6 +457,7 @@ impl server::Handler for Ingress {
             ConnEvent::Refused(Refusal::Full) => &c.connections_refused,
             ConnEvent::Refused(Refusal::SourceFull) => &c.connections_refused_source,
             ConnEvent::ClosedIdle => &c.connections_closed_idle,
+            ConnEvent::ClientAborted => &c.client_aborted,
         }
         .fetch_add(1, Ordering::Relaxed);
     }

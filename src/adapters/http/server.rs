@@ -5,7 +5,11 @@
 //! HTTP/1.1 (keep-alive, half-close, head read timeout, WebSocket
 //! upgrades) or HTTP/2 (prior knowledge on cleartext, [`preface`]; ALPN
 //! `h2` over TLS; WebSockets by extended CONNECT, RFC 8441), the send
-//! timeout, and the HTTP/2 limits and rapid-reset defence.
+//! timeout, and the HTTP/2 limits and rapid-reset defence. On HTTP/1.1 the
+//! app's 1xx answers are written between hyper's messages
+//! (`informational::H1Inject`) and a client that leaves cancels its
+//! request, or has the rest of its body drained after an early answer
+//! (`client_gone`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::client_gone::{ClientGone, Mode, ReadAhead};
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked, TunnelGuard};
 use super::h2_streams::{ConnStreams, FLOOD_DRAIN, StreamGuard};
@@ -28,6 +33,7 @@ use super::relay::{FromPeer, Relay, ResponseBudget};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
+use crate::adapters::informational::{H1Inject, H1Queue, Informational};
 use crate::seam::HttpListener;
 
 use super::preface::{self, Prefixed};
@@ -51,6 +57,12 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn header_read_timeout(&self) -> Duration;
     /// Longest a write to a client may make no progress.
     fn send_timeout(&self) -> Duration;
+    /// Most bytes of an unfinished request body read and discarded after
+    /// an early answer before an HTTP/1.1 connection closes
+    /// (`client_gone`); 0 by default (the admin listener): none.
+    fn early_answer_drain_bytes(&self) -> u64 {
+        0
+    }
     /// The open client connections (shared by every listener): the cap,
     /// the per-source cap, idle-first closing.
     fn conn_table(&self) -> &Arc<ConnTable>;
@@ -97,7 +109,17 @@ pub(crate) enum ConnEvent {
     Refused(Refusal),
     /// An idle connection was closed to admit a new one.
     ClosedIdle,
+    /// A client left before its answer (an HTTP/1.1 connection that ended
+    /// or failed while the request was pending, an HTTP/2 stream reset or
+    /// connection lost): the request was cancelled (`client_aborted`).
+    ClientAborted,
 }
+
+/// The error that ends an HTTP/1.1 connection whose client left before
+/// its answer: hyper closes the connection, no answer is written.
+#[derive(Debug, thiserror::Error)]
+#[error("the client left before its answer")]
+struct ClientAborted;
 
 /// Counts one open connection in the gauge while it lives.
 struct ConnSlot<H: Handler>(Arc<H>);
@@ -403,6 +425,26 @@ pub(crate) async fn serve_connection<H, I>(
     }
 }
 
+/// Counts an HTTP/2 request whose handler was dropped before its answer
+/// ([`ConnEvent::ClientAborted`]), unless [`Aborted::done`].
+struct Aborted<H: Handler>(Option<Arc<H>>);
+
+impl<H: Handler> Aborted<H> {
+    /// The answer came: nothing to count.
+    fn done(mut self) -> Self {
+        self.0 = None;
+        self
+    }
+}
+
+impl<H: Handler> Drop for Aborted<H> {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.connection_event(ConnEvent::ClientAborted);
+        }
+    }
+}
+
 /// Resolves when `shutdown` is true (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
@@ -423,8 +465,35 @@ async fn serve_h1<H, I>(
 {
     let header_timeout = ingress.header_read_timeout();
     let edge = (ingress.clone(), info.client);
+    // The app's 1xx answers are written between hyper's messages
+    // (`informational::H1Inject`); an HTTP/1.0 client gets none (RFC 9110
+    // section 15.2).
+    let queue = Arc::new(H1Queue::default());
+    // A client that leaves while its answer is pending cancels the
+    // request (`client_gone`).
+    let gone = Arc::new(ClientGone::new(ingress.early_answer_drain_bytes()));
+    let io = TokioIo::new(H1Inject::new(
+        ReadAhead::new(io.into_inner(), gone.clone()),
+        queue.clone(),
+    ));
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
+        if req.version() == http::Version::HTTP_11 {
+            req.extensions_mut().insert(queue.sink());
+        }
+        // Whether its body may still be coming after the answer (the
+        // early answer drain).
+        if http_body::Body::is_end_stream(req.body()) {
+            gone.set_body(None);
+        } else {
+            let end = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            gone.set_body(Some(end.clone()));
+            req.extensions_mut()
+                .insert(crate::adapters::body::BodyEnd(end));
+        }
+        let armed = (!req.headers().contains_key(http::header::UPGRADE))
+            .then(|| gone.arm(Mode::of(req.version(), req.headers())));
+        let gone = gone.clone();
         // Busy from its head until its response body is written.
         let track = tracker.track(ing.response_budget(), true);
         if req.headers().contains_key(http::header::UPGRADE) {
@@ -434,7 +503,23 @@ async fn serve_h1<H, I>(
                 streams: None,
             });
         }
-        async move { Ok::<_, std::convert::Infallible>(track(ing.handle(req, info).await)) }
+        async move {
+            let Some(armed) = armed else {
+                return Ok(track(ing.handle(req, info).await));
+            };
+            tokio::select! {
+                biased;
+                resp = ing.handle(req, info) => {
+                    drop(armed);
+                    Ok(track(resp))
+                }
+                () = gone.wait() => {
+                    ing.connection_event(ConnEvent::ClientAborted);
+                    debug!(target: REQUEST_PATH, "client left before its answer: request cancelled");
+                    Err(ClientAborted)
+                }
+            }
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
@@ -532,8 +617,15 @@ async fn serve_h2<H, I>(
     let ing = ingress.clone();
     let st = streams.clone();
     let client = info.client;
+    // No informational head can be sent on an HTTP/2 stream here (hyper's
+    // server has no way to): a sink that drops them still asks the owner
+    // for them, so each one starts the hop's response timeout again.
+    let drop_informational = Informational::new(|_| {});
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ing.clone(), info.clone());
+        req.extensions_mut().insert(drop_informational.clone());
+        req.extensions_mut()
+            .insert(crate::adapters::body::Http2Client);
         let guard = StreamGuard::start(&st);
         let track = tracker.track(ing.response_budget(), false);
         if req.method() == http::Method::CONNECT {
@@ -543,7 +635,11 @@ async fn serve_h2<H, I>(
             });
         }
         async move {
+            // Dropped before its answer: the client reset the stream or
+            // the connection ended (hyper drops the handler).
+            let aborted = Aborted(Some(ing.clone()));
             let resp = ing.handle(req, info).await;
+            drop(aborted.done());
             guard.answer();
             Ok::<_, std::convert::Infallible>(track(resp))
         }

@@ -276,7 +276,7 @@ fn status_json(state: &NodeState) -> String {
         "responses_cut_budget": c.response_cuts.budget.load(Ordering::Relaxed),
         "responses_cut_stalled": c.response_cuts.stalled.load(Ordering::Relaxed),
     });
-    serde_json::json!({
+    let mut status = serde_json::json!({
         "node": &**state.node_id(),
         "pid": std::process::id(),
         "state": state.status().as_str(),
@@ -313,8 +313,10 @@ fn status_json(state: &NodeState) -> String {
             "idle_closed": state.tunnels.idle_closed(),
         },
         "gossip": crate::adapters::ops::keyring_admin::status(state.gossip_keys()),
-    })
-    .to_string()
+    });
+    // Set after: one more line in the macro passes its recursion limit.
+    status["counters"]["client_aborted"] = c.client_aborted.load(Ordering::Relaxed).into();
+    status.to_string()
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@
 //! | `peerlb_forwarded_total` | counter | forward attempts to an owner (one per candidate tried) |
 //! | `peerlb_failovers_total` | counter | forward attempts that failed over to the next candidate |
 //! | `peerlb_proxied_disagree_total` | counter | proxied requests whose owner in this node's view is another node |
+//! | `peerlb_client_aborted_total` | counter | client requests cancelled because the client left before its answer |
 //! | `peerlb_sip_requests_total` | counter | SIP requests received from clients (UDP and TCP) |
 //! | `peerlb_sip_malformed_total` | counter | SIP messages from clients that did not parse (answered 400 or dropped) |
 //! | `peerlb_sip_udp_rate_limited_total` | counter | SIP UDP datagrams dropped unanswered: their source was past `limits.sip_udp_requests_per_source` |
@@ -369,6 +370,11 @@ impl Snapshot {
                 "proxied_disagree",
                 "Proxied requests whose owner in this node's view is another node",
                 Counter(get(&c.proxied_disagree)),
+            ),
+            Family::one(
+                "client_aborted",
+                "Client requests cancelled because the client left before its answer",
+                Counter(get(&c.client_aborted)),
             ),
             Family::one(
                 "errors",

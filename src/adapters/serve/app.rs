@@ -391,16 +391,35 @@ impl<I: Iterator + Unpin> futures_core::Stream for IterStream<I> {
     }
 }
 
-const HOP_BY_HOP: [&str; 8] = [
+/// The fixed hop-by-hop fields. `Trailer` is not one (RFC 9110 section
+/// 6.6.2: it names the trailer fields end to end, and hyper writes an
+/// HTTP/1.1 message's trailers only when it names them); `TE` is, and
+/// `te: trailers` is sent on when the client asked ([`takes_trailers`]).
+const HOP_BY_HOP: [&str; 7] = [
     "connection",
     "keep-alive",
     "proxy-connection",
     "proxy-authenticate",
     "proxy-authorization",
     "te",
-    "trailer",
     "upgrade",
 ];
+
+/// True when the request's `TE` field lists `trailers` (RFC 9110 section
+/// 10.1.4: the client accepts trailer fields), or when it came over
+/// HTTP/2 (where trailers always may come).
+pub(crate) fn takes_trailers(version: http::Version, h: &http::HeaderMap) -> bool {
+    version == http::Version::HTTP_2
+        || h.get_all(header::TE).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',').any(|t| {
+                    t.split(';')
+                        .next()
+                        .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+                })
+            })
+        })
+}
 
 /// Removes the hop-by-hop headers (RFC 9110 7.6.1): the fixed list and
 /// every header the `Connection` header names. One pass over the (usually
@@ -448,9 +467,16 @@ async fn upstream(
         crate::adapters::tunnel::wants_websocket(&parts.method, parts.version, &parts.headers)
             .then(|| parts.headers.get(header::UPGRADE).cloned())
             .flatten();
+    // `TE: trailers` is said again to the app: peerlb relays trailers.
+    let trailers = takes_trailers(http::Version::HTTP_11, &parts.headers);
     strip_hop_by_hop(&mut parts.headers);
     if let Some(upgrade) = websocket {
         set_upgrade(&mut parts.headers, upgrade);
+    }
+    if trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
     }
     // One combined line, the client's own address last.
     crate::adapters::serve::forwarded::append_forwarded_for(&mut parts.headers, ctx.client.ip());

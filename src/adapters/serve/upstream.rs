@@ -32,7 +32,10 @@
 //! section 6.3: the transfer coding decides the length), and a
 //! `101 Switching Protocols` is an error unless the request asked for a
 //! WebSocket: such a request goes on a connection of its own, which a
-//! `101` hands to the tunnel ([`crate::adapters::tunnel`]).
+//! `101` hands to the tunnel ([`crate::adapters::tunnel`]). The app's
+//! informational answers (1xx but 100 and 101) go to the request's
+//! [`Informational`] sink as they arrive, when it has one
+//! ([`crate::adapters::informational`]).
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -46,11 +49,13 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::adapters::body::{self, Body, BodyError};
 pub(crate) use crate::adapters::errors::UpstreamError;
+use crate::adapters::informational::{InfoHead, Informational};
 use crate::adapters::tunnel::{self, Tunnel};
 use crate::config::AppAddr;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
@@ -73,11 +78,15 @@ enum Target {
     Unix(PathBuf),
 }
 
-/// A pool of HTTP/1.1 connections to one app.
+/// A pool of HTTP/1.1 connections to one app, or (`h2c://`) its one
+/// HTTP/2 connection.
 pub(crate) struct Upstream {
     target: Target,
     authority: HeaderValue,
     idle: Arc<Idle>,
+    /// `Some` for an HTTP/2 app: the connection every request shares,
+    /// made again once it closed.
+    h2: Option<tokio::sync::Mutex<Option<http2::SendRequest<Body>>>>,
 }
 
 /// The idle connections, most recently returned last, and how long one
@@ -155,7 +164,7 @@ impl Upstream {
     /// on first use.
     pub(crate) fn new(addr: &AppAddr, idle_timeout: Duration) -> Upstream {
         let (target, authority) = match addr {
-            AppAddr::Http(base) => {
+            AppAddr::Http(base) | AppAddr::H2c(base) => {
                 let host = base.host().unwrap_or("127.0.0.1");
                 let authority = base
                     .authority()
@@ -185,7 +194,80 @@ impl Upstream {
                 conns: Mutex::default(),
                 timeout: idle_timeout,
             }),
+            h2: matches!(addr, AppAddr::H2c(_)).then(tokio::sync::Mutex::default),
         }
+    }
+
+    /// Sends `req` to an HTTP/2 app on the shared connection: the
+    /// client's `Host` (or the app's authority) as `:authority`, scheme
+    /// `http`; trailers both ways as HTTP/2 carries them. No resend: a
+    /// request the app refused with `REFUSED_STREAM` is still a 502.
+    async fn send_h2(
+        &self,
+        mut parts: http::request::Parts,
+        body: Body,
+    ) -> Result<Response<Body>, UpstreamError> {
+        let mut sender = self.h2_sender().await?;
+        let host = parts
+            .headers
+            .remove(header::HOST)
+            .unwrap_or_else(|| self.authority.clone());
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = host
+            .to_str()
+            .ok()
+            .and_then(|h| format!("http://{h}{path}").parse().ok())
+            .or_else(|| {
+                format!(
+                    "http://{}{path}",
+                    self.authority.to_str().unwrap_or("localhost")
+                )
+                .parse()
+                .ok()
+            })
+            .unwrap_or_default();
+        parts.version = Version::HTTP_2;
+        sender.ready().await?;
+        let resp = sender
+            .send_request(Request::from_parts(parts, body))
+            .await?;
+        let (parts, body) = resp.into_parts();
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(BodyError::Upstream).boxed_unsync(),
+        ))
+    }
+
+    /// The shared HTTP/2 connection, made when there is none or it closed.
+    async fn h2_sender(&self) -> Result<http2::SendRequest<Body>, UpstreamError> {
+        let mut slot = self.h2.as_ref().expect("an HTTP/2 app").lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(s.clone());
+        }
+        let Target::Tcp { host, port } = &self.target else {
+            unreachable!("h2c:// apps are TCP");
+        };
+        let connecting = async {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                .await
+                .map_err(UpstreamError::Connect)?;
+            let _ = stream.set_nodelay(true);
+            let (sender, conn) = http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .handshake(TokioIo::new(stream))
+                .await?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(target: LOG, error = %e, "upstream HTTP/2 app connection ended with an error");
+                }
+            });
+            Ok::<_, UpstreamError>(sender)
+        };
+        let sender = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout(CONNECT_TIMEOUT))??;
+        *slot = Some(sender.clone());
+        Ok(sender)
     }
 
     /// Sends `req` (origin-form target, the client's headers) to the app and
@@ -207,8 +289,21 @@ impl Upstream {
         if !parts.headers.contains_key(header::HOST) {
             parts.headers.insert(header::HOST, self.authority.clone());
         }
+        if self.h2.is_some() {
+            return self.send_h2(parts, body).await;
+        }
         if tunnel::wants_websocket(&parts.method, parts.version, &parts.headers) {
             return self.send_upgrade(Request::from_parts(parts, body)).await;
+        }
+        // The app's 1xx answers go on to whoever asked for them
+        // (`informational`): the callback travels in the request's
+        // extensions, kept with its head for a resend.
+        if let Some(sink) = parts.extensions.remove::<Informational>() {
+            let mut probe = Request::new(());
+            hyper::ext::on_informational(&mut probe, move |res| {
+                sink.send(InfoHead::new(res.status(), res.headers()));
+            });
+            parts.extensions.extend(probe.into_parts().0.extensions);
         }
         // The engine's replay rules: may the request be sent again after
         // the app may have read it, and how is its body kept?
@@ -354,7 +449,8 @@ async fn handshake<S>(stream: S, upgrades: bool) -> Result<SendRequest<Body>, Up
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(AfterWriteFailure::new(stream))).await?;
     tokio::spawn(async move {
         let r = if upgrades {
             conn.with_upgrades().await
@@ -366,6 +462,67 @@ where
         }
     });
     Ok(sender)
+}
+
+/// An app connection that, once a write failed (the app closed or reset
+/// it under a request body: an early `413`), takes and discards every
+/// later write, so hyper keeps reading and an answer the app sent before
+/// it closed reaches the client instead of a 502 for the failed upload
+/// (RFC 9112 section 9.5: a client sending a body watches for an answer).
+/// With no answer there, the read fails as the write did: a 502 still.
+struct AfterWriteFailure<S> {
+    io: S,
+    failed: bool,
+}
+
+impl<S> AfterWriteFailure<S> {
+    fn new(io: S) -> Self {
+        AfterWriteFailure { io, failed: false }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for AfterWriteFailure<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for AfterWriteFailure<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.failed {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        match std::task::ready!(Pin::new(&mut self.io).poll_write(cx, buf)) {
+            Ok(n) => Poll::Ready(Ok(n)),
+            Err(e) => {
+                tracing::debug!(target: LOG, error = %e, "upstream app closed its connection under the request: reading its answer");
+                self.failed = true;
+                Poll::Ready(Ok(buf.len()))
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// A request from a kept head and body.

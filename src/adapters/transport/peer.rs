@@ -25,6 +25,7 @@ use http_body::Body as _;
 use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use crate::adapters::body::{self, Body, QuicBody};
+use crate::adapters::informational::{InfoHead, Informational};
 use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::adapters::tunnel::{BoxIo, Tunnel};
 use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadView};
@@ -210,6 +211,23 @@ pub(crate) async fn exchange(
     body: Body,
     timeout: Duration,
 ) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
+    exchange_informational(peer, stream, head, body, timeout, None).await
+}
+
+/// [`exchange`] of a request whose head asked for informational answers
+/// ([`wire::INFORMATIONAL`]): each 1xx head the owner sends before the
+/// final one goes to `info` and starts the response timeout again.
+///
+/// # Errors
+/// As [`exchange`].
+pub(crate) async fn exchange_informational(
+    peer: &NodeId,
+    stream: PeerStream,
+    head: Bytes,
+    body: Body,
+    timeout: Duration,
+    info: Option<&Informational>,
+) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
     let PeerStream {
         mut send,
         mut recv,
@@ -243,32 +261,39 @@ pub(crate) async fn exchange(
         });
         Some(client_failure)
     };
-    let read = async {
-        // A client body failure before the head is a bad request; a pump
-        // that ended otherwise (the sender dropped) changes nothing.
-        let client_body = async {
-            match client_failure {
-                Some(rx) => match rx.await {
-                    Ok(why) => why,
-                    Err(_) => std::future::pending().await,
-                },
-                None => std::future::pending().await,
-            }
-        };
-        let resp = async {
-            read_response_head(&mut recv)
-                .await
-                .map_err(|e| response_head_error(peer, e))
-        };
-        tokio::select! {
-            biased;
-            why = client_body => Err(ExchangeError::ClientBody(why)),
-            resp = resp => resp,
+    // A client body failure before the head is a bad request; a pump
+    // that ended otherwise (the sender dropped) changes nothing.
+    let client_body = async {
+        match client_failure {
+            Some(rx) => match rx.await {
+                Ok(why) => why,
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
         }
     };
-    let resp = tokio::time::timeout(timeout, read)
-        .await
-        .map_err(|_| ExchangeError::Timeout(peer.clone()))??;
+    tokio::pin!(client_body);
+    // Each informational head (asked for with `wire::INFORMATIONAL`) is
+    // handed on and starts the response timeout again: the app is alive.
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let resp = loop {
+        let head = tokio::select! {
+            biased;
+            why = &mut client_body => return Err(ExchangeError::ClientBody(why)),
+            resp = read_response_head(&mut recv) => resp.map_err(|e| response_head_error(peer, e))?,
+            () = &mut deadline => return Err(ExchangeError::Timeout(peer.clone())),
+        };
+        if !crate::adapters::informational::relayed(head.status) {
+            break head;
+        }
+        if let (Some(sink), Ok(status)) = (info, http::StatusCode::from_u16(head.status)) {
+            sink.send(InfoHead::new(status, &head.headers));
+        }
+        deadline
+            .as_mut()
+            .reset(tokio::time::Instant::now() + timeout);
+    };
     let len = resp.content_length();
     Ok((resp, PeerBody::new(QuicBody::new(recv, len), busy)))
 }
@@ -648,10 +673,21 @@ async fn serve_stream<H: ProxiedHandler>(
     let mut len = None;
     let mut chunked = false;
     let mut tunnel = false;
+    let mut informational = false;
+    let (mut trailers_in, mut trailers_out) = (false, false);
     for &(k, v) in &head.headers {
         if k == wire::TUNNEL {
             // peerlb's own mark: the app never sees it.
             tunnel = true;
+            continue;
+        }
+        if k == wire::INFORMATIONAL {
+            informational = true;
+            continue;
+        }
+        if k == wire::TRAILERS {
+            // Trailers across the hop (`body::framed`).
+            (trailers_in, trailers_out) = body::trailer_marks(v);
             continue;
         }
         if k == "content-length" {
@@ -676,6 +712,14 @@ async fn serve_stream<H: ProxiedHandler>(
     // A tunnel request has no body; its stream stays open for the tunnel.
     let (body, tunnel_recv) = if tunnel {
         (body::empty(), Some(recv))
+    } else if trailers_in {
+        // Framed: the stream carries more than the body's length.
+        (
+            body::unframed(http_body_util::BodyExt::boxed_unsync(QuicBody::new(
+                recv, None,
+            ))),
+            None,
+        )
     } else if len.is_none() && !chunked && !nothing_read_yet(&mut recv).await {
         (body::empty(), None)
     } else {
@@ -701,12 +745,26 @@ async fn serve_stream<H: ProxiedHandler>(
     };
     // Debug level, like the entry's `request` span (cost per request).
     let span = debug_span!(target: LOG, "proxied", id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry);
+    // The app's 1xx answers, when the entry asked: a frame each, before
+    // the final head (`informational::serve_relaying`).
+    let mut req = req;
+    let info_rx = informational.then(|| {
+        let (sink, rx) = crate::adapters::informational::channel();
+        req.extensions_mut().insert(sink);
+        rx
+    });
+    let node = handler.node_id();
     // Instrumented only when the span is on: `instrument` moves the
     // handler's future (2.6 KB) once more per request.
     let resp = if span.is_disabled() {
-        handler.serve(&head, req).await
+        let serving = handler.serve(&head, req);
+        crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     } else {
-        handler.serve(&head, req).instrument(span).await
+        let serving = handler.serve(&head, req).instrument(span);
+        crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
+    };
+    let Some(resp) = resp else {
+        return;
     };
     let (mut parts, body) = resp.into_parts();
     let app_tunnel = (parts.status == http::StatusCode::SWITCHING_PROTOCOLS)
@@ -726,6 +784,13 @@ async fn serve_stream<H: ProxiedHandler>(
             .headers
             .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
     }
+    // Framed when it may end with trailers the entry's client takes.
+    let body = body::frame_response(
+        trailers_out && app_tunnel.is_none(),
+        head.method,
+        &mut parts,
+        body,
+    );
     let rh = wire::ResponseHeadRef {
         status: parts.status.as_u16(),
         headers: &parts.headers,

@@ -217,9 +217,9 @@ pub(super) fn parse_policy(s: &str) -> Result<Policy, String> {
     s.parse::<Policy>().map_err(|e| format!("{s:?}: {e}"))
 }
 
-/// `app` (or `--app`): `builtin`, `http://host:port`, or
-/// `unix:/absolute/path.sock`; an upstream app keeps idle connections
-/// `idle_timeout`.
+/// `app` (or `--app`): `builtin`, `http://host:port`, `h2c://host:port`
+/// (HTTP/2 with prior knowledge), or `unix:/absolute/path.sock`; an
+/// upstream app keeps idle connections `idle_timeout`.
 pub(super) fn parse_app(s: &str, idle_timeout: Duration) -> Result<AppKind, String> {
     if s == "builtin" {
         return Ok(AppKind::Builtin);
@@ -228,14 +228,17 @@ pub(super) fn parse_app(s: &str, idle_timeout: Duration) -> Result<AppKind, Stri
         Some(path) => AppAddr::Unix(parse_unix_path(path).map_err(|m| format!("{s:?}: {m}"))?),
         None => {
             let uri: http::Uri = s.parse().map_err(|_| {
-                format!("{s:?} is neither \"builtin\", an http:// URL nor unix:/path")
+                format!("{s:?} is neither \"builtin\", an http:// or h2c:// URL nor unix:/path")
             })?;
-            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-                return Err(format!(
-                    "{s:?} is neither \"builtin\", an http://host:port URL nor unix:/path (https upstreams are not supported)"
-                ));
+            match (uri.scheme_str(), uri.authority().is_some()) {
+                (Some("http"), true) => AppAddr::Http(uri),
+                (Some("h2c"), true) => AppAddr::H2c(uri),
+                _ => {
+                    return Err(format!(
+                        "{s:?} is neither \"builtin\", an http://host:port or h2c://host:port URL (HTTP/2 with prior knowledge) nor unix:/path (https upstreams are not supported)"
+                    ));
+                }
             }
-            AppAddr::Http(uri)
         }
     };
     Ok(AppKind::Upstream(UpstreamApp { addr, idle_timeout }))
@@ -352,6 +355,31 @@ mod tests {
         ] {
             let (f, m) = check_client_auth("listener", &section(&text)).unwrap_err();
             assert_eq!(f, field, "{text}: {m}");
+        }
+    }
+
+    /// `h2c://` is an HTTP/2 app (prior knowledge); a scheme peerlb does
+    /// not speak names both it knows.
+    #[test]
+    fn h2c_apps_are_http_2_and_other_schemes_are_refused_by_name() {
+        let idle = Duration::from_secs(2);
+        match parse_app("h2c://127.0.0.1:50051", idle).unwrap() {
+            AppKind::Upstream(up) => {
+                assert!(matches!(&up.addr, AppAddr::H2c(u) if u.port_u16() == Some(50051)));
+                assert_eq!(up.addr.to_string(), "h2c://127.0.0.1:50051/");
+            }
+            AppKind::Builtin => panic!("an upstream app"),
+        }
+        assert!(matches!(
+            parse_app("http://127.0.0.1:9000", idle).unwrap(),
+            AppKind::Upstream(UpstreamApp {
+                addr: AppAddr::Http(_),
+                ..
+            })
+        ));
+        for bad in ["h2://127.0.0.1:1", "https://a:1", "h2c:///x"] {
+            let e = parse_app(bad, idle).unwrap_err();
+            assert!(e.contains("h2c://"), "{bad}: {e}");
         }
     }
 }

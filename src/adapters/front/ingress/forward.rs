@@ -250,8 +250,12 @@ impl Forwarder {
             .extensions
             .get::<access::BodyBytes>()
             .map(|b| b.0.clone());
-        let timed =
-            body::from_incoming_with_timeout(incoming, self.settings.body_read_timeout, counted);
+        let timed = body::from_incoming_with_timeout(
+            incoming,
+            self.settings.body_read_timeout,
+            counted,
+            parts.extensions.get::<body::BodyEnd>().cloned(),
+        );
         let (replay, mut body) = match plan.body() {
             BodyPlan::Buffer => {
                 let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
@@ -266,6 +270,34 @@ impl Forwarder {
             BodyPlan::Empty | BodyPlan::Stream => (None, Some(timed)),
         };
         let empty_body = plan.body() == BodyPlan::Empty;
+        // Where the owner's 1xx answers go (the client connection's sink,
+        // when it can take them: `informational`).
+        let info = parts
+            .extensions
+            .get::<crate::adapters::informational::Informational>()
+            .cloned();
+        // Trailers across the hop (`body::framed`): the response's when the
+        // client takes them, the request's when it may have some (HTTP/2,
+        // or an HTTP/1.1 body that names them in `Trailer`).
+        // (An HTTP/2 request is in HTTP/1.1 form by now: `Http2Client`.)
+        let h2 = parts.extensions.get::<body::Http2Client>().is_some();
+        let frame_request = !tunnel
+            && plan.body() == BodyPlan::Stream
+            && (h2 || parts.headers.contains_key(http::header::TRAILER));
+        let version = if h2 {
+            http::Version::HTTP_2
+        } else {
+            parts.version
+        };
+        let trailers_mark = match (
+            !tunnel && crate::adapters::serve::app::takes_trailers(version, &parts.headers),
+            frame_request,
+        ) {
+            (true, true) => Some("te, framed"),
+            (true, false) => Some("te"),
+            (false, true) => Some("framed"),
+            (false, false) => None,
+        };
         let mut last_err: Option<RequestError> = None;
         let mut head: Option<bytes::Bytes> = None;
         for cand in candidates {
@@ -327,6 +359,15 @@ impl Forwarder {
                         parts
                             .headers
                             .insert(wire::TUNNEL, HeaderValue::from_static("websocket"));
+                    } else if info.is_some() {
+                        parts
+                            .headers
+                            .insert(wire::INFORMATIONAL, HeaderValue::from_static("1"));
+                    }
+                    if let Some(mark) = trailers_mark {
+                        parts
+                            .headers
+                            .insert(wire::TRAILERS, HeaderValue::from_static(mark));
                     }
                     let uri = request_target(&parts.uri);
                     let encoded = wire::encode(&RequestHeadRef {
@@ -344,6 +385,11 @@ impl Forwarder {
                     drop(uri);
                     if tunnel {
                         parts.headers.remove(wire::TUNNEL);
+                    } else if info.is_some() {
+                        parts.headers.remove(wire::INFORMATIONAL);
+                    }
+                    if trailers_mark.is_some() {
+                        parts.headers.remove(wire::TRAILERS);
                     }
                     match encoded {
                         Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
@@ -364,6 +410,7 @@ impl Forwarder {
                 (Some(bytes), _) => body::full(bytes.clone()),
                 (None, true) => body::empty(),
                 (None, false) => match body.take() {
+                    Some(b) if frame_request => body::framed(b),
                     Some(b) => b,
                     None => break,
                 },
@@ -377,9 +424,16 @@ impl Forwarder {
             let exchanged = if tunnel {
                 peer::exchange_tunnel(cand, pair, h, self.settings.response_timeout).await
             } else {
-                peer::exchange(cand, pair, h, b, self.settings.response_timeout)
-                    .await
-                    .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
+                peer::exchange_informational(
+                    cand,
+                    pair,
+                    h,
+                    b,
+                    self.settings.response_timeout,
+                    info.as_ref(),
+                )
+                .await
+                .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
             };
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
@@ -404,10 +458,13 @@ impl Forwarder {
                         })
                         .await;
                         body::empty()
+                    } else if rh.headers.contains_key(wire::TRAILERS) {
+                        body::unframed(qb.boxed_unsync())
                     } else {
                         qb.boxed_unsync()
                     };
                     let mut resp = peer::response_from_head(rh, body);
+                    resp.headers_mut().remove(wire::TRAILERS);
                     // Its peer window fills while the client is slow: the
                     // response budget charges it (`http::relay`).
                     resp.extensions_mut().insert(FromPeer);

@@ -1,0 +1,456 @@
+//! Informational (1xx) responses on their way from the app to the client
+//! (RFC 9110 section 15.2: a proxy forwards them, except to an HTTP/1.0
+//! client), as they arrive and before the final answer.
+//!
+//! The path of one `103 Early Hints` or `102 Processing`:
+//!
+//! ```text
+//! app --1xx--> upstream pool (hyper's on_informational callback)
+//!          --> the request's Informational sink (a request extension)
+//!   local path: the entry's client connection (HTTP/1.1: written as is)
+//!   hop:        the owner's stream writes a ResponseHead frame with the 1xx
+//!               status before the final head (`wire`); the entry reads it,
+//!               resets the response timeout, and hands it to its own sink
+//! ```
+//!
+//! The sink is set by the client server for each request that can take a
+//! 1xx: HTTP/1.1 ([`H1Queue`]), not HTTP/1.0; and over the hop only when
+//! the entry asked for them ([`crate::adapters::wire::INFORMATIONAL`]). Two
+//! statuses are not relayed ([`relayed`]): `100 Continue`, which each hop
+//! answers itself (hyper sends it to the client when the body is first
+//! read), and `101`, which is a tunnel's answer, not a provisional one.
+//!
+//! HTTP/2 clients get none: hyper's HTTP/2 server (and the h2 crate under
+//! it) has no way to send an informational head on a stream. A 1xx for
+//! such a client still resets the hop's response timeout.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures_util::task::AtomicWaker;
+use http::{HeaderMap, StatusCode};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Most informational heads relayed for one request: an app that sends
+/// more (a loop, a hostile app) has the rest dropped, so a request cannot
+/// grow a client's write queue or a peer stream without bound.
+pub(crate) const MAX_PER_REQUEST: u32 = 32;
+
+/// Most bytes of informational heads queued on one HTTP/1.1 client
+/// connection and not yet written (a client that does not read): past it
+/// the next ones are dropped.
+const MAX_QUEUED_BYTES: usize = 64 * 1024;
+
+/// One informational response: its status (1xx) and header fields, the
+/// hop-by-hop ones removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InfoHead {
+    /// A 1xx status other than 100 and 101 ([`relayed`]).
+    pub status: StatusCode,
+    /// The header fields, in order, without hop-by-hop fields.
+    pub headers: HeaderMap,
+}
+
+impl InfoHead {
+    /// The informational head of `status` and `headers` as the app (or a
+    /// peer) sent them: the hop-by-hop fields (RFC 9110 section 7.6.1)
+    /// removed.
+    pub(crate) fn new(status: StatusCode, headers: &HeaderMap) -> InfoHead {
+        let mut headers = headers.clone();
+        for n in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "upgrade",
+            "te",
+            "trailer",
+            "content-length",
+        ] {
+            headers.remove(n);
+        }
+        InfoHead { status, headers }
+    }
+
+    /// The head as HTTP/1.1 writes it (RFC 9112 section 4): status line,
+    /// fields, empty line.
+    pub(crate) fn encode_h1(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.headers.len() * 32);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(self.status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(
+            self.status
+                .canonical_reason()
+                .unwrap_or("Informational")
+                .as_bytes(),
+        );
+        out.extend_from_slice(b"\r\n");
+        for (k, v) in &self.headers {
+            out.extend_from_slice(k.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+}
+
+/// True for the 1xx statuses peerlb relays: every informational status
+/// but `100 Continue` (answered by each hop itself) and `101 Switching
+/// Protocols` (a tunnel's final answer).
+pub(crate) fn relayed(status: u16) -> bool {
+    (102..200).contains(&status)
+}
+
+/// Where a request's informational heads go: set as a request extension
+/// by whoever can deliver them (the client server, the owner's peer
+/// stream), called by the upstream pool for each 1xx the app sends. At
+/// most [`MAX_PER_REQUEST`] are passed on. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub(crate) struct Informational(Arc<Sink>);
+
+struct Sink {
+    deliver: Box<dyn Fn(InfoHead) + Send + Sync>,
+    count: std::sync::atomic::AtomicU32,
+}
+
+impl std::fmt::Debug for Informational {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Informational")
+    }
+}
+
+impl Informational {
+    /// A sink that hands each informational head to `deliver` (called on
+    /// the task that reads the app's answer: it must not block).
+    pub(crate) fn new(deliver: impl Fn(InfoHead) + Send + Sync + 'static) -> Informational {
+        Informational(Arc::new(Sink {
+            deliver: Box::new(deliver),
+            count: std::sync::atomic::AtomicU32::new(0),
+        }))
+    }
+
+    /// Passes `head` on, unless its status is not [`relayed`] or this
+    /// request already passed [`MAX_PER_REQUEST`].
+    pub(crate) fn send(&self, head: InfoHead) {
+        if !relayed(head.status.as_u16()) {
+            return;
+        }
+        let n = self
+            .0
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n < MAX_PER_REQUEST {
+            (self.0.deliver)(head);
+        }
+    }
+}
+
+/// A sink whose heads come out of the receiver, for the owner's peer
+/// stream ([`serve_relaying`]); bounded by [`MAX_PER_REQUEST`].
+pub(crate) fn channel() -> (
+    Informational,
+    tokio::sync::mpsc::UnboundedReceiver<InfoHead>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    (Informational::new(move |h| drop(tx.send(h))), rx)
+}
+
+/// Awaits `serving` (the owner's answer to a proxied request) while
+/// writing each informational head out of `heads` on `send` as a
+/// response head frame with its 1xx status (`wire`), those that came with
+/// the answer included, so all precede the final head. `None` when the
+/// stream could not be written, or when the entry stopped it before the
+/// answer (its client left: `http::client_gone`): `serving` is dropped
+/// then, and with it the app exchange (the app sees its connection close).
+pub(crate) async fn serve_relaying<F: std::future::Future>(
+    serving: F,
+    mut heads: Option<tokio::sync::mpsc::UnboundedReceiver<InfoHead>>,
+    send: &mut quinn::SendStream,
+    node: &str,
+) -> Option<F::Output> {
+    enum Event<T> {
+        Done(T),
+        Head(InfoHead),
+        Stopped,
+    }
+    let stopped = send.stopped();
+    tokio::pin!(serving, stopped);
+    let out = loop {
+        let next = async {
+            match heads.as_mut() {
+                Some(rx) => match rx.recv().await {
+                    Some(h) => h,
+                    None => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let event = tokio::select! {
+            biased;
+            r = &mut serving => Event::Done(r),
+            h = next => Event::Head(h),
+            _ = &mut stopped => Event::Stopped,
+        };
+        match event {
+            Event::Done(r) => break r,
+            Event::Head(h) => {
+                if !write_frame(send, &h, node).await {
+                    return None;
+                }
+            }
+            Event::Stopped => {
+                tracing::debug!(target: "peerlb::adapters::informational", "the entry stopped the stream before the answer: request cancelled");
+                return None;
+            }
+        }
+    };
+    while let Some(h) = heads.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        if !write_frame(send, &h, node).await {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// Writes one informational head as a response head frame; false when
+/// the stream is gone. A head too large for a frame is left out.
+async fn write_frame(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> bool {
+    let rh = crate::adapters::wire::ResponseHeadRef {
+        status: h.status.as_u16(),
+        headers: &h.headers,
+        served_by: node,
+    };
+    match crate::adapters::wire::encode(&rh) {
+        Ok(f) => send.write_chunk(bytes::Bytes::from(f)).await.is_ok(),
+        Err(e) => {
+            tracing::debug!(target: "peerlb::adapters::informational", error = %e, "informational head not relayed");
+            true
+        }
+    }
+}
+
+/// The informational heads waiting to be written on one HTTP/1.1 client
+/// connection, shared by its requests' sinks and its [`H1Inject`] IO.
+#[derive(Debug, Default)]
+pub(crate) struct H1Queue {
+    bytes: Mutex<Vec<u8>>,
+    waker: AtomicWaker,
+}
+
+impl H1Queue {
+    /// The sink of one request on this connection: each head is queued
+    /// and the connection's task woken to write it.
+    pub(crate) fn sink(self: &Arc<Self>) -> Informational {
+        let q = Arc::clone(self);
+        Informational::new(move |head| {
+            let encoded = head.encode_h1();
+            {
+                let mut bytes = q.bytes.lock().expect("informational queue lock");
+                if bytes.len() + encoded.len() > MAX_QUEUED_BYTES {
+                    return;
+                }
+                bytes.extend_from_slice(&encoded);
+            }
+            q.waker.wake();
+        })
+    }
+}
+
+/// A client connection's IO that writes queued informational heads
+/// between hyper's messages (hyper's HTTP/1.1 server has no API to send
+/// one).
+///
+/// Written only at a message boundary: hyper calls `poll_flush` on its IO
+/// only once its own write buffer is empty, so the bytes before a flush
+/// are whole messages. The queue is written in `poll_flush`, and in
+/// `poll_write` when no byte of hyper's was written since the last flush
+/// (its final head then follows the 1xx, as it must). A request's heads
+/// are queued before its handler returns, and hyper writes the final head
+/// only after that, so no 1xx can follow the answer it belongs to.
+pub(crate) struct H1Inject<T> {
+    io: T,
+    queue: Arc<H1Queue>,
+    /// Bytes taken from the queue, not yet all written.
+    pending: Vec<u8>,
+    written: usize,
+    /// No byte of hyper's written since its last flush.
+    at_boundary: bool,
+}
+
+impl<T> H1Inject<T> {
+    /// `io` with `queue`'s heads written into it.
+    pub(crate) fn new(io: T, queue: Arc<H1Queue>) -> H1Inject<T> {
+        H1Inject {
+            io,
+            queue,
+            pending: Vec::new(),
+            written: 0,
+            at_boundary: true,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> H1Inject<T> {
+    /// Writes what was taken from the queue, and (at a boundary) what the
+    /// queue holds; Ready once nothing is left.
+    fn poll_drain(&mut self, cx: &mut Context<'_>, take_new: bool) -> Poll<io::Result<()>> {
+        loop {
+            if self.written < self.pending.len() {
+                let n = std::task::ready!(
+                    Pin::new(&mut self.io).poll_write(cx, &self.pending[self.written..])
+                )?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.written += n;
+                continue;
+            }
+            self.pending.clear();
+            self.written = 0;
+            if !take_new {
+                return Poll::Ready(Ok(()));
+            }
+            self.queue.waker.register(cx.waker());
+            let mut q = self.queue.bytes.lock().expect("informational queue lock");
+            if q.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            std::mem::swap(&mut *q, &mut self.pending);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for H1Inject<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for H1Inject<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let at = this.at_boundary;
+        std::task::ready!(this.poll_drain(cx, at))?;
+        let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
+        this.at_boundary = false;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let at = this.at_boundary;
+        std::task::ready!(this.poll_drain(cx, at))?;
+        let n = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
+        this.at_boundary = false;
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        this.at_boundary = true;
+        std::task::ready!(this.poll_drain(cx, true))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn early_hints() -> InfoHead {
+        let mut h = HeaderMap::new();
+        h.append("link", "</a.css>; rel=preload".parse().unwrap());
+        h.append("connection", "close".parse().unwrap());
+        InfoHead::new(StatusCode::from_u16(103).unwrap(), &h)
+    }
+
+    #[test]
+    fn heads_encode_as_http_1_1_without_hop_by_hop_fields() {
+        assert_eq!(
+            early_hints().encode_h1(),
+            b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn only_1xx_past_continue_and_switching_are_relayed() {
+        assert!(!relayed(100));
+        assert!(!relayed(101));
+        assert!(relayed(102));
+        assert!(relayed(103));
+        assert!(relayed(199));
+        assert!(!relayed(200));
+    }
+
+    #[test]
+    fn a_request_relays_at_most_its_share() {
+        let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let s2 = seen.clone();
+        let sink = Informational::new(move |_| {
+            s2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        for _ in 0..MAX_PER_REQUEST + 5 {
+            sink.send(early_hints());
+        }
+        sink.send(InfoHead::new(StatusCode::CONTINUE, &HeaderMap::new()));
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::Relaxed),
+            MAX_PER_REQUEST
+        );
+    }
+
+    /// Queued heads go out on a flush, and before the next message's
+    /// first byte; never inside a message hyper is writing.
+    #[tokio::test]
+    async fn queued_heads_are_written_between_messages_only() {
+        let (a, mut b) = tokio::io::duplex(4096);
+        let q = Arc::new(H1Queue::default());
+        let mut io = H1Inject::new(a, q.clone());
+        io.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        // Queued mid-message: held until the message is flushed.
+        q.sink().send(early_hints());
+        io.write_all(b"content-length: 0\r\n\r\n").await.unwrap();
+        io.flush().await.unwrap();
+        q.sink().send(early_hints());
+        io.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+            .await
+            .unwrap();
+        io.flush().await.unwrap();
+        drop(io);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).await.unwrap();
+        let hint = String::from_utf8(early_hints().encode_h1()).unwrap();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n{hint}{hint}HTTP/1.1 204 No Content\r\n\r\n"
+            )
+        );
+    }
+}
