@@ -400,6 +400,14 @@ impl NodeState {
         }
     }
 
+    /// [`crate::engine::rules::Rules::sni_would_differ`] with the rules in
+    /// force (takes the router lock: called only for a request whose
+    /// authority is not its connection's SNI).
+    pub(crate) fn sni_would_differ(&self, req: &RequestView<'_>, host: &str) -> bool {
+        let router = self.router.lock().expect("router lock");
+        router.rules().sni_would_differ(req, host)
+    }
+
     /// Routes one SIP request from `client` against `view` with the
     /// router's current rules (their `<sip-rules>`): always consistent
     /// hash (`engine::sip::decide`). Takes the router lock.

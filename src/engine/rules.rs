@@ -401,6 +401,22 @@ impl Rules {
         extract(&self.rules, req)
     }
 
+    /// Whether the rules would key `req` differently were its SNI name
+    /// `host` (the request's own authority, lowercase): a request on a
+    /// connection a client opened for another name and reused for this
+    /// one (connection coalescing, RFC 9113 section 9.1.1), which a rule
+    /// keyed on `sni` would route as that other name's. The entry answers
+    /// it 421 (RFC 9110 section 15.5.20), so the client opens a connection
+    /// for `host`. False when no rule reads `sni`, or when they read it to
+    /// the same effect.
+    pub fn sni_would_differ(&self, req: &RequestView<'_>, host: &str) -> bool {
+        let as_host = RequestView {
+            sni: Some(host),
+            ..*req
+        };
+        self.extract(req) != self.extract(&as_host)
+    }
+
     /// [`Rules::extract`] with the `<sip-rules>` of a DCR XML file, on the
     /// view of a SIP request (`engine::sip`): `request.<header>` reads its
     /// header fields (compact names expanded), `<request-uri parameter=...>`

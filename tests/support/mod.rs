@@ -22,6 +22,7 @@ use peerlb::{NodeId, Ring};
 
 pub mod forge;
 pub mod haproxy;
+pub mod https;
 pub mod skip;
 
 /// Peer links that survive a loaded machine's stalls, for tests that are

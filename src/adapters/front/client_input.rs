@@ -140,15 +140,19 @@ fn valid_reg_name(h: &[u8]) -> bool {
 /// connection's SNI, and the certificate the handshake served
 /// (`ConnInfo::cert_names`) does not cover it: a client reused a
 /// connection for another name (connection coalescing) or sent a `Host`
-/// the connection was not opened for. `Some(host)`, answered 421 so the
-/// client opens a connection for that name; `None` for cleartext, a
-/// client that sent no SNI, the SNI's own name, a name the certificate
-/// covers, and an IP literal.
+/// the connection was not opened for; or the certificate covers it but
+/// `sni_rules_differ(host)` says a rule keyed on `sni` would route it
+/// otherwise as this connection's name (`Rules::sni_would_differ`).
+/// `Some(host)`, answered 421 so the client opens a connection for that
+/// name; `None` for cleartext, a client that sent no SNI, the SNI's own
+/// name, a name the certificate covers that the rules route alike, and an
+/// IP literal.
 pub(crate) fn misdirected(
     sni: Option<&str>,
     cert_names: Option<&[String]>,
     uri: &Uri,
     headers: &HeaderMap,
+    sni_rules_differ: impl FnOnce(&str) -> bool,
 ) -> Option<String> {
     let (sni, names) = (sni?, cert_names?);
     let host = match uri.authority() {
@@ -170,7 +174,7 @@ pub(crate) fn misdirected(
         return None;
     }
     let host = host.to_ascii_lowercase();
-    if crate::adapters::http::entry_tls::covers(names, &host) {
+    if crate::adapters::http::entry_tls::covers(names, &host) && !sni_rules_differ(&host) {
         return None;
     }
     Some(host)
@@ -388,7 +392,13 @@ mod tests {
         let at = |host: &str, uri: &str| {
             let mut h = HeaderMap::new();
             h.insert(header::HOST, HeaderValue::from_str(host).unwrap());
-            misdirected(Some("localhost"), Some(&names), &uri.parse().unwrap(), &h)
+            misdirected(
+                Some("localhost"),
+                Some(&names),
+                &uri.parse().unwrap(),
+                &h,
+                |_| false,
+            )
         };
         // The SNI's own name, any port, any case, a trailing dot.
         assert_eq!(at("localhost:8443", "/"), None);
@@ -409,8 +419,31 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("other.example"));
         let uri: Uri = "/".parse().unwrap();
-        assert_eq!(misdirected(None, Some(&names), &uri, &h), None);
-        assert_eq!(misdirected(Some("localhost"), None, &uri, &h), None);
+        assert_eq!(misdirected(None, Some(&names), &uri, &h, |_| true), None);
+        assert_eq!(
+            misdirected(Some("localhost"), None, &uri, &h, |_| true),
+            None
+        );
+        // A covered name that a rule keyed on sni would route otherwise;
+        // the rules are asked about that name only.
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("api.example.com"));
+        let asked = std::cell::RefCell::new(Vec::new());
+        let differ = |host: &str| {
+            asked.borrow_mut().push(host.to_owned());
+            true
+        };
+        assert_eq!(
+            misdirected(Some("localhost"), Some(&names), &uri, &h, differ),
+            Some("api.example.com".into())
+        );
+        assert_eq!(*asked.borrow(), ["api.example.com"]);
+        h.insert(header::HOST, HeaderValue::from_static("localhost"));
+        let never = |_: &str| panic!("asked about the SNI's own name");
+        assert_eq!(
+            misdirected(Some("localhost"), Some(&names), &uri, &h, never),
+            None
+        );
     }
 
     use super::*;

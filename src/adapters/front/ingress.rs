@@ -199,11 +199,25 @@ impl Ingress {
             })
             .and_then(|()| {
                 let sni = conn.tls.as_ref().and_then(|t| t.sni.as_deref());
+                // Asked only for a name the certificate covers that is not
+                // the SNI's: would a rule keyed on sni route it otherwise?
+                let sni_rules_differ = |host: &str| {
+                    let rv = crate::engine::rules::RequestView {
+                        method: req.method(),
+                        uri: req.uri(),
+                        headers: req.headers(),
+                        client: conn.client,
+                        tls: true,
+                        sni,
+                    };
+                    self.state.sni_would_differ(&rv, host)
+                };
                 match client_input::misdirected(
                     sni,
                     conn.cert_names.as_deref(),
                     req.uri(),
                     req.headers(),
+                    sni_rules_differ,
                 ) {
                     Some(host) => Err(RequestError::Misdirected {
                         sni: sni.unwrap_or_default().to_owned(),
