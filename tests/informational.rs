@@ -216,9 +216,8 @@ async fn each_processing_answer_starts_the_response_timeout_again() {
     }
 }
 
-/// An HTTP/2 client gets no 1xx (hyper's HTTP/2 server cannot send one),
-/// but its forwarded request is kept alive by them all the same: the
-/// app's 200 after 2.4 s of `102`s, past the 1 s response timeout.
+/// An HTTP/2 client's forwarded request is kept alive by the app's 1xx:
+/// the app's 200 after 2.4 s of `102`s, past the 1 s response timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processing_answers_keep_an_http_2_clients_forwarded_request_alive() {
     use http_body_util::{BodyExt, Empty};
@@ -239,4 +238,51 @@ async fn processing_answers_keep_an_http_2_clients_forwarded_request_alive() {
     assert_eq!(resp.headers()["peerlb-served-by"], "n2");
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"done");
+}
+
+/// Both 1xx heads reach an HTTP/2 client as HEADERS frames while the app
+/// still holds its final answer, in order and with their fields, then the
+/// final answer; on each path, on one connection (`vendor/hyper`'s patch:
+/// hyper's HTTP/2 server could send none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_and_processing_reach_an_http_2_client_before_the_answer() {
+    let (c, gate, local, remote) = cluster("info-h2-hints").await;
+    let tcp = TcpStream::connect(c.nodes[0].http).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    for (user, owner) in [(&local, "n1"), (&remote, "n2")] {
+        let mut client = client.clone().ready().await.unwrap();
+        let req = http::Request::get(format!("http://a/hints?user={user}"))
+            .body(())
+            .unwrap();
+        let (mut resp, _) = client.send_request(req, true).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let next = std::future::poll_fn(|cx| resp.poll_informational(cx));
+            match tokio::time::timeout(Duration::from_secs(5), next)
+                .await
+                .unwrap_or_else(|_| panic!("{user}: no 1xx within 5 s after {got:?}"))
+            {
+                Some(Ok(r)) => got.push((
+                    r.status().as_u16(),
+                    r.headers()
+                        .get("link")
+                        .map(|v| v.to_str().unwrap().to_owned()),
+                )),
+                other => panic!("{user}: {other:?} after {got:?}"),
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                (103, Some("</style.css>; rel=preload".to_owned())),
+                (102, None)
+            ],
+            "{user}"
+        );
+        gate.add_permits(1);
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200, "{user}");
+        assert_eq!(resp.headers()["peerlb-served-by"], owner);
+    }
 }

@@ -14,15 +14,15 @@
 //! ```
 //!
 //! The sink is set by the client server for each request that can take a
-//! 1xx: HTTP/1.1 ([`H1Queue`]), not HTTP/1.0; and over the hop only when
+//! 1xx: HTTP/1.1 ([`H1Queue`]), not HTTP/1.0; HTTP/2 (a HEADERS frame on
+//! the request's stream, through `hyper::ext::Http2Informational`: hyper's
+//! HTTP/2 server had no way to send one, and `vendor/hyper` adds it); and
+//! over the hop only when
 //! the entry asked for them ([`crate::adapters::wire::INFORMATIONAL`]). Two
 //! statuses are not relayed ([`relayed`]): `100 Continue`, which each hop
 //! answers itself (hyper sends it to the client when the body is first
 //! read), and `101`, which is a tunnel's answer, not a provisional one.
 //!
-//! HTTP/2 clients get none: hyper's HTTP/2 server (and the h2 crate under
-//! it) has no way to send an informational head on a stream. A 1xx for
-//! such a client still resets the hop's response timeout.
 
 use std::io;
 use std::pin::Pin;

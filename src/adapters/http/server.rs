@@ -617,13 +617,24 @@ async fn serve_h2<H, I>(
     let ing = ingress.clone();
     let st = streams.clone();
     let client = info.client;
-    // No informational head can be sent on an HTTP/2 stream here (hyper's
-    // server has no way to): a sink that drops them still asks the owner
-    // for them, so each one starts the hop's response timeout again.
-    let drop_informational = Informational::new(|_| {});
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ing.clone(), info.clone());
-        req.extensions_mut().insert(drop_informational.clone());
+        // The stream's own 1xx sender (vendor/hyper's patch: hyper's HTTP/2
+        // server had none); a head is sent as a HEADERS frame before the
+        // final answer's.
+        let sink = match req
+            .extensions_mut()
+            .remove::<hyper::ext::Http2Informational>()
+        {
+            Some(stream) => Informational::new(move |head| {
+                let mut r = http::Response::new(());
+                *r.status_mut() = head.status;
+                *r.headers_mut() = head.headers;
+                stream.send(r);
+            }),
+            None => Informational::new(|_| {}),
+        };
+        req.extensions_mut().insert(sink);
         req.extensions_mut()
             .insert(crate::adapters::body::Http2Client);
         let guard = StreamGuard::start(&st);
