@@ -24,7 +24,7 @@
 //!   support: the request builder the unit tests and the benches share).
 //! - `engine/` also holds `gossip_budget` (the members a full gossip
 //!   digest leaves room for in one datagram, shared with [`config`]).
-//! - `seam` (re-exported as [`env`]'s traits): the I/O seam's traits
+//! - `seam` (re-exported as [`env`](mod@env)'s traits): the I/O seam's traits
 //!   below the adapters: [`env::Connection`], [`env::HttpListener`],
 //!   [`env::Clock`], [`env::NodeEvent`], [`env::Observer`].
 //! - `adapters/` (I/O), in wings, lowest first (docs/architecture.md,
@@ -65,7 +65,7 @@
 //!     `sip` (SIP over UDP and TCP on `sip_addr`, forwarded on the peer
 //!     wire).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
-//! - [`env`]: [`Env`] and [`Env::bind`]: sockets, generation and seed
+//! - [`env`](mod@env): [`Env`] and [`Env::bind`]: sockets, generation and seed
 //!   handed to a node (above the adapters).
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
 //! - `main.rs` and `cli/` (binary crate): the `peerlb` CLI, one file per

@@ -96,7 +96,7 @@ impl rustls::time_provider::TimeProvider for ClockAdapter {
 pub enum NodeEvent<'a> {
     /// The node accepts clients (logged as `node running`).
     Running {
-        /// This run's generation id ([`Env::generation`]).
+        /// This run's generation id (`Env::generation`).
         generation: u64,
     },
     /// The node's membership view changed (logged as `membership view

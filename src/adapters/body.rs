@@ -44,7 +44,7 @@ pub(crate) enum BodyError {
     #[error("cut: the node's response budget is reached and this response held the most")]
     OverBudget,
     /// A framed body from a peer (one that may carry trailers,
-    /// [`framed`]) did not frame: a broken or hostile peer.
+    /// [`framed`](mod@framed)) did not frame: a broken or hostile peer.
     #[error("peer body framing: {0}")]
     Framing(String),
 }
@@ -306,7 +306,7 @@ pub(crate) enum PumpError {
 
 /// Writes `body` into `send` chunk by chunk, then finishes the stream.
 /// Trailers are dropped: a body that may carry them goes through
-/// [`framed`] first.
+/// [`framed`](mod@framed) first.
 ///
 /// # Errors
 /// [`PumpError::Source`] after resetting the stream when the body fails;

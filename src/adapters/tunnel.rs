@@ -7,7 +7,7 @@
 //!   relayed to the owner's side of the tunnel: the QUIC stream the
 //!   request went out on (forwarded owner) or the app's upgraded
 //!   connection (local owner). A WebSocket over HTTP/2 (RFC 8441 extended
-//!   CONNECT, [`extended_connect`]) takes the HTTP/1.1 form at the entry,
+//!   CONNECT, `front::extended_connect`) takes the HTTP/1.1 form at the entry,
 //!   so everything after it is the same; its client side is the HTTP/2
 //!   stream (hyper's upgraded IO of the CONNECT), not the connection.
 //! - At a forwarded owner, the QUIC stream is relayed to the app's

@@ -34,7 +34,7 @@ pub(crate) mod least_load;
 pub(crate) mod metric;
 
 /// The balancing algorithm (config `policy`, kebab-case). The `:local`
-/// affinity suffix is part of [`Policy`], not of the kind.
+/// affinity suffix is part of `Policy`, not of the kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
@@ -130,7 +130,7 @@ pub enum ParsePolicyError {
 impl FromStr for PolicyKind {
     type Err = ParsePolicyError;
 
-    /// Parses the exact kebab-case name (no `:local` suffix; see [`Policy`]).
+    /// Parses the exact kebab-case name (no `:local` suffix; see `Policy`).
     ///
     /// # Errors
     ///

@@ -85,7 +85,7 @@ pub enum Assignment {
 }
 
 /// What a table is built for besides its nodes: its size (`vnodes`, see
-/// [`slot_bits`]) and how it is filled. A plain `u32` converts to the
+/// `slot_bits`) and how it is filled. A plain `u32` converts to the
 /// rendezvous table of that size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RingSpec {
@@ -159,7 +159,7 @@ pub(crate) fn slot_bits(vnodes: u32) -> u32 {
 ///
 /// Invariants: `nodes` is sorted by id without duplicates, every weight is
 /// positive, `keys[i]` is `hrw::node_key` of `nodes[i]`'s seed, `table[s]`
-/// is the index in `nodes` of slot `s`'s owner, and [`Ring::first`]`[s]` the
+/// is the index in `nodes` of slot `s`'s owner, and `Ring::first[s]` the
 /// index of the node ranked first for `s` (the same table for
 /// [`Assignment::Rendezvous`]; `first` is empty then). Tables have `2^bits`
 /// entries, none when there are no nodes.
@@ -384,7 +384,7 @@ impl Ring {
     /// by slots it ranks better.
     ///
     /// Lazy: the owner comes from the table (one load); each of the next
-    /// [`SCANNED_CANDIDATES`] candidates is found when asked by one pass
+    /// `SCANNED_CANDIDATES` candidates is found when asked by one pass
     /// over the nodes (`N` scores, no allocation: the best node ranked after
     /// the previous one); asking for more scores and sorts the remaining
     /// nodes once (one allocation). A request that fails over once or twice

@@ -338,8 +338,8 @@ enum Effective {
 }
 
 impl Router {
-    /// A router for `policy` (a [`PolicyKind`] or a [`Policy`]) with compiled
-    /// `rules` and default [`RouterOptions`].
+    /// A router for `policy` (a [`PolicyKind`] or a `Policy`) with compiled
+    /// `rules` and default `RouterOptions`.
     pub fn new(policy: impl Into<Policy>, rules: Rules) -> Router {
         Router {
             policy: policy.into(),

@@ -5,7 +5,7 @@
 //! (`serving` | `draining` | `leaving`), `load` (0..=100, 100 idle),
 //! `inflight`. chitchat's phi-accrual detector decides liveness; a member is
 //! only considered once it has published `peer_addr`. Every datagram is
-//! sealed with the cluster keyring ([`keyring`], [`sealed`]) and checked
+//! sealed with the cluster keyring ([`keyring`], `sealed`) and checked
 //! against [`bounds`] before chitchat sees it. Gossip stays a hint: the
 //! peer layer admits a member to routing only after an mTLS handshake
 //! proves its identity.

@@ -37,7 +37,7 @@ const LOG: &str = "peerlb::adapters::tls::entry";
 /// The ALPN protocols the entry offers over TLS, most preferred first:
 /// HTTP/2, then HTTP/1.1 (a client that offers neither, or no ALPN at
 /// all, gets HTTP/1.1). The negotiated one reaches the connection's server
-/// as [`crate::adapters::wire::TlsFacts::alpn`], which picks the HTTP
+/// as `wire::TlsFacts::alpn`, which picks the HTTP
 /// server by it.
 pub const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 

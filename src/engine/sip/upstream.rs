@@ -100,7 +100,7 @@ pub(crate) fn upstream_request(req: &SipMessage, local: SocketAddr, branch: &str
     upstream_request_over(req, "UDP", local, branch)
 }
 
-/// [`upstream_request`] over `transport` (`UDP` or `TCP`, the `Via`'s
+/// `upstream_request` over `transport` (`UDP` or `TCP`, the `Via`'s
 /// transport; `sip_app = "tcp:..."` sends from a TCP connection).
 pub(crate) fn upstream_request_over(
     req: &SipMessage,

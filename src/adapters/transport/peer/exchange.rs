@@ -1,5 +1,5 @@
 //! The entry's side of a peer stream: one request sent on an opened
-//! stream and its answer read ([`exchange`], with the owner's 1xx heads
+//! stream and its answer read ([`exchange()`], with the owner's 1xx heads
 //! before the final one: [`exchange_informational`]), or a tunnel
 //! ([`exchange_tunnel`]). Moved out of `peer.rs` as it was (the owner's
 //! side, `serve`, stays there).
@@ -31,12 +31,12 @@ pub(crate) async fn exchange(
     exchange_informational(peer, stream, head, body, timeout, None).await
 }
 
-/// [`exchange`] of a request whose head asked for informational answers
+/// [`exchange()`] of a request whose head asked for informational answers
 /// ([`wire::INFORMATIONAL`]): each 1xx head the owner sends before the
 /// final one goes to `info` and starts the response timeout again.
 ///
 /// # Errors
-/// As [`exchange`].
+/// As [`exchange()`].
 pub(crate) async fn exchange_informational(
     peer: &NodeId,
     stream: PeerStream,
@@ -141,11 +141,11 @@ pub(crate) enum TunnelAnswer {
 /// Sends a tunnel request (a WebSocket upgrade, marked [`wire::TUNNEL`] in
 /// `head`; no body) on an opened stream and waits for the response head:
 /// on `101` the stream itself is the tunnel's owner side, else the entry
-/// ends its direction and the response body follows as in [`exchange`].
+/// ends its direction and the response body follows as in [`exchange()`].
 /// See the tunnel section of [`crate::adapters::wire`].
 ///
 /// # Errors
-/// As [`exchange`] (no client body can fail: there is none).
+/// As [`exchange()`] (no client body can fail: there is none).
 pub(crate) async fn exchange_tunnel(
     peer: &NodeId,
     stream: PeerStream,

@@ -165,7 +165,7 @@ impl StateVerifier {
     /// Checks that `cert` chains to the cluster CA now and names node
     /// `node_id`, and that `sig` is its key's signature over
     /// `DOMAIN || state`. The chain and name check of a certificate is
-    /// remembered for [`CHAIN_RECHECK`] per node id.
+    /// remembered for `CHAIN_RECHECK` (60 s) per node id.
     ///
     /// # Errors
     /// [`StateSignError::Untrusted`], [`StateSignError::NotTheNode`],
