@@ -33,7 +33,6 @@
 //! shared with it and the admin API is `node_state`, and errors become
 //! HTTP answers in `errors::error_response`.
 
-use crate::adapters::http::client_cert::FORWARDED_CLIENT_CERT;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -45,6 +44,7 @@ use crate::adapters::body::Body;
 use crate::adapters::errors::RequestError;
 use crate::adapters::front::client_input::{self, PathClass};
 use crate::adapters::front::extended_connect::{self, Connect};
+use crate::adapters::http::client_cert::FORWARDED_CLIENT_CERT;
 use crate::adapters::http::relay::ResponseBudget;
 use crate::adapters::http::server::{self, ConnHold};
 use crate::adapters::node_state::{NodeState, track_body};
@@ -256,10 +256,8 @@ impl Ingress {
                 // this connection's handshake verified.
                 let headers = req.headers_mut();
                 headers.remove(FORWARDED_CLIENT_CERT);
-                if let Some(v) = &conn.client_cert
-                    && let Ok(v) = http::HeaderValue::from_str(v)
-                {
-                    headers.insert(FORWARDED_CLIENT_CERT, v);
+                if let Some(v) = &conn.client_cert {
+                    headers.insert(FORWARDED_CLIENT_CERT, v.clone());
                 }
                 let inflight = self.state.enter();
                 self.state.counters.requests.fetch_add(1, Ordering::Relaxed);

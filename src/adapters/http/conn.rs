@@ -64,9 +64,9 @@ pub(crate) struct ConnInfo {
     /// of (else 421, `front/client_input.rs`); `None` for cleartext.
     pub cert_names: Option<Arc<[String]>>,
     /// The `X-Forwarded-Client-Cert` value of the client certificate the
-    /// handshake verified (`client_cert.rs`); `None`: none was sent or
-    /// asked for.
-    pub client_cert: Option<Arc<str>>,
+    /// handshake verified (`client_cert.rs`), made once per connection;
+    /// `None`: none was sent or asked for.
+    pub client_cert: Option<http::HeaderValue>,
 }
 
 /// Why a connection was closed before HTTP.
@@ -133,7 +133,9 @@ pub(crate) async fn open(
     let client_cert = session
         .peer_certificates()
         .and_then(|c| c.first())
-        .map(|c| Arc::from(super::client_cert::forwarded_client_cert(c)));
+        .and_then(|c| {
+            http::HeaderValue::try_from(super::client_cert::forwarded_client_cert(c)).ok()
+        });
     let facts = TlsFacts {
         sni: session.server_name().map(str::to_owned),
         version: session.protocol_version().map_or(0, u16::from),
