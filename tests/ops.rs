@@ -195,7 +195,7 @@ async fn metrics_move_as_requests_flow() {
     assert_eq!(
         sample(
             &after,
-            "peerlb_gossip_dropped_datagrams_total{reason=\"codec_busy\"}"
+            "peerlb_gossip_dropped_datagrams_total{reason=\"out_of_bounds\"}"
         ),
         0.0
     );

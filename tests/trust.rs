@@ -576,8 +576,8 @@ fn a_joiners_full_catch_up_delta_is_sent_sealed() {
         nonce[..8].copy_from_slice(&g.to_le_bytes());
         // A SynAck: its digest makes the member known (chitchat applies
         // a delta only to members it knows), its delta sets the keys. The
-        // node answers with an Ack once it took it (one at a time: a burst
-        // would find its codec busy).
+        // node answers with an Ack once it took it (one at a time, as a
+        // member gossips).
         let d = ring.seal(&forge::syn_ack(&ghost, 1, 4, &kvs), nonce);
         assert!(
             (0..5).any(|_| forge::ask(n1, &d, Duration::from_secs(1)).is_some()),

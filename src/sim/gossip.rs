@@ -1,52 +1,45 @@
 //! chitchat's gossip over turmoil's simulated UDP.
 //!
-//! chitchat 0.13 keeps its envelope codec crate-private, so a transport of
-//! our own cannot put a `ChitchatEnvelope` into bytes. This transport sends
-//! a real turmoil datagram per message (so latency, loss, partitions and
-//! crashes apply to gossip exactly as to QUIC), carrying an 8-byte ticket;
-//! the envelope itself waits in a mailbox shared by the simulation and is
-//! taken by the receiver of the ticket. The ticket is sealed with the
-//! node's gossip keyring (as production seals the envelope bytes), nonces
-//! from a seeded generator; the bounds production applies to envelope
-//! bytes are not applied here (there are no bytes to read).
+//! Every message is one real turmoil datagram holding the envelope's bytes
+//! (so latency, loss, partitions and crashes apply to gossip exactly as to
+//! QUIC). A node's transport ([`SimGossip::sealed`]) encodes, seals, opens,
+//! checks the gossip bounds and decodes with the production functions
+//! (`adapters/cluster/sealed.rs`: `seal_envelope`, `open_envelope`), nonces
+//! from the node's seeded generator; only the UDP socket differs. What the
+//! simulation leaves out is the production socket's send gate (gossip only
+//! to seeds and to addresses heard from) and its probes: every simulated
+//! member is real.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
 
+use crate::adapters::cluster::bounds::Bounds;
 use crate::adapters::cluster::keyring::GossipKeys;
+use crate::adapters::cluster::sealed::{MAX_DATAGRAM, open_envelope, seal_envelope};
 
-/// Envelopes in flight; beyond this many the oldest half is dropped (their
-/// tickets were lost on partitioned or crashed links).
-const MAILBOX_LIMIT: usize = 100_000;
-
-#[derive(Default)]
-struct Mailbox {
-    next: u64,
-    letters: BTreeMap<u64, ChitchatEnvelope>,
-}
-
-/// The gossip transport of one simulation (clone it into every node).
+/// The gossip transport of one simulation: [`SimGossip::new`] sends plain
+/// envelopes (chitchat alone, as a test of its own runs it);
+/// [`SimGossip::sealed`] is one node's, sealed and bounded as in
+/// production.
 #[derive(Clone, Default)]
 pub struct SimGossip {
-    mailbox: Arc<Mutex<Mailbox>>,
-    keys: Option<Arc<GossipKeys>>,
+    sealed: Option<(Arc<GossipKeys>, Arc<Bounds>)>,
 }
 
 impl SimGossip {
-    /// A transport with an empty mailbox.
+    /// A transport of plain (unsealed, unchecked) envelopes.
     pub fn new() -> SimGossip {
         SimGossip::default()
     }
 
-    /// This transport for one node, sealing its tickets with `keys`.
-    pub fn sealed(&self, keys: Arc<GossipKeys>) -> SimGossip {
+    /// One node's transport, sealing with `keys` and checking what it
+    /// receives against `bounds`.
+    pub(crate) fn sealed(&self, keys: Arc<GossipKeys>, bounds: Arc<Bounds>) -> SimGossip {
         SimGossip {
-            mailbox: self.mailbox.clone(),
-            keys: Some(keys),
+            sealed: Some((keys, bounds)),
         }
     }
 }
@@ -58,8 +51,9 @@ impl Transport for SimGossip {
         Ok(Box::new(SimGossipSocket {
             socket,
             local: listen_addr,
-            mailbox: self.mailbox.clone(),
-            keys: self.keys.clone(),
+            sealed: self.sealed.clone(),
+            plain: Vec::new(),
+            buf: vec![0u8; MAX_DATAGRAM + 1].into_boxed_slice(),
         }))
     }
 }
@@ -67,8 +61,9 @@ impl Transport for SimGossip {
 struct SimGossipSocket {
     socket: turmoil::net::UdpSocket,
     local: SocketAddr,
-    mailbox: Arc<Mutex<Mailbox>>,
-    keys: Option<Arc<GossipKeys>>,
+    sealed: Option<(Arc<GossipKeys>, Arc<Bounds>)>,
+    plain: Vec<u8>,
+    buf: Box<[u8]>,
 }
 
 #[async_trait::async_trait]
@@ -82,58 +77,27 @@ impl Socket for SimGossipSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
-        let ticket = {
-            let mut m = self.mailbox.lock().expect("mailbox lock");
-            let t = m.next;
-            m.next += 1;
-            m.letters.insert(t, envelope);
-            if m.letters.len() > MAILBOX_LIMIT {
-                let keep = m.letters.split_off(&(t - (MAILBOX_LIMIT as u64) / 2));
-                m.letters = keep;
-            }
-            t
-        };
-        let bytes = match &self.keys {
-            Some(k) => k
-                .seal(&ticket.to_le_bytes())
-                .ok_or_else(|| anyhow::anyhow!("no nonce"))?,
-            None => ticket.to_le_bytes().to_vec(),
-        };
-        let n = match self.socket.send_to(&bytes, to).await {
-            Ok(n) => n,
-            Err(e) => {
-                // Never sent (no such host yet: a node that has not
-                // started): nobody will take the letter.
-                self.mailbox
-                    .lock()
-                    .expect("mailbox lock")
-                    .letters
-                    .remove(&ticket);
-                return Err(e.into());
+        let bytes = match &self.sealed {
+            Some((keys, _)) => seal_envelope(keys, &mut self.plain, &envelope)?,
+            None => {
+                let mut plain = Vec::new();
+                envelope.serialize(&mut plain);
+                plain
             }
         };
+        let n = self.socket.send_to(&bytes, to).await?;
         Ok(SendOutcome { num_bytes_sent: n })
     }
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
         loop {
-            let mut buf = [0u8; 64];
-            let (n, from_addr) = self.socket.recv_from(&mut buf).await?;
-            let opened = match &self.keys {
-                Some(k) => k.open(&buf[..n]),
-                None => Some(buf[..n].to_vec()),
+            let (n, from_addr) = self.socket.recv_from(&mut self.buf).await?;
+            let datagram = &self.buf[..n];
+            let envelope = match &self.sealed {
+                Some((keys, bounds)) => open_envelope(keys, bounds, datagram, from_addr).ok(),
+                None => ChitchatEnvelope::deserialize(&mut &datagram[..]).ok(),
             };
-            let Some(Ok(ticket)) = opened.map(|t| <[u8; 8]>::try_from(t.as_slice())) else {
-                continue;
-            };
-            let ticket = u64::from_le_bytes(ticket);
-            let letter = self
-                .mailbox
-                .lock()
-                .expect("mailbox lock")
-                .letters
-                .remove(&ticket);
-            if let Some(envelope) = letter {
+            if let Some(envelope) = envelope {
                 return Ok(RecvOutcome {
                     from_addr,
                     envelope,

@@ -400,9 +400,6 @@ pub struct GossipCounters {
     /// Datagrams not sent because sealing made them larger than a UDP
     /// datagram.
     pub oversize: AtomicU64,
-    /// Authenticated datagrams dropped because the gossip codec was far
-    /// behind (its loopback buffer full).
-    pub codec_busy: AtomicU64,
     /// Authenticated, in-bounds datagrams handed to chitchat.
     pub received: AtomicU64,
     /// Messages sent, by kind: SYN (an exchange this node starts; each

@@ -1,26 +1,19 @@
 //! chitchat's gossip over UDP, every datagram sealed with the cluster
 //! keyring ([`super::keyring`]).
 //!
-//! chitchat 0.13 keeps its envelope codec crate-private but ships a public
-//! UDP socket ([`chitchat::transport::UdpSocket`]) that encodes and decodes
-//! envelopes. A [`SealedSocket`] puts one of those on a loopback port (the
-//! *codec*) and passes bytes to and from it through loopback sockets of its
-//! own, so no line of chitchat is forked or copied:
+//! The vendored chitchat makes its envelope codec public
+//! (`ChitchatEnvelope::serialize` / `deserialize`, vendor/README.md), so a
+//! [`SealedSocket`] encodes and seals in place, one socket per node:
 //!
 //! ```text
-//! send: envelope -> codec --loopback--> out shim -> seal -> gossip socket -> peer
-//! recv: peer -> gossip socket -> open, bounds -> in shim k --loopback--> codec -> envelope
+//! send: envelope -> encode -> seal -> gossip socket -> peer
+//! recv: peer -> gossip socket -> open, bounds -> decode -> envelope
 //! ```
 //!
 //! A datagram no key of the ring opens, or whose content breaks a bound
-//! ([`super::bounds`]), is dropped and counted before chitchat sees it. The
-//! codec reports the in shim as the sender; each of the [`IN_SHIMS`]
-//! shims remembers the real sender of the datagram it last forwarded, so a
-//! datagram the codec drops (chitchat discards what it cannot decode) never
-//! shifts the sender of the next one. Loopback delivery is synchronous on
-//! Linux and the codec is polled first, so at most one forwarded datagram
-//! waits in the codec at a time. Anything reaching the codec from another
-//! loopback address (another local process) is dropped.
+//! ([`super::bounds`]) or does not decode, is dropped and counted before
+//! chitchat sees it ([`open_envelope`], which the simulation's transport
+//! calls too, so both apply the same bounds to the same bytes).
 //!
 //! A datagram is sent only to a seed (resolved when the socket opens) or
 //! to an address an authenticated datagram came from (the last
@@ -36,7 +29,7 @@
 //! one of chitchat's own datagrams, which a real member answers.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -62,9 +55,6 @@ pub(crate) use crate::engine::gossip_budget::MAX_DATAGRAM;
 // catch-up from a cluster of a few hundred members) would be too large to
 // send, every time.
 const _: () = assert!(super::keyring::SEAL_OVERHEAD <= chitchat::TRANSPORT_RESERVED_LEN);
-
-/// Loopback sockets that forward opened datagrams to the codec.
-const IN_SHIMS: usize = 4;
 
 /// Addresses authenticated datagrams came from that are remembered, per
 /// member allowed (`gossip.max_members`); the oldest is forgotten first.
@@ -100,7 +90,7 @@ impl Transport for SealedUdpTransport {
         let outer = tokio::net::UdpSocket::bind(listen_addr)
             .await
             .with_context(|| format!("failed to bind to {listen_addr}/UDP for gossip"))?;
-        let mut socket = SealedSocket::new(outer, self.keys.clone(), self.bounds.clone()).await?;
+        let mut socket = SealedSocket::new(outer, self.keys.clone(), self.bounds.clone());
         for seed in &self.seeds {
             match tokio::net::lookup_host(seed).await {
                 Ok(addrs) => addrs.for_each(|a| socket.add_seed(a)),
@@ -111,24 +101,14 @@ impl Transport for SealedUdpTransport {
     }
 }
 
-/// One in shim: its socket, its address and the real sender of the
-/// datagram it last forwarded.
-struct InShim {
-    socket: tokio::net::UdpSocket,
-    addr: SocketAddr,
-    from: Option<SocketAddr>,
-}
-
 /// A bound gossip socket that seals what chitchat sends and opens what it
 /// receives (see the module doc).
 pub(crate) struct SealedSocket {
     outer: tokio::net::UdpSocket,
-    codec: chitchat::transport::UdpSocket,
-    out_shim: tokio::net::UdpSocket,
-    out_shim_addr: SocketAddr,
-    in_shims: Vec<InShim>,
-    next_shim: usize,
+    /// The receive buffer (one datagram, and a byte to see one too large).
     buf: Box<[u8]>,
+    /// The encode buffer of the envelope being sent.
+    plain: Vec<u8>,
     keys: Arc<GossipKeys>,
     bounds: Arc<Bounds>,
     /// This node's cluster id, from the first Syn chitchat sends (for
@@ -137,52 +117,21 @@ pub(crate) struct SealedSocket {
 }
 
 impl SealedSocket {
-    /// Wraps the bound gossip socket `outer`; binds the codec and shims on
-    /// 127.0.0.1.
-    ///
-    /// # Errors
-    /// When a loopback socket cannot be bound.
-    pub(crate) async fn new(
+    /// Wraps the bound gossip socket `outer`.
+    pub(crate) fn new(
         outer: tokio::net::UdpSocket,
         keys: Arc<GossipKeys>,
         bounds: Arc<Bounds>,
-    ) -> anyhow::Result<SealedSocket> {
-        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
-        let codec = chitchat::transport::UdpSocket::open(lo).await?;
-        let codec_addr = Socket::local_addr(&codec)?;
-        let shim = || async {
-            let s = tokio::net::UdpSocket::bind(lo).await?;
-            s.connect(codec_addr).await?;
-            let a = s.local_addr()?;
-            io::Result::Ok((s, a))
-        };
-        let (out_shim, out_shim_addr) = shim().await.context("gossip loopback socket")?;
-        let mut in_shims = Vec::with_capacity(IN_SHIMS);
-        for _ in 0..IN_SHIMS {
-            let (socket, addr) = shim().await.context("gossip loopback socket")?;
-            in_shims.push(InShim {
-                socket,
-                addr,
-                from: None,
-            });
-        }
-        Ok(SealedSocket {
+    ) -> SealedSocket {
+        keys.confirmed.gate(HEARD_PER_MEMBER * bounds.max_members());
+        SealedSocket {
             outer,
-            codec,
-            out_shim,
-            out_shim_addr,
-            in_shims,
-            next_shim: 0,
             buf: vec![0u8; MAX_DATAGRAM + 1].into_boxed_slice(),
+            plain: Vec::with_capacity(MAX_DATAGRAM),
             keys,
             bounds,
             cluster_id: None,
-        })
-        .inspect(|s| {
-            s.keys
-                .confirmed
-                .gate(HEARD_PER_MEMBER * s.bounds.max_members())
-        })
+        }
     }
 
     /// Sends to `seed` even before hearing from it.
@@ -235,56 +184,87 @@ impl SealedSocket {
         }
     }
 
-    /// Opens one received datagram and hands it to the codec through the
-    /// next in shim, or drops it (counted).
-    fn forward(&mut self, n: usize, from: SocketAddr) {
-        let Some(plain) = self.keys.open(&self.buf[..n]) else {
-            let count = self.keys.counters.unauthenticated.load(Ordering::Relaxed);
-            if count % 1000 == 1 {
-                // Forged, or this node's ring is out of date (it was down
-                // during a key rotation): say which, once in a while.
-                warn!(target: LOG, %from, dropped = count, file = "tls.gossip_keyring", "gossip datagram dropped: no key of this node's ring opens it (forged, or this node's keyring lacks the cluster's current key)");
-            }
-            debug!(target: LOG, %from, len = n, "gossip datagram dropped: no key of the ring opens it");
-            return;
-        };
-        // Authenticated: whoever holds the key at that address hears back,
-        // even when its content is then refused.
-        self.heard_from(from);
-        match self.bounds.check(&plain, self.keys.echo.own_version()) {
-            Ok(Some((heartbeat, version))) => self.keys.echo.see(heartbeat, version),
-            Ok(None) => {}
-            Err(e) => {
-                let count = 1 + self
-                    .keys
-                    .counters
-                    .out_of_bounds
-                    .fetch_add(1, Ordering::Relaxed);
-                if count % 1000 == 1 {
-                    // Sealed, so sent by a holder of the gossip key: say
-                    // so once in a while.
-                    warn!(target: LOG, %from, error = %e, dropped = count, "gossip datagram dropped: out of bounds");
-                } else {
-                    debug!(target: LOG, %from, error = %e, "gossip datagram dropped: out of bounds");
-                }
-                return;
-            }
-        }
-        let shim = &mut self.in_shims[self.next_shim];
-        self.next_shim = (self.next_shim + 1) % IN_SHIMS;
-        shim.from = Some(from);
-        // Loopback to a socket that is read right after: a full buffer
-        // means the codec is far behind, and gossip tolerates loss.
-        if let Err(e) = shim.socket.try_send(&plain) {
-            self.keys
-                .counters
-                .codec_busy
-                .fetch_add(1, Ordering::Relaxed);
-            debug!(target: LOG, error = %e, "gossip datagram dropped: codec busy");
-        } else {
-            self.keys.counters.received.fetch_add(1, Ordering::Relaxed);
-        }
+}
+
+/// Why [`open_envelope`] dropped a datagram (each is counted in
+/// [`GossipKeys::counters`] before it returns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    /// No key of the ring opens it: forged, or this node's ring is out of
+    /// date.
+    Unauthenticated,
+    /// Sealed by a key holder, but it breaks a bound or is no envelope.
+    Refused,
+}
+
+/// Encodes `envelope` into `plain` (cleared first) and seals it: the bytes
+/// of one gossip datagram, the same in production and in the simulation.
+///
+/// # Errors
+/// When no nonce can be drawn, or the sealed datagram would exceed
+/// [`MAX_DATAGRAM`] (counted as `oversize`).
+pub(crate) fn seal_envelope(
+    keys: &GossipKeys,
+    plain: &mut Vec<u8>,
+    envelope: &ChitchatEnvelope,
+) -> anyhow::Result<Vec<u8>> {
+    plain.clear();
+    envelope.serialize(plain);
+    let Some(sealed) = keys.seal(plain) else {
+        anyhow::bail!("no nonce: the operating system's random generator failed");
+    };
+    if sealed.len() > MAX_DATAGRAM {
+        keys.counters.oversize.fetch_add(1, Ordering::Relaxed);
+        anyhow::bail!(
+            "sealed gossip datagram of {} bytes is too large",
+            sealed.len()
+        );
     }
+    Ok(sealed)
+}
+
+/// Opens one received gossip datagram from `from`, checks it against
+/// `bounds` and decodes it; or drops it, counted (and logged once in a
+/// thousand), saying why.
+///
+/// # Errors
+/// [`Dropped`]: unauthenticated, or refused (out of bounds, or a sealed
+/// datagram that is no chitchat envelope; both counted `out_of_bounds`).
+pub(crate) fn open_envelope(
+    keys: &GossipKeys,
+    bounds: &Bounds,
+    datagram: &[u8],
+    from: SocketAddr,
+) -> Result<ChitchatEnvelope, Dropped> {
+    let Some(plain) = keys.open(datagram) else {
+        let count = keys.counters.unauthenticated.load(Ordering::Relaxed);
+        if count % 1000 == 1 {
+            // Forged, or this node's ring is out of date (it was down
+            // during a key rotation): say which, once in a while.
+            warn!(target: LOG, %from, dropped = count, file = "tls.gossip_keyring", "gossip datagram dropped: no key of this node's ring opens it (forged, or this node's keyring lacks the cluster's current key)");
+        }
+        debug!(target: LOG, %from, len = datagram.len(), "gossip datagram dropped: no key of the ring opens it");
+        return Err(Dropped::Unauthenticated);
+    };
+    let refused = |e: &dyn std::fmt::Display| {
+        let count = 1 + keys.counters.out_of_bounds.fetch_add(1, Ordering::Relaxed);
+        if count % 1000 == 1 {
+            // Sealed, so sent by a holder of the gossip key: say so once
+            // in a while.
+            warn!(target: LOG, %from, error = %e, dropped = count, "gossip datagram dropped: out of bounds");
+        } else {
+            debug!(target: LOG, %from, error = %e, "gossip datagram dropped: out of bounds");
+        }
+        Dropped::Refused
+    };
+    match bounds.check(&plain, keys.echo.own_version()) {
+        Ok(Some((heartbeat, version))) => keys.echo.see(heartbeat, version),
+        Ok(None) => {}
+        Err(e) => return Err(refused(&e)),
+    }
+    let envelope = ChitchatEnvelope::deserialize(&mut plain.as_slice()).map_err(|e| refused(&e))?;
+    keys.counters.received.fetch_add(1, Ordering::Relaxed);
+    Ok(envelope)
 }
 
 #[async_trait::async_trait]
@@ -310,31 +290,13 @@ impl Socket for SealedSocket {
             debug!(target: LOG, %to, "gossip not sent: no authenticated datagram came from this address yet");
             return Ok(SendOutcome { num_bytes_sent: 0 });
         }
-        // A send cancelled half-way (only at shutdown) may leave bytes
-        // behind: clear them so they are never sent to the wrong address.
-        while self.out_shim.try_recv(&mut self.buf).is_ok() {}
         let kind = match envelope.message {
             chitchat::ChitchatMessage::Syn { .. } => 0,
             chitchat::ChitchatMessage::SynAck { .. } => 1,
             chitchat::ChitchatMessage::Ack { .. } => 2,
             _ => 3,
         };
-        self.codec.send(self.out_shim_addr, envelope).await?;
-        let n = self
-            .out_shim
-            .recv(&mut self.buf)
-            .await
-            .context("gossip loopback receive")?;
-        let Some(sealed) = self.keys.seal(&self.buf[..n]) else {
-            anyhow::bail!("no nonce: the operating system's random generator failed");
-        };
-        if sealed.len() > MAX_DATAGRAM {
-            self.keys.counters.oversize.fetch_add(1, Ordering::Relaxed);
-            anyhow::bail!(
-                "sealed gossip datagram of {} bytes is too large",
-                sealed.len()
-            );
-        }
+        let sealed = seal_envelope(&self.keys, &mut self.plain, &envelope)?;
         let num_bytes_sent = self
             .outer
             .send_to(&sealed, to)
@@ -346,27 +308,30 @@ impl Socket for SealedSocket {
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
         loop {
-            // Both branches are cancel safe (chitchat cancels recv every
-            // gossip round); the codec goes first so a forwarded datagram
-            // is taken before the next one is opened.
-            let outer = tokio::select! {
-                biased;
-                r = self.codec.recv() => Err(r?),
-                r = self.outer.recv_from(&mut self.buf) => Ok(r),
-            };
-            match outer {
-                Err(mut got) => {
-                    let shim = self.in_shims.iter_mut().find(|s| s.addr == got.from_addr);
-                    if let Some(from) = shim.and_then(|s| s.from.take()) {
-                        got.from_addr = from;
-                        return Ok(got);
+            // Cancel safe (chitchat cancels recv every gossip round): a
+            // datagram is taken whole or not at all.
+            match self.outer.recv_from(&mut self.buf).await {
+                Ok((n, from)) => {
+                    match open_envelope(&self.keys, &self.bounds, &self.buf[..n], from) {
+                        Ok(envelope) => {
+                            self.heard_from(from);
+                            return Ok(RecvOutcome {
+                                from_addr: from,
+                                envelope,
+                                num_bytes_received: n,
+                            });
+                        }
+                        // Authenticated: whoever holds the key at that
+                        // address hears back, even when its content is
+                        // refused.
+                        Err(Dropped::Refused) => self.heard_from(from),
+                        Err(Dropped::Unauthenticated) => {}
                     }
                 }
-                Ok(Ok((n, from))) => self.forward(n, from),
-                Ok(Err(e)) if is_transient(&e) => {
+                Err(e) if is_transient(&e) => {
                     debug!(target: LOG, error = %e, "transient gossip recv error")
                 }
-                Ok(Err(e)) => return Err(e).context("fatal UDP recv error"),
+                Err(e) => return Err(e).context("fatal UDP recv error"),
             }
         }
     }
@@ -385,6 +350,8 @@ fn is_transient(e: &io::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use chitchat::{ChitchatMessage, ProtocolVersion};
 
     use super::*;
@@ -520,31 +487,45 @@ mod tests {
         assert!(kb.confirmed.is_confirmed(a_addr));
     }
 
-    #[tokio::test]
-    async fn a_local_process_writing_to_the_codec_is_not_heard() {
-        let lo: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
-        let (tb, keys) = transport(1);
-        let outer = tokio::net::UdpSocket::bind(lo).await.unwrap();
-        let mut b = SealedSocket::new(
-            outer,
-            keys,
-            Arc::new(Bounds::new(
-                "self",
-                1,
-                8,
-                std::time::Duration::from_millis(100),
-            )),
-        )
-        .await
-        .unwrap();
-        drop(tb);
-        let codec = Socket::local_addr(&b.codec).unwrap();
-        let raw = tokio::net::UdpSocket::bind(lo).await.unwrap();
-        raw.send_to(&[0x53, 0xb0, 0, 3], codec).await.unwrap();
-        let r = tokio::time::timeout(std::time::Duration::from_millis(300), b.recv()).await;
-        assert!(
-            r.is_err(),
-            "a datagram from outside the shims reached chitchat"
+    /// What both transports deliver: a sealed envelope opens to itself; a
+    /// datagram sealed with another key is unauthenticated; sealed bytes
+    /// that are no envelope are refused (counted out of bounds); a
+    /// datagram over the limit is never built.
+    #[test]
+    fn sealed_envelopes_open_to_themselves_and_the_rest_is_dropped_and_counted() {
+        let from: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let (_, ka) = transport(1);
+        let (_, kc) = transport(2);
+        let bounds = Bounds::new("self", 1, 8, std::time::Duration::from_millis(100));
+        let mut plain = Vec::new();
+        let sealed = seal_envelope(&ka, &mut plain, &bad_cluster()).unwrap();
+        assert_eq!(
+            open_envelope(&ka, &bounds, &sealed, from),
+            Ok(bad_cluster())
         );
+        assert_eq!(ka.counters.received.load(Ordering::Relaxed), 1);
+        let other = seal_envelope(&kc, &mut plain, &bad_cluster()).unwrap();
+        assert_eq!(
+            open_envelope(&ka, &bounds, &other, from),
+            Err(Dropped::Unauthenticated)
+        );
+        assert_eq!(ka.counters.unauthenticated.load(Ordering::Relaxed), 1);
+        // The right magic and version, an unknown message type.
+        let junk = ka.seal(&[0x53, 0xb0, 0, 9]).unwrap();
+        assert_eq!(
+            open_envelope(&ka, &bounds, &junk, from),
+            Err(Dropped::Refused)
+        );
+        assert_eq!(ka.counters.out_of_bounds.load(Ordering::Relaxed), 1);
+        assert_eq!(ka.counters.received.load(Ordering::Relaxed), 1);
+        let huge = ChitchatEnvelope {
+            version: ProtocolVersion::V0,
+            message: ChitchatMessage::Syn {
+                cluster_id: "c".repeat(MAX_DATAGRAM),
+                digest: Default::default(),
+            },
+        };
+        assert!(seal_envelope(&ka, &mut plain, &huge).is_err());
+        assert_eq!(ka.counters.oversize.load(Ordering::Relaxed), 1);
     }
 }

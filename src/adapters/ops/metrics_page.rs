@@ -71,7 +71,7 @@
 //! | `peerlb_members{status}` | gauge | members in this node's view by status (`serving`, `draining`, `offline`, `leaving`) |
 //! | `peerlb_gossip_messages_sent_total{kind}` | counter | gossip messages sent: `syn` (an exchange this node starts; a round starts one per peer it picks), `synack`, `ack`, `other` |
 //! | `peerlb_gossip_received_datagrams_total` | counter | gossip datagrams authenticated, in bounds and handed to chitchat |
-//! | `peerlb_gossip_dropped_datagrams_total{reason}` | counter | gossip datagrams dropped: `unauthenticated`, `out_of_bounds` (malformed or breaking a bound), `oversize`, `codec_busy` |
+//! | `peerlb_gossip_dropped_datagrams_total{reason}` | counter | gossip datagrams dropped: `unauthenticated`, `out_of_bounds` (malformed or breaking a bound), `oversize` |
 //! | `peerlb_view_version` | gauge | version of this node's membership view (a checksum that changes when the ring changes), printed as the exact integer |
 //! | `peerlb_view_info{version}` | gauge | always 1; the view version as a label, exact after Prometheus stores it (its samples are 64-bit floats, which round a checksum) |
 //! | `peerlb_build_info{version,commit}` | gauge | always 1; the crate version and the commit (`PEERLB_COMMIT` in the build's environment, else `unknown`) |
@@ -594,7 +594,6 @@ impl Snapshot {
                     ("unauthenticated", get(&g.unauthenticated)),
                     ("out_of_bounds", get(&g.out_of_bounds)),
                     ("oversize", get(&g.oversize)),
-                    ("codec_busy", get(&g.codec_busy)),
                 ]
                 .map(|(r, n)| (r.to_owned(), Counter(n))),
             ),

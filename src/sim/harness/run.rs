@@ -157,6 +157,14 @@ impl<'s> Run<'s> {
                     seed ^ generation.rotate_left(17) ^ xxhash_rust::xxh3::xxh3_64(id.as_bytes());
                 let gossip_keys =
                     Arc::new(GossipKeys::seeded(certs::gossip_keyring(seed), node_seed));
+                // The bounds production checks every datagram against
+                // (`Env::bind`), for this node.
+                let bounds = Arc::new(crate::adapters::cluster::bounds::Bounds::new(
+                    &id,
+                    generation,
+                    config.gossip.max_members,
+                    config.gossip.interval,
+                ));
                 let env = Env {
                     http_listeners: vec![Box::new(SimListener(listener))],
                     admin_listener: Some(Box::new(SimListener(admin))),
@@ -166,7 +174,7 @@ impl<'s> Run<'s> {
                     sip: None,
                     peer_socket: Arc::new(udp),
                     quic_runtime: Arc::new(quinn::TokioRuntime),
-                    gossip: Box::new(gossip.sealed(gossip_keys.clone())),
+                    gossip: Box::new(gossip.sealed(gossip_keys.clone(), bounds)),
                     gossip_keys,
                     clock: clock.clone(),
                     generation,

@@ -56,7 +56,11 @@ impl ChitchatEnvelope {
 
     /// Serializes the message. The protocol version is stamped in the header
     /// and drives the digest encoding.
-    pub(crate) fn serialize(&self, buf: &mut Vec<u8>) {
+    ///
+    /// Public in this vendored copy (upstream: `pub(crate)`), so that a
+    /// transport of its own (peerlb's sealed gossip) can put an envelope into
+    /// bytes and back without a loopback round trip through `UdpSocket`.
+    pub fn serialize(&self, buf: &mut Vec<u8>) {
         buf.extend(MAGIC_NUMBER.to_le_bytes());
         self.version.to_code().serialize(buf);
 
@@ -112,7 +116,11 @@ impl ChitchatEnvelope {
     /// The version is needed both to decode the digest and by the caller: a
     /// responder echoes it so its reply is encoded with a format the
     /// initiator is guaranteed to understand.
-    pub(crate) fn deserialize(buf: &mut &[u8]) -> anyhow::Result<Self> {
+    ///
+    /// # Errors
+    /// When `buf` is not one whole envelope (bad magic, version or type,
+    /// truncated). Public in this vendored copy, as [`Self::serialize`].
+    pub fn deserialize(buf: &mut &[u8]) -> anyhow::Result<Self> {
         if buf.len() < 3 {
             bail!("buffer too small to store the magic number and the protocol version");
         }
