@@ -274,6 +274,9 @@ struct NodeSlot {
     /// The app's slowdown factor, kept across restarts.
     slowdown: Arc<std::sync::atomic::AtomicU32>,
     registered: std::cell::Cell<bool>,
+    /// The gossip keys of each start of the node (their drop counters are
+    /// checked after the run).
+    gossip_keys: RefCell<Vec<Arc<crate::adapters::cluster::keyring::GossipKeys>>>,
 }
 
 /// Harness state shared with client hosts (one thread: `Rc<RefCell>`).

@@ -22,8 +22,8 @@
 //! confirms both ends: the probed member hears the prober too).
 //!
 //! Until [`Confirmed::gate`] is called (by the production transport),
-//! every address counts as confirmed: the simulation's transport carries
-//! tickets, not datagrams from addresses, and applies no bounds either.
+//! every address counts as confirmed: the simulation's transport applies
+//! the bounds but not this gate (every simulated member is real).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;

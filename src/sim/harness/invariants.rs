@@ -5,7 +5,8 @@
 //! node leaves every ring in time; a reweighted node gets its new share;
 //! a slow start's steps move keys only to the ramping node; sticky
 //! sessions stick unless their node died; the rings agree after the
-//! last fault; no node holds a ghost (an old generation) or a member twice.
+//! last fault; no node holds a ghost (an old generation) or a member twice;
+//! no gossip datagram of the (honest) cluster is dropped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -39,6 +40,7 @@ impl Run<'_> {
         self.check_inflight_bound(&records, &mut fig, &mut violations);
         self.check_convergence_at_end(&mut fig, &mut violations);
         self.check_members(&probe, &mut fig, &mut violations);
+        self.check_gossip_drops(&mut violations);
         self.outcome(simulated, wall, fig, violations)
     }
 
@@ -357,6 +359,29 @@ impl Run<'_> {
                     labels.last().map_or("", String::as_str),
                     self.views
                 )),
+            }
+        }
+    }
+
+    /// Every gossip datagram of the simulated cluster (all of its members
+    /// honest, sealed with one key) opened and passed the bounds
+    /// production applies: a drop means a bound refuses honest gossip.
+    fn check_gossip_drops(&self, violations: &mut Vec<String>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for slot in &self.slots {
+            for keys in slot.gossip_keys.borrow().iter() {
+                let c = &keys.counters;
+                let (forged, refused, oversize) = (
+                    c.unauthenticated.load(Relaxed),
+                    c.out_of_bounds.load(Relaxed),
+                    c.oversize.load(Relaxed),
+                );
+                if forged + refused + oversize > 0 {
+                    violations.push(format!(
+                        "{}: gossip datagrams dropped: {forged} unauthenticated, {refused} out of bounds, {oversize} oversize",
+                        slot.id
+                    ));
+                }
             }
         }
     }

@@ -76,6 +76,7 @@ impl<'s> Run<'s> {
                 sidecar: RefCell::new(None),
                 slowdown: Arc::new(std::sync::atomic::AtomicU32::new(1)),
                 registered: std::cell::Cell::new(false),
+                gossip_keys: RefCell::default(),
             }));
         }
         let converged = vec![None; scenario.faults.len() + 1];
@@ -138,6 +139,7 @@ impl<'s> Run<'s> {
             let gossip = gossip.clone();
             let id = s.id.clone();
             let slowdown = s.slowdown.clone();
+            let slot = s.clone();
             let trace = trace.clone();
             async move {
                 trace.register_host(&id);
@@ -157,6 +159,7 @@ impl<'s> Run<'s> {
                     seed ^ generation.rotate_left(17) ^ xxhash_rust::xxh3::xxh3_64(id.as_bytes());
                 let gossip_keys =
                     Arc::new(GossipKeys::seeded(certs::gossip_keyring(seed), node_seed));
+                slot.gossip_keys.borrow_mut().push(gossip_keys.clone());
                 // The bounds production checks every datagram against
                 // (`Env::bind`), for this node.
                 let bounds = Arc::new(crate::adapters::cluster::bounds::Bounds::new(
