@@ -183,7 +183,6 @@ impl SealedSocket {
             Err(e) => debug!(target: LOG, %to, error = %e, "gossip probe not sent"),
         }
     }
-
 }
 
 /// Why [`open_envelope`] dropped a datagram (each is counted in
