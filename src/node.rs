@@ -83,6 +83,9 @@ pub enum NodeError {
     /// A client listener's TLS configuration could not be made.
     #[error("listener tls: {0}")]
     EntryTlsConfig(rustls::Error),
+    /// The trust of `sip_app = "tls:..."` cannot be used (`[sips]`).
+    #[error(transparent)]
+    SipUpstreamTls(#[from] sip::UpstreamTlsError),
 }
 
 /// One peerlb node, built but not running.
@@ -253,21 +256,29 @@ impl Node {
         });
         let sip_upstream = match config.sip_app {
             SipAppKind::Builtin => None,
-            SipAppKind::Udp(addr) | SipAppKind::Tcp(addr) => Some(SipUpstream::new(
-                (
-                    match config.sip_app {
-                        SipAppKind::Tcp(_) => sip::SipTransport::Tcp,
-                        _ => sip::SipTransport::Udp,
-                    },
-                    addr,
-                ),
-                (
-                    sip_upstream::transaction_timeout(config.ingress.response_timeout),
-                    config.ingress.sip_timer_c,
-                ),
-                me.id.as_str(),
-                state.clone(),
-            )),
+            SipAppKind::Udp(addr) | SipAppKind::Tcp(addr) | SipAppKind::Tls(addr) => {
+                Some(SipUpstream::new(
+                    (
+                        match config.sip_app {
+                            SipAppKind::Tcp(_) => sip::SipTransport::Tcp,
+                            // SIPS wiring: the upstream's TLS trust (`[sips]`).
+                            SipAppKind::Tls(_) => sip::SipTransport::Tls(sip::UpstreamTls::load(
+                                config.sips.upstream_ca.as_deref().unwrap_or("".as_ref()),
+                                config.sips.upstream_server_name.as_deref(),
+                                addr.ip(),
+                            )?),
+                            _ => sip::SipTransport::Udp,
+                        },
+                        addr,
+                    ),
+                    (
+                        sip_upstream::transaction_timeout(config.ingress.response_timeout),
+                        config.ingress.sip_timer_c,
+                    ),
+                    me.id.as_str(),
+                    state.clone(),
+                ))
+            }
         };
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
         let owner = Arc::new(Owner::new(
@@ -355,6 +366,16 @@ impl Node {
                 .shared
                 .zip(config.shared_sip_listen)
                 .map(|((udp, tcp), a)| (udp, tcp, a));
+            // SIPS wiring: the sips_addr listener, over TLS, on the TCP path.
+            if let (Some(l), Some(local), Some(certs)) =
+                (sockets.sips, me.sips_addr, &config.sips.certs)
+            {
+                let acceptor = sip::sips_acceptor(entry_tls::EntryCerts::load(certs)?)
+                    .map_err(NodeError::EntryTlsConfig)?;
+                let serve =
+                    sip::serve_tcp(l, local, Some(acceptor), entry.clone(), stop_rx.clone());
+                listeners.push(tokio::spawn(serve));
+            }
             for (udp, tcp, local) in std::iter::once((sockets.udp, sockets.tcp, addr)).chain(shared)
             {
                 listeners.push(tokio::spawn(sip::serve_udp(
@@ -366,6 +387,7 @@ impl Node {
                 listeners.push(tokio::spawn(sip::serve_tcp(
                     tcp,
                     local,
+                    None,
                     entry.clone(),
                     stop_rx.clone(),
                 )));

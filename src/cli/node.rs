@@ -125,10 +125,13 @@ pub(crate) fn read_files(
             "tls: {e} (create the certificates with `peerlb certs`)"
         )));
     }
-    for l in [&config.listener, &config.shared_listener] {
-        if let Some(t) = &l.tls
-            && let Err(e) = tls::check_entry_files(t)
-        {
+    let sips = config.sips.certs.as_ref();
+    for t in [&config.listener.tls, &config.shared_listener.tls]
+        .into_iter()
+        .flatten()
+        .chain(sips)
+    {
+        if let Err(e) = tls::check_entry_files(t) {
             return Err(config_error(e));
         }
     }

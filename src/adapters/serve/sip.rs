@@ -20,7 +20,7 @@ use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage};
 
 mod upstream;
 
-pub(crate) use upstream::{SipUpstream, Transport as SipTransport};
+pub(crate) use upstream::{SipUpstream, Transport as SipTransport, UpstreamTls, UpstreamTlsError};
 
 /// The SIP server of one node: the built-in demo server (`engine::sip`
 /// `uas`), with the dialogs it established, or a relay to an upstream SIP

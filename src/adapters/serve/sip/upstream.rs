@@ -38,7 +38,7 @@ use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, StartLine};
 mod link;
 
 use link::Link;
-pub(crate) use link::Transport;
+pub(crate) use link::{Transport, UpstreamTls, UpstreamTlsError};
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -172,7 +172,7 @@ impl SipUpstream {
             completed: self.completed.clone(),
             epoch: self.epoch,
         };
-        let l = Arc::new(link::open(self.transport, self.addr, self.timeout, readers).await?);
+        let l = Arc::new(link::open(&self.transport, self.addr, self.timeout, readers).await?);
         *held = Some(l.clone());
         Ok(l)
     }
