@@ -82,6 +82,9 @@ pub struct SipSockets {
     pub shared: Option<(tokio::net::UdpSocket, Box<dyn HttpListener>)>,
     /// SIP over TLS on `sips_addr` (TCP); `None` without one.
     pub sips: Option<Box<dyn HttpListener>>,
+    /// The shared SIPS address (`--shared-sips-listen`), TCP with
+    /// SO_REUSEPORT; `None` without one.
+    pub shared_sips: Option<Box<dyn HttpListener>>,
 }
 
 /// A socket could not be bound.
@@ -146,6 +149,10 @@ impl Env {
                     sips: n
                         .sips_addr
                         .map(|a| listener(a, false, "sips_addr"))
+                        .transpose()?,
+                    shared_sips: config
+                        .shared_sips_listen
+                        .map(|a| listener(a, true, "shared sips listen address"))
                         .transpose()?,
                 })
             }

@@ -372,9 +372,12 @@ impl Node {
             {
                 let acceptor = sip::sips_acceptor(entry_tls::EntryCerts::load(certs)?)
                     .map_err(NodeError::EntryTlsConfig)?;
-                let serve =
-                    sip::serve_tcp(l, local, Some(acceptor), entry.clone(), stop_rx.clone());
-                listeners.push(tokio::spawn(serve));
+                let shared = sockets.shared_sips.zip(config.shared_sips_listen);
+                for (l, local) in std::iter::once((l, local)).chain(shared) {
+                    let tls = Some(acceptor.clone());
+                    let serve = sip::serve_tcp(l, local, tls, entry.clone(), stop_rx.clone());
+                    listeners.push(tokio::spawn(serve));
+                }
             }
             for (udp, tcp, local) in std::iter::once((sockets.udp, sockets.tcp, addr)).chain(shared)
             {

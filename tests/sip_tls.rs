@@ -8,6 +8,8 @@
 //! own connection or through another node, gets 200 and its INVITE 487,
 //! the server seeing one INVITE transaction (the Record-Route then
 //! `sip:...;transport=tls`); an RFC 5626 ping inside TLS is answered;
+//! calls through the shared SIPS address (SO_REUSEPORT) complete on more
+//! than one entry;
 //! `sip_app = "tls:<ip>:<port>"` reaches a server behind TLS that chains
 //! to `[sips] upstream_ca`, and one that does not chain to it is not
 //! reached (503); the config errors name their field.
@@ -226,6 +228,58 @@ fn a_sips_call_through_each_node_completes_with_a_sips_record_route_and_a_tls_vi
     }
 }
 
+/// SIPS through the shared address every node listens on (the kernel as
+/// sprayer, as under `peerlb up` with `sips_sprayer_addr`): calls on new
+/// connections complete, spread over more than one entry node, the
+/// Record-Route naming the shared address.
+#[test]
+fn sips_calls_through_the_shared_address_complete_on_any_entry() {
+    let dir = temp_dir("sips-shared-certs");
+    let (ca, cert, key) = ca_and_leaf(&dir, "sips");
+    let uas = StrictUas::start();
+    let c = cluster(
+        "sips-shared",
+        &format!("udp:{}", uas.addr),
+        (&cert, &key),
+        "",
+    );
+    let shared = c.shared_sips.expect("a shared SIPS address");
+    let entered = |c: &Cluster| -> Vec<u64> {
+        c.nodes
+            .iter()
+            .map(|n| counter(n.http, "sip_requests"))
+            .collect()
+    };
+    let before = entered(&c);
+    for i in 0..24 {
+        let mut conn = TlsSip::connect(shared, &ca);
+        let call = format!("sips-shared{i}");
+        let invite = request("INVITE", "bob", &call, 1, ("TLS", conn.local), &call, "").replacen(
+            "INVITE sip:",
+            "INVITE sips:",
+            1,
+        );
+        conn.send(&invite);
+        let mut last = None;
+        while let Some(a) = conn.next(Duration::from_secs(10)) {
+            if status(&a) >= 200 {
+                last = Some(a);
+                break;
+            }
+        }
+        let ok = last.expect("a final answer");
+        assert_eq!(status(&ok), 200, "{ok}");
+        let rr = header(&ok, "record-route").unwrap();
+        assert!(rr.starts_with(&format!("<sips:{shared};lr;")), "{rr}");
+    }
+    let after = entered(&c);
+    let entries = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+    assert!(
+        entries >= 2,
+        "the kernel spread 24 connections over {entries} node(s)"
+    );
+}
+
 /// The CANCEL of a ringing INVITE over TLS, on the INVITE's own
 /// connection or on a TLS connection to another node, gets 200 and the
 /// INVITE 487; the server sees one INVITE and answers no CANCEL 481.
@@ -440,6 +494,14 @@ fn bad_sips_config_exits_64_naming_the_field() {
         (
             node("sips_addr = \"nowhere\"\n"),
             "nodes[0].sips_addr: \"nowhere\" is neither an ip:port socket address nor an IP",
+        ),
+        (
+            format!("sips_sprayer_addr = \"127.0.0.1\"\n{}", node("")),
+            "sips_sprayer_addr: no node has a sips_addr, so no node would listen there",
+        ),
+        (
+            format!("sips_sprayer_addr = \"0.0.0.0\"\n{}", node("")),
+            "sips_sprayer_addr: 0.0.0.0:5061: clients are sent this address in Record-Route",
         ),
         (
             format!("[sips]\ncert = \"a.pem\"\n{}", node("")),

@@ -59,6 +59,10 @@ pub(crate) struct NodeArgs {
     /// SO_REUSEPORT (a node with a sip_addr only).
     #[arg(long, env = "PEERLB_SHARED_SIP_LISTEN")]
     shared_sip_listen: Option<String>,
+    /// Also accept SIPS (SIP over TLS) on this address, shared with
+    /// SO_REUSEPORT (a node with a sips_addr only).
+    #[arg(long, env = "PEERLB_SHARED_SIPS_LISTEN")]
+    shared_sips_listen: Option<String>,
     /// Serve HTTPS on every client listener with this PEM certificate
     /// chain (with --tls-key), replacing [listener.tls]'s default one.
     #[arg(long, env = "PEERLB_TLS_CERT", requires = "tls_key")]
@@ -89,6 +93,7 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         app: a.app,
         shared_listen: a.shared_listen,
         shared_sip_listen: a.shared_sip_listen,
+        shared_sips_listen: a.shared_sips_listen,
         tls_cert: a.tls_cert.zip(a.tls_key),
     };
     let mut config = match file.validate(&src, &a.node, &ov) {

@@ -41,6 +41,11 @@ pub struct ClusterFile {
     /// `Record-Route` of the dialogs that enter through it.
     #[serde(default)]
     pub sip_sprayer_addr: Option<String>,
+    /// The SIPS address the sprayer exposes (`ip:port`, or an IP for port
+    /// 5061; TCP); `peerlb up` binds every node that has a `sips_addr`
+    /// there too, with SO_REUSEPORT (`--shared-sips-listen`).
+    #[serde(default)]
+    pub sips_sprayer_addr: Option<String>,
     /// Gossip seed addresses (`host:port`); empty means every node's `gossip_addr`.
     #[serde(default)]
     pub seeds: Vec<String>,
@@ -706,6 +711,10 @@ pub struct Overrides {
     /// SIP (UDP and TCP) on this address with SO_REUSEPORT (what `peerlb
     /// up` passes a node with a `sip_addr`: `sip_sprayer_addr`).
     pub shared_sip_listen: Option<String>,
+    /// `--shared-sips-listen` / `PEERLB_SHARED_SIPS_LISTEN`: also listen
+    /// for SIPS on this address with SO_REUSEPORT (what `peerlb up`
+    /// passes a node with a `sips_addr`: `sips_sprayer_addr`).
+    pub shared_sips_listen: Option<String>,
     /// `--tls-cert` / `PEERLB_TLS_CERT` with `--tls-key` /
     /// `PEERLB_TLS_KEY`: serve HTTPS with this certificate and key on every
     /// client listener (what `peerlb up --https` passes), replacing

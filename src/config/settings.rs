@@ -169,6 +169,9 @@ pub struct NodeConfig {
     /// Extra SIP listener (UDP and TCP) shared with SO_REUSEPORT, if any
     /// (`--shared-sip-listen`); only on a node with a `sip_addr`.
     pub shared_sip_listen: Option<SocketAddr>,
+    /// Extra SIPS listener (TCP) shared with SO_REUSEPORT, if any
+    /// (`--shared-sips-listen`); only on a node with a `sips_addr`.
+    pub shared_sips_listen: Option<SocketAddr>,
     /// The app (`app`, `--app`).
     pub app: AppKind,
     /// The SIP server the node answers the SIP requests it owns with

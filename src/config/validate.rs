@@ -47,6 +47,7 @@ impl ClusterFile {
             parse_addr(s).map_err(|m| inv("sprayer_addr", m))?;
         }
         sips::check_sip_sprayer(self).map_err(|m| inv("sip_sprayer_addr", m))?;
+        sips::check_sips_sprayer(self).map_err(|m| inv("sips_sprayer_addr", m))?;
         if !(1..=4096).contains(&self.ring.vnodes) {
             return Err(inv(
                 "ring.vnodes",
@@ -634,6 +635,9 @@ impl ClusterFile {
                 return Err(inv("--shared-sip-listen", m));
             }
         }
+        let shared_sips_listen = ov.shared_sips_listen.as_deref();
+        let shared_sips_listen = sips::shared_listen(shared_sips_listen, &me, shared_sip_listen)
+            .map_err(|m| inv("--shared-sips-listen", m))?;
         let seeds = if self.seeds.is_empty() {
             nodes
                 .iter()
@@ -670,6 +674,7 @@ impl ClusterFile {
             nodes,
             shared_listen,
             shared_sip_listen,
+            shared_sips_listen,
             app,
             sip_app: parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?,
             sips: sips::settings(&self.sips, sips_addr, listener.tls.as_ref(), &src.base_dir),

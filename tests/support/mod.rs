@@ -176,6 +176,9 @@ pub struct Cluster {
     /// The shared SIP address every node also listens on
     /// (`--shared-sip-listen`), from [`Cluster::start_sip_shared`].
     pub shared_sip: Option<SocketAddr>,
+    /// The shared SIPS address every node also listens on
+    /// (`--shared-sips-listen`), from [`Cluster::start_sips`].
+    pub shared_sips: Option<SocketAddr>,
     /// Extra `peerlb` arguments every node starts with.
     pub args: Vec<String>,
     /// Sockets that keep a killed node's addresses taken until it is
@@ -236,7 +239,9 @@ impl Cluster {
     }
 
     /// Like [`Cluster::start_sip`], every node with a `sips_addr` too
-    /// ([`NodeInfo::sips`]); `extra_head` or `extra_tail` gives `[sips]`.
+    /// ([`NodeInfo::sips`]) and all on one shared SIPS address with
+    /// SO_REUSEPORT ([`Cluster::shared_sips`]); `extra_head` or
+    /// `extra_tail` gives `[sips]`.
     pub fn start_sips(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
         Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, Sip::Tls)
     }
@@ -345,6 +350,8 @@ impl Cluster {
             shared,
             shared_sip: (sip == Sip::Shared)
                 .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+            shared_sips: (sip == Sip::Tls)
+                .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             args: args.iter().map(|a| a.to_string()).collect(),
             held: BTreeMap::new(),
             nofile: None,
@@ -374,6 +381,9 @@ impl Cluster {
         }
         if let Some(s) = self.shared_sip {
             cmd.arg("--shared-sip-listen").arg(s.to_string());
+        }
+        if let Some(s) = self.shared_sips {
+            cmd.arg("--shared-sips-listen").arg(s.to_string());
         }
         cmd.args(&self.args);
         if let Some(n) = self.nofile {

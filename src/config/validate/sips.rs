@@ -50,6 +50,56 @@ pub(super) fn check_sip_sprayer(file: &ClusterFile) -> Result<(), String> {
     Ok(())
 }
 
+/// `sips_sprayer_addr`'s own rules: as `sips_addr` (an IP alone for
+/// port 5061), advertisable (not `0.0.0.0` or `::`), not `sprayer_addr`
+/// nor `sip_sprayer_addr` (TCP would share the port), and some node has
+/// a `sips_addr`. The message.
+pub(super) fn check_sips_sprayer(file: &ClusterFile) -> Result<(), String> {
+    let Some(s) = &file.sips_sprayer_addr else {
+        return Ok(());
+    };
+    let a = parse_sips_addr(s)?;
+    super::addrs::shared_sip_problem(a)?;
+    let parsed = |v: &Option<String>| v.as_deref().and_then(|h| super::addrs::parse_addr(h).ok());
+    for (k, v) in [
+        ("sprayer_addr", &file.sprayer_addr),
+        ("sip_sprayer_addr", &file.sip_sprayer_addr),
+    ] {
+        if parsed(v) == Some(a) {
+            return Err(format!("{a} is also {k} (TCP would share its port)"));
+        }
+    }
+    if file.nodes.iter().all(|n| n.sips_addr.is_none()) {
+        return Err("no node has a sips_addr, so no node would listen there".into());
+    }
+    Ok(())
+}
+
+/// `--shared-sips-listen` of node `me` as given (`given`; an IP alone
+/// for port 5061): only on a node with a `sips_addr`, advertisable, and
+/// none of its own addresses nor `--shared-sip-listen`. The message.
+pub(super) fn shared_listen(
+    given: Option<&str>,
+    me: &super::super::NodeAddrs,
+    shared_sip: Option<SocketAddr>,
+) -> Result<Option<SocketAddr>, String> {
+    let Some(s) = given else {
+        return Ok(None);
+    };
+    let a = parse_sips_addr(s)?;
+    super::addrs::shared_sip_problem(a)?;
+    if me.sips_addr.is_none() {
+        return Err("this node has no sips_addr (only a node that serves SIPS joins the shared SIPS address)".into());
+    }
+    if let Some((_, k)) = super::addrs::used_by(std::slice::from_ref(me), a) {
+        return Err(format!("{a} is this node's {k}"));
+    }
+    if shared_sip == Some(a) {
+        return Err(format!("{a} is also --shared-sip-listen"));
+    }
+    Ok(Some(a))
+}
+
 /// The `[sips]` rules independent of the node that runs: `cert` and `key`
 /// set together and not empty; with `sip_app = "tls:..."`, an
 /// `upstream_ca`; with any `sips_addr`, a certificate (`[sips]`'s or
