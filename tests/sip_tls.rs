@@ -496,6 +496,13 @@ fn bad_sips_config_exits_64_naming_the_field() {
             "nodes[0].sips_addr: \"nowhere\" is neither an ip:port socket address nor an IP",
         ),
         (
+            format!(
+                "sip_app = \"tls:127.0.0.1:5061\"\n[sips]\nupstream_ca = \"no-such-dir/none-ca.pem\"\n{}",
+                node("")
+            ),
+            "/no-such-dir/none-ca.pem: I/O error",
+        ),
+        (
             format!("sips_sprayer_addr = \"127.0.0.1\"\n{}", node("")),
             "sips_sprayer_addr: no node has a sips_addr, so no node would listen there",
         ),
@@ -527,9 +534,9 @@ fn bad_sips_config_exits_64_naming_the_field() {
             .arg(&file)
             .output()
             .unwrap();
-        assert!(certs.status.success() || !says.ends_with(".pem"));
+        assert!(certs.status.success() || !says.contains(".pem"));
         let mut runs = vec![vec!["node", "--node", "n1", "--config"]];
-        if !says.ends_with(".pem") {
+        if !says.contains(".pem") {
             runs.push(vec!["check-config", "--config"]);
         }
         for args in runs {

@@ -140,6 +140,7 @@ pub(crate) fn read_files(
             return Err(config_error(e));
         }
     }
+    tls::check_sip_upstream(config).map_err(config_error)?;
     peerlb::keyring::Keyring::load(&config.tls.gossip_keyring)
         .map_err(|e| config_error(format!("tls.gossip_keyring: {e}")))
 }

@@ -127,6 +127,22 @@ impl SipApp {
     }
 }
 
+/// Checks the trust of `sip_app = "tls:..."` (`[sips] upstream_ca` and
+/// `upstream_server_name`) as the node will use it, before it binds
+/// anything; nothing to check for another `sip_app`.
+///
+/// # Errors
+/// What is wrong, naming the field (`sips.upstream_ca: ...`).
+pub fn check_upstream_tls(config: &crate::config::NodeConfig) -> Result<(), String> {
+    let crate::config::SipAppKind::Tls(addr) = config.sip_app else {
+        return Ok(());
+    };
+    let ca = config.sips.upstream_ca.as_deref().unwrap_or("".as_ref());
+    UpstreamTls::load(ca, config.sips.upstream_server_name.as_deref(), addr.ip())
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 /// Where a SIP transaction hands each answer, as it comes.
 pub(crate) type Emit<'a> = dyn Fn(&SipMessage) + Send + Sync + 'a;
 
