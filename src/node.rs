@@ -22,7 +22,7 @@ use crate::adapters::serve::app::App;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::transport::tls::{self, TlsMaterial};
-use crate::config::{NodeConfig, SipAppKind};
+use crate::config::NodeConfig;
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
@@ -254,32 +254,17 @@ impl Node {
             let state = state.clone();
             tokio::spawn(async move { state.ramp_weight().await })
         });
-        let sip_upstream = match config.sip_app {
-            SipAppKind::Builtin => None,
-            SipAppKind::Udp(addr) | SipAppKind::Tcp(addr) | SipAppKind::Tls(addr) => {
-                Some(SipUpstream::new(
-                    (
-                        match config.sip_app {
-                            SipAppKind::Tcp(_) => sip::SipTransport::Tcp,
-                            // SIPS wiring: the upstream's TLS trust (`[sips]`).
-                            SipAppKind::Tls(_) => sip::SipTransport::Tls(sip::UpstreamTls::load(
-                                config.sips.upstream_ca.as_deref().unwrap_or("".as_ref()),
-                                config.sips.upstream_server_name.as_deref(),
-                                addr.ip(),
-                            )?),
-                            _ => sip::SipTransport::Udp,
-                        },
-                        addr,
-                    ),
-                    (
-                        sip_upstream::transaction_timeout(config.ingress.response_timeout),
-                        config.ingress.sip_timer_c,
-                    ),
-                    me.id.as_str(),
-                    state.clone(),
-                ))
-            }
-        };
+        let sip_upstream = sip::upstream_of(&config)?.map(|transport_addr| {
+            SipUpstream::new(
+                transport_addr,
+                (
+                    sip_upstream::transaction_timeout(config.ingress.response_timeout),
+                    config.ingress.sip_timer_c,
+                ),
+                me.id.as_str(),
+                state.clone(),
+            )
+        });
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
         let owner = Arc::new(Owner::new(
             state.clone(),

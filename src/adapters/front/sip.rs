@@ -60,7 +60,7 @@ use crate::engine::sip::{
 };
 
 pub(crate) use crate::adapters::serve::sip::{
-    Emit, SipApp, SipTransport, SipUpstream, UpstreamTls, UpstreamTlsError,
+    Emit, SipApp, SipUpstream, UpstreamTlsError, upstream_of,
 };
 pub(crate) use tcp::{TcpLimits, serve_tcp, sips_acceptor};
 

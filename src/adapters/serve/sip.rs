@@ -127,6 +127,27 @@ impl SipApp {
     }
 }
 
+/// The transport and address of `config`'s `sip_app`, `None` for the
+/// built-in server; a `tls:` one with its trust (`[sips]`).
+///
+/// # Errors
+/// [`UpstreamTlsError`] when that trust cannot be used.
+pub(crate) fn upstream_of(
+    config: &crate::config::NodeConfig,
+) -> Result<Option<(SipTransport, SocketAddr)>, UpstreamTlsError> {
+    use crate::config::SipAppKind as K;
+    Ok(match config.sip_app {
+        K::Builtin => None,
+        K::Udp(a) => Some((SipTransport::Udp, a)),
+        K::Tcp(a) => Some((SipTransport::Tcp, a)),
+        K::Tls(a) => {
+            let ca = config.sips.upstream_ca.as_deref().unwrap_or("".as_ref());
+            let name = config.sips.upstream_server_name.as_deref();
+            Some((SipTransport::Tls(UpstreamTls::load(ca, name, a.ip())?), a))
+        }
+    })
+}
+
 /// Checks the trust of `sip_app = "tls:..."` (`[sips] upstream_ca` and
 /// `upstream_server_name`) as the node will use it, before it binds
 /// anything; nothing to check for another `sip_app`.
@@ -134,13 +155,7 @@ impl SipApp {
 /// # Errors
 /// What is wrong, naming the field (`sips.upstream_ca: ...`).
 pub fn check_upstream_tls(config: &crate::config::NodeConfig) -> Result<(), String> {
-    let crate::config::SipAppKind::Tls(addr) = config.sip_app else {
-        return Ok(());
-    };
-    let ca = config.sips.upstream_ca.as_deref().unwrap_or("".as_ref());
-    UpstreamTls::load(ca, config.sips.upstream_server_name.as_deref(), addr.ip())
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    upstream_of(config).map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Where a SIP transaction hands each answer, as it comes.
