@@ -37,13 +37,13 @@ mod validate;
 pub use model::{
     BalanceSection, CertPairSpec, ClusterFile, GossipSection, HeadersSection, LimitsSection,
     ListenerSection, ListenerTlsSection, NodeSpec, Overrides, PeerSection, RingSection,
-    SessionSection, StickySection, TlsSection,
+    SessionSection, SipsSection, StickySection, TlsSection,
 };
 pub use settings::{
     ADMIN_PORT_OFFSET, AppAddr, AppKind, BindAddrs, CertFiles, ClientAuth, GossipSettings,
     IngressSettings, LifecycleSettings, ListenerSettings, ListenerTls, MetricSettings, NodeAddrs,
-    NodeConfig, PeerSettings, RoutingSettings, SipAppKind, StateSignatures, TlsPaths, UpstreamApp,
-    default_admin_addr,
+    NodeConfig, PeerSettings, RoutingSettings, SipAppKind, SipsSettings, StateSignatures, TlsPaths,
+    UpstreamApp, default_admin_addr,
 };
 
 /// The embedded default `cluster.toml`: a local 3-node cluster on 127.0.0.1

@@ -80,6 +80,11 @@ pub struct SipSockets {
     /// The shared SIP address (`--shared-sip-listen`), UDP and TCP, both
     /// bound with SO_REUSEPORT; `None` without one.
     pub shared: Option<(tokio::net::UdpSocket, Box<dyn HttpListener>)>,
+    /// SIP over TLS on `sips_addr` (TCP); `None` without one.
+    pub sips: Option<Box<dyn HttpListener>>,
+    /// The shared SIPS address (`--shared-sips-listen`), TCP with
+    /// SO_REUSEPORT; `None` without one.
+    pub shared_sips: Option<Box<dyn HttpListener>>,
 }
 
 /// A socket could not be bound.
@@ -141,6 +146,14 @@ impl Env {
                     udp: tokio::net::UdpSocket::from_std(udp).map_err(err("sip_addr", addr))?,
                     tcp: listener(addr, false, "sip_addr")?,
                     shared,
+                    sips: n
+                        .sips_addr
+                        .map(|a| listener(a, false, "sips_addr"))
+                        .transpose()?,
+                    shared_sips: config
+                        .shared_sips_listen
+                        .map(|a| listener(a, true, "shared sips listen address"))
+                        .transpose()?,
                 })
             }
             None => None,

@@ -123,5 +123,7 @@ pub mod tls {
     #[doc(inline)]
     pub use crate::adapters::http::entry_tls as entry;
     #[doc(inline)]
+    pub use crate::adapters::serve::sip::check_upstream_tls as check_sip_upstream;
+    #[doc(inline)]
     pub use crate::adapters::transport::tls::*;
 }

@@ -22,7 +22,7 @@ use crate::adapters::serve::app::App;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::transport::tls::{self, TlsMaterial};
-use crate::config::{NodeConfig, SipAppKind};
+use crate::config::NodeConfig;
 use crate::engine::balance::metric::{MetricSmoother, raw_metric};
 use crate::engine::membership::{Member, MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
@@ -83,6 +83,9 @@ pub enum NodeError {
     /// A client listener's TLS configuration could not be made.
     #[error("listener tls: {0}")]
     EntryTlsConfig(rustls::Error),
+    /// The trust of `sip_app = "tls:..."` cannot be used (`[sips]`).
+    #[error(transparent)]
+    SipUpstreamTls(#[from] sip::UpstreamTlsError),
 }
 
 /// One peerlb node, built but not running.
@@ -251,24 +254,17 @@ impl Node {
             let state = state.clone();
             tokio::spawn(async move { state.ramp_weight().await })
         });
-        let sip_upstream = match config.sip_app {
-            SipAppKind::Builtin => None,
-            SipAppKind::Udp(addr) | SipAppKind::Tcp(addr) => Some(SipUpstream::new(
-                (
-                    match config.sip_app {
-                        SipAppKind::Tcp(_) => sip::SipTransport::Tcp,
-                        _ => sip::SipTransport::Udp,
-                    },
-                    addr,
-                ),
+        let sip_upstream = sip::upstream_of(&config)?.map(|transport_addr| {
+            SipUpstream::new(
+                transport_addr,
                 (
                     sip_upstream::transaction_timeout(config.ingress.response_timeout),
                     config.ingress.sip_timer_c,
                 ),
                 me.id.as_str(),
                 state.clone(),
-            )),
-        };
+            )
+        });
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
         let owner = Arc::new(Owner::new(
             state.clone(),
@@ -355,6 +351,19 @@ impl Node {
                 .shared
                 .zip(config.shared_sip_listen)
                 .map(|((udp, tcp), a)| (udp, tcp, a));
+            // SIPS wiring: the sips_addr listener, over TLS, on the TCP path.
+            if let (Some(l), Some(local), Some(certs)) =
+                (sockets.sips, me.sips_addr, &config.sips.certs)
+            {
+                let acceptor = sip::sips_acceptor(entry_tls::EntryCerts::load(certs)?)
+                    .map_err(NodeError::EntryTlsConfig)?;
+                let shared = sockets.shared_sips.zip(config.shared_sips_listen);
+                for (l, local) in std::iter::once((l, local)).chain(shared) {
+                    let tls = Some(acceptor.clone());
+                    let serve = sip::serve_tcp(l, local, tls, entry.clone(), stop_rx.clone());
+                    listeners.push(tokio::spawn(serve));
+                }
+            }
             for (udp, tcp, local) in std::iter::once((sockets.udp, sockets.tcp, addr)).chain(shared)
             {
                 listeners.push(tokio::spawn(sip::serve_udp(
@@ -366,6 +375,7 @@ impl Node {
                 listeners.push(tokio::spawn(sip::serve_tcp(
                     tcp,
                     local,
+                    None,
                     entry.clone(),
                     stop_rx.clone(),
                 )));

@@ -454,3 +454,64 @@ fn a_request_from_the_server_to_a_tcp_caller_goes_over_tcp_and_its_200_comes_bac
         [format!("SIP/2.0/UDP {me};branch=z9hG4bKsrvbye1")]
     );
 }
+
+/// A caller that answers a request of the server (relayed toward it by
+/// the node the server sent it to) at a SIP listener instead of the
+/// relaying socket's address, this node's or another node's: the answer
+/// reaches the relay, and the server gets it once, its own Via only.
+#[test]
+fn a_callers_answer_sent_to_a_listener_reaches_the_server_once() {
+    let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = server.local_addr().unwrap();
+    let c = Cluster::start_sip(
+        "sip-tx-callee-stray",
+        3,
+        &format!("sip_app = \"udp:{me}\""),
+        "",
+    );
+    let caller = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = caller.local_addr().unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    // The answer to n1's relay sent to n2's listener, then to n1's own.
+    for (i, answer_to) in [(0, 1), (1, 0)] {
+        let call = format!("callee-stray{i}");
+        let bye = format!(
+            "BYE sip:alice@{at} SIP/2.0\r\n\
+             Via: SIP/2.0/UDP {me};branch=z9hG4bKsrvstray{i}\r\nMax-Forwards: 70\r\n\
+             From: <sip:bob@test>;tag=uas\r\nTo: <sip:alice@test>;tag=a1\r\nCall-ID: {call}\r\n\
+             CSeq: 5 BYE\r\nContent-Length: 0\r\n\r\n"
+        );
+        server
+            .send_to(bye.as_bytes(), c.nodes[0].sip.unwrap())
+            .unwrap();
+        let got = gather(&caller, Duration::from_secs(10), |a| !a.is_empty());
+        let got = &got.first().expect("the relayed BYE").1;
+        assert!(got.starts_with("BYE sip:alice@"), "{got}");
+        assert!(
+            top_branch(got).starts_with("z9hG4bK-plbc-") && top_branch(got).ends_with("-n1"),
+            "{got}"
+        );
+        let ok = answer(got, 200, at);
+        caller
+            .send_to(ok.as_bytes(), c.nodes[answer_to].sip.unwrap())
+            .unwrap();
+        // Everything the server gets for 3 s: the 200 once (the relay
+        // resends nothing after a final answer).
+        let mut answers = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut buf = vec![0u8; 65_536];
+        while Instant::now() < deadline {
+            if let Ok((n, _)) = server.recv_from(&mut buf) {
+                answers.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        let oks: Vec<&String> = answers.iter().filter(|a| status(a) == 200).collect();
+        assert_eq!(oks.len(), 1, "through n{}: {answers:?}", answer_to + 1);
+        assert_eq!(
+            all_headers(oks[0], "via"),
+            [format!("SIP/2.0/UDP {me};branch=z9hG4bKsrvstray{i}")]
+        );
+    }
+}

@@ -451,8 +451,12 @@ fn a_bad_sip_app_exits_64_naming_the_field() {
     let dir = temp_dir("sip-app-config");
     for (value, says) in [
         (
+            "sctp:127.0.0.1:5070",
+            "sip_app: \"sctp:127.0.0.1:5070\" is none of \"builtin\", udp:<ip>:<port>, tcp:<ip>:<port>, tls:<ip>:<port>",
+        ),
+        (
             "tls:127.0.0.1:5070",
-            "sip_app: \"tls:127.0.0.1:5070\" is neither \"builtin\" nor udp:<ip>:<port> nor tcp:<ip>:<port>",
+            "sips.upstream_ca: is required with sip_app = \"tls:...\"",
         ),
         (
             "tcp:127.0.0.1:0",

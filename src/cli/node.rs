@@ -59,6 +59,10 @@ pub(crate) struct NodeArgs {
     /// SO_REUSEPORT (a node with a sip_addr only).
     #[arg(long, env = "PEERLB_SHARED_SIP_LISTEN")]
     shared_sip_listen: Option<String>,
+    /// Also accept SIPS (SIP over TLS) on this address, shared with
+    /// SO_REUSEPORT (a node with a sips_addr only).
+    #[arg(long, env = "PEERLB_SHARED_SIPS_LISTEN")]
+    shared_sips_listen: Option<String>,
     /// Serve HTTPS on every client listener with this PEM certificate
     /// chain (with --tls-key), replacing [listener.tls]'s default one.
     #[arg(long, env = "PEERLB_TLS_CERT", requires = "tls_key")]
@@ -89,6 +93,7 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         app: a.app,
         shared_listen: a.shared_listen,
         shared_sip_listen: a.shared_sip_listen,
+        shared_sips_listen: a.shared_sips_listen,
         tls_cert: a.tls_cert.zip(a.tls_key),
     };
     let mut config = match file.validate(&src, &a.node, &ov) {
@@ -125,13 +130,17 @@ pub(crate) fn read_files(
             "tls: {e} (create the certificates with `peerlb certs`)"
         )));
     }
-    for l in [&config.listener, &config.shared_listener] {
-        if let Some(t) = &l.tls
-            && let Err(e) = tls::check_entry_files(t)
-        {
+    let sips = config.sips.certs.as_ref();
+    for t in [&config.listener.tls, &config.shared_listener.tls]
+        .into_iter()
+        .flatten()
+        .chain(sips)
+    {
+        if let Err(e) = tls::check_entry_files(t) {
             return Err(config_error(e));
         }
     }
+    tls::check_sip_upstream(config).map_err(config_error)?;
     peerlb::keyring::Keyring::load(&config.tls.gossip_keyring)
         .map_err(|e| config_error(format!("tls.gossip_keyring: {e}")))
 }

@@ -77,6 +77,7 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
     };
     let sprayer = file.sprayer_addr.clone();
     let sip_sprayer = file.sip_sprayer_addr.clone();
+    let sips_sprayer = file.sips_sprayer_addr.clone();
     let exe = std::env::current_exe().context("locating the peerlb binary")?;
     runtime()?.block_on(async move {
         let mut started = Vec::new();
@@ -84,7 +85,11 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
             started.push(spawn(
                 &exe,
                 config,
-                (sprayer.as_deref(), sip_sprayer.as_deref()),
+                (
+                    sprayer.as_deref(),
+                    sip_sprayer.as_deref(),
+                    sips_sprayer.as_deref(),
+                ),
                 https.as_ref(),
                 n,
                 (log_format, access_log),
@@ -141,7 +146,7 @@ pub(crate) fn run(a: UpArgs, log_format: super::LogFormat, access_log: bool) -> 
 fn spawn(
     exe: &Path,
     config: Option<&Path>,
-    (sprayer, sip_sprayer): (Option<&str>, Option<&str>),
+    (sprayer, sip_sprayer, sips_sprayer): (Option<&str>, Option<&str>, Option<&str>),
     https: Option<&(PathBuf, PathBuf)>,
     n: &NodeAddrs,
     (log_format, access_log): (super::LogFormat, bool),
@@ -162,6 +167,9 @@ fn spawn(
     }
     if let Some(s) = sip_sprayer.filter(|_| n.sip_addr.is_some()) {
         cmd.arg("--shared-sip-listen").arg(s);
+    }
+    if let Some(s) = sips_sprayer.filter(|_| n.sips_addr.is_some()) {
+        cmd.arg("--shared-sips-listen").arg(s);
     }
     if let Some((cert, key)) = https {
         // Absolute: the node resolves relative paths against the config's

@@ -26,8 +26,9 @@ pub struct ClusterFile {
     /// or `"unix:/absolute/path.sock"` for one on a Unix domain socket.
     #[serde(default = "default_app")]
     pub app: String,
-    /// The SIP server of every owner: `"builtin"` (the demo server) or
-    /// `"udp:<ip>:<port>"` of an upstream SIP server.
+    /// The SIP server of every owner: `"builtin"` (the demo server),
+    /// `"udp:<ip>:<port>"`, `"tcp:<ip>:<port>"` or `"tls:<ip>:<port>"` of
+    /// an upstream SIP server (TLS: trusted through `[sips] upstream_ca`).
     #[serde(default = "default_app")]
     pub sip_app: String,
     /// The client-facing address the sprayer exposes; `peerlb up` binds every
@@ -40,6 +41,11 @@ pub struct ClusterFile {
     /// `Record-Route` of the dialogs that enter through it.
     #[serde(default)]
     pub sip_sprayer_addr: Option<String>,
+    /// The SIPS address the sprayer exposes (`ip:port`, or an IP for port
+    /// 5061; TCP); `peerlb up` binds every node that has a `sips_addr`
+    /// there too, with SO_REUSEPORT (`--shared-sips-listen`).
+    #[serde(default)]
+    pub sips_sprayer_addr: Option<String>,
     /// Gossip seed addresses (`host:port`); empty means every node's `gossip_addr`.
     #[serde(default)]
     pub seeds: Vec<String>,
@@ -52,6 +58,10 @@ pub struct ClusterFile {
     /// TLS material for the peer links.
     #[serde(default)]
     pub tls: TlsSection,
+    /// SIP over TLS (`[sips]`): the certificate of the nodes' `sips_addr`
+    /// listeners and the trust of a `sip_app = "tls:..."` server.
+    #[serde(default)]
+    pub sips: SipsSection,
     /// Request limits and timeouts.
     #[serde(default)]
     pub limits: LimitsSection,
@@ -420,6 +430,27 @@ pub struct CertPairSpec {
     pub client_auth: Option<String>,
 }
 
+/// `[sips]`: SIP over TLS. Paths are relative to the directory of the
+/// config file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SipsSection {
+    /// The PEM certificate chain (leaf first) the `sips_addr` listeners
+    /// serve; unset: `[listener.tls]`'s certificates (its SNI pairs too,
+    /// without its client certificates). Set with `key`.
+    pub cert: Option<String>,
+    /// The PEM private key of `cert`.
+    pub key: Option<String>,
+    /// A PEM file of the CA certificates the server of
+    /// `sip_app = "tls:<ip>:<port>"` must chain to (required with it; no
+    /// system roots are used).
+    pub upstream_ca: Option<String>,
+    /// The name the server of `sip_app = "tls:..."` is checked against
+    /// (and sent as SNI when a DNS name); default: its IP, which the
+    /// certificate must then hold as an IP address name.
+    pub upstream_server_name: Option<String>,
+}
+
 /// `[headers]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -626,6 +657,11 @@ pub struct NodeSpec {
     /// none (the default) serves no SIP.
     #[serde(default)]
     pub sip_addr: Option<String>,
+    /// The node's SIPS address: SIP over TLS (`ip:port`, TCP; an IP alone
+    /// listens on port 5061); none (the default) serves no SIPS. Its
+    /// certificate is `[sips]`'s, else `[listener.tls]`'s.
+    #[serde(default)]
+    pub sips_addr: Option<String>,
     /// The node's metrics address (`ip:port`, TCP); none (the default)
     /// serves the metrics on `admin_addr` only. Only `GET /metrics` (and
     /// `GET /_peerlb/metrics`) answer there, so a scraper can reach the
@@ -675,6 +711,10 @@ pub struct Overrides {
     /// SIP (UDP and TCP) on this address with SO_REUSEPORT (what `peerlb
     /// up` passes a node with a `sip_addr`: `sip_sprayer_addr`).
     pub shared_sip_listen: Option<String>,
+    /// `--shared-sips-listen` / `PEERLB_SHARED_SIPS_LISTEN`: also listen
+    /// for SIPS on this address with SO_REUSEPORT (what `peerlb up`
+    /// passes a node with a `sips_addr`: `sips_sprayer_addr`).
+    pub shared_sips_listen: Option<String>,
     /// `--tls-cert` / `PEERLB_TLS_CERT` with `--tls-key` /
     /// `PEERLB_TLS_KEY`: serve HTTPS with this certificate and key on every
     /// client listener (what `peerlb up --https` passes), replacing

@@ -45,6 +45,9 @@ pub enum SipAppKind {
     /// `tcp:<ip>:<port>`: an upstream SIP server over TCP (one connection
     /// per node, opened on the first request and again after it closed).
     Tcp(SocketAddr),
+    /// `tls:<ip>:<port>`: an upstream SIP server over TLS (as `Tcp`, the
+    /// server's certificate checked against `[sips] upstream_ca`).
+    Tls(SocketAddr),
 }
 
 /// Where an upstream app listens.
@@ -93,6 +96,9 @@ pub struct NodeAddrs {
     /// SIP address (`sip_addr`, UDP and TCP on the same port); `None`
     /// serves no SIP.
     pub sip_addr: Option<SocketAddr>,
+    /// SIPS address (`sips_addr`, SIP over TLS; port 5061 when the file
+    /// gives an IP alone); `None` serves no SIPS.
+    pub sips_addr: Option<SocketAddr>,
     /// Metrics address (`metrics_addr`, TCP): serves only the metrics;
     /// `None` serves them on the admin address only.
     pub metrics_addr: Option<SocketAddr>,
@@ -163,11 +169,16 @@ pub struct NodeConfig {
     /// Extra SIP listener (UDP and TCP) shared with SO_REUSEPORT, if any
     /// (`--shared-sip-listen`); only on a node with a `sip_addr`.
     pub shared_sip_listen: Option<SocketAddr>,
+    /// Extra SIPS listener (TCP) shared with SO_REUSEPORT, if any
+    /// (`--shared-sips-listen`); only on a node with a `sips_addr`.
+    pub shared_sips_listen: Option<SocketAddr>,
     /// The app (`app`, `--app`).
     pub app: AppKind,
     /// The SIP server the node answers the SIP requests it owns with
     /// (`sip_app`).
     pub sip_app: SipAppKind,
+    /// SIP over TLS (`[sips]`, `[listener.tls]`).
+    pub sips: SipsSettings,
     /// TLS paths (`[tls]`).
     pub tls: TlsPaths,
     /// What the engine decides with: policy, rules, ring resolution.
@@ -293,6 +304,21 @@ pub struct ListenerSettings {
     pub proxy_protocol: Option<Duration>,
     /// Serve HTTPS (`tls`); `None`: cleartext HTTP.
     pub tls: Option<ListenerTls>,
+}
+
+/// SIP over TLS, validated (`[sips]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SipsSettings {
+    /// The certificates of this node's `sips_addr` listener: `[sips]`'s
+    /// pair, else `[listener.tls]`'s (no client certificates asked);
+    /// `None` exactly when the node has no `sips_addr`.
+    pub certs: Option<ListenerTls>,
+    /// The CA file a `sip_app = "tls:..."` server must chain to
+    /// (`sips.upstream_ca`); set whenever `sip_app` is `tls:`.
+    pub upstream_ca: Option<PathBuf>,
+    /// The name that server's certificate is checked against
+    /// (`sips.upstream_server_name`); `None`: its IP.
+    pub upstream_server_name: Option<String>,
 }
 
 /// The certificates of an HTTPS listener.

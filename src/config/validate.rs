@@ -20,6 +20,7 @@ use crate::engine::slow_start::SlowStart;
 
 mod addrs;
 mod parse;
+mod sips;
 
 use addrs::{NodeIndex, addr_problem, admin_or_default, parse_addr, shared_sip_problem, used_by};
 use parse::{listener_settings, parse_app, parse_policy, parse_sip_app, route_cookie};
@@ -41,25 +42,12 @@ impl ClusterFile {
         }
         parse_policy(&self.policy).map_err(|m| inv("policy", m))?;
         parse_app(&self.app, Duration::ZERO).map_err(|m| inv("app", m))?;
-        parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?;
+        let sip_app = parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?;
         if let Some(s) = &self.sprayer_addr {
             parse_addr(s).map_err(|m| inv("sprayer_addr", m))?;
         }
-        if let Some(s) = &self.sip_sprayer_addr {
-            let a = parse_addr(s).map_err(|m| inv("sip_sprayer_addr", m))?;
-            shared_sip_problem(a).map_err(|m| inv("sip_sprayer_addr", m))?;
-            if self
-                .sprayer_addr
-                .as_deref()
-                .and_then(|h| parse_addr(h).ok())
-                == Some(a)
-            {
-                return Err(inv(
-                    "sip_sprayer_addr",
-                    format!("{a} is also sprayer_addr (SIP over TCP would share its port)"),
-                ));
-            }
-        }
+        sips::check_sip_sprayer(self).map_err(|m| inv("sip_sprayer_addr", m))?;
+        sips::check_sips_sprayer(self).map_err(|m| inv("sips_sprayer_addr", m))?;
         if !(1..=4096).contains(&self.ring.vnodes) {
             return Err(inv(
                 "ring.vnodes",
@@ -302,6 +290,11 @@ impl ClusterFile {
                     .as_deref()
                     .map(|s| parse_addr(s).map_err(|m| inv(&f("sip_addr"), m)))
                     .transpose()?,
+                sips_addr: n
+                    .sips_addr
+                    .as_deref()
+                    .map(|s| sips::parse_sips_addr(s).map_err(|m| inv(&f("sips_addr"), m)))
+                    .transpose()?,
                 metrics_addr: n
                     .metrics_addr
                     .as_deref()
@@ -453,6 +446,7 @@ impl ClusterFile {
                 ));
             }
         }
+        sips::check(self, sip_app).map_err(|(f, m)| inv(&f, m))?;
         let b = &self.balance;
         if let Some(c) = b.hash_balance_factor
             && !(1.0..=1000.0).contains(&c)
@@ -570,6 +564,7 @@ impl ClusterFile {
                     admin_addr: admin_or_default(admin, http_addr)
                         .map_err(|m| inv("--admin-addr", m))?,
                     sip_addr: None,
+                    sips_addr: None,
                     metrics_addr: None,
                     weight: ov.weight.unwrap_or(100),
                 };
@@ -640,6 +635,9 @@ impl ClusterFile {
                 return Err(inv("--shared-sip-listen", m));
             }
         }
+        let shared_sips_listen = ov.shared_sips_listen.as_deref();
+        let shared_sips_listen = sips::shared_listen(shared_sips_listen, &me, shared_sip_listen)
+            .map_err(|m| inv("--shared-sips-listen", m))?;
         let seeds = if self.seeds.is_empty() {
             nodes
                 .iter()
@@ -668,6 +666,7 @@ impl ClusterFile {
             Some(l) => listener_settings("shared_listener", l, tls_cert, &src.base_dir),
             None => listener.clone(),
         };
+        let sips_addr = me.sips_addr;
         Ok(NodeConfig {
             cluster: self.name.clone(),
             node: me,
@@ -675,8 +674,10 @@ impl ClusterFile {
             nodes,
             shared_listen,
             shared_sip_listen,
+            shared_sips_listen,
             app,
             sip_app: parse_sip_app(&self.sip_app).map_err(|m| inv("sip_app", m))?,
+            sips: sips::settings(&self.sips, sips_addr, listener.tls.as_ref(), &src.base_dir),
             tls,
             routing: RoutingSettings {
                 policy: parse_policy(&self.policy).map_err(|m| inv("policy", m))?,

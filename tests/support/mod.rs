@@ -126,6 +126,9 @@ pub struct NodeInfo {
     /// The node's SIP address (`sip_addr`, UDP and TCP); only in a
     /// cluster started with [`Cluster::start_sip`].
     pub sip: Option<SocketAddr>,
+    /// The node's SIPS address (`sips_addr`, SIP over TLS); only in a
+    /// cluster started with [`Cluster::start_sips`].
+    pub sips: Option<SocketAddr>,
     /// The node's metrics address (`metrics_addr`); only in a cluster
     /// started with [`Cluster::start_metrics`].
     pub metrics: Option<SocketAddr>,
@@ -155,6 +158,9 @@ enum Sip {
     Own,
     /// Each its own `sip_addr` and the shared SIP address.
     Shared,
+    /// Each its own `sip_addr` and `sips_addr` (its certificate set by
+    /// the test's TOML, `[sips]`).
+    Tls,
     /// No SIP; each node its own `metrics_addr` (another TCP listener
     /// written into the `[[nodes]]` entry, as `sip_addr` is).
     Metrics,
@@ -170,6 +176,9 @@ pub struct Cluster {
     /// The shared SIP address every node also listens on
     /// (`--shared-sip-listen`), from [`Cluster::start_sip_shared`].
     pub shared_sip: Option<SocketAddr>,
+    /// The shared SIPS address every node also listens on
+    /// (`--shared-sips-listen`), from [`Cluster::start_sips`].
+    pub shared_sips: Option<SocketAddr>,
     /// Extra `peerlb` arguments every node starts with.
     pub args: Vec<String>,
     /// Sockets that keep a killed node's addresses taken until it is
@@ -229,6 +238,14 @@ impl Cluster {
         Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, Sip::Shared)
     }
 
+    /// Like [`Cluster::start_sip`], every node with a `sips_addr` too
+    /// ([`NodeInfo::sips`]) and all on one shared SIPS address with
+    /// SO_REUSEPORT ([`Cluster::shared_sips`]); `extra_head` or
+    /// `extra_tail` gives `[sips]`.
+    pub fn start_sips(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
+        Self::start_full(tag, n, extra_head, extra_tail, false, &[], PHI, Sip::Tls)
+    }
+
     /// Like [`Cluster::start`], every node with a `metrics_addr` too
     /// ([`NodeInfo::metrics`]).
     pub fn start_metrics(tag: &str, n: usize, extra_head: &str, extra_tail: &str) -> Cluster {
@@ -280,7 +297,9 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 gossip: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-                sip: matches!(sip, Sip::Own | Sip::Shared)
+                sip: matches!(sip, Sip::Own | Sip::Shared | Sip::Tls)
+                    .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+                sips: (sip == Sip::Tls)
                     .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
                 metrics: (sip == Sip::Metrics)
                     .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
@@ -305,6 +324,9 @@ impl Cluster {
             if let Some(m) = node.metrics {
                 text.insert_str(text.len() - 1, &format!("metrics_addr = \"{m}\"\n"));
             }
+            if let Some(s) = node.sips {
+                text.insert_str(text.len() - 1, &format!("sips_addr = \"{s}\"\n"));
+            }
         }
         text += extra_tail;
         let config = dir.join("cluster.toml");
@@ -327,6 +349,8 @@ impl Cluster {
             children: BTreeMap::new(),
             shared,
             shared_sip: (sip == Sip::Shared)
+                .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
+            shared_sips: (sip == Sip::Tls)
                 .then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
             args: args.iter().map(|a| a.to_string()).collect(),
             held: BTreeMap::new(),
@@ -357,6 +381,9 @@ impl Cluster {
         }
         if let Some(s) = self.shared_sip {
             cmd.arg("--shared-sip-listen").arg(s.to_string());
+        }
+        if let Some(s) = self.shared_sips {
+            cmd.arg("--shared-sips-listen").arg(s.to_string());
         }
         cmd.args(&self.args);
         if let Some(n) = self.nofile {

@@ -55,10 +55,14 @@ use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::proxy::{self, EntryRelay, Stray};
 use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
-use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, record_route};
+use crate::engine::sip::{
+    self as sipmsg, MAX_MESSAGE, SipMessage, Transport, is_sips_request, record_route,
+};
 
-pub(crate) use crate::adapters::serve::sip::{Emit, SipApp, SipTransport, SipUpstream};
-pub(crate) use tcp::{TcpLimits, serve_tcp};
+pub(crate) use crate::adapters::serve::sip::{
+    Emit, SipApp, SipUpstream, UpstreamTlsError, upstream_of,
+};
+pub(crate) use tcp::{TcpLimits, serve_tcp, sips_acceptor};
 
 mod tcp;
 
@@ -155,7 +159,7 @@ impl SipEntry {
         &self,
         buf: &[u8],
         client: SocketAddr,
-        tcp: bool,
+        transport: Transport,
         local: SocketAddr,
         emit: &Emit<'_>,
     ) {
@@ -174,7 +178,7 @@ impl SipEntry {
             }
         };
         let Some(method) = msg.method().map(str::to_owned) else {
-            return self.stray(msg, client, tcp).await;
+            return self.stray(msg, client, transport).await;
         };
         self.state
             .counters
@@ -207,7 +211,13 @@ impl SipEntry {
         if method == "INVITE" && msg.tag_of_to().is_none() {
             msg.push_front(
                 "Record-Route",
-                record_route(local, tcp, &decision.owner, &decision.key),
+                record_route(
+                    local,
+                    transport,
+                    is_sips_request(&msg),
+                    &decision.owner,
+                    &decision.key,
+                ),
             );
         }
         let me = self.state.node_id();
@@ -228,7 +238,7 @@ impl SipEntry {
                 if cand == me {
                     return self.app.answer(&msg, &pass).await;
                 }
-                match self.forward(cand, &msg, &method, (client, local), tcp, &decision.key, view.version(), &pass).await {
+                match self.forward(cand, &msg, &method, (client, local), transport, &decision.key, view.version(), &pass).await {
                     Ok(()) => return,
                     Err(Retry::Next(why)) => {
                         debug!(target: REQUEST_PATH, peer = %cand, %why, "sip owner not reachable: trying the next candidate");
@@ -255,7 +265,7 @@ impl SipEntry {
     /// this node or, over the peer wire, once, on the owner its branch
     /// names (`engine::sip::proxy::stray_response`); anything else is
     /// dropped.
-    async fn stray(&self, resp: SipMessage, client: SocketAddr, tcp: bool) {
+    async fn stray(&self, resp: SipMessage, client: SocketAddr, transport: Transport) {
         let Some(up) = self.app.upstream() else {
             debug!(target: REQUEST_PATH, %client, "sip response at a listener: dropped");
             return;
@@ -273,10 +283,7 @@ impl SipEntry {
             let stream = self.links.open(&to).await.map_err(|e| e.to_string())?;
             let bytes = resp.to_bytes();
             let mut headers = http::HeaderMap::new();
-            headers.insert(
-                wire::SIP,
-                http::HeaderValue::from_static(if tcp { "tcp" } else { "udp" }),
-            );
+            headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
             headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
             let head = wire::encode(&RequestHeadRef {
                 request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
@@ -318,7 +325,7 @@ impl SipEntry {
         msg: &SipMessage,
         method: &str,
         (client, local): (SocketAddr, SocketAddr),
-        tcp: bool,
+        transport: Transport,
         key: &str,
         view_version: u64,
         emit: &Emit<'_>,
@@ -332,7 +339,6 @@ impl SipEntry {
             .open(peer)
             .await
             .map_err(|e| Retry::Next(e.to_string()))?;
-        let transport = if tcp { "TCP" } else { "UDP" };
         let branch = xxhash_rust::xxh3::xxh3_64(
             format!(
                 "{}\n{}\n{}\n{}",
@@ -346,14 +352,14 @@ impl SipEntry {
         let mut out = msg.clone();
         out.push_front(
             "Via",
-            format!("SIP/2.0/{transport} {local};branch={BRANCH_PREFIX}{branch:016x}"),
+            format!(
+                "SIP/2.0/{} {local};branch={BRANCH_PREFIX}{branch:016x}",
+                transport.via_name()
+            ),
         );
         let bytes = out.to_bytes();
         let mut headers = http::HeaderMap::new();
-        headers.insert(
-            wire::SIP,
-            http::HeaderValue::from_static(if tcp { "tcp" } else { "udp" }),
-        );
+        headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
         headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
         let request_id = xxhash_rust::xxh3::xxh3_128(&bytes);
         let head = wire::encode(&RequestHeadRef {
@@ -504,7 +510,9 @@ pub(crate) async fn serve_udp(
                         }
                     }
                 };
-                entry.handle(&datagram, client, false, local, &send).await;
+                entry
+                    .handle(&datagram, client, Transport::Udp, local, &send)
+                    .await;
                 return;
             }
             let gathered = std::sync::Mutex::new(Vec::new());
@@ -515,7 +523,9 @@ pub(crate) async fn serve_udp(
                     .expect("sip answers lock")
                     .push((m.clone(), bytes));
             };
-            entry.handle(&datagram, client, false, local, &gather).await;
+            entry
+                .handle(&datagram, client, Transport::Udp, local, &gather)
+                .await;
             let mut answers = gathered.into_inner().expect("sip answers lock");
             let mut keep = proxy::moot_trying(answers.iter().map(|(m, _)| m)).into_iter();
             answers.retain(|_| keep.next().unwrap_or(true));

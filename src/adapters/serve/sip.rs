@@ -20,7 +20,7 @@ use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage};
 
 mod upstream;
 
-pub(crate) use upstream::{SipUpstream, Transport as SipTransport};
+pub(crate) use upstream::{SipUpstream, Transport as SipTransport, UpstreamTls, UpstreamTlsError};
 
 /// The SIP server of one node: the built-in demo server (`engine::sip`
 /// `uas`), with the dialogs it established, or a relay to an upstream SIP
@@ -125,6 +125,37 @@ impl SipApp {
         });
         Response::new(ChannelBody(rx).boxed_unsync())
     }
+}
+
+/// The transport and address of `config`'s `sip_app`, `None` for the
+/// built-in server; a `tls:` one with its trust (`[sips]`).
+///
+/// # Errors
+/// [`UpstreamTlsError`] when that trust cannot be used.
+pub(crate) fn upstream_of(
+    config: &crate::config::NodeConfig,
+) -> Result<Option<(SipTransport, SocketAddr)>, UpstreamTlsError> {
+    use crate::config::SipAppKind as K;
+    Ok(match config.sip_app {
+        K::Builtin => None,
+        K::Udp(a) => Some((SipTransport::Udp, a)),
+        K::Tcp(a) => Some((SipTransport::Tcp, a)),
+        K::Tls(a) => {
+            let ca = config.sips.upstream_ca.as_deref().unwrap_or("".as_ref());
+            let name = config.sips.upstream_server_name.as_deref();
+            Some((SipTransport::Tls(UpstreamTls::load(ca, name, a.ip())?), a))
+        }
+    })
+}
+
+/// Checks the trust of `sip_app = "tls:..."` (`[sips] upstream_ca` and
+/// `upstream_server_name`) as the node will use it, before it binds
+/// anything; nothing to check for another `sip_app`.
+///
+/// # Errors
+/// What is wrong, naming the field (`sips.upstream_ca: ...`).
+pub fn check_upstream_tls(config: &crate::config::NodeConfig) -> Result<(), String> {
+    upstream_of(config).map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Where a SIP transaction hands each answer, as it comes.

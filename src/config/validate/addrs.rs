@@ -32,6 +32,7 @@ pub(super) fn metrics_addr_problem(a: &NodeAddrs) -> Option<(&'static str, Strin
         ("http_addr", Some(a.http_addr)),
         ("admin_addr", Some(a.admin_addr)),
         ("sip_addr", a.sip_addr),
+        ("sips_addr", a.sips_addr),
     ]
     .into_iter()
     .find(|(_, x)| *x == Some(m))
@@ -52,6 +53,7 @@ pub(super) fn used_by(nodes: &[NodeAddrs], a: SocketAddr) -> Option<(usize, &'st
             ("gossip_addr", Some(n.gossip_addr)),
             ("admin_addr", Some(n.admin_addr)),
             ("sip_addr", n.sip_addr),
+            ("sips_addr", n.sips_addr),
             ("metrics_addr", n.metrics_addr),
         ]
         .into_iter()
@@ -111,6 +113,7 @@ impl NodeIndex {
             Some(a.gossip_addr),
             Some(a.admin_addr),
             a.sip_addr,
+            a.sips_addr,
             a.metrics_addr,
         ]
         .into_iter()
@@ -207,6 +210,17 @@ pub(super) fn addr_problem<'a>(
             }
         }
     }
+    if let Some(sips) = a.sips_addr
+        && let Some((k, _)) = [
+            ("http_addr", Some(a.http_addr)),
+            ("admin_addr", Some(a.admin_addr)),
+            ("sip_addr", a.sip_addr),
+        ]
+        .into_iter()
+        .find(|(_, x)| *x == Some(sips))
+    {
+        return Some(("sips_addr", format!("{sips} is also this node's {k}")));
+    }
     if let Some(problem) = metrics_addr_problem(a) {
         return Some(problem);
     }
@@ -229,6 +243,29 @@ pub(super) fn addr_problem<'a>(
         ));
     }
     for (j, other) in others {
+        // A SIPS address is TCP: apart from every other node's TCP address.
+        let tcp_of = |n: &NodeAddrs| {
+            [
+                Some(n.http_addr),
+                Some(n.admin_addr),
+                n.sip_addr,
+                n.sips_addr,
+                n.metrics_addr,
+            ]
+        };
+        if let Some(sips) = a.sips_addr
+            && tcp_of(other).contains(&Some(sips))
+        {
+            return Some(("sips_addr", format!("{sips} is also used by nodes[{j}]")));
+        }
+        if let Some(theirs) = other.sips_addr
+            && let Some(k) = ["http_addr", "admin_addr", "sip_addr"]
+                .into_iter()
+                .zip(tcp_of(a))
+                .find_map(|(k, x)| (x == Some(theirs)).then_some(k))
+        {
+            return Some((k, format!("{theirs} is also nodes[{j}].sips_addr")));
+        }
         // Two nodes on one client address: said of the address the user
         // wrote, before the admin addresses that default from it clash.
         if a.http_addr == other.http_addr {
@@ -359,6 +396,7 @@ mod node_index_tests {
                     gossip_addr: addr(ip, p[2]),
                     admin_addr: addr(ip + case, p[3]),
                     sip_addr: sip.then(|| addr(ip, p[4])),
+                    sips_addr: None,
                     metrics_addr: (case >= 2).then(|| addr(ip, p[5])),
                     weight: 100,
                 })

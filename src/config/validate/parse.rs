@@ -201,9 +201,11 @@ pub(super) fn parse_sip_app(s: &str) -> Result<SipAppKind, String> {
             (SipAppKind::Udp, a)
         } else if let Some(a) = s.strip_prefix("tcp:") {
             (SipAppKind::Tcp, a)
+        } else if let Some(a) = s.strip_prefix("tls:") {
+            (SipAppKind::Tls, a)
         } else {
             return Err(format!(
-                "{s:?} is neither \"builtin\" nor udp:<ip>:<port> nor tcp:<ip>:<port>"
+                "{s:?} is none of \"builtin\", udp:<ip>:<port>, tcp:<ip>:<port>, tls:<ip>:<port>"
             ));
         };
     let addr = parse_addr(addr).map_err(|m| format!("{s:?}: {m}"))?;

@@ -29,21 +29,64 @@ pub(crate) struct DialogRoute {
     pub key: String,
 }
 
+/// The transport a request reached an entry node over (its listener's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// UDP on `sip_addr`.
+    Udp,
+    /// TCP on `sip_addr`.
+    Tcp,
+    /// TLS over TCP on `sips_addr` (RFC 3261 26.2: SIPS).
+    Tls,
+}
+
+impl Transport {
+    /// The name in a `Via` sent-protocol (`UDP`, `TCP`, `TLS`).
+    pub(crate) fn via_name(self) -> &'static str {
+        match self {
+            Transport::Udp => "UDP",
+            Transport::Tcp => "TCP",
+            Transport::Tls => "TLS",
+        }
+    }
+
+    /// The URI `transport` parameter's value (`udp`, `tcp`, `tls`).
+    pub(crate) fn param(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+            Transport::Tls => "tls",
+        }
+    }
+}
+
+/// Whether `msg` is a request whose Request-URI is a SIPS URI (RFC 3261
+/// 19.1: `sips:`, scheme case-insensitive).
+pub(crate) fn is_sips_request(msg: &SipMessage) -> bool {
+    matches!(&msg.start, super::StartLine::Request { uri, .. }
+        if uri.get(..5).is_some_and(|s| s.eq_ignore_ascii_case("sips:")))
+}
+
 /// The `Record-Route` value an entry node adds to a dialog-creating
 /// request (RFC 3261 16.6 step 4): `<sip:<addr>;transport=<t>;lr;
-/// peerlb-owner=<owner>;peerlb-key=<key, percent-encoded>>`. `addr` is the
-/// entry's `sip_addr` (any node of the cluster accepts it as its own).
+/// peerlb-owner=<owner>;peerlb-key=<key, percent-encoded>>`, or for a
+/// request with a SIPS Request-URI (which 16.6 step 4 requires a SIPS
+/// Record-Route of; it came over TLS) `<sips:<addr>;lr;...>`. `addr` is
+/// the address of the listener the request reached (any node of the
+/// cluster accepts the route as its own).
 pub(crate) fn record_route(
     addr: std::net::SocketAddr,
-    tcp: bool,
+    transport: Transport,
+    sips: bool,
     owner: &str,
     key: &str,
 ) -> String {
-    let transport = if tcp { "tcp" } else { "udp" };
-    format!(
-        "<sip:{addr};transport={transport};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={}>",
-        escape_param(key)
-    )
+    let key = escape_param(key);
+    if sips {
+        return format!("<sips:{addr};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={key}>");
+    }
+    let transport = transport.param();
+    format!("<sip:{addr};transport={transport};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={key}>")
 }
 
 /// The [`DialogRoute`] of a request whose topmost `Route` carries this

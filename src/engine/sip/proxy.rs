@@ -221,8 +221,9 @@ pub(crate) fn cancel_for(sent: &SipMessage) -> SipMessage {
 /// Where a response that reached a node's SIP listener goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stray<'a> {
-    /// An answer to this node's own client transaction: handed to it as if
-    /// it had come to the node's socket toward the server.
+    /// An answer to this node's own client transaction (toward the
+    /// server, or toward a caller): handed to it as if it had come to the
+    /// transaction's own socket.
     Mine,
     /// An answer to the client transaction of the owner node named: sent
     /// to it over the peer wire, once (it hands it to its transaction and
@@ -234,13 +235,16 @@ pub(crate) enum Stray<'a> {
 
 /// Where `resp`, a response that reached a SIP listener of node `me`,
 /// goes: its top `Via` branch names the owner whose client transaction it
-/// answers (`upstream::node_of_branch`); only a response from the SIP
-/// server's address (`from_server`: the source's IP is `sip_app`'s) is
-/// taken, any other is dropped (a client's responses never come to a
-/// listener: the ones to requests relayed toward it go to the relaying
-/// socket). A request is [`Stray::Drop`] too.
+/// answers. An owner's branch toward the server
+/// (`upstream::node_of_branch`) is taken only from the SIP server's
+/// address (`from_server`: the source's IP is `sip_app`'s); an owner's
+/// branch toward a caller (`upstream::node_of_callee_branch`: a request
+/// of the server the owner relayed, answered by a caller to a listener,
+/// over its own connection for one, instead of to the relaying socket)
+/// from anywhere, since the caller answers from its own address. Any
+/// other response, and a request, is [`Stray::Drop`].
 pub(crate) fn stray_response<'a>(resp: &'a SipMessage, me: &str, from_server: bool) -> Stray<'a> {
-    if status_of(resp).is_none() || !from_server {
+    if status_of(resp).is_none() {
         return Stray::Drop;
     }
     let Some(branch) = resp
@@ -250,7 +254,12 @@ pub(crate) fn stray_response<'a>(resp: &'a SipMessage, me: &str, from_server: bo
     else {
         return Stray::Drop;
     };
-    match super::upstream::node_of_branch(branch) {
+    let node = super::upstream::node_of_callee_branch(branch).or_else(|| {
+        from_server
+            .then(|| super::upstream::node_of_branch(branch))
+            .flatten()
+    });
+    match node {
         Some(n) if n == me => Stray::Mine,
         Some(n) => Stray::Peer(n),
         None => Stray::Drop,

@@ -233,9 +233,43 @@ fn via_and_route_lists_split_pop_and_push() {
 }
 
 #[test]
+fn a_tls_record_route_is_sips_for_a_sips_request_else_transport_tls() {
+    let a = "10.0.0.1:5061".parse().unwrap();
+    assert_eq!(
+        record_route(a, Transport::Tls, true, "n1", "k"),
+        "<sips:10.0.0.1:5061;lr;peerlb-owner=n1;peerlb-key=k>"
+    );
+    assert_eq!(
+        record_route(a, Transport::Tls, false, "n1", "k"),
+        "<sip:10.0.0.1:5061;transport=tls;lr;peerlb-owner=n1;peerlb-key=k>"
+    );
+    let sips = msg(&INVITE.replace("INVITE sip:bob", "INVITE SIPS:bob"));
+    assert!(is_sips_request(&sips));
+    assert!(!is_sips_request(&msg(INVITE)));
+    // Either form is read back as this cluster's route.
+    for rr in [
+        record_route(a, Transport::Tls, true, "n1", "k"),
+        record_route(a, Transport::Tls, false, "n1", "k"),
+    ] {
+        let m = msg(&format!(
+            "ACK sips:b@h SIP/2.0\r\nVia: SIP/2.0/TLS p;branch=z9hG4bK1\r\nRoute: {rr}\r\n\
+             From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: c\r\nCSeq: 1 ACK\r\n\r\n"
+        ));
+        assert_eq!(
+            dialog_route(&m),
+            Some(DialogRoute {
+                owner: "n1".into(),
+                key: "k".into()
+            })
+        );
+    }
+}
+
+#[test]
 fn record_route_names_owner_and_escaped_key_and_reads_back() {
     let rr = record_route(
         "10.0.0.1:5060".parse().unwrap(),
+        Transport::Udp,
         false,
         "n3",
         "alice|c@x; y",
@@ -530,6 +564,7 @@ mod routing {
                  From: <sip:a@h>;tag=1\r\nTo: <sip:b@h>;tag=2\r\nCall-ID: other\r\nCSeq: 2 BYE\r\n\r\n",
                 record_route(
                     "127.0.0.1:5060".parse().unwrap(),
+                    Transport::Udp,
                     false,
                     owner,
                     "dialog-key"
@@ -571,7 +606,13 @@ mod routing {
         let rules = Rules::default();
         let all = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Serving)]);
         let bye = |target: &str, route: bool| {
-            let rr = record_route("127.0.0.1:5060".parse().unwrap(), false, "n1", "dialog-key");
+            let rr = record_route(
+                "127.0.0.1:5060".parse().unwrap(),
+                Transport::Udp,
+                false,
+                "n1",
+                "dialog-key",
+            );
             let route = if route {
                 format!("Route: {rr}\r\n")
             } else {

@@ -74,7 +74,18 @@ fn branch_with(prefix: &str, req: &SipMessage, node: &str) -> String {
 /// The node named in `branch`, an owner's ([`OWNER_BRANCH_PREFIX`]) branch
 /// made by [`branch`]; `None` for any other branch.
 pub(crate) fn node_of_branch(branch: &str) -> Option<&str> {
-    let rest = branch.strip_prefix(OWNER_BRANCH_PREFIX)?;
+    node_of_branch_with(OWNER_BRANCH_PREFIX, branch)
+}
+
+/// The node named in `branch`, a branch [`callee_branch`] made
+/// ([`CALLEE_BRANCH_PREFIX`]): the owner relaying a request of its
+/// upstream toward a caller; `None` for any other branch.
+pub(crate) fn node_of_callee_branch(branch: &str) -> Option<&str> {
+    node_of_branch_with(CALLEE_BRANCH_PREFIX, branch)
+}
+
+fn node_of_branch_with<'a>(prefix: &str, branch: &'a str) -> Option<&'a str> {
+    let rest = branch.strip_prefix(prefix)?;
     let (hash, node) = (rest.get(..16)?, rest.get(16..)?.strip_prefix('-')?);
     (hash.bytes().all(|b| b.is_ascii_hexdigit()) && !node.is_empty()).then_some(node)
 }

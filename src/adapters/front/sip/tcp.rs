@@ -7,6 +7,12 @@
 //! double CRLF, is answered with one CRLF and keeps it open) or when a
 //! message begun is not finished within `limits.header_read_timeout_ms`
 //! (one deadline for the whole message, however its bytes trickle in).
+//!
+//! SIPS (`sips_addr`) is the same path over TLS: a connection admitted to
+//! the table completes its TLS handshake within
+//! `limits.header_read_timeout_ms`, then is served as a TCP one (RFC 3261
+//! 26.2: TLS is a stream under the same framing; keep-alives are answered
+//! inside TLS, RFC 5626 4.4.1).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +27,7 @@ use super::{LOG, SipEntry};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::http::conns::{Admitted, Closable};
 use crate::adapters::http::{ConnTable, Refusal};
-use crate::engine::sip::{self as sipmsg, SipMessage, keepalive};
+use crate::engine::sip::{self as sipmsg, SipMessage, Transport, keepalive};
 use crate::seam::{Connection, HttpListener};
 
 /// What SIP TCP connections are held to.
@@ -54,14 +60,23 @@ impl Drop for Gauge<'_> {
 /// Serves SIP over TCP on `listener`, bound to `local` (as
 /// [`super::serve_udp`]), until `stop` turns true: each connection is
 /// admitted to the connection table or closed at once, then served by its
-/// own task, its messages in order, answers on the same connection.
+/// own task, its messages in order, answers on the same connection. With
+/// `tls` (a `sips_addr` listener) each connection is first a TLS
+/// handshake with it; one that fails or does not end within the read
+/// timeout closes the connection.
 pub(crate) async fn serve_tcp(
     mut listener: Box<dyn HttpListener>,
     local: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     entry: Arc<SipEntry>,
     mut stop: watch::Receiver<bool>,
 ) {
-    info!(target: LOG, addr = %local, "listening for sip over tcp");
+    let transport = if tls.is_some() {
+        Transport::Tls
+    } else {
+        Transport::Tcp
+    };
+    info!(target: LOG, addr = %local, transport = transport.param(), "listening for sip over a stream");
     let table = entry.tcp.conns.clone();
     let mut last_warn: Option<tokio::time::Instant> = None;
     let mut last_cap_warn: Option<tokio::time::Instant> = None;
@@ -110,9 +125,44 @@ pub(crate) async fn serve_tcp(
                 last_cap_warn = Some(tokio::time::Instant::now());
             }
         }
-        let (entry, stop) = (entry.clone(), stop.clone());
-        tokio::spawn(connection(conn, admitted, (client, local), entry, stop));
+        let (entry, stop, tls) = (entry.clone(), stop.clone(), tls.clone());
+        tokio::spawn(async move {
+            let io: Box<dyn Connection> = Box::new(Closable::new(conn, admitted.state.clone()));
+            let io: Box<dyn Connection> = match tls {
+                None => io,
+                Some(acceptor) => {
+                    let shake = tokio::time::timeout(entry.read_timeout, acceptor.accept(io));
+                    match shake.await {
+                        Ok(Ok(s)) => Box::new(s),
+                        Ok(Err(e)) => {
+                            debug!(target: REQUEST_PATH, %client, error = %e, "sips handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            debug!(target: REQUEST_PATH, %client, "sips handshake unfinished within limits.header_read_timeout_ms");
+                            return;
+                        }
+                    }
+                }
+            };
+            connection(io, admitted, (client, local, transport), entry, stop).await
+        });
     }
+}
+
+/// The TLS acceptor of a `sips_addr` listener serving `certs`: the
+/// entry's HTTPS server configuration (TLS 1.3 and 1.2, resumption,
+/// certificates by SNI name, reloaded with the listener's) without ALPN,
+/// since SIP names no ALPN protocol, and no client certificates asked.
+///
+/// # Errors
+/// rustls' own error when the configuration cannot be made.
+pub(crate) fn sips_acceptor(
+    certs: Arc<crate::adapters::http::entry_tls::EntryCerts>,
+) -> Result<tokio_rustls::TlsAcceptor, rustls::Error> {
+    let mut config = (*crate::adapters::http::entry_tls::server_config(certs)?).clone();
+    config.alpn_protocols.clear();
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// Why a connection's read ended it.
@@ -139,16 +189,19 @@ enum Out {
     Shutdown,
 }
 
+/// Serves one admitted connection `io` (closable by the table; over TLS
+/// once its handshake is done) whose client is `client`, on the listener
+/// bound to `local` for `transport`.
 async fn connection(
-    conn: Box<dyn Connection>,
+    io: Box<dyn Connection>,
     admitted: Admitted,
-    (client, local): (SocketAddr, SocketAddr),
+    (client, local, transport): (SocketAddr, SocketAddr, Transport),
     entry: Arc<SipEntry>,
     mut stop: watch::Receiver<bool>,
 ) {
     let _gauge = Gauge::new(&entry.state.counters.client_connections);
     let table = entry.tcp.conns.clone();
-    let (mut reader, half) = tokio::io::split(Closable::new(conn, admitted.state.clone()));
+    let (mut reader, half) = tokio::io::split(io);
     // One writer: the answers of the messages in flight and the pongs go
     // out whole, one after the other, in the order they are handed over.
     let mut writer = Writer::Idle(half);
@@ -189,7 +242,7 @@ async fn connection(
                     let send = |m: &SipMessage| {
                         let _ = out.send(Out::Bytes(m.to_bytes()));
                     };
-                    entry.handle(&msg, client, true, local, &send).await;
+                    entry.handle(&msg, client, transport, local, &send).await;
                 });
                 continue;
             }

@@ -17,7 +17,7 @@
 //! resend and what to relay is decided by `engine::sip::upstream`; this
 //! file only sends and waits (tokio time).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -38,7 +38,7 @@ use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, StartLine};
 mod link;
 
 use link::Link;
-pub(crate) use link::Transport;
+pub(crate) use link::{Transport, UpstreamTls, UpstreamTlsError};
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -93,7 +93,9 @@ const MAX_CALLEE_INFLIGHT: usize = 1_000;
 #[derive(Debug)]
 struct CalleeRelay {
     node: String,
-    inflight: Mutex<BTreeSet<(String, String)>>,
+    /// Each relay's channel for the caller's answers that reached a
+    /// listener instead of its socket (`SipUpstream::deliver`).
+    inflight: Mutex<BTreeMap<(String, String), mpsc::UnboundedSender<SipMessage>>>,
 }
 
 /// What the reader task hands a transaction.
@@ -131,7 +133,7 @@ impl SipUpstream {
             waiting: Arc::new(Mutex::new(BTreeMap::new())),
             callee: Arc::new(CalleeRelay {
                 node: node.to_owned(),
-                inflight: Mutex::new(BTreeSet::new()),
+                inflight: Mutex::new(BTreeMap::new()),
             }),
         }
     }
@@ -152,7 +154,22 @@ impl SipUpstream {
     /// listener (of this node, or of a peer that passed it on) instead of
     /// the node's socket toward the upstream, as if it had come there
     /// (`engine::sip::proxy::stray_response`).
+    /// A caller's answer to a request relayed toward it (an owner's
+    /// callee branch on top) goes to that relay, once; dropped when the
+    /// relay has ended.
     pub(crate) async fn deliver(&self, resp: SipMessage) {
+        let callee = resp
+            .top_via()
+            .and_then(|v| v.param("branch").map(str::to_owned))
+            .filter(|b| up::node_of_callee_branch(b).is_some());
+        if let Some(branch) = callee {
+            let method = resp.cseq().map(|(_, m)| m.to_owned()).unwrap_or_default();
+            let relays = self.callee.inflight.lock().expect("callee inflight lock");
+            if let Some(tx) = relays.get(&(branch, method)) {
+                let _ = tx.send(resp);
+            }
+            return;
+        }
         let again = hand_over(resp, &self.waiting, (&self.completed, self.epoch));
         if let (Some(ack), Ok(link)) = (again, self.link().await) {
             let _ = link.send(&ack).await;
@@ -172,7 +189,7 @@ impl SipUpstream {
             completed: self.completed.clone(),
             epoch: self.epoch,
         };
-        let l = Arc::new(link::open(self.transport, self.addr, self.timeout, readers).await?);
+        let l = Arc::new(link::open(&self.transport, self.addr, self.timeout, readers).await?);
         *held = Some(l.clone());
         Ok(l)
     }
@@ -452,15 +469,16 @@ impl CalleeRelay {
             }
         };
         let branch = up::callee_branch(&req, &self.node);
+        let (stray_tx, mut strays) = mpsc::unbounded_channel::<SipMessage>();
         let _inflight = if ack {
             None
         } else {
             let key = (branch.clone(), method.clone());
             let mut set = self.inflight.lock().expect("callee inflight lock");
-            if set.contains(&key) || set.len() >= MAX_CALLEE_INFLIGHT {
+            if set.contains_key(&key) || set.len() >= MAX_CALLEE_INFLIGHT {
                 return;
             }
-            set.insert(key.clone());
+            set.insert(key.clone(), stray_tx);
             Some(CalleeEntry {
                 set: &self.inflight,
                 key,
@@ -517,8 +535,11 @@ impl CalleeRelay {
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         loop {
             let wake = resend.map_or(deadline, |r| r.min(deadline));
+            // The caller's answers come to the socket, or to a listener
+            // (over the caller's own connection, say) and from there here.
             let got = tokio::select! {
-                r = sock.recv(&mut buf) => Some(r),
+                r = sock.recv(&mut buf) => Some(r.map(|n| sipmsg::parse(&buf[..n]).ok())),
+                Some(m) = strays.recv() => Some(Ok(Some(m))),
                 _ = tokio::time::sleep_until(wake) => None,
             };
             match got {
@@ -537,8 +558,8 @@ impl CalleeRelay {
                     emit(&generated(503, "Service Unavailable"));
                     return;
                 }
-                Some(Ok(n)) => {
-                    let Ok(msg) = sipmsg::parse(&buf[..n]) else {
+                Some(Ok(parsed)) => {
+                    let Some(msg) = parsed else {
                         continue;
                     };
                     if msg.cseq().map(|(_, m)| m) != Some(method.as_str()) {
@@ -570,7 +591,7 @@ impl CalleeRelay {
 /// A relayed request's place in `CalleeRelay::inflight`, removed when its
 /// transaction ends.
 struct CalleeEntry<'a> {
-    set: &'a Mutex<BTreeSet<(String, String)>>,
+    set: &'a Mutex<BTreeMap<(String, String), mpsc::UnboundedSender<SipMessage>>>,
     key: (String, String),
 }
 

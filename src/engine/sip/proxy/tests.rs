@@ -195,6 +195,24 @@ fn a_response_at_a_listener_goes_to_the_owner_its_branch_names() {
     );
 }
 
+/// A caller's answer to a request of the server that an owner relays
+/// toward it (its branch an owner's callee branch), reaching a listener
+/// from the caller's own address, goes to that owner.
+#[test]
+fn a_callers_answer_at_a_listener_goes_to_the_relaying_owner_from_anywhere() {
+    let bye = msg(&INVITE
+        .replacen("INVITE", "BYE", 1)
+        .replace("CSeq: 7 INVITE", "CSeq: 7 BYE"));
+    let b = super::super::upstream::callee_branch(&bye, "n3");
+    let mut sent = bye.clone();
+    sent.push_front("Via", format!("SIP/2.0/UDP 127.0.0.1:40001;branch={b}"));
+    let ok = sent.response(200, "OK", None);
+    assert_eq!(stray_response(&ok, "n3", false), Stray::Mine);
+    assert_eq!(stray_response(&ok, "n1", false), Stray::Peer("n3"));
+    assert_eq!(stray_response(&ok, "n1", true), Stray::Peer("n3"));
+    assert_eq!(super::super::upstream::node_of_branch(&b), None);
+}
+
 #[test]
 fn a_100_gathered_with_a_final_answer_is_not_sent() {
     let req = msg(INVITE);

@@ -1,7 +1,8 @@
 //! The owner's link to its upstream SIP server: one connected UDP socket
 //! per node (`sip_app = "udp:..."`), or one TCP connection per node
-//! (`sip_app = "tcp:..."`), made on first use and made again on the next
-//! request once it closed. Over TCP one writer task writes the messages
+//! (`sip_app = "tcp:..."`; `"tls:..."` is the same over TLS, the server's
+//! certificate checked against `[sips] upstream_ca` only, [`UpstreamTls`]),
+//! made on first use and made again on the next request once it closed. Over TCP one writer task writes the messages
 //! whole, in order, and one reader task frames what the server sends
 //! (RFC 3261 18.3, by `Content-Length`; CRLF keep-alives between messages
 //! are skipped) and hands it on as the UDP reader does: an answer to its
@@ -29,21 +30,91 @@ use crate::engine::sip::proxy::Completed;
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage};
 
 /// The transport of `sip_app`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) enum Transport {
     /// `udp:<ip>:<port>`: unreliable, requests resent on Timer A/E.
     Udp,
     /// `tcp:<ip>:<port>`: reliable, nothing resent (17.1.1.2).
     Tcp,
+    /// `tls:<ip>:<port>`: TCP under TLS.
+    Tls(UpstreamTls),
 }
 
 impl Transport {
     /// The name in a `Via` (`SIP/2.0/<name>`).
-    pub(crate) fn via_name(self) -> &'static str {
+    pub(crate) fn via_name(&self) -> &'static str {
         match self {
             Transport::Udp => "UDP",
             Transport::Tcp => "TCP",
+            Transport::Tls(_) => "TLS",
         }
+    }
+}
+
+/// The client side of `sip_app = "tls:..."`: TLS 1.3 and 1.2 (ring), the
+/// server's certificate verified against the CA file `[sips] upstream_ca`
+/// names (no system roots) for `[sips] upstream_server_name`, else for
+/// the server's IP (an IP address name in its certificate).
+#[derive(Clone)]
+pub(crate) struct UpstreamTls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls_pki_types::ServerName<'static>,
+}
+
+/// `[sips] upstream_ca` or `upstream_server_name` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamTlsError {
+    /// The CA file cannot be read or holds no certificate: fix
+    /// `sips.upstream_ca`.
+    #[error("sips.upstream_ca: {0}")]
+    Ca(String),
+    /// The name is neither a DNS name nor an IP: fix
+    /// `sips.upstream_server_name`.
+    #[error("sips.upstream_server_name: {0:?} is not a DNS name or an IP")]
+    Name(String),
+}
+
+impl UpstreamTls {
+    /// Trusts the CA certificates of the PEM file `ca`; checks the server
+    /// for `name`, else for `ip`.
+    ///
+    /// # Errors
+    /// [`UpstreamTlsError`] naming the field at fault.
+    pub(crate) fn load(
+        ca: &std::path::Path,
+        name: Option<&str>,
+        ip: std::net::IpAddr,
+    ) -> Result<UpstreamTls, UpstreamTlsError> {
+        use rustls_pki_types::pem::PemObject as _;
+        let shown = ca.display();
+        let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca)
+            .map_err(|e| UpstreamTlsError::Ca(format!("{shown}: {e}")))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| UpstreamTlsError::Ca(format!("{shown}: {e}")))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| UpstreamTlsError::Ca(format!("{shown}: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(UpstreamTlsError::Ca(format!("{shown}: no certificate")));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| UpstreamTlsError::Ca(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = match name {
+            Some(n) => rustls_pki_types::ServerName::try_from(n.to_owned())
+                .map_err(|_| UpstreamTlsError::Name(n.to_owned()))?,
+            None => rustls_pki_types::ServerName::IpAddress(ip.into()),
+        };
+        Ok(UpstreamTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            name,
+        })
     }
 }
 
@@ -57,6 +128,8 @@ pub(crate) enum Link {
         out: mpsc::UnboundedSender<Vec<u8>>,
         local: SocketAddr,
         open: Arc<AtomicBool>,
+        /// Under TLS (`sip_app = "tls:..."`).
+        tls: bool,
     },
 }
 
@@ -103,7 +176,8 @@ impl Link {
     pub(crate) fn via_name(&self) -> &'static str {
         match self {
             Link::Udp(_) => Transport::Udp.via_name(),
-            Link::Tcp { .. } => Transport::Tcp.via_name(),
+            Link::Tcp { tls: false, .. } => Transport::Tcp.via_name(),
+            Link::Tcp { tls: true, .. } => "TLS",
         }
     }
 }
@@ -116,32 +190,45 @@ pub(crate) struct Readers {
     pub(crate) epoch: Instant,
 }
 
-/// Opens a link over `transport` to `addr` (a TCP connect waits at most
-/// `connect_timeout`) and starts its reader task (and, over TCP, its
-/// writer task).
+/// Opens a link over `transport` to `addr` (a TCP connect, and a TLS
+/// handshake after it, each wait at most `connect_timeout`) and starts its
+/// reader task (and, over TCP, its writer task).
 ///
 /// # Errors
 /// The socket's or the connection's error; `TimedOut` for a connect that
 /// took too long.
 pub(crate) async fn open(
-    transport: Transport,
+    transport: &Transport,
     addr: SocketAddr,
     connect_timeout: Duration,
     readers: Readers,
 ) -> std::io::Result<Link> {
+    let timed_out = || std::io::Error::from(std::io::ErrorKind::TimedOut);
     match transport {
         Transport::Udp => {
             let s = Arc::new(super::connected(addr).await?);
             tokio::spawn(read_datagrams(s.clone(), readers));
             Ok(Link::Udp(s))
         }
-        Transport::Tcp => {
+        Transport::Tcp | Transport::Tls(_) => {
             let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
                 .await
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                .map_err(|_| timed_out())??;
             let _ = stream.set_nodelay(true);
             let local = stream.local_addr()?;
-            let (mut rd, mut wr) = stream.into_split();
+            let stream: Box<dyn crate::seam::Connection> = match transport {
+                Transport::Tls(t) => Box::new(
+                    tokio::time::timeout(
+                        connect_timeout,
+                        t.connector.connect(t.name.clone(), stream),
+                    )
+                    .await
+                    .map_err(|_| timed_out())??,
+                ),
+                _ => Box::new(stream),
+            };
+            let tls = matches!(transport, Transport::Tls(_));
+            let (mut rd, mut wr) = tokio::io::split(stream);
             let (out, mut outgoing) = mpsc::unbounded_channel::<Vec<u8>>();
             let open = Arc::new(AtomicBool::new(true));
             let writer_open = open.clone();
@@ -189,7 +276,12 @@ pub(crate) async fn open(
                 debug!(target: LOG, "sip upstream tcp connection closed");
                 fail_waiting(&readers.waiting);
             });
-            Ok(Link::Tcp { out, local, open })
+            Ok(Link::Tcp {
+                out,
+                local,
+                open,
+                tls,
+            })
         }
     }
 }
