@@ -53,10 +53,7 @@ pub const DEFAULT_CLUSTER_TOML: &str = include_str!("../cluster.toml");
 /// Exit status for an invalid configuration (`EX_USAGE` from sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
 
-/// Largest node weight (`[[nodes]] weight`, `--weight`, and `PUT
-/// /_peerlb/weight` at run time): weights are `0..=MAX_WEIGHT`, 100 is one
-/// share, 0 receives no keys.
-pub const MAX_WEIGHT: u32 = 10_000;
+pub use crate::engine::operator::MAX_WEIGHT;
 
 /// Longest duration any `*_ms` setting accepts, in ms: 30 days. Every value
 /// `check-config` accepts must start: a timer deadline `now + d` must not

@@ -44,6 +44,8 @@
 //! - `view_compose`: which members a node's view is made of (gossip's
 //!   live members with an up peer link, this node always, the silent ones
 //!   held just after its own pause).
+//! - `operator`: the operator's rules for a node's own state (leaving is
+//!   final, weight 0 needs a weighted peer, when a timed drain ends).
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
@@ -53,6 +55,7 @@ pub(crate) mod failover;
 pub(crate) mod gossip_budget;
 pub(crate) mod membership;
 pub(crate) mod node_id;
+pub(crate) mod operator;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;

@@ -593,3 +593,229 @@ fn the_check_finds_a_circle_and_an_arrow_up() {
     assert!(p.contains(&"crate::engine::route (engine) uses crate::adapters::serve::app (serve), a higher wing".to_owned()), "{p:#?}");
     assert_eq!(p.len(), 4, "{p:#?}");
 }
+
+/// `text` with every comment, string and char literal blanked to spaces,
+/// its newlines kept (so line numbers hold): the braces left are code's.
+fn blanked(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
+    let mut i = 0;
+    while i < c.len() {
+        if c[i] == '/' && c.get(i + 1) == Some(&'/') {
+            while i < c.len() && c[i] != '\n' {
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+        } else if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+            while i < c.len() && !(c[i] == '*' && c.get(i + 1) == Some(&'/')) {
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+            out.push_str("  ");
+            i += 2;
+        } else if c[i] == 'r'
+            && (c.get(i + 1) == Some(&'"') || c.get(i + 1) == Some(&'#'))
+            && (i == 0 || !(c[i - 1].is_alphanumeric() || c[i - 1] == '_'))
+        {
+            let mut j = i + 1;
+            while c.get(j) == Some(&'#') {
+                j += 1;
+            }
+            if c.get(j) != Some(&'"') {
+                out.push('r');
+                i += 1;
+                continue;
+            }
+            let hashes = j - i - 1;
+            j += 1;
+            while j < c.len() && !(c[j] == '"' && (1..=hashes).all(|h| c.get(j + h) == Some(&'#')))
+            {
+                j += 1;
+            }
+            let end = (j + 1 + hashes).min(c.len());
+            for &ch in &c[i..end] {
+                blank(&mut out, ch);
+            }
+            i = end;
+        } else if c[i] == '"' {
+            blank(&mut out, c[i]);
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                if c[i] == '\\' {
+                    blank(&mut out, c[i]);
+                    i += 1;
+                }
+                if i < c.len() {
+                    blank(&mut out, c[i]);
+                    i += 1;
+                }
+            }
+            out.push(' ');
+            i += 1;
+        } else if c[i] == '\'' {
+            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
+            let end = if c.get(i + 1) == Some(&'\\') {
+                (i + 2..c.len()).find(|&j| c[j] == '\'').map(|j| j + 1)
+            } else if c.get(i + 2) == Some(&'\'') {
+                Some(i + 3)
+            } else {
+                None
+            };
+            match end {
+                Some(end) => {
+                    for &ch in &c[i..end] {
+                        blank(&mut out, ch);
+                    }
+                    i = end;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The functions of `text` longer than `max` lines (from the `fn` line to
+/// its closing brace) with no reason at their top: a `// Long:` comment in
+/// the first three lines of the body. (line, name, lines) each.
+fn long_functions(text: &str, max: usize) -> Vec<(usize, String, usize)> {
+    let code = blanked(text);
+    let lines: Vec<&str> = code.lines().collect();
+    let original: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let words: Vec<&str> = line
+            .split(|ch: char| !(ch.is_alphanumeric() || ch == '_'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let Some(at) = words.iter().position(|w| *w == "fn") else {
+            continue;
+        };
+        // `fn` as an item: first on its line after visibility and qualifiers.
+        let before_ok = words[..at].iter().all(|w| {
+            matches!(
+                *w,
+                "pub"
+                    | "crate"
+                    | "super"
+                    | "in"
+                    | "self"
+                    | "async"
+                    | "const"
+                    | "unsafe"
+                    | "extern"
+                    | "C"
+            )
+        });
+        let Some(name) = words.get(at + 1).filter(|_| before_ok) else {
+            continue;
+        };
+        // The body's opening brace, unless a `;` ends a declaration first.
+        let mut depth = 0usize;
+        let mut open = None;
+        'find: for (m, l) in lines.iter().enumerate().skip(n) {
+            for ch in l.chars() {
+                match ch {
+                    '(' | '[' | '<' => depth += 1,
+                    ')' | ']' | '>' => depth = depth.saturating_sub(1),
+                    ';' if depth == 0 => break 'find,
+                    '{' => {
+                        open = Some(m);
+                        break 'find;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let Some(open) = open else { continue };
+        let mut braces = 0i64;
+        let mut close = None;
+        'body: for (m, l) in lines.iter().enumerate().skip(open) {
+            for ch in l.chars() {
+                match ch {
+                    '{' => braces += 1,
+                    '}' => {
+                        braces -= 1;
+                        if braces == 0 {
+                            close = Some(m);
+                            break 'body;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let Some(close) = close else { continue };
+        let len = close - n + 1;
+        let reason = original[open..(open + 4).min(original.len())]
+            .iter()
+            .any(|l| l.contains("// Long:"));
+        if len > max && !reason {
+            out.push((n + 1, name.to_string(), len));
+        }
+    }
+    out
+}
+
+/// Every `.rs` file under `src/`, as (path relative to the crate, text).
+fn sources() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = Vec::new();
+    rust_files(&root.join("src"), &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("reading a source file");
+            let rel = p.strip_prefix(root).expect("under the crate");
+            (rel.display().to_string(), text)
+        })
+        .collect()
+}
+
+/// Rooms a reader can hold: no `src` file over 800 lines unless its first
+/// lines say why (`Past 800 lines:`), no function over 120 lines unless a
+/// `// Long:` comment at the top of its body says why.
+#[test]
+fn no_file_over_800_lines_and_no_function_over_120_without_a_reason() {
+    let mut problems = Vec::new();
+    for (path, text) in sources() {
+        let n = text.lines().count();
+        let head: Vec<&str> = text.lines().take(20).collect();
+        if n > 800 && !head.iter().any(|l| l.contains("Past 800 lines:")) {
+            problems.push(format!("{path}: {n} lines"));
+        }
+        for (line, name, len) in long_functions(&text, 120) {
+            problems.push(format!("{path}:{line}: fn {name} is {len} lines"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "too long, with no reason at the top:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The length check itself: a long function is found and measured, a
+/// `// Long:` reason excuses it, braces in strings, chars and comments
+/// do not count, and a declaration without a body is no function.
+#[test]
+fn the_length_check_measures_bodies_and_honours_a_reason() {
+    let body = "    let s = \"}\"; let c = '{'; // }\n".repeat(5);
+    let f = format!("pub(crate) async fn long(\n    a: u8,\n) -> u8 {{\n{body}    0\n}}\n");
+    assert_eq!(long_functions(&f, 8), vec![(1, "long".to_string(), 10)]);
+    assert!(long_functions(&f, 10).is_empty());
+    let excused = f.replace("-> u8 {\n", "-> u8 {\n    // Long: a table.\n");
+    assert!(long_functions(&excused, 8).is_empty());
+    let decl = "trait T {\n    fn f(&self);\n}\n";
+    assert!(long_functions(decl, 0).iter().all(|(_, n, _)| n != "f"));
+    let raw = format!("fn r() {{\n    let x = r#\"{{{{\"#;\n{body}}}\n");
+    assert_eq!(long_functions(&raw, 3).len(), 1);
+}

@@ -22,10 +22,11 @@ use crate::adapters::body::Body;
 use crate::adapters::cluster::gossip::Publisher;
 use crate::adapters::cluster::roster::Roster;
 use crate::adapters::errors::{ReloadError, RequestError, StateError, WeightError, error_response};
-use crate::config::{MAX_WEIGHT, RulesSource};
+use crate::config::RulesSource;
 use crate::engine::balance::PolicyKind;
 use crate::engine::membership::{MembershipView, NodeStatus};
 use crate::engine::node_id::NodeId;
+use crate::engine::operator;
 use crate::engine::route::{EntryDecision, OwnInflight, Router};
 use crate::engine::rules::RequestView;
 use crate::engine::slow_start::SlowStart;
@@ -536,14 +537,11 @@ impl NodeState {
         to: NodeStatus,
         offline_after: Option<Duration>,
     ) -> Result<NodeStatus, StateError> {
-        let deadline = offline_after
-            .filter(|_| to == NodeStatus::Draining)
-            .map(|d| tokio::time::Instant::now() + d);
+        let deadline = operator::drain_deadline(to, offline_after, tokio::time::Instant::now());
         let previous = {
             let mut s = self.status.lock().expect("status lock");
-            if s.0 == NodeStatus::Leaving && to != NodeStatus::Leaving {
-                return Err(StateError::Leaving);
-            }
+            operator::judge_status(s.0, to)
+                .map_err(|operator::StatusRefused::Leaving| StateError::Leaving)?;
             self.publishes_serving
                 .store(to == NodeStatus::Serving, Ordering::Relaxed);
             std::mem::replace(&mut *s, (to, deadline)).0
@@ -558,7 +556,7 @@ impl NodeState {
     pub(crate) async fn end_timed_out_drain(&self) -> bool {
         let due = {
             let s = self.status.lock().expect("status lock");
-            s.0 == NodeStatus::Draining && s.1.is_some_and(|d| tokio::time::Instant::now() >= d)
+            operator::drain_ended(s.0, s.1, tokio::time::Instant::now())
         };
         if !due {
             return false;
@@ -708,24 +706,16 @@ impl NodeState {
     /// weight.
     ///
     /// # Errors
-    /// [`WeightError::OutOfRange`] above [`MAX_WEIGHT`];
+    /// [`WeightError::OutOfRange`] above [`crate::config::MAX_WEIGHT`];
     /// [`WeightError::AllZero`] for 0 when every other serving member in
-    /// this node's view has weight 0. The weight in force stays.
+    /// this node's view has weight 0 ([`operator::judge_weight`]). The weight
+    /// in force stays.
     pub(crate) async fn set_weight(&self, weight: u64) -> Result<u32, WeightError> {
-        let w = u32::try_from(weight)
-            .ok()
-            .filter(|w| *w <= MAX_WEIGHT)
-            .ok_or(WeightError::OutOfRange(weight))?;
-        if w == 0 {
-            let view = self.view();
-            let others_zero = view
-                .members()
-                .filter(|m| m.id != self.node_id && view.is_serving(&m.id))
-                .all(|m| m.weight == 0);
-            if others_zero {
-                return Err(WeightError::AllZero);
-            }
-        }
+        let w =
+            operator::judge_weight(weight, &self.node_id, &self.view()).map_err(|e| match e {
+                operator::WeightRefused::OutOfRange(v) => WeightError::OutOfRange(v),
+                operator::WeightRefused::AllZero => WeightError::AllZero,
+            })?;
         let previous = self.weight.swap(w, Ordering::Relaxed);
         // During a slow start the new weight is the ramp's new target: the
         // step in force publishes its share of it.

@@ -582,6 +582,9 @@ impl Router {
         rng: &mut impl Rng,
         local: &impl Fn(&str) -> OwnInflight,
     ) -> Decision {
+        // Long: the routing precedence step by step (sticky route, the policy's candidates,
+        // bounded load, failover order); the steps share the candidate list, and one function
+        // keeps the precedence in reading order.
         let _ = now;
         let serving = view.serving_ids();
         if serving.is_empty() {

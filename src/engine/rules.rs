@@ -480,6 +480,8 @@ fn extract(rules: &[Rule], req: &RequestView<'_>) -> Option<(usize, String)> {
 }
 
 fn compile_rule(i: usize, spec: &RuleSpec, budget: &mut RegexBudget) -> Result<Rule, RuleError> {
+    // Long: one rule's fields compiled in the order its errors are reported, each naming its
+    // field.
     let err = |field: String, kind| RuleError {
         path: format!("rules[{i}]{field}"),
         rule: spec.name.clone(),

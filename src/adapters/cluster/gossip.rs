@@ -146,6 +146,9 @@ pub(crate) async fn start(
     keys: std::sync::Arc<keyring::GossipKeys>,
     signatures: Option<signed::Signatures>,
 ) -> Result<Gossip, GossipError> {
+    // Long: chitchat's configuration, its spawn and the watcher task that turns its live set
+    // into members are one sequence, each step using the last; split, the pieces would pass
+    // most of these locals to each other.
     let signatures = signatures.map(std::sync::Arc::new);
     let config = ChitchatConfig {
         chitchat_id: ChitchatId::new(who.node_id.to_string(), who.generation, who.gossip_addr),

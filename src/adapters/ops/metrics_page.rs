@@ -280,6 +280,8 @@ struct Snapshot {
 
 impl Snapshot {
     fn of(state: &NodeState) -> Snapshot {
+        // Long: every family of the exposition, in its order, one entry each: a table read top
+        // to bottom (docs/operations.md lists the same families in the same order).
         use Value::{Counter, Gauge, IntGauge};
         let c = &state.counters;
         let m = &state.metrics;

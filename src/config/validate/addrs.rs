@@ -160,6 +160,8 @@ pub(super) fn addr_problem<'a>(
     a: &NodeAddrs,
     others: impl IntoIterator<Item = (usize, &'a NodeAddrs)>,
 ) -> Option<(&'static str, String)> {
+    // Long: the address rules in the order their errors are reported, each a few lines; one
+    // function keeps that order in one place.
     for (k, addr) in [
         ("http_addr", a.http_addr),
         ("peer_addr", a.peer_addr),

@@ -2,7 +2,7 @@
 //! sequences of the balancing cases (A1-A11: their inputs and values are in
 //! `docs/cases.md`), and the candidates invariant.
 //!
-//! Longer than the ~600 lines of code a file should hold: every policy's
+//! Past 800 lines: every policy's
 //! golden sequence shares the view and request fixtures at the top, and
 //! each test reads as one case; splitting by policy would copy the
 //! fixtures or hide them in a third file.

@@ -94,6 +94,7 @@ pub(super) fn compile(
     budget: &mut RegexBudget,
     depth: usize,
 ) -> Result<Expr, RuleError> {
+    // Long: one arm per expression kind of the rules' TOML model, each a few lines.
     let err = |field: &str, kind| RuleError {
         path: format!("{path}{field}"),
         rule: rule.clone(),

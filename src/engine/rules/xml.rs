@@ -115,6 +115,8 @@ fn xml_error(lines: &mut Lines<'_>, pos: u64, msg: impl std::fmt::Display) -> Ru
 /// Malformed XML; an element nested more than [`MAX_RULE_DEPTH`] below the
 /// root; an element with more than [`MAX_XML_ATTRIBUTES`] attributes.
 fn read_tree(text: &str) -> Result<XmlElement, RuleError> {
+    // Long: one loop over quick-xml's events, one arm per event kind, with the depth and
+    // attribute bounds checked where each element opens.
     let mut reader = Reader::from_str(text);
     let mut lines = Lines::new(text);
     let mut stack: Vec<XmlElement> = Vec::new();

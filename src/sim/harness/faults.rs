@@ -42,6 +42,7 @@ impl Run<'_> {
         index: usize,
         gossip: &SimGossip,
     ) -> anyhow::Result<()> {
+        // Long: one arm per fault action of the scenario format, each a few lines.
         let f = &self.scenario.faults[index];
         let now = sim.elapsed();
         let node = f.node.as_deref().map(|n| self.resolve(n));

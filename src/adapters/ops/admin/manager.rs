@@ -116,6 +116,8 @@ pub(crate) async fn page(state: &NodeState, uri: &Uri) -> Response<Body> {
 /// the outcome; a refused change shows the page again with the member's
 /// answer and its status.
 pub(crate) async fn act(state: &NodeState, req: Request<Incoming>) -> Response<Body> {
+    // Long: one form post, read, checked, sent to the member it names and answered, in that
+    // order; each step is a few lines and ends in its own answer.
     let me = state.node_id();
     let bytes = match http_body_util::Limited::new(req.into_body(), FORM_LIMIT)
         .collect()
