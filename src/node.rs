@@ -137,6 +137,8 @@ impl Node {
     /// # Errors
     /// [`NodeError`] when the endpoint, gossip or listeners cannot start.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+        // Long: the composition root: every task of a node started in the order they depend on
+        // each other, then the shutdown sequence; it is wiring, no decision.
         let Node {
             config,
             env,

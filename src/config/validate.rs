@@ -32,9 +32,7 @@ impl ClusterFile {
     /// # Errors
     /// [`ConfigError::Invalid`] naming the first offending field.
     pub fn check(&self, src: &Source) -> Result<Vec<NodeAddrs>, ConfigError> {
-        // Long: one check per cluster.toml field, in the file's order, each naming its field
-        // through the shared inv; the first broken one is reported, so the order is the
-        // behaviour.
+        // Long: one check per field, in the file's order: the first broken one is reported.
         let inv = |field: &str, message: String| ConfigError::Invalid {
             origin: src.origin.clone(),
             field: field.to_owned(),
@@ -512,8 +510,7 @@ impl ClusterFile {
         node_id: &str,
         ov: &Overrides,
     ) -> Result<NodeConfig, ConfigError> {
-        // Long: one node's settings resolved field by field (the file, then the overrides), in
-        // NodeConfig's order, each naming its field or flag; the first broken one is reported.
+        // Long: one node's settings field by field (file, then overrides), first error reported.
         let inv = |field: &str, message: String| ConfigError::Invalid {
             origin: src.origin.clone(),
             field: field.to_owned(),

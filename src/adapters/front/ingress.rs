@@ -135,6 +135,8 @@ impl Ingress {
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Response<Body> {
+        // Long: the request's stages in the order they run (the checks of client_input, the
+        // limits, the decision, then serving or forwarding), as the module doc lists them.
         // The access line, taken as the request arrived (only when the
         // access log is on: nothing is copied otherwise).
         // Boxed: it lives across the await below, and unboxed it made every

@@ -430,6 +430,8 @@ async fn serve_stream<H: ProxiedHandler>(
     handler: Arc<H>,
     peer: &NodeId,
 ) {
+    // Long: the owner's side of one peer stream in wire order: read the head, admit it,
+    // dispatch by kind, stream the answer back; each step is short.
     // The head is decoded in place: its strings borrow `frame`.
     let frame = match read_frame(&mut recv).await {
         Ok(f) => f,

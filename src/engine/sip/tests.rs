@@ -1,3 +1,10 @@
+//! The SIP engine's tests: parsing, framing, keys, the proxy steps and
+//! the transactions, each on messages written out in full.
+//!
+//! Past 800 lines: the messages at the top (an INVITE, its answers) are
+//! shared by every test; a split by part would copy them or hide them in
+//! a third file.
+
 use proptest::prelude::*;
 
 use super::*;

@@ -237,6 +237,9 @@ impl Forwarder {
         view_version: u64,
         tries: &mut u32,
     ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
+        // Long: the forwarding loop over the candidates: try one (local or over the peer wire),
+        // judge the failure (engine/failover.rs), replay or answer; the attempts share the kept
+        // body and the access line, one loop keeps their order in sight.
         let me = self.state.node_id();
         let (mut parts, incoming) = req.into_parts();
         // A WebSocket request: its stream to a peer is a tunnel (`wire`).

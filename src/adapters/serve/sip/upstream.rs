@@ -283,6 +283,9 @@ impl SipUpstream {
     /// keeps the transaction in `completed` (its caller's ACK is absorbed,
     /// [`Self::transact`]).
     async fn exchange(&self, req: &SipMessage, node: &str, emit: &Emit<'_>) {
+        // Long: one client transaction toward the SIP server (RFC 3261 17.1: send, retransmit
+        // on UDP, relay provisionals, Timer C, the final answer), one state machine read top to
+        // bottom.
         let branch = up::branch(req, node);
         let generated = |status: u16, reason: &str| {
             let tag = up::generated_tag(&branch);
@@ -457,6 +460,8 @@ impl CalleeRelay {
     /// answer within Timer B (32 s): `408`; the caller's port closed or
     /// the socket failing: `503`. An ACK is sent once, unanswered.
     async fn relay(&self, req: SipMessage, emit: &Emit<'_>) {
+        // Long: one request the server sends toward a caller, relayed and its answers brought
+        // back (RFC 3261 16.6-16.7), one sequence read top to bottom.
         let method = req.method().unwrap_or("").to_owned();
         let (ack, invite) = (method == "ACK", method == "INVITE");
         let (out, dest) = match up::callee_request(&req, &self.node) {
