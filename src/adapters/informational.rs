@@ -111,7 +111,17 @@ pub(crate) fn relayed(status: u16) -> bool {
 /// stream), called by the upstream pool for each 1xx the app sends. At
 /// most [`MAX_PER_REQUEST`] are passed on. Cheap to clone (one `Arc`).
 #[derive(Clone)]
-pub(crate) struct Informational(Arc<Sink>);
+pub(crate) struct Informational(Inner);
+
+#[derive(Clone)]
+enum Inner {
+    /// Handed to a function (the owner's channel, an HTTP/2 stream).
+    Deliver(Arc<Sink>),
+    /// Queued on an HTTP/1.1 connection ([`H1Queue`]) for its request
+    /// number `.1`: the connection's `Arc`, so an HTTP/1.1 request's sink
+    /// allocates nothing (it is made for every request, and a 1xx is rare).
+    H1(Arc<H1Queue>, u64),
+}
 
 struct Sink {
     deliver: Box<dyn Fn(InfoHead) + Send + Sync>,
@@ -128,10 +138,10 @@ impl Informational {
     /// A sink that hands each informational head to `deliver` (called on
     /// the task that reads the app's answer: it must not block).
     pub(crate) fn new(deliver: impl Fn(InfoHead) + Send + Sync + 'static) -> Informational {
-        Informational(Arc::new(Sink {
+        Informational(Inner::Deliver(Arc::new(Sink {
             deliver: Box::new(deliver),
             count: std::sync::atomic::AtomicU32::new(0),
-        }))
+        })))
     }
 
     /// Passes `head` on, unless its status is not [`relayed`] or this
@@ -140,12 +150,16 @@ impl Informational {
         if !relayed(head.status.as_u16()) {
             return;
         }
-        let n = self
-            .0
-            .count
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if n < MAX_PER_REQUEST {
-            (self.0.deliver)(head);
+        match &self.0 {
+            Inner::Deliver(sink) => {
+                let n = sink
+                    .count
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n < MAX_PER_REQUEST {
+                    (sink.deliver)(head);
+                }
+            }
+            Inner::H1(queue, request) => queue.push(*request, &head),
         }
     }
 }
@@ -238,26 +252,51 @@ async fn write_frame(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> 
 /// connection, shared by its requests' sinks and its [`H1Inject`] IO.
 #[derive(Debug, Default)]
 pub(crate) struct H1Queue {
-    bytes: Mutex<Vec<u8>>,
+    state: Mutex<H1State>,
+    /// The number of the connection's next request (its sink's).
+    next: std::sync::atomic::AtomicU64,
     waker: AtomicWaker,
+}
+
+/// What [`H1Queue`] guards.
+#[derive(Debug, Default)]
+struct H1State {
+    /// Encoded heads not yet taken by the connection's IO.
+    bytes: Vec<u8>,
+    /// The request whose heads `sent` counts: HTTP/1.1 serves one request
+    /// at a time on a connection, so the count restarts with the next.
+    request: u64,
+    sent: u32,
 }
 
 impl H1Queue {
     /// The sink of one request on this connection: each head is queued
-    /// and the connection's task woken to write it.
+    /// and the connection's task woken to write it. Allocates nothing.
     pub(crate) fn sink(self: &Arc<Self>) -> Informational {
-        let q = Arc::clone(self);
-        Informational::new(move |head| {
-            let encoded = head.encode_h1();
-            {
-                let mut bytes = q.bytes.lock().expect("informational queue lock");
-                if bytes.len() + encoded.len() > MAX_QUEUED_BYTES {
-                    return;
-                }
-                bytes.extend_from_slice(&encoded);
+        let request = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Informational(Inner::H1(Arc::clone(self), request))
+    }
+
+    /// Queues `head` of request number `request`, unless that request
+    /// already queued [`MAX_PER_REQUEST`] or the queue is full.
+    fn push(&self, request: u64, head: &InfoHead) {
+        {
+            let mut st = self.state.lock().expect("informational queue lock");
+            if st.request != request {
+                st.request = request;
+                st.sent = 0;
             }
-            q.waker.wake();
-        })
+            if st.sent >= MAX_PER_REQUEST {
+                return;
+            }
+            st.sent += 1;
+            let encoded = head.encode_h1();
+            if st.bytes.len() + encoded.len() > MAX_QUEUED_BYTES {
+                return;
+            }
+            st.bytes.extend_from_slice(&encoded);
+        }
+        self.waker.wake();
     }
 }
 
@@ -316,11 +355,11 @@ impl<T: AsyncWrite + Unpin> H1Inject<T> {
                 return Poll::Ready(Ok(()));
             }
             self.queue.waker.register(cx.waker());
-            let mut q = self.queue.bytes.lock().expect("informational queue lock");
-            if q.is_empty() {
+            let mut q = self.queue.state.lock().expect("informational queue lock");
+            if q.bytes.is_empty() {
                 return Poll::Ready(Ok(()));
             }
-            std::mem::swap(&mut *q, &mut self.pending);
+            std::mem::swap(&mut q.bytes, &mut self.pending);
         }
     }
 }
@@ -423,6 +462,24 @@ mod tests {
             seen.load(std::sync::atomic::Ordering::Relaxed),
             MAX_PER_REQUEST
         );
+    }
+
+    /// An HTTP/1.1 connection's sinks share its queue: each request may
+    /// queue its own share, counted anew for the next request.
+    #[test]
+    fn an_h1_request_queues_at_most_its_share_and_the_next_its_own() {
+        let q = Arc::new(H1Queue::default());
+        let one = early_hints().encode_h1().len();
+        let first = q.sink();
+        for _ in 0..MAX_PER_REQUEST + 5 {
+            first.send(early_hints());
+        }
+        first.send(InfoHead::new(StatusCode::CONTINUE, &HeaderMap::new()));
+        let queued = |q: &H1Queue| q.state.lock().unwrap().bytes.len();
+        assert_eq!(queued(&q), MAX_PER_REQUEST as usize * one);
+        let second = q.sink();
+        second.send(early_hints());
+        assert_eq!(queued(&q), (MAX_PER_REQUEST as usize + 1) * one);
     }
 
     /// Queued heads go out on a flush, and before the next message's

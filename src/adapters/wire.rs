@@ -256,6 +256,54 @@ pub(crate) struct RequestHeadRef<'a> {
     pub tls: Option<&'a TlsFacts>,
 }
 
+/// A [`RequestHeadRef`] with peerlb's own marks ([`TUNNEL`],
+/// [`INFORMATIONAL`], [`TRAILERS`]: `(name, value)`) after its header
+/// lines: the bytes of the head whose map had the marks inserted last,
+/// without inserting them into the request's map and removing them again
+/// (a name HTTP has no constant for is parsed and hashed each time).
+/// Encode it with [`encode`].
+#[derive(Debug)]
+pub(crate) struct MarkedRequestHead<'a> {
+    /// The head, its headers as the request has them.
+    pub head: RequestHeadRef<'a>,
+    /// The marks, as header lines after the request's own.
+    pub marks: &'a [(&'static str, &'static str)],
+}
+
+impl Serialize for MarkedRequestHead<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeSeq, SerializeStruct};
+        struct Lines<'b>(&'b http::HeaderMap, &'b [(&'static str, &'static str)]);
+        impl Serialize for Lines<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut seq = s.serialize_seq(Some(self.0.len() + self.1.len()))?;
+                for (k, v) in self.0.iter() {
+                    seq.serialize_element(&(k.as_str(), header_list::Raw(v.as_bytes())))?;
+                }
+                for &(k, v) in self.1 {
+                    seq.serialize_element(&(k, header_list::Raw(v.as_bytes())))?;
+                }
+                seq.end()
+            }
+        }
+        // The fields of `RequestHeadRef`, in its order (a test pins the
+        // bytes against it).
+        let h = &self.head;
+        let mut st = s.serialize_struct("RequestHeadRef", 10)?;
+        st.serialize_field("request_id", &h.request_id)?;
+        st.serialize_field("entry", h.entry)?;
+        st.serialize_field("hops", &h.hops)?;
+        st.serialize_field("view_version", &h.view_version)?;
+        st.serialize_field("method", h.method)?;
+        st.serialize_field("uri", h.uri)?;
+        st.serialize_field("headers", &Lines(h.headers, self.marks))?;
+        st.serialize_field("client", &h.client)?;
+        st.serialize_field("hash_key", &h.hash_key)?;
+        st.serialize_field("tls", &h.tls)?;
+        st.end()
+    }
+}
+
 /// A [`ResponseHead`] encoded straight from borrowed parts (the owner's
 /// answer path): the same bytes as the owned form.
 #[derive(Debug, Serialize)]
@@ -278,7 +326,7 @@ mod header_list {
     use serde::ser::SerializeSeq;
     use serde::{Deserializer, Serialize, Serializer};
 
-    struct Raw<'a>(&'a [u8]);
+    pub(super) struct Raw<'a>(pub(super) &'a [u8]);
 
     impl Serialize for Raw<'_> {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -542,258 +590,4 @@ mod response_seed {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The view of `head`'s frame, checked field by field against it.
-    fn assert_view_matches(frame_body: &[u8], head: &RequestHead) {
-        let v: RequestHeadView<'_> = decode_view(frame_body).unwrap();
-        assert_eq!(v.request_id, head.request_id);
-        assert_eq!(v.entry, head.entry);
-        assert_eq!(v.hops, head.hops);
-        assert_eq!(v.view_version, head.view_version);
-        assert_eq!(v.method, head.method);
-        assert_eq!(v.uri, head.uri);
-        let headers: Vec<(&str, &[u8])> = head
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        assert_eq!(v.headers, headers);
-        assert_eq!(v.client, head.client);
-        assert_eq!(v.hash_key, head.hash_key.as_deref());
-        assert_eq!(v.tls, head.tls);
-    }
-
-    fn head() -> RequestHead {
-        RequestHead {
-            request_id: 0x1234_5678_9abc_def0_1122_3344_5566_7788,
-            entry: "n1".into(),
-            hops: 1,
-            view_version: 42,
-            method: "POST".into(),
-            uri: "/a?user=x".into(),
-            headers: vec![("x-user".into(), b"\xffbin".to_vec())],
-            client: "127.0.0.1:5555".parse().unwrap(),
-            hash_key: Some("x".into()),
-            tls: Some(TlsFacts {
-                sni: Some("a.example".into()),
-                version: 0x0304,
-                alpn: Some(b"http/1.1".to_vec()),
-            }),
-        }
-    }
-
-    #[test]
-    fn request_head_round_trips_with_its_length_prefix() {
-        let buf = encode(&head()).unwrap();
-        let len = head_len(buf[..4].try_into().unwrap()).unwrap();
-        assert_eq!(len, buf.len() - 4);
-        let back: RequestHead = decode(&buf[4..]).unwrap();
-        assert_eq!(back, head());
-    }
-
-    /// Golden frame, written by hand from the format (bincode 2 standard
-    /// config: integers above u8 as varints, 0..=250 in one byte, 251 +
-    /// u16 LE, 254 + u128 LE; strings and byte strings as varint length +
-    /// bytes; `Option` as 0/1 + value; serde's `SocketAddr` as variant
-    /// index (0 = V4), four octets, port), not from `encode`: a change to
-    /// the bytes peers exchange fails here, whatever the round trips say.
-    #[test]
-    fn request_head_frame_matches_the_hand_written_golden_bytes() {
-        let head = RequestHead {
-            request_id: 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10,
-            entry: "n1".into(),
-            hops: 1,
-            view_version: 300,
-            method: "GET".into(),
-            uri: "/a?user=x".into(),
-            headers: vec![("x-user".into(), b"\xffbin".to_vec())],
-            client: "127.0.0.1:5555".parse().unwrap(),
-            hash_key: Some("x".into()),
-            tls: Some(TlsFacts {
-                sni: Some("a".into()),
-                version: 0x0304,
-                alpn: None,
-            }),
-        };
-        #[rustfmt::skip]
-        let body: &[u8] = &[
-            // request_id: u128 varint, tag 254 then 16 bytes little endian
-            0xfe, 0x10, 0x0f, 0x0e, 0x0d, 0x0c, 0x0b, 0x0a, 0x09,
-            0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,
-            // entry "n1"
-            0x02, b'n', b'1',
-            // hops: u8, one raw byte
-            0x01,
-            // view_version 300: tag 251 then u16 LE
-            0xfb, 0x2c, 0x01,
-            // method "GET"
-            0x03, b'G', b'E', b'T',
-            // uri "/a?user=x"
-            0x09, b'/', b'a', b'?', b'u', b's', b'e', b'r', b'=', b'x',
-            // headers: one pair, name "x-user", value 4 raw bytes
-            0x01,
-            0x06, b'x', b'-', b'u', b's', b'e', b'r',
-            0x04, 0xff, b'b', b'i', b'n',
-            // client: SocketAddr::V4 (variant 0), 127.0.0.1, port 5555 (251, u16 LE)
-            0x00, 0x7f, 0x00, 0x00, 0x01, 0xfb, 0xb3, 0x15,
-            // hash_key: Some("x")
-            0x01, 0x01, b'x',
-            // tls: Some { sni: Some("a"), version 0x0304 (251, u16 LE), alpn: None }
-            0x01, 0x01, 0x01, b'a', 0xfb, 0x04, 0x03, 0x00,
-        ];
-        let mut golden = (body.len() as u32).to_be_bytes().to_vec();
-        golden.extend_from_slice(body);
-        assert_eq!(encode(&head).unwrap(), golden);
-        assert_eq!(decode::<RequestHead>(body).unwrap(), head);
-        assert_view_matches(body, &head);
-    }
-
-    #[test]
-    fn response_head_round_trips() {
-        let h = ResponseHead {
-            status: 201,
-            headers: vec![("set-cookie".into(), b"a=b".to_vec())],
-            served_by: "n3".into(),
-        };
-        let buf = encode(&h).unwrap();
-        assert_eq!(decode::<ResponseHead>(&buf[4..]).unwrap(), h);
-    }
-
-    /// The entry's decode of a response head: the owned decode's fields,
-    /// its valid lines in order in the map (values sharing the frame's
-    /// buffer), the invalid ones named and left out; the same frames
-    /// refused.
-    #[test]
-    fn response_heads_decode_into_a_header_map_sharing_the_frame() {
-        let h = ResponseHead {
-            status: 201,
-            headers: vec![
-                ("content-length".into(), b"3".to_vec()),
-                ("set-cookie".into(), b"a=b".to_vec()),
-                ("bad name".into(), b"x".to_vec()),
-                ("set-cookie".into(), b"c=d".to_vec()),
-                ("x-bad-value".into(), b"a\nb".to_vec()),
-                ("x-empty".into(), Vec::new()),
-            ],
-            served_by: "n3".into(),
-        };
-        let frame = bytes::Bytes::from(encode(&h).unwrap()).slice(4..);
-        let d = decode_response(&frame).unwrap();
-        assert_eq!(d.status, 201);
-        assert_eq!(d.served_by(), "n3");
-        assert_eq!(d.content_length(), Some(3));
-        assert_eq!(d.dropped, ["bad name", "x-bad-value"]);
-        let lines: Vec<(&str, &[u8])> = d
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_bytes()))
-            .collect();
-        let want: Vec<(&str, &[u8])> = vec![
-            ("content-length", b"3"),
-            ("set-cookie", b"a=b"),
-            ("set-cookie", b"c=d"),
-            ("x-empty", b""),
-        ];
-        assert_eq!(lines, want);
-        let cookie = d.headers.get("set-cookie").unwrap().as_bytes().as_ptr() as usize;
-        let start = frame.as_ptr() as usize;
-        assert!((start..start + frame.len()).contains(&cookie), "a copy");
-
-        let buf = bytes::Bytes::from(encode(&h).unwrap());
-        assert!(decode_response(&buf.slice(4..buf.len() - 1)).is_err());
-        let mut long = buf[4..].to_vec();
-        long.push(0);
-        assert!(decode_response(&bytes::Bytes::from(long)).is_err());
-        assert!(decode_response(&bytes::Bytes::from_static(&[0xff; 7])).is_err());
-    }
-
-    #[test]
-    fn borrowed_heads_encode_to_the_same_bytes_as_owned_ones() {
-        let mut map = http::HeaderMap::new();
-        map.append("x-user", http::HeaderValue::from_bytes(b"\xffbin").unwrap());
-        map.append("accept", http::HeaderValue::from_static("a"));
-        map.append("accept", http::HeaderValue::from_static("b"));
-        let owned = RequestHead {
-            headers: vec![
-                ("x-user".into(), b"\xffbin".to_vec()),
-                ("accept".into(), b"a".to_vec()),
-                ("accept".into(), b"b".to_vec()),
-            ],
-            ..head()
-        };
-        let h = head();
-        let borrowed = RequestHeadRef {
-            request_id: h.request_id,
-            entry: &h.entry,
-            hops: h.hops,
-            view_version: h.view_version,
-            method: &h.method,
-            uri: &h.uri,
-            headers: &map,
-            client: h.client,
-            hash_key: h.hash_key.as_deref(),
-            tls: h.tls.as_ref(),
-        };
-        let frame = encode(&borrowed).unwrap();
-        assert_eq!(frame, encode(&owned).unwrap());
-        assert_eq!(decode::<RequestHead>(&frame[4..]).unwrap(), owned);
-        assert_view_matches(&frame[4..], &owned);
-
-        let rh = ResponseHeadRef {
-            status: 200,
-            headers: &map,
-            served_by: "n3",
-        };
-        let back: ResponseHead = decode(&encode(&rh).unwrap()[4..]).unwrap();
-        assert_eq!(back.headers, owned.headers);
-        assert_eq!(back.served_by, "n3");
-    }
-
-    #[test]
-    fn header_values_keep_the_layout_of_a_plain_byte_vector() {
-        // The wire layout of `Vec<(String, Vec<u8>)>` with plain serde
-        // derive: what nodes built before the custom (de)serializer send.
-        #[derive(Serialize, Deserialize, PartialEq, Debug)]
-        struct Plain {
-            headers: Vec<(String, Vec<u8>)>,
-        }
-        let plain = Plain {
-            headers: vec![("a".into(), vec![0, 1, 255]), ("b".into(), vec![])],
-        };
-        let r = ResponseHead {
-            status: 1,
-            headers: plain.headers.clone(),
-            served_by: String::new(),
-        };
-        let ours = encode(&r).unwrap();
-        let theirs = encode(&(1u16, &plain, "")).unwrap();
-        assert_eq!(ours, theirs);
-    }
-
-    #[test]
-    fn oversized_length_prefix_is_refused() {
-        let e = head_len(((MAX_HEAD_LEN + 1) as u32).to_be_bytes()).unwrap_err();
-        assert!(matches!(e, WireError::TooLong(n) if n == MAX_HEAD_LEN + 1));
-    }
-
-    #[test]
-    fn garbage_and_truncated_heads_are_decode_errors() {
-        assert!(matches!(
-            decode::<RequestHead>(&[0xff; 7]),
-            Err(WireError::Decode(_))
-        ));
-        assert!(matches!(
-            decode_view::<RequestHeadView<'_>>(&[0xff; 7]),
-            Err(WireError::Decode(_))
-        ));
-        let buf = encode(&head()).unwrap();
-        assert!(decode::<RequestHead>(&buf[4..buf.len() - 1]).is_err());
-        assert!(decode_view::<RequestHeadView<'_>>(&buf[4..buf.len() - 1]).is_err());
-        let mut long = buf[4..].to_vec();
-        long.push(0);
-        assert!(decode::<RequestHead>(&long).is_err());
-        assert!(decode_view::<RequestHeadView<'_>>(&long).is_err());
-    }
-}
+mod tests;

@@ -463,7 +463,13 @@ fn extract(rules: &[Rule], req: &RequestView<'_>) -> Option<(usize, String)> {
                 }
                 extract.iter().find_map(|x| {
                     let v = x.source.value(req)?;
-                    (!v.is_empty()).then(|| format!("{}{v}", x.prefix))
+                    // Two pushes, not `format!`: this runs per request.
+                    (!v.is_empty()).then(|| {
+                        let mut k = String::with_capacity(x.prefix.len() + v.len());
+                        k.push_str(&x.prefix);
+                        k.push_str(&v);
+                        k
+                    })
                 })
             }
             Body::Tree { when, expr } => {

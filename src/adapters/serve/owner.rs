@@ -63,6 +63,12 @@ impl ProxiedHandler for Owner {
         self.state.accepting()
     }
 
+    fn may_send_informational(&self, head: &RequestHeadView<'_>) -> bool {
+        // Only an upstream app's exchange relays a 1xx (`upstream`); the
+        // admin and SIP paths never send one.
+        matches!(self.app, App::Upstream { .. }) && Kind::of(head) == Kind::App
+    }
+
     async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
         let line = crate::adapters::access::enabled().then(|| {
             let me = self.state.node_id();
@@ -107,29 +113,24 @@ impl Owner {
         let state = &self.state;
         // An admin change a peer's admin API forwarded (only a peer can
         // send the header: entries strip client-sent `peerlb-*` headers).
-        if head
-            .headers
-            .iter()
-            .any(|&(k, _)| k == crate::adapters::ops::admin::members::ADMIN_HEADER)
-        {
-            // Boxed, as the SIP path below: rare paths kept out of every
-            // proxied request's future (which is moved once per request).
-            return Box::pin(crate::adapters::ops::admin::members::answer_peer(
-                state,
-                head,
-                req.into_body(),
-            ))
-            .await;
-        }
-        if head
-            .headers
-            .iter()
-            .any(|&(k, _)| k == crate::adapters::wire::SIP)
-        {
-            state.metrics.count_proxied_in();
-            let inflight = state.enter_proxied();
-            // Boxed: a rare path, kept out of every stream's future.
-            return Box::pin(self.sip.clone().serve_proxied(req.into_body(), inflight)).await;
+        match Kind::of(head) {
+            Kind::App => {}
+            Kind::Admin => {
+                // Boxed, as the SIP path below: rare paths kept out of every
+                // proxied request's future (which is moved once per request).
+                return Box::pin(crate::adapters::ops::admin::members::answer_peer(
+                    state,
+                    head,
+                    req.into_body(),
+                ))
+                .await;
+            }
+            Kind::Sip => {
+                state.metrics.count_proxied_in();
+                let inflight = state.enter_proxied();
+                // Boxed: a rare path, kept out of every stream's future.
+                return Box::pin(self.sip.clone().serve_proxied(req.into_body(), inflight)).await;
+            }
         }
         state.metrics.count_proxied_in();
         let inflight = state.enter_proxied();
@@ -155,5 +156,36 @@ impl Owner {
             Ok(r) => track_body(r, None, inflight),
             Err(e) => state.failed(RequestError::App(e)),
         }
+    }
+}
+
+/// What a proxied request is, by the mark the entry put in its head: an
+/// admin change ([`ADMIN_HEADER`](crate::adapters::ops::admin::members::ADMIN_HEADER)),
+/// a SIP message ([`SIP`](crate::adapters::wire::SIP)) or (without either)
+/// a request for the app. The admin mark wins when both are present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    App,
+    Admin,
+    Sip,
+}
+
+impl Kind {
+    /// The kind of `head`, from one scan of its header names; only names
+    /// with peerlb's prefix are compared (both marks have it).
+    fn of(head: &RequestHeadView<'_>) -> Kind {
+        let mut kind = Kind::App;
+        for &(k, _) in &head.headers {
+            if !k.starts_with("peerlb-") {
+                continue;
+            }
+            if k == crate::adapters::ops::admin::members::ADMIN_HEADER {
+                return Kind::Admin;
+            }
+            if k == crate::adapters::wire::SIP {
+                kind = Kind::Sip;
+            }
+        }
+        kind
     }
 }

@@ -111,6 +111,11 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     /// [`wire::RESET_REFUSED`] before they are processed, so the entry may
     /// retry them elsewhere.
     fn accepting(&self) -> bool;
+    /// Whether serving `head` may send informational (1xx) heads: false
+    /// when the app never sends one (the built-in app), so the stream
+    /// makes no channel for them (the entry marks every request that can
+    /// take a 1xx, and that is nearly every one).
+    fn may_send_informational(&self, head: &RequestHeadView<'_>) -> bool;
     /// Serves one proxied request (never forwarded again: hop limit 1).
     fn serve(
         &self,
@@ -541,7 +546,7 @@ async fn serve_stream<H: ProxiedHandler>(
     // The app's 1xx answers, when the entry asked: a frame each, before
     // the final head (`informational::serve_relaying`).
     let mut req = req;
-    let info_rx = informational.then(|| {
+    let info_rx = (informational && handler.may_send_informational(&head)).then(|| {
         let (sink, rx) = crate::adapters::informational::channel();
         req.extensions_mut().insert(sink);
         rx

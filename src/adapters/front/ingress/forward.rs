@@ -241,7 +241,7 @@ impl Forwarder {
         // judge the failure (engine/failover.rs), replay or answer; the attempts share the kept
         // body and the access line, one loop keeps their order in sight.
         let me = self.state.node_id();
-        let (mut parts, incoming) = req.into_parts();
+        let (parts, incoming) = req.into_parts();
         // A WebSocket request: its stream to a peer is a tunnel (`wire`).
         let tunnel = tunnel::wants_websocket(&parts.method, parts.version, &parts.headers);
         let declared = content_length(&parts.headers);
@@ -358,42 +358,38 @@ impl Forwarder {
             let h = match &head {
                 Some(h) => h.clone(),
                 None => {
+                    // peerlb's marks travel after the request's own header
+                    // lines, not through its map (`MarkedRequestHead`).
+                    let mut marks = [("", ""); 2];
+                    let mut n = 0;
                     if tunnel {
-                        parts
-                            .headers
-                            .insert(wire::TUNNEL, HeaderValue::from_static("websocket"));
+                        marks[n] = (wire::TUNNEL, "websocket");
+                        n += 1;
                     } else if info.is_some() {
-                        parts
-                            .headers
-                            .insert(wire::INFORMATIONAL, HeaderValue::from_static("1"));
+                        marks[n] = (wire::INFORMATIONAL, "1");
+                        n += 1;
                     }
                     if let Some(mark) = trailers_mark {
-                        parts
-                            .headers
-                            .insert(wire::TRAILERS, HeaderValue::from_static(mark));
+                        marks[n] = (wire::TRAILERS, mark);
+                        n += 1;
                     }
                     let uri = request_target(&parts.uri);
-                    let encoded = wire::encode(&RequestHeadRef {
-                        request_id,
-                        entry: me,
-                        hops: 1,
-                        view_version,
-                        method: parts.method.as_str(),
-                        uri: &uri,
-                        headers: &parts.headers,
-                        client: conn.client,
-                        hash_key: key,
-                        tls: conn.tls.as_ref(),
+                    let encoded = wire::encode(&wire::MarkedRequestHead {
+                        head: RequestHeadRef {
+                            request_id,
+                            entry: me,
+                            hops: 1,
+                            view_version,
+                            method: parts.method.as_str(),
+                            uri: &uri,
+                            headers: &parts.headers,
+                            client: conn.client,
+                            hash_key: key,
+                            tls: conn.tls.as_ref(),
+                        },
+                        marks: &marks[..n],
                     });
                     drop(uri);
-                    if tunnel {
-                        parts.headers.remove(wire::TUNNEL);
-                    } else if info.is_some() {
-                        parts.headers.remove(wire::INFORMATIONAL);
-                    }
-                    if trailers_mark.is_some() {
-                        parts.headers.remove(wire::TRAILERS);
-                    }
                     match encoded {
                         Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
                         Err(e) => {
