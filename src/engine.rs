@@ -53,6 +53,7 @@ pub(crate) mod failover;
 pub(crate) mod gossip_budget;
 pub(crate) mod membership;
 pub(crate) mod node_id;
+pub(crate) mod ownership;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;
