@@ -7,12 +7,11 @@
 //! every request the app is given carries a [`RequestInfo`] extension
 //! (with the same handle) inside them.
 //!
-//! The app's request and response body is [`Body`](crate::body::Body),
+//! The app's request and response body is [`crate::body::Body`],
 //! the node's own streaming body (a boxed `http_body::Body` of `Bytes`):
 //! the bodies the node reads from clients and peers are already of that
 //! type, so handing them to the app costs no conversion or further
-//! boxing; [`body::full`](crate::body::full) and
-//! [`body::empty`](crate::body::empty) make one, and
+//! boxing; [`crate::body::full`] and [`crate::body::empty`] make one, and
 //! `http_body_util::BodyExt::boxed_unsync` turns any other body with
 //! [`BodyError`](crate::body::BodyError) errors into one.
 

@@ -47,7 +47,7 @@ pub enum BodyError {
     #[error("cut: the node's response budget is reached and this response held the most")]
     OverBudget,
     /// A framed body from a peer (one that may carry trailers,
-    /// [`framed`](mod@framed)) did not frame: a broken or hostile peer.
+    /// `framed`) did not frame: a broken or hostile peer.
     #[error("peer body framing: {0}")]
     Framing(String),
 }

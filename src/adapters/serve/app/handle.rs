@@ -23,6 +23,24 @@ use crate::engine::ownership::{self, MovedRange};
 /// draining or leaving node owns nothing; a node alone, or with no serving
 /// member, owns every key). Before [`Node::run`](crate::Node::run) forms the
 /// cluster the node sees only itself.
+///
+/// ```no_run
+/// # async fn shard(node: peerlb::Node) {
+/// let handle = node.handle();
+/// tokio::spawn(async move {
+///     let mut changes = handle.watch();
+///     while let Some(change) = changes.changed().await {
+///         for moved in &change.lost {
+///             // Hand the state of the points moved.points() to moved.to.
+///             println!("{:?} now belongs to {}", moved.points(), moved.to);
+///         }
+///     }
+/// });
+/// let owner = node.handle().owner("alice");
+/// let here = node.handle().is_local("alice");
+/// assert_eq!(here, &owner == node.handle().node_id());
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Handle {
     inner: Arc<Inner>,

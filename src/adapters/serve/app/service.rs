@@ -1,4 +1,4 @@
-//! Every app as one `tower::Service`: [`App`] erases the service a node
+//! Every app as one `tower::Service`: [`ErasedApp`] erases the service a node
 //! serves with (the built-in demo app, an upstream app, or an app a Rust
 //! service embeds) behind one call, and gives each request its
 //! [`RequestInfo`] as a request extension.
