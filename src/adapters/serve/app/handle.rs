@@ -186,3 +186,71 @@ impl ViewChange {
             .map(|m| &m.to)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::membership::NodeStatus::{Draining, Serving};
+    use crate::engine::membership::tests::{member, view};
+
+    #[test]
+    fn answers_are_the_current_views() {
+        let (tx, rx) = watch::channel(Arc::new(view("n1", &[("n1", Serving), ("n2", Serving)])));
+        let h = Handle::new(NodeId::from("n1"), rx);
+        assert_eq!(h.members(), [NodeId::from("n1"), NodeId::from("n2")]);
+        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        assert!(keys.iter().any(|k| !h.is_local(k)));
+        tx.send_replace(Arc::new(view("n1", &[("n1", Serving), ("n2", Draining)])));
+        assert_eq!(h.members(), [NodeId::from("n1")]);
+        assert!(
+            keys.iter()
+                .all(|k| h.is_local(k) && h.owner(k).as_str() == "n1")
+        );
+        let alone = Handle::alone(NodeId::from("a"));
+        assert!(alone.is_local("x") && alone.view().is_none());
+    }
+
+    #[tokio::test]
+    async fn watch_skips_load_only_views_and_reports_what_moved() {
+        let three = [("n1", Serving), ("n2", Serving), ("n3", Serving)];
+        let first = Arc::new(view("n1", &three));
+        let (tx, rx) = watch::channel(first.clone());
+        let h = Handle::new(NodeId::from("n1"), rx);
+        let mut changes = h.watch();
+        // Only a load figure changes: the same ring, no change reported.
+        let mut busy = member("n2", 1, Serving);
+        busy.load = 10;
+        let loads = first.with_members(
+            [member("n1", 1, Serving), busy, member("n3", 1, Serving)],
+            64,
+        );
+        tx.send_replace(Arc::new(loads));
+        // Polled once: it takes the load-only view, skips it, and waits.
+        tokio::select! {
+            biased;
+            c = changes.changed() => panic!("a load-only view was reported: {c:?}"),
+            () = std::future::ready(()) => {}
+        }
+        let drained = Arc::new(view(
+            "n1",
+            &[("n1", Serving), ("n2", Serving), ("n3", Draining)],
+        ));
+        tx.send_replace(drained.clone());
+        let c = changes.changed().await.unwrap();
+        assert_eq!(c.members, [NodeId::from("n1"), NodeId::from("n2")]);
+        assert!(c.lost.is_empty());
+        assert!(!c.gained.is_empty());
+        for k in (0..500).map(|i| format!("k{i}")) {
+            let was = ownership::owner_of(&first, &k).as_str() == "n3";
+            let now_mine = ownership::owner_of(&drained, &k).as_str() == "n1";
+            assert_eq!(
+                c.gained.iter().any(|m| m.contains_key(&k)),
+                was && now_mine,
+                "{k}"
+            );
+            assert_eq!(c.lost_to(&k), None);
+        }
+        drop(tx);
+        assert_eq!(changes.changed().await, None);
+    }
+}
