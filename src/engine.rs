@@ -30,6 +30,9 @@
 //!   is also a DNS label of the node's certificate name).
 //! - `membership`: the published node state and the immutable membership
 //!   view with its ring and version.
+//! - `ownership`: a key's owner in a view and the key ranges (ring
+//!   points) that moved to or from a node between two views: the answers
+//!   of an embedded app's `Handle`.
 //! - `route`: `Router::decide(request, view, now, rng) -> Decision` (and
 //!   `decide_with_loads` with the entry's own in-flight counts).
 //! - `slow_start`: the weight a node publishes while it ramps up after it
@@ -56,6 +59,7 @@ pub(crate) mod gossip_budget;
 pub(crate) mod membership;
 pub(crate) mod node_id;
 pub(crate) mod operator;
+pub(crate) mod ownership;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;

@@ -65,6 +65,12 @@
 //!     `sip` (SIP over UDP and TCP on `sip_addr`, forwarded on the peer
 //!     wire).
 //! - [`node`]: the composition root, [`Node::build`] then [`Node::run`].
+//! - `embed` (re-exported): peerlb as a library: [`Node::builder`] with an
+//!   app as a `tower::Service` ([`NodeBuilder`]), the [`RequestInfo`]
+//!   extension each request carries, and the node's [`Handle`] (who owns a
+//!   key, the members, [`ViewChanges`]; the handle itself is
+//!   `adapters/serve/app/handle.rs`, the moved-range diff
+//!   `engine/ownership`).
 //! - [`env`](mod@env): [`Env`] and [`Env::bind`]: sockets, generation and seed
 //!   handed to a node (above the adapters).
 //! - [`explain`]: `peerlb route`, the engine's decision for one request, explained.
@@ -86,6 +92,7 @@
 
 mod adapters;
 pub mod config;
+mod embed;
 mod engine;
 pub mod env;
 pub mod explain;
@@ -112,6 +119,26 @@ pub use engine::sticky::{RouteCookie, SameSite};
 pub use engine::testing;
 pub use env::{Env, SipSockets};
 pub use node::Node;
+
+pub use adapters::serve::app::RequestInfo;
+pub use adapters::serve::app::handle::{Handle, ViewChange, ViewChanges};
+pub use embed::{BuildError, NodeBuilder};
+pub use engine::ownership::MovedRange;
+
+/// The body of every request and response an app sees: the node's own
+/// streaming body type (see [`NodeBuilder::app`]).
+///
+/// ```
+/// use http_body_util::BodyExt;
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let b: peerlb::body::Body = peerlb::body::full("hello");
+/// assert_eq!(&b.collect().await.unwrap().to_bytes()[..], b"hello");
+/// # });
+/// ```
+pub mod body {
+    #[doc(inline)]
+    pub use crate::adapters::body::{Body, BodyError, empty, full};
+}
 
 /// Mutual TLS for the peer wire (`adapters/transport/tls.rs`: certificate
 /// generation, loading, the rustls/quinn configurations) and, in

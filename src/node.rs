@@ -19,6 +19,8 @@ use crate::adapters::http::entry_tls;
 use crate::adapters::node_state::NodeState;
 use crate::adapters::ops::admin_server::{self, AdminServer};
 use crate::adapters::serve::app::App;
+use crate::adapters::serve::app::handle::Handle;
+use crate::adapters::serve::app::service::ErasedApp;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::transport::tls::{self, TlsMaterial};
@@ -96,6 +98,14 @@ pub struct Node {
     /// What each client listener does before HTTP, in the order of
     /// `env.http_listeners` (`http_addr`, then the shared address).
     setups: Vec<Arc<ListenerSetup>>,
+    /// This node as the first view has it (alone, at slow start's first
+    /// weight), and that view's channel: made here so the [`Handle`] exists
+    /// before [`Node::run`].
+    self_member: Member,
+    view_tx: watch::Sender<Arc<MembershipView>>,
+    handle: Handle,
+    /// The local app (the config's, or the one the builder was given).
+    app: App,
 }
 
 impl Node {
@@ -104,7 +114,16 @@ impl Node {
     ///
     /// # Errors
     /// [`NodeError::Tls`] when the CA, certificate or key cannot be loaded.
-    pub fn build(config: NodeConfig, mut env: Env) -> Result<Node, NodeError> {
+    pub fn build(config: NodeConfig, env: Env) -> Result<Node, NodeError> {
+        Node::build_with(config, env, None)
+    }
+
+    /// [`Node::build`] serving with `service` instead of the config's app.
+    pub(crate) fn build_with(
+        config: NodeConfig,
+        mut env: Env,
+        service: Option<ErasedApp>,
+    ) -> Result<Node, NodeError> {
         let tls = match env.tls.take() {
             Some(m) => m,
             None => TlsMaterial::load(&config.tls.ca, &config.tls.cert, &config.tls.key)?,
@@ -121,12 +140,48 @@ impl Node {
             };
             setups.push(Arc::new(listener_setup(l, &config.ingress)?));
         }
+        let me = &config.node;
+        let self_member = Member {
+            id: me.id.clone(),
+            generation: env.generation,
+            peer_addr: me.peer_addr,
+            http_addr: me.http_addr,
+            weight: config
+                .routing
+                .slow_start
+                .weight_at(me.weight, Duration::ZERO),
+            status: NodeStatus::Serving,
+            load: 100,
+            inflight: 0,
+        };
+        let (view_tx, view_rx) = watch::channel(Arc::new(MembershipView::new(
+            me.id.clone(),
+            [self_member.clone()],
+            config.routing.ring,
+        )));
+        let handle = Handle::new(me.id.clone(), view_rx);
+        let app = match service {
+            Some(s) => App::erased(s, handle.clone()),
+            None => App::new(&config.app, env.app_slowdown.clone(), handle.clone()),
+        }
+        .with_observer(env.observer.clone());
         Ok(Node {
             config,
             env,
             tls,
             setups,
+            self_member,
+            view_tx,
+            handle,
+            app,
         })
+    }
+
+    /// The node's [`Handle`]: who owns a key, the serving members, the
+    /// ring's changes. Valid before and while the node runs; after it
+    /// stops, [`ViewChanges::changed`](crate::ViewChanges::changed) ends.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
     }
 
     /// Serves until `shutdown` resolves, then drains: publishes `leaving`,
@@ -144,6 +199,10 @@ impl Node {
             env,
             tls,
             setups,
+            self_member,
+            view_tx,
+            handle: _,
+            app,
         } = self;
         let me = config.node.clone();
         let settings = config.peer.clone();
@@ -160,7 +219,7 @@ impl Node {
         // others put it on their rings at the weight it publishes.
         let slow_start = config.routing.slow_start;
         let ramp_began = tokio::time::Instant::now();
-        let first_weight = slow_start.weight_at(me.weight, Duration::ZERO);
+        let first_weight = self_member.weight;
         let pause = Arc::new(PauseWatch::new(
             PauseWatch::threshold_for(settings.idle_timeout),
             PauseWatch::grace_for(settings.connect_timeout, config.gossip.interval),
@@ -198,21 +257,7 @@ impl Node {
         )
         .await?;
 
-        let self_member = Member {
-            id: me.id.clone(),
-            generation: env.generation,
-            peer_addr: me.peer_addr,
-            http_addr: me.http_addr,
-            weight: first_weight,
-            status: NodeStatus::Serving,
-            load: 100,
-            inflight: 0,
-        };
-        let (view_tx, view_rx) = watch::channel(Arc::new(MembershipView::new(
-            me.id.clone(),
-            [self_member.clone()],
-            config.routing.ring,
-        )));
+        let view_rx = view_tx.subscribe();
         // Beside the view, never read by routing: the members out of it.
         let roster = Arc::new(std::sync::Mutex::new(Roster::new(
             config.nodes.iter().map(|n| n.id.clone()),
@@ -268,13 +313,7 @@ impl Node {
             )
         });
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
-        let owner = Arc::new(Owner::new(
-            state.clone(),
-            App::new(&config.app)
-                .with_slowdown(env.app_slowdown.clone())
-                .with_observer(observer.clone()),
-            sip_app.clone(),
-        ));
+        let owner = Arc::new(Owner::new(state.clone(), app, sip_app.clone()));
         state
             .tunnels
             .set_idle_timeout(config.ingress.websocket_idle_timeout);

@@ -15,12 +15,15 @@ use crate::adapters::wire;
 mod framed;
 pub(crate) use framed::{Http2Client, frame_response, framed, trailer_marks, unframed};
 
-/// The body type of every request and response inside the node.
-pub(crate) type Body = UnsyncBoxBody<Bytes, BodyError>;
+/// The body type of every request and response inside the node, and of
+/// the requests and responses an embedded app sees: a boxed (`Send`, not
+/// `Sync`) `http_body::Body` of [`Bytes`] frames.
+pub type Body = UnsyncBoxBody<Bytes, BodyError>;
 
 /// Why a body stopped before its end.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum BodyError {
+#[non_exhaustive]
+pub enum BodyError {
     /// The client's connection failed while its request body was read, or
     /// the body was malformed (chunked encoding).
     #[error("client body: {0}")]
@@ -44,20 +47,20 @@ pub(crate) enum BodyError {
     #[error("cut: the node's response budget is reached and this response held the most")]
     OverBudget,
     /// A framed body from a peer (one that may carry trailers,
-    /// [`framed`](mod@framed)) did not frame: a broken or hostile peer.
+    /// `framed`) did not frame: a broken or hostile peer.
     #[error("peer body framing: {0}")]
     Framing(String),
 }
 
-/// A body of `bytes`.
-pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
+/// A body of `bytes`, in one frame.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed_unsync()
 }
 
 /// An empty body.
-pub(crate) fn empty() -> Body {
+pub fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 

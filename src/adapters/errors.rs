@@ -72,6 +72,10 @@ pub(crate) enum UpstreamError {
     /// WebSocket's): a broken app; the connection is closed.
     #[error("answered 101 Switching Protocols to a request that asked for no upgrade")]
     SwitchingProtocols,
+    /// An embedded app's service returned this error instead of a
+    /// response (502 Bad Gateway, as any app failure).
+    #[error("embedded service: {0}")]
+    Service(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Why a request got no answer from an app: each maps to one status in

@@ -25,12 +25,22 @@ pub(crate) use crate::adapters::errors::AppError;
 use crate::adapters::serve::upstream::Upstream;
 use crate::adapters::tunnel::{self, Tunnel};
 
+pub(crate) mod handle;
+pub(crate) mod service;
 mod websocket;
 use crate::config::AppKind;
+use crate::engine::node_id::NodeId;
 use crate::seam::{NoObserver, NodeEvent, Observer};
 use bytes::Bytes;
+use handle::Handle;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
+pub use service::RequestInfo;
+use service::{ErasedApp, TlsInfo};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -42,11 +52,13 @@ pub(crate) const MAX_BYTES_BODY: u64 = 1 << 30;
 /// Longest wait `/delay/<ms>` accepts, in milliseconds.
 pub(crate) const MAX_DELAY_MS: u64 = 60_000;
 
-/// What the app is told about a request besides the request itself.
+/// What the app is told about a request besides the request itself (the
+/// borrowed form the request path has; [`App::serve`] makes the
+/// [`RequestInfo`] extension of it).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ServeCtx<'a> {
     /// The node serving it.
-    pub node: &'a str,
+    pub node: &'a NodeId,
     /// The node that received it from the client.
     pub entry: &'a str,
     /// The hash key it was routed on.
@@ -57,116 +69,203 @@ pub(crate) struct ServeCtx<'a> {
     pub tls: Option<&'a crate::adapters::wire::TlsFacts>,
 }
 
-/// The local app of a node.
-pub(crate) enum App {
-    /// The built-in demo app.
-    Builtin {
-        /// Sessions started so far, for session ids.
-        sessions: AtomicU64,
-        /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
-        /// simulation's slow-node fault raises it (see [`App::with_slowdown`]).
-        slowdown: Arc<AtomicU32>,
-        /// Told of every request served (see [`App::with_observer`]).
-        observer: Arc<dyn Observer>,
-    },
-    /// A local upstream application.
-    Upstream {
-        /// Where the app listens (`http://host:port` or `unix:/path`), as
-        /// errors name it.
-        base: String,
-        /// Its connection pool.
-        pool: Upstream,
-        /// Told of every request served (see [`App::with_observer`]).
-        observer: Arc<dyn Observer>,
-    },
+impl ServeCtx<'_> {
+    /// The request extension an app reads.
+    fn info(&self, handle: &Handle) -> RequestInfo {
+        RequestInfo {
+            node: self.node.clone(),
+            entry: if self.entry == self.node.as_str() {
+                self.node.clone()
+            } else {
+                NodeId::from(self.entry)
+            },
+            key: self.key.map(Into::into),
+            client: self.client,
+            tls: self.tls.map(|t| TlsInfo {
+                sni: t.sni.as_deref().map(Into::into),
+                version: t.version_name(),
+            }),
+            handle: handle.clone(),
+        }
+    }
+}
+
+/// The local app of a node: a `tower::Service` erased (the built-in demo
+/// app, an upstream app, or an embedded one: one path for all), the node's
+/// handle each request's [`RequestInfo`] carries, and the observer told of
+/// every request served.
+pub(crate) struct App {
+    service: ErasedApp,
+    handle: Handle,
+    /// Told of every request served (see [`App::with_observer`]).
+    observer: Arc<dyn Observer>,
 }
 
 impl App {
-    /// Builds the app (does no I/O: the pool connects lazily).
-    pub(crate) fn new(kind: &AppKind) -> App {
+    /// The app `kind` names (does no I/O: the pool connects lazily), with
+    /// `slowdown` shared with the built-in app (see [`BuiltinApp::new`]).
+    pub(crate) fn new(kind: &AppKind, slowdown: Arc<AtomicU32>, handle: Handle) -> App {
         match kind {
-            AppKind::Builtin => App::Builtin {
-                sessions: AtomicU64::new(0),
-                slowdown: Arc::new(AtomicU32::new(1)),
-                observer: Arc::new(NoObserver),
-            },
-            AppKind::Upstream(up) => App::Upstream {
-                base: up.addr.to_string(),
-                pool: Upstream::new(&up.addr, up.idle_timeout),
-                observer: Arc::new(NoObserver),
-            },
+            AppKind::Builtin => App::service(BuiltinApp::new(slowdown), handle),
+            AppKind::Upstream(up) => App::service(
+                UpstreamApp {
+                    base: up.addr.to_string().into(),
+                    pool: Arc::new(Upstream::new(&up.addr, up.idle_timeout)),
+                },
+                handle,
+            ),
         }
     }
 
-    /// Shares `slowdown` with the built-in app: its `/delay/<ms>` work then
-    /// takes `slowdown` times `ms` (the simulation's slow-node fault;
-    /// [`crate::Env`] hands in 1). No effect on an upstream app.
-    #[must_use]
-    pub(crate) fn with_slowdown(mut self, factor: Arc<AtomicU32>) -> App {
-        if let App::Builtin { slowdown, .. } = &mut self {
-            *slowdown = factor;
+    /// The app that serves with `svc`.
+    pub(crate) fn service<S>(svc: S, handle: Handle) -> App
+    where
+        S: tower::Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S::Future: Send + 'static,
+    {
+        App::erased(ErasedApp::new(svc), handle)
+    }
+
+    /// The app that serves with an erased service.
+    pub(crate) fn erased(service: ErasedApp, handle: Handle) -> App {
+        App {
+            service,
+            handle,
+            observer: Arc::new(NoObserver),
         }
-        self
     }
 
     /// Reports every request this app serves to `observer`
     /// ([`NodeEvent::Served`]; [`App::new`] reports to no one).
     #[must_use]
     pub(crate) fn with_observer(mut self, to: Arc<dyn Observer>) -> App {
-        match &mut self {
-            App::Builtin { observer, .. } | App::Upstream { observer, .. } => *observer = to,
-        }
+        self.observer = to;
         self
     }
 
     /// Serves one request. `req`'s URI is the request-target as received
-    /// (path and query).
+    /// (path and query); `ctx` reaches the service as the request's
+    /// [`RequestInfo`] extension.
     ///
     /// # Errors
-    /// [`AppError`] when the upstream app cannot be reached; the built-in
-    /// app never fails.
+    /// [`AppError`] when the service fails (an upstream app that cannot
+    /// be reached); the built-in app never fails.
     pub(crate) async fn serve(
         &self,
-        req: Request<Body>,
+        mut req: Request<Body>,
         ctx: ServeCtx<'_>,
     ) -> Result<Response<Body>, AppError> {
         // One event per request the app serves: the simulation counts them
         // to prove no request is served twice.
         tracing::debug!(target: LOG, uri = %req.uri(), "app serving");
-        let (App::Builtin { observer, .. } | App::Upstream { observer, .. }) = self;
-        observer.observe(&NodeEvent::Served {
+        self.observer.observe(&NodeEvent::Served {
             entry: ctx.entry,
             key: ctx.key,
             path_and_query: req.uri().path_and_query().map_or("/", |p| p.as_str()),
         });
-        match self {
-            App::Builtin {
-                sessions, slowdown, ..
-            } => {
-                if let Some(ms) = req.uri().path().strip_prefix("/delay/") {
-                    match ms.parse::<u64>() {
-                        Ok(ms) if ms <= MAX_DELAY_MS => {
-                            let factor = u64::from(slowdown.load(Ordering::Relaxed).max(1));
-                            tokio::time::sleep(Duration::from_millis(ms * factor)).await;
-                        }
-                        _ => {
-                            return Ok(text(
-                                StatusCode::BAD_REQUEST,
-                                "want /delay/<ms> with ms <= 60000\n",
-                            ));
-                        }
-                    }
-                }
-                Ok(builtin(req, ctx, sessions))
-            }
-            // Boxed: rustc lays an awaited future out inside the one that
-            // awaits it, so the pooled exchange (about 3.8 KB) made every
-            // future above it that large, the built-in app's included, and
-            // each was copied whole when moved (into a spawned task, into
-            // hyper's dispatcher). One allocation per upstream exchange
-            // instead (docs/performance.md, "The sixth pass").
-            App::Upstream { base, pool, .. } => Box::pin(upstream(base, pool, req, ctx)).await,
+        req.extensions_mut().insert(ctx.info(&self.handle));
+        self.service.call(req).await
+    }
+}
+
+/// The built-in demo app (the module doc lists its endpoints) as a
+/// service: `Clone`, every clone counting sessions together.
+#[derive(Clone)]
+pub(crate) struct BuiltinApp {
+    /// Sessions started so far, for session ids.
+    sessions: Arc<AtomicU64>,
+    /// `/delay/<ms>` waits this many times `ms`: 1 in production; a
+    /// simulation's slow-node fault raises it.
+    slowdown: Arc<AtomicU32>,
+}
+
+impl BuiltinApp {
+    /// The built-in app, sharing `slowdown` (its `/delay/<ms>` work then
+    /// takes `slowdown` times `ms`: the simulation's slow-node fault;
+    /// [`crate::Env`] hands in 1).
+    pub(crate) fn new(slowdown: Arc<AtomicU32>) -> BuiltinApp {
+        BuiltinApp {
+            sessions: Arc::new(AtomicU64::new(0)),
+            slowdown,
         }
+    }
+}
+
+/// The future of one built-in answer: ready at once but for
+/// `/delay/<ms>` (boxed: the only path that waits).
+pub(crate) enum BuiltinFuture {
+    /// The answer, until it is taken.
+    Ready(Option<Response<Body>>),
+    /// `/delay/<ms>`: the wait, then the answer.
+    Delay(Pin<Box<dyn Future<Output = Response<Body>> + Send>>),
+}
+
+impl Future for BuiltinFuture {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            BuiltinFuture::Ready(r) => Poll::Ready(Ok(r
+                .take()
+                .expect("a built-in answer is polled once it is ready"))),
+            BuiltinFuture::Delay(f) => f.as_mut().poll(cx).map(Ok),
+        }
+    }
+}
+
+impl tower::Service<Request<Body>> for BuiltinApp {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BuiltinFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> BuiltinFuture {
+        let Some(ms) = req.uri().path().strip_prefix("/delay/") else {
+            return BuiltinFuture::Ready(Some(builtin(req, &self.sessions)));
+        };
+        match ms.parse::<u64>() {
+            Ok(ms) if ms <= MAX_DELAY_MS => {
+                let factor = u64::from(self.slowdown.load(Ordering::Relaxed).max(1));
+                let sessions = self.sessions.clone();
+                BuiltinFuture::Delay(Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(ms * factor)).await;
+                    builtin(req, &sessions)
+                }))
+            }
+            _ => BuiltinFuture::Ready(Some(text(
+                StatusCode::BAD_REQUEST,
+                "want /delay/<ms> with ms <= 60000\n",
+            ))),
+        }
+    }
+}
+
+/// An upstream application behind its connection pool, as a service.
+#[derive(Clone)]
+pub(crate) struct UpstreamApp {
+    /// Where the app listens (`http://host:port` or `unix:/path`), as
+    /// errors name it.
+    base: Arc<str>,
+    /// Its connection pool.
+    pool: Arc<Upstream>,
+}
+
+impl tower::Service<Request<Body>> for UpstreamApp {
+    type Response = Response<Body>;
+    type Error = AppError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, AppError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), AppError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { upstream(&this.base, &this.pool, req).await })
     }
 }
 
@@ -188,8 +287,12 @@ pub enum AppListener {
 pub async fn serve_standalone(listener: AppListener, name: String) {
     use tracing::warn;
 
-    let app = Arc::new(App::new(&AppKind::Builtin));
-    let name: Arc<str> = name.into();
+    let name = NodeId::from(name);
+    let app = Arc::new(App::new(
+        &AppKind::Builtin,
+        Arc::new(AtomicU32::new(1)),
+        Handle::alone(name.clone()),
+    ));
     loop {
         let accepted = match &listener {
             AppListener::Tcp(l) => l.accept().await.map(|(stream, client)| {
@@ -209,7 +312,7 @@ pub async fn serve_standalone(listener: AppListener, name: String) {
 }
 
 /// Serves one connection of [`serve_standalone`].
-fn spawn_standalone<S>(stream: S, client: SocketAddr, app: Arc<App>, name: Arc<str>)
+fn spawn_standalone<S>(stream: S, client: SocketAddr, app: Arc<App>, name: NodeId)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -223,7 +326,7 @@ where
         async move {
             let ctx = ServeCtx {
                 node: &name,
-                entry: &name,
+                entry: name.as_str(),
                 key: None,
                 client,
                 tls: None,
@@ -263,7 +366,7 @@ fn text_owned(status: StatusCode, msg: String) -> Response<Body> {
     r
 }
 
-fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Response<Body> {
+fn builtin(req: Request<Body>, sessions: &AtomicU64) -> Response<Body> {
     let path = req.uri().path();
     if path == websocket::PATH {
         return websocket::answer(&req);
@@ -289,22 +392,25 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
         );
         return resp;
     }
+    let Some(ctx) = req.extensions().get::<RequestInfo>() else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "no request info\n");
+    };
     let mut info = serde_json::json!({
-        "node": ctx.node,
-        "entry": ctx.entry,
-        "proxied": ctx.node != ctx.entry,
+        "node": ctx.node.as_str(),
+        "entry": ctx.entry.as_str(),
+        "proxied": ctx.proxied(),
         "method": req.method().as_str(),
         "path": path,
-        "key": ctx.key,
+        "key": ctx.key(),
         "client": ctx.client.to_string(),
         // The request id the entry gave the request (`access.rs`).
         "request_id": req
             .headers()
             .get("x-request-id")
             .and_then(|v| v.to_str().ok()),
-        "proto": if ctx.tls.is_some() { "https" } else { "http" },
-        "sni": ctx.tls.and_then(|t| t.sni.as_deref()),
-        "tls_version": ctx.tls.map(|t| t.version_name()),
+        "proto": if ctx.https() { "https" } else { "http" },
+        "sni": ctx.sni(),
+        "tls_version": ctx.tls_version(),
         // Marks the node uses itself; a client must never be able to set them (H4).
         "peerlb_headers": req
             .headers()
@@ -317,7 +423,7 @@ fn builtin(req: Request<Body>, ctx: ServeCtx<'_>, sessions: &AtomicU64) -> Respo
     if path == "/session" {
         let id = format!(
             "{}-{}",
-            ctx.node,
+            ctx.node.as_str(),
             sessions.fetch_add(1, Ordering::Relaxed) + 1
         );
         resp = resp.header(header::SET_COOKIE, format!("session={id}; Path=/"));
@@ -449,9 +555,14 @@ async fn upstream(
     base: &str,
     pool: &Upstream,
     req: Request<Body>,
-    ctx: ServeCtx<'_>,
 ) -> Result<Response<Body>, AppError> {
     let (mut parts, body) = req.into_parts();
+    let (client, https) = parts
+        .extensions
+        .get::<RequestInfo>()
+        .map_or((SocketAddr::from(([0, 0, 0, 0], 0)), false), |i| {
+            (i.client, i.https())
+        });
     // Origin-form: the pool's connection already names the app.
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         parts.uri = parts
@@ -479,12 +590,8 @@ async fn upstream(
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
     // One combined line, the client's own address last.
-    crate::adapters::serve::forwarded::append_forwarded_for(&mut parts.headers, ctx.client.ip());
-    crate::adapters::serve::forwarded::set_forwarded_proto(
-        &mut parts.headers,
-        ctx.client.ip(),
-        ctx.tls.is_some(),
-    );
+    crate::adapters::serve::forwarded::append_forwarded_for(&mut parts.headers, client.ip());
+    crate::adapters::serve::forwarded::set_forwarded_proto(&mut parts.headers, client.ip(), https);
     let resp = pool
         .send(Request::from_parts(parts, body))
         .await
@@ -514,13 +621,22 @@ mod tests {
     use super::*;
 
     fn ctx() -> ServeCtx<'static> {
+        static N2: std::sync::LazyLock<NodeId> = std::sync::LazyLock::new(|| NodeId::from("n2"));
         ServeCtx {
-            node: "n2",
+            node: &N2,
             entry: "n1",
             key: Some("alice"),
             client: "127.0.0.1:4000".parse().unwrap(),
             tls: None,
         }
+    }
+
+    fn builtin_app() -> App {
+        App::new(
+            &AppKind::Builtin,
+            Arc::new(AtomicU32::new(1)),
+            Handle::alone(NodeId::from("n2")),
+        )
     }
 
     fn get(path: &str) -> Request<Body> {
@@ -529,7 +645,7 @@ mod tests {
 
     #[tokio::test]
     async fn json_answer_names_node_entry_and_key() {
-        let app = App::new(&AppKind::Builtin);
+        let app = builtin_app();
         let r = app.serve(get("/x?user=alice"), ctx()).await.unwrap();
         let b = r.into_body().collect().await.unwrap().to_bytes();
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
@@ -561,7 +677,7 @@ mod tests {
     #[tokio::test]
     async fn every_request_served_is_reported_to_the_observer() {
         let seen = Arc::new(Served::default());
-        let app = App::new(&AppKind::Builtin).with_observer(seen.clone());
+        let app = builtin_app().with_observer(seen.clone());
         app.serve(get("/x?user=alice&r=c1-7"), ctx()).await.unwrap();
         app.serve(get("/delay/abc"), ctx()).await.unwrap();
         let got = seen.0.lock().unwrap().clone();
@@ -577,7 +693,7 @@ mod tests {
 
     #[tokio::test]
     async fn session_sets_a_cookie_with_increasing_ids() {
-        let app = App::new(&AppKind::Builtin);
+        let app = builtin_app();
         for n in 1..=2 {
             let r = app.serve(get("/session"), ctx()).await.unwrap();
             assert_eq!(
@@ -589,7 +705,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_streams_exactly_n_bytes_of_the_pattern() {
-        let app = App::new(&AppKind::Builtin);
+        let app = builtin_app();
         let r = app.serve(get("/bytes/200000"), ctx()).await.unwrap();
         assert_eq!(r.headers()[header::CONTENT_LENGTH], "200000");
         let b = r.into_body().collect().await.unwrap().to_bytes();
@@ -605,7 +721,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn delay_waits_then_answers_and_refuses_too_long() {
-        let app = App::new(&AppKind::Builtin);
+        let app = builtin_app();
         let t0 = tokio::time::Instant::now();
         let r = app.serve(get("/delay/1500"), ctx()).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
@@ -616,7 +732,7 @@ mod tests {
 
     #[tokio::test]
     async fn echo_returns_the_body() {
-        let app = App::new(&AppKind::Builtin);
+        let app = builtin_app();
         let req = Request::post("/echo")
             .header(header::CONTENT_LENGTH, "5")
             .body(body::full("hello"))
@@ -649,10 +765,14 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let app = App::new(&AppKind::Upstream(crate::config::UpstreamApp {
-            addr: crate::config::AppAddr::Http(format!("http://{addr}").parse().unwrap()),
-            idle_timeout: Duration::from_secs(2),
-        }));
+        let app = App::new(
+            &AppKind::Upstream(crate::config::UpstreamApp {
+                addr: crate::config::AppAddr::Http(format!("http://{addr}").parse().unwrap()),
+                idle_timeout: Duration::from_secs(2),
+            }),
+            Arc::new(AtomicU32::new(1)),
+            Handle::alone(NodeId::from("n2")),
+        );
         let e = app.serve(get("/"), ctx()).await.unwrap_err();
         assert!(e.to_string().contains(&addr.to_string()), "{e}");
     }
