@@ -33,6 +33,9 @@ use crate::engine::sip::upstream as sip_upstream;
 use crate::engine::view_compose::ViewComposer;
 use crate::env::{Env, NodeEvent, Observer};
 
+mod routing_log;
+use routing_log::{left_reason, log_routing_changes};
+
 /// What a client listener configured by `l` does before HTTP: the PROXY
 /// header it expects, and the TLS acceptor with its certificates.
 ///
@@ -762,41 +765,6 @@ const RING_WARM_QUIET: Duration = Duration::from_millis(250);
 /// builds it (a rebuild from the last table: about one score per slot
 /// for each member that changed).
 const RING_WARM_MAX: Duration = Duration::from_millis(1000);
-
-/// Why a peer that was serving in this node's view is no longer: the first
-/// of gossip no longer listing it live (dead or gone: `gossip`), a status
-/// it published (`drain: leaving` / `drain: draining`), no authenticated
-/// QUIC connection to it (`quic`).
-fn left_reason(id: &NodeId, gossip: &[Member], up: &BTreeSet<NodeId>) -> &'static str {
-    match gossip
-        .iter()
-        .filter(|m| m.id == *id)
-        .max_by_key(|m| m.generation)
-    {
-        None => "gossip: no longer live",
-        Some(m) if m.status == NodeStatus::Leaving => "drain: leaving",
-        Some(m) if m.status == NodeStatus::Draining => "drain: draining",
-        Some(_) if !up.contains(id) => "quic: no connection",
-        Some(_) => "not serving",
-    }
-}
-
-/// One WARN line per peer that leaves this node's routing (with its
-/// [`left_reason`]) and one INFO line per peer that returns, so an
-/// operator sees a partition and its heal without reading view diffs.
-fn log_routing_changes(
-    before: &[NodeId],
-    after: &[NodeId],
-    gossip: &[Member],
-    up: &BTreeSet<NodeId>,
-) {
-    for id in before.iter().filter(|id| !after.contains(id)) {
-        warn!(peer = %id, reason = left_reason(id, gossip, up), "peer left routing");
-    }
-    for id in after.iter().filter(|id| !before.contains(id)) {
-        info!(peer = %id, "peer returned to routing");
-    }
-}
 
 /// Makes sure the certificates of every node listed in `config` exist
 /// (used by `peerlb up`).

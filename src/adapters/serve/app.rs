@@ -99,6 +99,10 @@ pub(crate) struct App {
     handle: Handle,
     /// Told of every request served (see [`App::with_observer`]).
     observer: Arc<dyn Observer>,
+    /// False only for the built-in app, which never sends a 1xx: the owner
+    /// then makes no 1xx channel for a proxied request
+    /// ([`App::may_send_informational`]).
+    informational: bool,
 }
 
 impl App {
@@ -106,7 +110,10 @@ impl App {
     /// `slowdown` shared with the built-in app (see [`BuiltinApp::new`]).
     pub(crate) fn new(kind: &AppKind, slowdown: Arc<AtomicU32>, handle: Handle) -> App {
         match kind {
-            AppKind::Builtin => App::service(BuiltinApp::new(slowdown), handle),
+            AppKind::Builtin => App {
+                informational: false,
+                ..App::service(BuiltinApp::new(slowdown), handle)
+            },
             AppKind::Upstream(up) => App::service(
                 UpstreamApp {
                     base: up.addr.to_string().into(),
@@ -133,7 +140,15 @@ impl App {
             service,
             handle,
             observer: Arc::new(NoObserver),
+            informational: true,
         }
+    }
+
+    /// Whether this app may answer with a 1xx before its final response
+    /// (an upstream app relays its server's; an embedded one may send its
+    /// own); false for the built-in app.
+    pub(crate) fn may_send_informational(&self) -> bool {
+        self.informational
     }
 
     /// Reports every request this app serves to `observer`

@@ -64,9 +64,9 @@ impl ProxiedHandler for Owner {
     }
 
     fn may_send_informational(&self, head: &RequestHeadView<'_>) -> bool {
-        // Only an upstream app's exchange relays a 1xx (`upstream`); the
-        // admin and SIP paths never send one.
-        matches!(self.app, App::Upstream { .. }) && Kind::of(head) == Kind::App
+        // The built-in app never sends a 1xx, nor do the admin and SIP
+        // paths.
+        self.app.may_send_informational() && Kind::of(head) == Kind::App
     }
 
     async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
