@@ -714,7 +714,7 @@ fn up_shares_the_sip_sprayer_address_and_one_call_reaches_one_owner_from_any_por
         .arg(&cfg)
         .current_dir(&dir)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("up.stderr")).unwrap())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -731,10 +731,18 @@ fn up_shares_the_sip_sprayer_address_and_one_call_reaches_one_owner_from_any_por
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
+    // What `up` printed so far, for the failure message (it says which
+    // node exited and why; the nodes' logs go to up.stderr).
+    let mut seen = String::new();
     loop {
         let line = rx
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("peerlb up reports the cluster ready within 30 s");
+            .unwrap_or_else(|e| {
+                let log = std::fs::read_to_string(dir.join("up.stderr")).unwrap_or_default();
+                panic!("peerlb up reports the cluster ready within 30 s: {e}; it printed:\n{seen}its log:\n{log}")
+            });
+        seen += &line;
+        seen.push('\n');
         if line.starts_with("cluster ready") {
             break;
         }
