@@ -154,13 +154,16 @@ impl SipEntry {
     /// address, named in this node's `Record-Route` and `Via`; see the
     /// module doc) as they come: for an INVITE `100 Trying` at once, then
     /// the owner's answers but its `100`, at most one final answer
-    /// (`engine::sip::proxy::EntryRelay`).
+    /// (`engine::sip::proxy::EntryRelay`). `flow` is the flow token of
+    /// the caller's TCP or TLS connection (`serve/sip/flows.rs`), named in
+    /// the `Record-Route` so that the server's requests toward the caller
+    /// reach it over that connection (RFC 5923).
     async fn handle(
         &self,
         buf: &[u8],
         client: SocketAddr,
-        transport: Transport,
-        local: SocketAddr,
+        (transport, local): (Transport, SocketAddr),
+        flow: Option<&str>,
         emit: &Emit<'_>,
     ) {
         let mut msg = match sipmsg::parse(buf) {
@@ -215,8 +218,8 @@ impl SipEntry {
                     local,
                     transport,
                     is_sips_request(&msg),
-                    &decision.owner,
-                    &decision.key,
+                    (&decision.owner, &decision.key),
+                    flow,
                 ),
             );
         }
@@ -511,7 +514,7 @@ pub(crate) async fn serve_udp(
                     }
                 };
                 entry
-                    .handle(&datagram, client, Transport::Udp, local, &send)
+                    .handle(&datagram, client, (Transport::Udp, local), None, &send)
                     .await;
                 return;
             }
@@ -524,7 +527,7 @@ pub(crate) async fn serve_udp(
                     .push((m.clone(), bytes));
             };
             entry
-                .handle(&datagram, client, Transport::Udp, local, &gather)
+                .handle(&datagram, client, (Transport::Udp, local), None, &gather)
                 .await;
             let mut answers = gathered.into_inner().expect("sip answers lock");
             let mut keep = proxy::moot_trying(answers.iter().map(|(m, _)| m)).into_iter();

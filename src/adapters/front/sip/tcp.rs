@@ -27,6 +27,7 @@ use super::{LOG, SipEntry};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::http::conns::{Admitted, Closable};
 use crate::adapters::http::{ConnTable, Refusal};
+use crate::adapters::serve::sip::Flow;
 use crate::engine::sip::{self as sipmsg, SipMessage, Transport, keepalive};
 use crate::seam::{Connection, HttpListener};
 
@@ -212,6 +213,10 @@ async fn connection(
     let mut half = false;
     // When the message in `buf` began (its first byte's read).
     let mut begun: Option<tokio::time::Instant> = None;
+    // The connection as a flow the SIP server's requests toward this
+    // caller can take (RFC 5923), registered with the first message when
+    // there is an upstream SIP server, named in the Record-Route.
+    let mut flow: Option<(Flow, Arc<str>)> = None;
     let ended = loop {
         let k = keepalive::scan(&buf, half);
         buf.drain(..k.skip);
@@ -237,12 +242,26 @@ async fn connection(
                 // cap passes it over.
                 let busy = table.busy(&admitted.state);
                 let (entry, out) = (entry.clone(), writer.out().clone());
+                if flow.is_none()
+                    && let Some(up) = entry.app.upstream()
+                {
+                    let o = out.clone();
+                    let f = up
+                        .flows()
+                        .register(Box::new(move |b| o.send(Out::Bytes(b)).is_ok()));
+                    let token = sipmsg::flow_token(&f.id(), entry.state.node_id().as_str());
+                    flow = Some((f, token.into()));
+                }
+                let token = flow.as_ref().map(|(_, t)| t.clone());
                 tokio::spawn(async move {
                     let (_slot, _busy) = (slot, busy);
                     let send = |m: &SipMessage| {
                         let _ = out.send(Out::Bytes(m.to_bytes()));
                     };
-                    entry.handle(&msg, client, transport, local, &send).await;
+                    let flow = token.as_deref();
+                    entry
+                        .handle(&msg, client, (transport, local), flow, &send)
+                        .await;
                 });
                 continue;
             }
