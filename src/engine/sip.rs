@@ -22,6 +22,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 mod dialog;
+pub(crate) mod forward;
 pub(crate) mod keepalive;
 pub(crate) mod proxy;
 mod route;

@@ -300,25 +300,11 @@ pub(crate) fn callee_request(
             r
         })
     };
-    let hops = match req.header("max-forwards") {
-        Some(v) => v.parse::<u16>().unwrap_or(70),
-        None => 70,
-    };
-    if hops == 0 {
-        return Err(refuse(483, "Too Many Hops"));
-    }
     let mut out = req.clone();
-    out.headers.retain(|(n, _)| full_name(n) != "max-forwards");
-    out.headers
-        .push(("Max-Forwards".to_owned(), (hops - 1).to_string()));
-    let mut flow = None;
-    if super::dialog_route(&out).is_some() {
-        flow = out
-            .header_list("route")
-            .first()
-            .and_then(|r| super::flow_of_route(r));
-        out.pop_route();
-    }
+    let Ok(ours) = super::forward::hop(&mut out) else {
+        return Err(refuse(483, "Too Many Hops"));
+    };
+    let flow = ours.as_deref().and_then(super::flow_of_route);
     let target = match out.header_list("route").first() {
         Some(r) => {
             let r = *r;

@@ -7,6 +7,10 @@
 //! double CRLF, is answered with one CRLF and keeps it open) or when a
 //! message begun is not finished within `limits.header_read_timeout_ms`
 //! (one deadline for the whole message, however its bytes trickle in).
+//! With an upstream SIP server (`sip_app`) a connection is registered as
+//! a flow with its first message (`serve/sip/flows.rs`), named in the
+//! `Record-Route` of the dialogs it opens, so the server's requests
+//! toward the caller are written on it (RFC 5923), until it closes.
 //!
 //! SIPS (`sips_addr`) is the same path over TLS: a connection admitted to
 //! the table completes its TLS handshake within
