@@ -600,16 +600,47 @@ fn a_bye_from_the_server_reaches_a_tcp_caller_over_its_own_connection_through_an
             [format!("SIP/2.0/UDP {};branch=z9hG4bKflowbye{i}", uas.addr)]
         );
     }
-    // Flows that are gone: a new connection to the Contact.
+    // Flows that are gone: a new connection to the Contact. One the
+    // caller closed (once its node counts no client connection), one of
+    // an id its node never had, one of a node not in the cluster.
     let caller = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     caller.set_nonblocking(true).unwrap();
     let at = caller.local_addr().unwrap();
-    for (i, token) in [(10, "00000000deadbeef.n1"), (11, "00000000deadbeef.n9")] {
-        let call = format!("flow-gone{i}");
-        let rr = format!(
+    let closed = {
+        let mut conn = TcpReader::connect(c.nodes[2].sip.unwrap());
+        let me = conn.tcp.local_addr().unwrap();
+        let invite = request("INVITE", "bob", "flow-gone9", 1, ("TCP", me), "g9", "").replace(
+            &format!("Contact: <sip:alice@{me}>"),
+            &format!("Contact: <sip:alice@{at};transport=tcp>"),
+        );
+        conn.send(&invite);
+        let mut answers = Vec::new();
+        while !has_final(&answers, "INVITE") {
+            answers.push(
+                conn.next(Duration::from_secs(10))
+                    .expect("the INVITE's answers"),
+            );
+        }
+        header(&uas.requests("INVITE", "flow-gone9")[0], "record-route")
+            .unwrap()
+            .to_owned()
+    };
+    poll(Duration::from_secs(10), || {
+        support::status(c.nodes[2].http).is_some_and(|s| s["client_connections"] == 0)
+    })
+    .expect("the entry saw the caller's connection close");
+    let gone = |token: &str| {
+        format!(
             "<sip:{};transport=tcp;lr;peerlb-owner=n1;peerlb-key=k;peerlb-flow={token}>",
             c.nodes[0].sip.unwrap()
-        );
+        )
+    };
+    for (i, rr) in [
+        (9, closed),
+        (10, gone("00000000deadbeef.n1")),
+        (11, gone("00000000deadbeef.n9")),
+    ] {
+        let call = format!("flow-gone{i}");
         uas.send_to(
             &server_bye(&call, &rr, at, uas.addr, i),
             c.nodes[1].sip.unwrap(),
