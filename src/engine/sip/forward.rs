@@ -17,8 +17,11 @@
 
 use std::net::SocketAddr;
 
-use super::upstream::ENTRY_BRANCH_PREFIX;
 use super::{SipMessage, Transport, full_name};
+
+/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's
+/// magic cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
+pub(crate) const ENTRY_BRANCH_PREFIX: &str = "z9hG4bK-plb-";
 
 /// `Max-Forwards` was 0: the request goes no further (RFC 3261 16.3 step
 /// 3).

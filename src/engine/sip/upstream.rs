@@ -29,9 +29,7 @@ pub(crate) const TIMER_B: Duration = Duration::from_secs(32);
 /// prefix is `-plb-`).
 pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
 
-/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's
-/// magic cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
-pub(crate) const ENTRY_BRANCH_PREFIX: &str = "z9hG4bK-plb-";
+pub(crate) use super::forward::ENTRY_BRANCH_PREFIX;
 
 /// The branch of the owner's `Via` for `req` on node `node`:
 /// [`OWNER_BRANCH_PREFIX`], 16 hex digits, `-`, the node id (a node id is

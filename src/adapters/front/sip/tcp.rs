@@ -217,9 +217,7 @@ async fn connection(
     let mut half = false;
     // When the message in `buf` began (its first byte's read).
     let mut begun: Option<tokio::time::Instant> = None;
-    // The connection as a flow the SIP server's requests toward this
-    // caller can take (RFC 5923), registered with the first message when
-    // there is an upstream SIP server, named in the Record-Route.
+    // The connection as a flow (RFC 5923), from its first message on.
     let mut flow: Option<(Flow, Arc<str>)> = None;
     let ended = loop {
         let k = keepalive::scan(&buf, half);
@@ -246,26 +244,15 @@ async fn connection(
                 // cap passes it over.
                 let busy = table.busy(&admitted.state);
                 let (entry, out) = (entry.clone(), writer.out().clone());
-                if flow.is_none()
-                    && let Some(up) = entry.app.upstream()
-                {
-                    let o = out.clone();
-                    let f = up
-                        .flows()
-                        .register(Box::new(move |b| o.send(Out::Bytes(b)).is_ok()));
-                    let token = sipmsg::flow_token(&f.id(), entry.state.node_id().as_str());
-                    flow = Some((f, token.into()));
-                }
+                flow = flow.take().or_else(|| as_flow(&entry, &out));
                 let token = flow.as_ref().map(|(_, t)| t.clone());
                 tokio::spawn(async move {
                     let (_slot, _busy) = (slot, busy);
                     let send = |m: &SipMessage| {
                         let _ = out.send(Out::Bytes(m.to_bytes()));
                     };
-                    let flow = token.as_deref();
-                    entry
-                        .handle(&msg, client, (transport, local), flow, &send)
-                        .await;
+                    let (at, flow) = ((transport, local), token.as_deref());
+                    entry.handle(&msg, client, at, flow, &send).await;
                 });
                 continue;
             }
@@ -328,6 +315,19 @@ async fn connection(
             writer.finish().await;
         }
     }
+}
+
+/// The connection whose writer takes `out` as a flow of `entry`'s node
+/// (RFC 5923), with its token for the `Record-Route`; `None` without an
+/// upstream SIP server (nothing would send on it).
+fn as_flow(entry: &SipEntry, out: &mpsc::UnboundedSender<Out>) -> Option<(Flow, Arc<str>)> {
+    let up = entry.app.upstream()?;
+    let o = out.clone();
+    let f = up
+        .flows()
+        .register(Box::new(move |b| o.send(Out::Bytes(b)).is_ok()));
+    let token = sipmsg::flow_token(&f.id(), entry.state.node_id().as_str());
+    Some((f, token.into()))
 }
 
 /// Writes what `outgoing` hands over to `w` until a write fails, a
