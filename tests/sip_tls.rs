@@ -625,4 +625,6 @@ fn a_bye_from_the_server_reaches_a_tls_caller_inside_its_own_connection() {
         !uas.received(430, "BYE", "sips-gone").is_empty()
     })
     .expect("430 Flow Failed for a TLS flow that is gone");
+    let sum = |name: &str| c.nodes.iter().map(|n| counter(n.http, name)).sum::<u64>();
+    assert_eq!((sum("sip_flow_requests"), sum("sip_flow_failed")), (3, 1));
 }

@@ -600,6 +600,8 @@ fn a_bye_from_the_server_reaches_a_tcp_caller_over_its_own_connection_through_an
             [format!("SIP/2.0/UDP {};branch=z9hG4bKflowbye{i}", uas.addr)]
         );
     }
+    assert_eq!(sum_counter(&c, "sip_flow_requests"), 3);
+    assert_eq!(sum_counter(&c, "sip_flow_failed"), 0);
     // Flows that are gone: a new connection to the Contact. One the
     // caller closed (once its node counts no client connection), one of
     // an id its node never had, one of a node not in the cluster.
@@ -665,4 +667,6 @@ fn a_bye_from_the_server_reaches_a_tcp_caller_over_its_own_connection_through_an
         })
         .expect("the caller's 200 reached the server");
     }
+    assert_eq!(sum_counter(&c, "sip_flow_requests"), 3);
+    assert_eq!(sum_counter(&c, "sip_flow_failed"), 3);
 }

@@ -617,9 +617,15 @@ impl CalleeRelay {
             });
             let sent = up::with_via(out.clone(), via, local, branch);
             match sock.send(&sent.to_bytes()).await {
-                Ok(()) => return Ok((sock, sent)),
+                Ok(()) => {
+                    let c = &self.reach.state.counters;
+                    c.sip_flow_requests.fetch_add(1, Ordering::Relaxed);
+                    return Ok((sock, sent));
+                }
                 Err(e) => {
                     debug!(target: REQUEST_PATH, error = %e, "sip relay to the caller: its connection is gone");
+                    let c = &self.reach.state.counters;
+                    c.sip_flow_failed.fetch_add(1, Ordering::Relaxed);
                     flow_gone = true;
                 }
             }
