@@ -150,8 +150,12 @@ PY
 
 KAM=($KAM_MAIN $(pgrep -P "$KAM_MAIN"))
 echo "offered: $CALLS calls at $RATE/s; $(nproc) cores"
+# The machine may be shared: the load average before and after each run.
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 P=$(run peerlb-3 "$SIP1" "${PEERLB[@]}")
+echo "load average after peerlb-3: $(cut -d' ' -f1-3 /proc/loadavg)"
 K=$(run kamailio "127.0.0.1:$KAM_PORT" "${KAM[@]}")
+echo "load average after kamailio: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "$P"
 echo "$K"
 python3 - "$P" "$K" <<'PY'

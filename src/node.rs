@@ -312,7 +312,7 @@ impl Node {
                     config.ingress.sip_timer_c,
                 ),
                 me.id.as_str(),
-                state.clone(),
+                (state.clone(), Some(links.clone())),
             )
         });
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));

@@ -551,3 +551,80 @@ fn bad_sips_config_exits_64_naming_the_field() {
         }
     }
 }
+
+/// RFC 5923 connection reuse over TLS: the server's BYE toward a caller
+/// that called over TLS, sent to another node, reaches the caller inside
+/// its own TLS connection (its Contact is a `sips:` URI where nothing
+/// listens), the entry's `SIP/2.0/TLS` Via on top, and the caller's 200
+/// reaches the server; a Route naming a TLS flow that is gone gets `430
+/// Flow Failed` (RFC 5626 5.3: no new TLS connection toward a caller).
+#[test]
+fn a_bye_from_the_server_reaches_a_tls_caller_inside_its_own_connection() {
+    let dir = temp_dir("sips-flow-certs");
+    let (ca, cert, key) = ca_and_leaf(&dir, "sips");
+    let uas = StrictUas::start();
+    let c = cluster("sips-flow", &format!("udp:{}", uas.addr), (&cert, &key), "");
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let bye = |call: &str, route: &str, n: usize| {
+        format!(
+            "BYE sips:alice@{nowhere} SIP/2.0\r\n\
+             Via: SIP/2.0/UDP {};branch=z9hG4bKtlsbye{n}\r\nRoute: {route}\r\nMax-Forwards: 70\r\n\
+             From: <sip:bob@test>;tag=uas\r\nTo: <sip:alice@test>;tag=a{call}\r\nCall-ID: {call}\r\n\
+             CSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n",
+            uas.addr
+        )
+    };
+    for i in 0..3 {
+        let call = format!("sips-flow{i}");
+        let sips = c.nodes[i].sips.unwrap();
+        let mut conn = TlsSip::connect(sips, &ca);
+        let invite = request("INVITE", "bob", &call, 1, ("TLS", conn.local), &call, "")
+            .replacen("INVITE sip:", "INVITE sips:", 1)
+            .replace(
+                &format!("Contact: <sip:alice@{}>", conn.local),
+                &format!("Contact: <sips:alice@{nowhere}>"),
+            );
+        conn.send(&invite);
+        let mut codes = Vec::new();
+        while let Some(a) = conn.next(Duration::from_secs(10)) {
+            codes.push(status(&a));
+            if status(&a) >= 200 {
+                break;
+            }
+        }
+        assert_eq!(codes, [100, 180, 200]);
+        let rr = header(&uas.requests("INVITE", &call)[0], "record-route")
+            .unwrap()
+            .to_owned();
+        assert!(rr.contains(&format!(".n{}>", i + 1)), "{rr}");
+        uas.send_to(&bye(&call, &rr, i), c.nodes[(i + 1) % 3].sip.unwrap());
+        let got = conn
+            .next(Duration::from_secs(10))
+            .expect("the BYE inside the caller's TLS connection");
+        assert!(got.starts_with("BYE sips:alice@"), "{got}");
+        assert!(
+            all_headers(&got, "via")[0]
+                .starts_with(&format!("SIP/2.0/TLS {sips};branch=z9hG4bK-plbc-")),
+            "{got}"
+        );
+        conn.send(&answer(&got, 200, conn.local));
+        poll(Duration::from_secs(10), || {
+            !uas.received(200, "BYE", &call).is_empty()
+        })
+        .expect("the caller's 200 reached the server");
+    }
+    let gone = format!(
+        "<sips:{};lr;peerlb-owner=n1;peerlb-key=k;peerlb-flow=00000000deadbeef.n1>",
+        c.nodes[0].sips.unwrap()
+    );
+    uas.send_to(&bye("sips-gone", &gone, 9), c.nodes[1].sip.unwrap());
+    poll(Duration::from_secs(10), || {
+        !uas.received(430, "BYE", "sips-gone").is_empty()
+    })
+    .expect("430 Flow Failed for a TLS flow that is gone");
+    let sum = |name: &str| c.nodes.iter().map(|n| counter(n.http, name)).sum::<u64>();
+    assert_eq!((sum("sip_flow_requests"), sum("sip_flow_failed")), (3, 1));
+}

@@ -515,3 +515,158 @@ fn a_callers_answer_sent_to_a_listener_reaches_the_server_once() {
         );
     }
 }
+
+/// A BYE of the server toward the caller of call `call`, along `route`
+/// (the INVITE's Record-Route), to the caller's Contact `target` over
+/// TCP, from the server at `server` (branch number `n`).
+fn server_bye(
+    call: &str,
+    route: &str,
+    target: std::net::SocketAddr,
+    server: std::net::SocketAddr,
+    n: usize,
+) -> String {
+    format!(
+        "BYE sip:alice@{target};transport=tcp SIP/2.0\r\n\
+         Via: SIP/2.0/UDP {server};branch=z9hG4bKflowbye{n}\r\nRoute: {route}\r\nMax-Forwards: 70\r\n\
+         From: <sip:bob@test>;tag=uas\r\nTo: <sip:alice@test>;tag=a{call}\r\nCall-ID: {call}\r\n\
+         CSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
+    )
+}
+
+/// RFC 5923 connection reuse: the entry names the caller's TCP connection
+/// in its Record-Route (`peerlb-flow=<id>.<entry>`), and the server's BYE,
+/// sent to the entry itself or to another node, reaches the caller over
+/// that connection (its Contact is a port where nothing listens), the
+/// entry's `SIP/2.0/TCP` Via on top; the caller's 200 on it reaches the
+/// server, its own Via only. A Route naming a flow that is gone (an id
+/// its node does not have, a node not in the cluster) takes a new
+/// connection to the caller's Contact instead.
+#[test]
+fn a_bye_from_the_server_reaches_a_tcp_caller_over_its_own_connection_through_any_node() {
+    let uas = StrictUas::start();
+    let c = cluster("sip-tx-flow", &uas);
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for (i, bye_to) in [(0, 0), (1, 2), (2, 0)] {
+        let call = format!("flow{i}");
+        let entry = c.nodes[i].sip.unwrap();
+        let mut conn = TcpReader::connect(entry);
+        let me = conn.tcp.local_addr().unwrap();
+        let invite = request("INVITE", "bob", &call, 1, ("TCP", me), &call, "").replace(
+            &format!("Contact: <sip:alice@{me}>"),
+            &format!("Contact: <sip:alice@{nowhere};transport=tcp>"),
+        );
+        conn.send(&invite);
+        let mut answers = Vec::new();
+        while !has_final(&answers, "INVITE") {
+            answers.push(
+                conn.next(Duration::from_secs(10))
+                    .expect("the INVITE's answers"),
+            );
+        }
+        assert_eq!(statuses(&answers, "INVITE"), [100, 180, 200], "{answers:?}");
+        let seen = uas.requests("INVITE", &call);
+        let rr = header(&seen[0], "record-route").unwrap().to_owned();
+        assert!(
+            rr.contains(";peerlb-flow=") && rr.ends_with(&format!(".n{}>", i + 1)),
+            "{rr}"
+        );
+        uas.send_to(
+            &server_bye(&call, &rr, nowhere, uas.addr, i),
+            c.nodes[bye_to].sip.unwrap(),
+        );
+        let (_, got) = conn
+            .next(Duration::from_secs(10))
+            .expect("the BYE on the caller's own connection");
+        assert!(got.starts_with("BYE sip:alice@"), "{got}");
+        let vias = all_headers(&got, "via");
+        assert_eq!(vias.len(), 2, "{got}");
+        assert!(
+            vias[0].starts_with(&format!("SIP/2.0/TCP {entry};branch=z9hG4bK-plbc-")),
+            "{got}"
+        );
+        assert!(header(&got, "route").is_none(), "{got}");
+        conn.send(&answer(&got, 200, me));
+        poll(Duration::from_secs(10), || {
+            !uas.received(200, "BYE", &call).is_empty()
+        })
+        .expect("the caller's 200 reached the server");
+        let oks = uas.received(200, "BYE", &call);
+        assert_eq!(
+            all_headers(&oks[0], "via"),
+            [format!("SIP/2.0/UDP {};branch=z9hG4bKflowbye{i}", uas.addr)]
+        );
+    }
+    assert_eq!(sum_counter(&c, "sip_flow_requests"), 3);
+    assert_eq!(sum_counter(&c, "sip_flow_failed"), 0);
+    // Flows that are gone: a new connection to the Contact. One the
+    // caller closed (once its node counts no client connection), one of
+    // an id its node never had, one of a node not in the cluster.
+    let caller = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    caller.set_nonblocking(true).unwrap();
+    let at = caller.local_addr().unwrap();
+    let closed = {
+        let mut conn = TcpReader::connect(c.nodes[2].sip.unwrap());
+        let me = conn.tcp.local_addr().unwrap();
+        let invite = request("INVITE", "bob", "flow-gone9", 1, ("TCP", me), "g9", "").replace(
+            &format!("Contact: <sip:alice@{me}>"),
+            &format!("Contact: <sip:alice@{at};transport=tcp>"),
+        );
+        conn.send(&invite);
+        let mut answers = Vec::new();
+        while !has_final(&answers, "INVITE") {
+            answers.push(
+                conn.next(Duration::from_secs(10))
+                    .expect("the INVITE's answers"),
+            );
+        }
+        header(&uas.requests("INVITE", "flow-gone9")[0], "record-route")
+            .unwrap()
+            .to_owned()
+    };
+    poll(Duration::from_secs(10), || {
+        support::status(c.nodes[2].http).is_some_and(|s| s["client_connections"] == 0)
+    })
+    .expect("the entry saw the caller's connection close");
+    let gone = |token: &str| {
+        format!(
+            "<sip:{};transport=tcp;lr;peerlb-owner=n1;peerlb-key=k;peerlb-flow={token}>",
+            c.nodes[0].sip.unwrap()
+        )
+    };
+    for (i, rr) in [
+        (9, closed),
+        (10, gone("00000000deadbeef.n1")),
+        (11, gone("00000000deadbeef.n9")),
+    ] {
+        let call = format!("flow-gone{i}");
+        uas.send_to(
+            &server_bye(&call, &rr, at, uas.addr, i),
+            c.nodes[1].sip.unwrap(),
+        );
+        let mut accepted = None;
+        poll(Duration::from_secs(10), || {
+            accepted = caller.accept().ok();
+            accepted.is_some()
+        })
+        .expect("a new TCP connection to the caller");
+        let (tcp, _) = accepted.unwrap();
+        tcp.set_nonblocking(false).unwrap();
+        let mut conn = TcpReader {
+            tcp,
+            buf: Vec::new(),
+        };
+        let (_, got) = conn.next(Duration::from_secs(10)).expect("the BYE");
+        assert!(got.starts_with("BYE sip:alice@"), "{got}");
+        conn.send(&answer(&got, 200, at));
+        poll(Duration::from_secs(10), || {
+            !uas.received(200, "BYE", &call).is_empty()
+        })
+        .expect("the caller's 200 reached the server");
+    }
+    assert_eq!(sum_counter(&c, "sip_flow_requests"), 3);
+    assert_eq!(sum_counter(&c, "sip_flow_failed"), 3);
+}

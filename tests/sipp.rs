@@ -17,6 +17,14 @@
 //! call completes on both sides: the CANCEL reaches the INVITE's
 //! transaction whichever node it enters, and the server gets one ACK.
 //!
+//! Not run: SIPp over TLS (`-t l1`). Debian's `sip-tester` 3.6.1 is built
+//! without OpenSSL (`sipp -v`: `SIPp v3.6.1-SCTP-PCAP-RTPSTREAM`, no
+//! `TLS`; `ldd` lists no libssl), and its source cannot be had here to
+//! build one (`apt-get source sip-tester` with a `deb-src` line: the
+//! `.dsc` comes, the `.orig.tar.gz` and `.debian.tar.xz` answer 404; the
+//! upstream repository is on GitHub, unreachable from CI). SIPS is tested
+//! by `tests/sip_tls.rs` with a rustls caller instead.
+//!
 //! Skips with a `SKIPPED` line when `sipp` is missing; fails instead when
 //! `PEERLB_REQUIRE_SIPP` or `CI` is set (`.ci/run` installs it).
 

@@ -117,6 +117,13 @@ pub(crate) struct Counters {
     /// (`limits.sip_timer_c_ms` with no provisional answer): the owner
     /// CANCELled the branch.
     pub sip_timer_c_cancels: AtomicU64,
+    /// Requests of `sip_app` toward a caller that the owner sent over the
+    /// caller's own TCP or TLS connection (RFC 5923), on this node or the
+    /// one holding it.
+    pub sip_flow_requests: AtomicU64,
+    /// Requests of `sip_app` toward a caller whose connection was gone:
+    /// sent over a new connection or datagram, else answered `430`.
+    pub sip_flow_failed: AtomicU64,
     /// SIP TCP connections closed for a message not finished within
     /// `limits.header_read_timeout_ms` or idle past
     /// `limits.sip_idle_timeout_ms`.

@@ -91,6 +91,13 @@ pub(crate) const TRAILERS: &str = "peerlb-trailers";
 /// value is the client's transport (`udp` or `tcp`).
 pub(crate) const SIP: &str = "peerlb-sip";
 
+/// Request head header, beside [`SIP`], marking a request of the SIP
+/// server toward a caller that the receiving node is to write on the
+/// caller's connection it holds (RFC 5923 connection reuse): its value is
+/// the flow id (`peerlb-flow=<id>.<node>` in the dialog's `Route`). The
+/// node answers `200` (written) or `410` (no such connection), no body.
+pub(crate) const SIP_FLOW: &str = "peerlb-sip-flow";
+
 /// The head of a proxied request (entry -> owner), in its owned form: the
 /// reference for the layout. The entry encodes [`RequestHeadRef`] and the
 /// owner decodes [`RequestHeadView`], the same bytes; tests and the fuzz

@@ -22,6 +22,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 mod dialog;
+pub(crate) mod forward;
 pub(crate) mod keepalive;
 pub(crate) mod proxy;
 mod route;
@@ -32,8 +33,8 @@ pub(crate) mod upstream;
 #[cfg(test)]
 pub(crate) use dialog::DialogRoute;
 pub(crate) use dialog::{
-    Transport, default_key, dialog_route, is_sips_request, mark_contact, record_route,
-    strip_owner_param, target_owner, uri_params_as_query,
+    FlowRoute, Transport, default_key, dialog_route, flow_of_route, flow_token, is_sips_request,
+    mark_contact, record_route, strip_owner_param, target_owner, uri_params_as_query,
 };
 pub(crate) use route::{SipDecision, SipReason, decide};
 pub(crate) use uas::{DialogTable, SERVED_BY, serve as serve_uas};

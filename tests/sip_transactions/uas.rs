@@ -192,9 +192,12 @@ impl Core {
 ///
 /// With [`StrictUas::answer_to`] set, every answer over UDP goes to that
 /// address instead of where its request came from (a server that sends
-/// its answers to one fixed proxy address, not to the `Via`).
+/// its answers to one fixed proxy address, not to the `Via`). Over UDP
+/// [`StrictUas::send_to`] sends a request of the server's own (a BYE
+/// toward a caller) from its socket.
 pub(crate) struct StrictUas {
     pub(crate) addr: SocketAddr,
+    pub(crate) udp: Option<UdpSocket>,
     pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
     pub(crate) answer_to: Arc<Mutex<Option<SocketAddr>>>,
     pub(crate) stop: Arc<AtomicBool>,
@@ -206,7 +209,8 @@ impl StrictUas {
         sock.set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
         let addr = sock.local_addr().unwrap();
-        let uas = StrictUas::new(addr);
+        let mut uas = StrictUas::new(addr);
+        uas.udp = Some(sock.try_clone().unwrap());
         let (log, st, fixed) = (uas.seen.clone(), uas.stop.clone(), uas.answer_to.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65_536];
@@ -302,10 +306,39 @@ impl StrictUas {
     pub(crate) fn new(addr: SocketAddr) -> StrictUas {
         StrictUas {
             addr,
+            udp: None,
             seen: Arc::default(),
             answer_to: Arc::default(),
             stop: Arc::default(),
         }
+    }
+
+    /// Sends `text`, a request of the server's own, to `to` from its UDP
+    /// socket (recorded as sent); its answers are recorded as received.
+    pub(crate) fn send_to(&self, text: &str, to: SocketAddr) {
+        let udp = self.udp.as_ref().expect("a UDP server");
+        udp.send_to(text.as_bytes(), to).unwrap();
+        self.seen.lock().unwrap().push(Seen {
+            at: Instant::now(),
+            received: false,
+            text: text.to_owned(),
+        });
+    }
+
+    /// The answers of `status_code` to `method` of call `call` the server
+    /// received.
+    pub(crate) fn received(&self, status_code: u16, method: &str, call: &str) -> Vec<String> {
+        self.seen()
+            .into_iter()
+            .filter(|s| {
+                s.received
+                    && s.text.starts_with("SIP/2.0 ")
+                    && status(&s.text) == status_code
+                    && cseq_method(&s.text) == method
+                    && header(&s.text, "call-id") == Some(call)
+            })
+            .map(|s| s.text)
+            .collect()
     }
 
     pub(crate) fn seen(&self) -> Vec<Seen> {
@@ -332,6 +365,7 @@ impl StrictUas {
             .into_iter()
             .filter(|s| {
                 !s.received
+                    && s.text.starts_with("SIP/2.0 ")
                     && status(&s.text) == status_code
                     && cseq_method(&s.text) == method
                     && header(&s.text, "call-id") == Some(call)

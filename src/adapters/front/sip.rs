@@ -13,18 +13,21 @@
 //!    connection. A UDP request from the upstream SIP server's address is
 //!    the callee's side of a dialog and is relayed toward the caller
 //!    instead (`serve/sip/upstream.rs`).
-//! 2. `Max-Forwards: 0` gets `483` (RFC 3261 16.3 step 3); otherwise it is
+//! 2. The proxy steps (`engine::sip::forward::entry_steps`):
+//!    `Max-Forwards: 0` gets `483` (RFC 3261 16.3 step 3); otherwise it is
 //!    decremented (16.6 step 3). A top `Route` carrying this cluster's
 //!    dialog parameters is this cluster's own: it is removed (16.4).
 //! 3. Route (`NodeState::decide_sip`): the dialog's owner (the
 //!    Request-URI's, then the `Route`'s), else the key's owner on the
 //!    ring. A dialog-creating `INVITE` gets a `Record-Route` naming the
-//!    address the request reached, the owner and the key
-//!    (`engine::sip::record_route`).
+//!    address the request reached, the owner and the key, and over TCP or
+//!    TLS the caller's connection (`engine::sip::record_route`; the flow,
+//!    RFC 5923, `serve/sip/flows.rs`).
 //! 4. Serve locally, or forward to the owner (hop limit 1, marked
-//!    `wire::SIP`) with this node's `Via` on top; a candidate that cannot
-//!    be reached or refuses the stream passes the request to the next ring
-//!    node. The owner's answers come back on the same stream; this node
+//!    `wire::SIP`) with this node's `Via` on top
+//!    (`engine::sip::forward::entry_via`); a candidate that cannot be
+//!    reached or refuses the stream passes the request to the next ring
+//!    node (`forward::next_candidate`). The owner's answers come back on the same stream; this node
 //!    removes its `Via` and sends them to the client: over TCP on the same
 //!    connection, over UDP to the address `engine::sip::response_destination`
 //!    gives.
@@ -53,6 +56,7 @@ use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::wire::{self, RequestHeadRef};
 use crate::engine::node_id::NodeId;
+use crate::engine::sip::forward::{self, ForwardFailure};
 use crate::engine::sip::proxy::{self, EntryRelay, Stray};
 use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
 use crate::engine::sip::{
@@ -69,10 +73,6 @@ mod tcp;
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
 const LOG: &str = "peerlb::adapters::sip";
-
-/// The `Via` branch prefix of this cluster's entry nodes (the owner's
-/// branch skips `Via`s that carry it).
-use crate::engine::sip::upstream::ENTRY_BRANCH_PREFIX as BRANCH_PREFIX;
 
 /// UDP datagrams handled at once; more are dropped unread (their senders
 /// retransmit, RFC 3261 17.1.1.2), so a flood cannot pile up tasks.
@@ -154,13 +154,16 @@ impl SipEntry {
     /// address, named in this node's `Record-Route` and `Via`; see the
     /// module doc) as they come: for an INVITE `100 Trying` at once, then
     /// the owner's answers but its `100`, at most one final answer
-    /// (`engine::sip::proxy::EntryRelay`).
+    /// (`engine::sip::proxy::EntryRelay`). `flow` is the flow token of
+    /// the caller's TCP or TLS connection (`serve/sip/flows.rs`), named in
+    /// the `Record-Route` so that the server's requests toward the caller
+    /// reach it over that connection (RFC 5923).
     async fn handle(
         &self,
         buf: &[u8],
         client: SocketAddr,
-        transport: Transport,
-        local: SocketAddr,
+        (transport, local): (Transport, SocketAddr),
+        flow: Option<&str>,
         emit: &Emit<'_>,
     ) {
         let mut msg = match sipmsg::parse(buf) {
@@ -190,35 +193,22 @@ impl SipEntry {
         // Decided on the message as received (its Route still on top).
         let view = self.state.view();
         let decision = self.state.decide_sip(&msg, client, &view);
-        // At most 3 digits (the parser checked): 0..=999.
-        let hops = match msg.header("max-forwards") {
-            Some(v) => v.parse::<u16>().unwrap_or(70),
-            None => 70,
+        // RFC 3261 16.3-16.6 (`engine::sip::forward`).
+        let sips = is_sips_request(&msg);
+        let rr = || {
+            record_route(
+                local,
+                transport,
+                sips,
+                (&decision.owner, &decision.key),
+                flow,
+            )
         };
-        if hops == 0 {
-            if method != "ACK" {
-                emit(&msg.response(483, "Too Many Hops", None));
+        if let Err(refusal) = forward::entry_steps(&mut msg, rr) {
+            if let Some(r) = refusal {
+                emit(&r);
             }
             return;
-        }
-        msg.headers
-            .retain(|(n, _)| sipmsg::full_name(n) != "max-forwards");
-        msg.headers
-            .push(("Max-Forwards".into(), (hops - 1).to_string()));
-        if sipmsg::dialog_route(&msg).is_some() {
-            msg.pop_route();
-        }
-        if method == "INVITE" && msg.tag_of_to().is_none() {
-            msg.push_front(
-                "Record-Route",
-                record_route(
-                    local,
-                    transport,
-                    is_sips_request(&msg),
-                    &decision.owner,
-                    &decision.key,
-                ),
-            );
         }
         let me = self.state.node_id();
         let (relay, trying) = EntryRelay::new(&msg);
@@ -240,10 +230,10 @@ impl SipEntry {
                 }
                 match self.forward(cand, &msg, &method, (client, local), transport, &decision.key, view.version(), &pass).await {
                     Ok(()) => return,
-                    Err(Retry::Next(why)) => {
+                    Err((failure, why)) if forward::next_candidate(failure) => {
                         debug!(target: REQUEST_PATH, peer = %cand, %why, "sip owner not reachable: trying the next candidate");
                     }
-                    Err(Retry::No(why)) => {
+                    Err((_, why)) => {
                         debug!(target: REQUEST_PATH, peer = %cand, %why, "sip forward failed");
                         break;
                     }
@@ -329,7 +319,8 @@ impl SipEntry {
         key: &str,
         view_version: u64,
         emit: &Emit<'_>,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), (ForwardFailure, String)> {
+        use ForwardFailure::{Failed, Refused, Unreachable};
         self.state
             .counters
             .sip_forwarded
@@ -338,25 +329,8 @@ impl SipEntry {
             .links
             .open(peer)
             .await
-            .map_err(|e| Retry::Next(e.to_string()))?;
-        let branch = xxhash_rust::xxh3::xxh3_64(
-            format!(
-                "{}\n{}\n{}\n{}",
-                msg.call_id().unwrap_or(""),
-                msg.header("cseq").unwrap_or(""),
-                msg.top_via().and_then(|v| v.param("branch")).unwrap_or(""),
-                self.state.node_id()
-            )
-            .as_bytes(),
-        );
-        let mut out = msg.clone();
-        out.push_front(
-            "Via",
-            format!(
-                "SIP/2.0/{} {local};branch={BRANCH_PREFIX}{branch:016x}",
-                transport.via_name()
-            ),
-        );
+            .map_err(|e| (Unreachable, e.to_string()))?;
+        let out = forward::entry_via(msg, (transport, local), self.state.node_id().as_str());
         let bytes = out.to_bytes();
         let mut headers = http::HeaderMap::new();
         headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
@@ -374,7 +348,7 @@ impl SipEntry {
             hash_key: Some(key),
             tls: None,
         })
-        .map_err(|e| Retry::No(e.to_string()))?;
+        .map_err(|e| (Failed, e.to_string()))?;
         let (head, body) = peer::exchange(
             peer,
             stream,
@@ -384,11 +358,11 @@ impl SipEntry {
         )
         .await
         .map_err(|e| match e {
-            peer::ExchangeError::Refused(_) => Retry::Next(e.to_string()),
-            e => Retry::No(e.to_string()),
+            peer::ExchangeError::Refused(_) => (Refused, e.to_string()),
+            e => (Failed, e.to_string()),
         })?;
         if head.status != 200 {
-            return Err(Retry::No(format!("owner answered status {}", head.status)));
+            return Err((Failed, format!("owner answered status {}", head.status)));
         }
         // The answers as they come, each framed by its Content-Length;
         // `buf` holds at most one message and the start of the next.
@@ -399,26 +373,20 @@ impl SipEntry {
                 let n = match sipmsg::frame_len(&buf) {
                     Ok(Some(n)) => n,
                     Ok(None) if buf.len() <= MAX_MESSAGE => break,
-                    _ => return Err(Retry::No("owner's answers do not frame as SIP".into())),
+                    _ => return Err((Failed, "owner's answers do not frame as SIP".into())),
                 };
-                let mut m = sipmsg::parse(&buf[..n])
-                    .map_err(|e| Retry::No(format!("owner's answer: {e}")))?;
+                let m = sipmsg::parse(&buf[..n])
+                    .map_err(|e| (Failed, format!("owner's answer: {e}")))?;
                 buf.drain(..n);
-                if m.top_via()
-                    .and_then(|v| v.param("branch"))
-                    .is_some_and(|b| b.starts_with(BRANCH_PREFIX))
-                {
-                    m.pop_via();
-                }
-                emit(&m);
+                emit(&forward::from_owner(m));
             }
             let frame = tokio::time::timeout(self.answer_gap, body.as_mut().frame())
                 .await
-                .map_err(|_| Retry::No("no answer from the owner in time".into()))?;
+                .map_err(|_| (Failed, "no answer from the owner in time".to_owned()))?;
             match frame {
                 None if buf.is_empty() => return Ok(()),
-                None => return Err(Retry::No("owner's answers end inside a message".into())),
-                Some(Err(e)) => return Err(Retry::No(e.to_string())),
+                None => return Err((Failed, "owner's answers end inside a message".into())),
+                Some(Err(e)) => return Err((Failed, e.to_string())),
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data() {
                         buf.extend_from_slice(&data);
@@ -427,14 +395,6 @@ impl SipEntry {
             }
         }
     }
-}
-
-/// What a failed forward leaves the entry to do.
-enum Retry {
-    /// Nothing of the request reached the owner: try the next candidate.
-    Next(String),
-    /// The owner may have taken it: answer `503`.
-    No(String),
 }
 
 /// Serves SIP over UDP on `socket`, bound to `local` (the node's
@@ -511,7 +471,7 @@ pub(crate) async fn serve_udp(
                     }
                 };
                 entry
-                    .handle(&datagram, client, Transport::Udp, local, &send)
+                    .handle(&datagram, client, (Transport::Udp, local), None, &send)
                     .await;
                 return;
             }
@@ -524,7 +484,7 @@ pub(crate) async fn serve_udp(
                     .push((m.clone(), bytes));
             };
             entry
-                .handle(&datagram, client, Transport::Udp, local, &gather)
+                .handle(&datagram, client, (Transport::Udp, local), None, &gather)
                 .await;
             let mut answers = gathered.into_inner().expect("sip answers lock");
             let mut keep = proxy::moot_trying(answers.iter().map(|(m, _)| m)).into_iter();

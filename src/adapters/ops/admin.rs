@@ -270,6 +270,8 @@ fn status_json(state: &NodeState) -> String {
         "sip_udp_answers_withheld": c.sip_udp_answers_withheld.load(Ordering::Relaxed),
         "sip_acks_absorbed": c.sip_acks_absorbed.load(Ordering::Relaxed),
         "sip_timer_c_cancels": c.sip_timer_c_cancels.load(Ordering::Relaxed),
+        "sip_flow_requests": c.sip_flow_requests.load(Ordering::Relaxed),
+        "sip_flow_failed": c.sip_flow_failed.load(Ordering::Relaxed),
         "sip_tcp_timed_out": c.sip_tcp_timed_out.load(Ordering::Relaxed),
         "tunnels_refused": c.tunnels_refused.load(Ordering::Relaxed),
         "edge_client_errors": c.edge_client_errors.load(Ordering::Relaxed),

@@ -42,6 +42,8 @@
 //! | `peerlb_sip_udp_answers_withheld_total` | counter | SIP UDP answers not sent: they would have passed twice the request's bytes |
 //! | `peerlb_sip_acks_absorbed_total` | counter | callers' ACKs of a non-2xx answer the owner had ACKed to `sip_app` itself: absorbed, not relayed |
 //! | `peerlb_sip_timer_c_cancels_total` | counter | INVITEs to `sip_app` CANCELled by the owner when Timer C fired (`limits.sip_timer_c_ms`) |
+//! | `peerlb_sip_flow_requests_total` | counter | requests of `sip_app` toward a caller sent over the caller's own TCP or TLS connection (RFC 5923) |
+//! | `peerlb_sip_flow_failed_total` | counter | requests of `sip_app` toward a caller whose connection was gone (a new connection, else `430`) |
 //! | `peerlb_sip_tcp_timed_out_total` | counter | SIP TCP connections closed for an unfinished message (`limits.header_read_timeout_ms`) or idleness (`limits.sip_idle_timeout_ms`) |
 //! | `peerlb_edge_client_errors_total` | counter | client requests answered 4xx by peerlb itself (its own checks: 400, 408, 414, 421, 431; hyper's 400 and 431), not by the app; the app's 4xx are `peerlb_responses_total` minus these |
 //! | `peerlb_tunnels_refused_total` | counter | WebSocket upgrades answered 503 at `limits.max_tunnels_percent` of the connection cap |
@@ -417,6 +419,16 @@ impl Snapshot {
                 "sip_timer_c_cancels",
                 "SIP INVITEs to sip_app CANCELled by the owner when Timer C fired (limits.sip_timer_c_ms)",
                 Counter(get(&c.sip_timer_c_cancels)),
+            ),
+            Family::one(
+                "sip_flow_requests",
+                "SIP requests of sip_app toward a caller sent over the caller's own TCP or TLS connection (RFC 5923)",
+                Counter(get(&c.sip_flow_requests)),
+            ),
+            Family::one(
+                "sip_flow_failed",
+                "SIP requests of sip_app toward a caller whose connection was gone (a new connection, else 430)",
+                Counter(get(&c.sip_flow_failed)),
             ),
             Family::one(
                 "sip_tcp_timed_out",

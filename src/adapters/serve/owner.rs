@@ -126,6 +126,16 @@ impl Owner {
                 .await;
             }
             Kind::Sip => {
+                // A request of the SIP server for a caller's connection
+                // this node holds (RFC 5923).
+                let flow = head
+                    .headers
+                    .iter()
+                    .find(|(k, _)| *k == crate::adapters::wire::SIP_FLOW);
+                if let Some(id) = flow.and_then(|(_, v)| std::str::from_utf8(v).ok()) {
+                    let id = id.to_owned();
+                    return Box::pin(self.sip.clone().serve_flow(id, req.into_body())).await;
+                }
                 state.metrics.count_proxied_in();
                 let inflight = state.enter_proxied();
                 // Boxed: a rare path, kept out of every stream's future.

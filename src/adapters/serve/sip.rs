@@ -18,8 +18,10 @@ use crate::adapters::body::{self, Body, BodyError};
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage};
 
+mod flows;
 mod upstream;
 
+pub(crate) use flows::Flow;
 pub(crate) use upstream::{SipUpstream, Transport as SipTransport, UpstreamTls, UpstreamTlsError};
 
 /// The SIP server of one node: the built-in demo server (`engine::sip`
@@ -124,6 +126,36 @@ impl SipApp {
             self.answer(&req, &emit).await;
         });
         Response::new(ChannelBody(rx).boxed_unsync())
+    }
+}
+
+impl SipApp {
+    /// Serves a request of the SIP server a peer sent for the caller's
+    /// connection `id` this node holds ([`wire::SIP_FLOW`](crate::adapters::wire::SIP_FLOW)):
+    /// the body, one SIP message, is written on it and the answer is
+    /// `200`; `410` when no such connection is open (or this node relays
+    /// to no SIP server, so registers none), `400` for a body that is not
+    /// one SIP message. No body either way.
+    pub(crate) async fn serve_flow(self: Arc<Self>, id: String, body: Body) -> Response<Body> {
+        let status = |s: u16| {
+            let mut r = Response::new(body::empty());
+            *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
+            r
+        };
+        let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE)
+            .collect()
+            .await
+        else {
+            return status(400);
+        };
+        let bytes = bytes.to_bytes();
+        if sipmsg::frame_len(&bytes) != Ok(Some(bytes.len())) {
+            return status(400);
+        }
+        match &self.upstream {
+            Some(up) if up.flows().send(&id, bytes.to_vec()) => status(200),
+            _ => status(410),
+        }
     }
 }
 

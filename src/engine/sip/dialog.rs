@@ -17,6 +17,61 @@ const OWNER_PARAM: &str = "peerlb-owner";
 /// The `Route` / `Record-Route` URI parameter carrying a dialog's hash key
 /// (SailFin's `BEKey`), percent-encoded: `peerlb-key=<key>`.
 const KEY_PARAM: &str = "peerlb-key";
+/// The `Record-Route` / `Route` URI parameter naming the caller's
+/// connection a request reached an entry over (TCP or TLS):
+/// `peerlb-flow=<id>.<node>` (RFC 5923 connection reuse, the flow token
+/// of RFC 5626 5.2 kept by the entry node that holds the connection).
+const FLOW_PARAM: &str = "peerlb-flow";
+
+/// A caller's connection as a `Route` names it ([`FLOW_PARAM`]): the
+/// entry node that holds it, its id there, and the listener address and
+/// transport the `Route`'s URI gives (a request sent over it names them
+/// in its `Via`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FlowRoute {
+    /// The flow's id on its node (hex digits).
+    pub id: String,
+    /// The entry node that accepted the connection.
+    pub node: String,
+    /// The listener the connection reached (the `Route`'s host and port).
+    pub addr: std::net::SocketAddr,
+    /// Over TLS (a `sips:` URI or `transport=tls`), else TCP.
+    pub tls: bool,
+}
+
+/// The flow token of the connection `id` held by `node`, as
+/// [`record_route`] puts it: `<id>.<node>` (an id is hex, so the first `.`
+/// ends it; a node id is a SIP token and may hold more).
+pub(crate) fn flow_token(id: &str, node: &str) -> String {
+    format!("{id}.{node}")
+}
+
+/// The [`FlowRoute`] of `route`, one `Route` value: a URI of this
+/// cluster's with a well-formed `peerlb-flow` (`<hex>.<node>`) and an IP
+/// host and port; `None` otherwise.
+pub(crate) fn flow_of_route(route: &str) -> Option<FlowRoute> {
+    let uri = match (route.find('<'), route.rfind('>')) {
+        (Some(a), Some(b)) if a < b => &route[a + 1..b],
+        _ => route,
+    };
+    let token = uri_param(uri, FLOW_PARAM)?;
+    let (id, node) = token.split_once('.')?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) || node.is_empty() {
+        return None;
+    }
+    let (scheme, rest) = uri.split_once(':')?;
+    let sips = scheme.eq_ignore_ascii_case("sips");
+    let tls = sips || uri_param(uri, "transport").is_some_and(|t| t.eq_ignore_ascii_case("tls"));
+    let (main, _, _) = split_uri(rest);
+    let hostport = main.rfind('@').map_or(main, |i| &main[i + 1..]);
+    let addr = hostport.parse().ok()?;
+    Some(FlowRoute {
+        id: id.to_owned(),
+        node: node.to_owned(),
+        addr,
+        tls,
+    })
+}
 
 /// The dialog's owner and hash key, as a `Record-Route` of this cluster
 /// names them in the top `Route` of a later request of the dialog.
@@ -73,20 +128,24 @@ pub(crate) fn is_sips_request(msg: &SipMessage) -> bool {
 /// request with a SIPS Request-URI (which 16.6 step 4 requires a SIPS
 /// Record-Route of; it came over TLS) `<sips:<addr>;lr;...>`. `addr` is
 /// the address of the listener the request reached (any node of the
-/// cluster accepts the route as its own).
+/// cluster accepts the route as its own). With `flow` (a [`flow_token`]:
+/// the caller's TCP or TLS connection) `;peerlb-flow=<flow>` follows, so a
+/// request of the dialog toward the caller can reach it over that
+/// connection ([`flow_of_route`]).
 pub(crate) fn record_route(
     addr: std::net::SocketAddr,
     transport: Transport,
     sips: bool,
-    owner: &str,
-    key: &str,
+    (owner, key): (&str, &str),
+    flow: Option<&str>,
 ) -> String {
     let key = escape_param(key);
+    let flow = flow.map_or(String::new(), |f| format!(";{FLOW_PARAM}={f}"));
     if sips {
-        return format!("<sips:{addr};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={key}>");
+        return format!("<sips:{addr};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={key}{flow}>");
     }
     let transport = transport.param();
-    format!("<sip:{addr};transport={transport};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={key}>")
+    format!("<sip:{addr};transport={transport};lr;{OWNER_PARAM}={owner};{KEY_PARAM}={key}{flow}>")
 }
 
 /// The [`DialogRoute`] of a request whose topmost `Route` carries this

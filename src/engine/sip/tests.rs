@@ -243,11 +243,11 @@ fn via_and_route_lists_split_pop_and_push() {
 fn a_tls_record_route_is_sips_for_a_sips_request_else_transport_tls() {
     let a = "10.0.0.1:5061".parse().unwrap();
     assert_eq!(
-        record_route(a, Transport::Tls, true, "n1", "k"),
+        record_route(a, Transport::Tls, true, ("n1", "k"), None),
         "<sips:10.0.0.1:5061;lr;peerlb-owner=n1;peerlb-key=k>"
     );
     assert_eq!(
-        record_route(a, Transport::Tls, false, "n1", "k"),
+        record_route(a, Transport::Tls, false, ("n1", "k"), None),
         "<sip:10.0.0.1:5061;transport=tls;lr;peerlb-owner=n1;peerlb-key=k>"
     );
     let sips = msg(&INVITE.replace("INVITE sip:bob", "INVITE SIPS:bob"));
@@ -255,8 +255,8 @@ fn a_tls_record_route_is_sips_for_a_sips_request_else_transport_tls() {
     assert!(!is_sips_request(&msg(INVITE)));
     // Either form is read back as this cluster's route.
     for rr in [
-        record_route(a, Transport::Tls, true, "n1", "k"),
-        record_route(a, Transport::Tls, false, "n1", "k"),
+        record_route(a, Transport::Tls, true, ("n1", "k"), None),
+        record_route(a, Transport::Tls, false, ("n1", "k"), None),
     ] {
         let m = msg(&format!(
             "ACK sips:b@h SIP/2.0\r\nVia: SIP/2.0/TLS p;branch=z9hG4bK1\r\nRoute: {rr}\r\n\
@@ -272,14 +272,54 @@ fn a_tls_record_route_is_sips_for_a_sips_request_else_transport_tls() {
     }
 }
 
+/// RFC 5923 / 5626 5.2: an entry's Record-Route over TCP or TLS names the
+/// caller's connection (`peerlb-flow=<id>.<node>`), and a Route with it
+/// reads back as that flow with the listener's address and transport;
+/// one without it, or with a malformed token or a host name, is no flow.
+#[test]
+fn a_record_route_with_a_flow_token_reads_back_as_the_callers_flow() {
+    let a: std::net::SocketAddr = "127.0.0.1:5061".parse().unwrap();
+    let token = flow_token("00ab", "n-2.x");
+    let tcp = record_route(a, Transport::Tcp, false, ("n1", "k"), Some(&token));
+    assert_eq!(
+        tcp,
+        "<sip:127.0.0.1:5061;transport=tcp;lr;peerlb-owner=n1;peerlb-key=k;peerlb-flow=00ab.n-2.x>"
+    );
+    let flow = flow_of_route(&tcp).unwrap();
+    assert_eq!(
+        flow,
+        FlowRoute {
+            id: "00ab".into(),
+            node: "n-2.x".into(),
+            addr: a,
+            tls: false
+        }
+    );
+    for tls in [
+        record_route(a, Transport::Tls, true, ("n1", "k"), Some(&token)),
+        record_route(a, Transport::Tls, false, ("n1", "k"), Some(&token)),
+    ] {
+        assert!(flow_of_route(&tls).unwrap().tls, "{tls}");
+    }
+    for none in [
+        record_route(a, Transport::Tcp, false, ("n1", "k"), None),
+        "<sip:127.0.0.1:5061;lr;peerlb-flow=xyz.n1>".to_owned(),
+        "<sip:127.0.0.1:5061;lr;peerlb-flow=00ab.>".to_owned(),
+        "<sip:127.0.0.1:5061;lr;peerlb-flow=00ab>".to_owned(),
+        "<sip:proxy.example;lr;peerlb-flow=00ab.n1>".to_owned(),
+    ] {
+        assert_eq!(flow_of_route(&none), None, "{none}");
+    }
+}
+
 #[test]
 fn record_route_names_owner_and_escaped_key_and_reads_back() {
     let rr = record_route(
         "10.0.0.1:5060".parse().unwrap(),
         Transport::Udp,
         false,
-        "n3",
-        "alice|c@x; y",
+        ("n3", "alice|c@x; y"),
+        None,
     );
     assert_eq!(
         rr,
@@ -573,8 +613,8 @@ mod routing {
                     "127.0.0.1:5060".parse().unwrap(),
                     Transport::Udp,
                     false,
-                    owner,
-                    "dialog-key"
+                    (owner, "dialog-key"),
+                    None,
                 )
             ))
         };
@@ -617,8 +657,8 @@ mod routing {
                 "127.0.0.1:5060".parse().unwrap(),
                 Transport::Udp,
                 false,
-                "n1",
-                "dialog-key",
+                ("n1", "dialog-key"),
+                None,
             );
             let route = if route {
                 format!("Route: {rr}\r\n")

@@ -29,9 +29,7 @@ pub(crate) const TIMER_B: Duration = Duration::from_secs(32);
 /// prefix is `-plb-`).
 pub(crate) const OWNER_BRANCH_PREFIX: &str = "z9hG4bK-plbo-";
 
-/// The `Via` branch prefix of this cluster's entry nodes: RFC 3261's
-/// magic cookie `z9hG4bK` (8.1.1.7), then `-plb-`.
-pub(crate) const ENTRY_BRANCH_PREFIX: &str = "z9hG4bK-plb-";
+pub(crate) use super::forward::ENTRY_BRANCH_PREFIX;
 
 /// The branch of the owner's `Via` for `req` on node `node`:
 /// [`OWNER_BRANCH_PREFIX`], 16 hex digits, `-`, the node id (a node id is
@@ -265,14 +263,18 @@ pub(crate) type Refusal = Option<SipMessage>;
 ///   otherwise decremented, 70 when absent (16.6 step 3).
 /// - A top `Route` carrying this cluster's dialog parameters names this
 ///   cluster and is removed (16.4: the owner stands in for any node).
+/// - The caller's connection ([`Target::flow`]): a removed `Route` of
+///   this cluster's that names one (`peerlb-flow`, the entry's
+///   `Record-Route` over TCP or TLS) is tried first (RFC 5923: a request
+///   toward a caller goes over the connection it opened).
 /// - The destination (16.6 steps 6-7, loose routing only): the next
 ///   `Route`'s URI when there is one, else the Request-URI; its host must
 ///   be an IP address (no DNS here), its port defaults to 5060; UDP, or
-///   TCP with `transport=tcp` (over a new connection: RFC 5923 reuse of
-///   the caller's own connection is not built); another `transport` or a
-///   `sips:` URI is refused `503 Service Unavailable` (the owner cannot
-///   send it, 16.9), as is any other scheme (`416 Unsupported URI
-///   Scheme`, 16.3 step 2).
+///   TCP with `transport=tcp` (over a new connection); another
+///   `transport` or a `sips:` URI is refused `503 Service Unavailable`
+///   (the owner cannot send it, 16.9), as is any other scheme (`416
+///   Unsupported URI Scheme`, 16.3 step 2); with a flow the refusal waits
+///   until the flow is found gone ([`Target::dest`], [`flow_failed`]).
 /// - A request that sets the remote target (re-INVITE, UPDATE, ...) gets
 ///   `peerlb-owner=<node>` in its `Contact`, as an answer the owner relays
 ///   does ([`relayed_answer`]): the caller's next requests to the callee
@@ -286,7 +288,7 @@ pub(crate) type Refusal = Option<SipMessage>;
 pub(crate) fn callee_request(
     req: &SipMessage,
     node: &str,
-) -> Result<(SipMessage, Destination), Refusal> {
+) -> Result<(SipMessage, Target), Refusal> {
     let method = req.method().unwrap_or("");
     let refuse = |status: u16, reason: &str| {
         (method != "ACK").then(|| {
@@ -296,20 +298,11 @@ pub(crate) fn callee_request(
             r
         })
     };
-    let hops = match req.header("max-forwards") {
-        Some(v) => v.parse::<u16>().unwrap_or(70),
-        None => 70,
-    };
-    if hops == 0 {
-        return Err(refuse(483, "Too Many Hops"));
-    }
     let mut out = req.clone();
-    out.headers.retain(|(n, _)| full_name(n) != "max-forwards");
-    out.headers
-        .push(("Max-Forwards".to_owned(), (hops - 1).to_string()));
-    if super::dialog_route(&out).is_some() {
-        out.pop_route();
-    }
+    let Ok(ours) = super::forward::hop(&mut out) else {
+        return Err(refuse(483, "Too Many Hops"));
+    };
+    let flow = ours.as_deref().and_then(super::flow_of_route);
     let target = match out.header_list("route").first() {
         Some(r) => {
             let r = *r;
@@ -323,19 +316,51 @@ pub(crate) fn callee_request(
             StartLine::Response { .. } => return Err(None),
         },
     };
-    let to = match destination(&target) {
-        Ok(to) => to,
-        Err(status) => {
-            let reason = if status == 416 {
-                "Unsupported URI Scheme"
-            } else {
-                "Service Unavailable"
-            };
-            return Err(refuse(status, reason));
-        }
-    };
+    let dest = destination(&target);
+    if let (Err(status), None) = (dest, &flow) {
+        let reason = if status == 416 {
+            "Unsupported URI Scheme"
+        } else {
+            "Service Unavailable"
+        };
+        return Err(refuse(status, reason));
+    }
     super::mark_contact(&mut out, method, node);
-    Ok((out, to))
+    Ok((out, Target { flow, dest }))
+}
+
+/// Where [`callee_request`] sends a request toward a caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The caller's TCP or TLS connection its dialog's `Route` names, held
+    /// by an entry node: tried first.
+    pub(crate) flow: Option<super::FlowRoute>,
+    /// Where a new connection or datagram goes (`Err`: the status the
+    /// owner cannot send there with, 416 or 503); `Ok` whenever `flow` is
+    /// `None`.
+    pub(crate) dest: Result<Destination, u16>,
+}
+
+/// The owner's answer to `req`, a request of its upstream toward a caller
+/// whose connection (`Target::flow`) is gone and which cannot be reached
+/// otherwise: `430 Flow Failed` (RFC 5626 5.3: the proxy that holds a
+/// flow answers so when it failed, and the server may try another), or
+/// none for an ACK.
+pub(crate) fn flow_failed(req: &SipMessage, node: &str) -> Option<SipMessage> {
+    (req.method() != Some("ACK")).then(|| {
+        let mut r = req.response(430, "Flow Failed", None);
+        r.headers
+            .push((super::SERVED_BY.to_owned(), node.to_owned()));
+        r
+    })
+}
+
+/// The `Via` sent-by and transport of a request the owner sends over the
+/// caller's connection `flow`: the listener the connection reached and
+/// `TCP` or `TLS` (RFC 3261 18.2.2: the caller answers on the connection;
+/// were it to fail, at the sent-by, which any node of the cluster serves).
+pub(crate) fn flow_via(flow: &super::FlowRoute) -> (&'static str, SocketAddr) {
+    (if flow.tls { "TLS" } else { "TCP" }, flow.addr)
 }
 
 /// Where a request the owner relays toward a caller goes.
@@ -601,8 +626,9 @@ mod tests {
     #[test]
     fn a_request_from_the_upstream_goes_to_the_callers_target_through_the_next_route() {
         let (out, to) = callee_request(&msg(CALLEE_BYE), "n2").unwrap();
-        assert_eq!(to.addr, "192.0.2.1:5070".parse().unwrap());
-        assert!(!to.tcp);
+        assert_eq!(to.dest.unwrap().addr, "192.0.2.1:5070".parse().unwrap());
+        assert!(!to.dest.unwrap().tcp);
+        assert_eq!(to.flow, None);
         assert!(out.header("route").is_none());
         assert_eq!(out.header("max-forwards"), Some("69"));
         let b = callee_branch(&msg(CALLEE_BYE), "n2");
@@ -617,7 +643,7 @@ mod tests {
             "Route: <sip:127.0.0.1:5062;lr;peerlb-owner=n2;peerlb-key=k>, <sip:[::1]:5099;lr>\r\nX: <sip:x",
         );
         let (out, to) = callee_request(&msg(&routed), "n2").unwrap();
-        assert_eq!(to.addr, "[::1]:5099".parse().unwrap());
+        assert_eq!(to.dest.unwrap().addr, "[::1]:5099".parse().unwrap());
         assert_eq!(out.header_list("route"), ["<sip:[::1]:5099;lr>"]);
         // No port: 5060.
         let (_, to) = callee_request(
@@ -625,7 +651,7 @@ mod tests {
             "n2",
         )
         .unwrap();
-        assert_eq!(to.addr, "192.0.2.1:5060".parse().unwrap());
+        assert_eq!(to.dest.unwrap().addr, "192.0.2.1:5060".parse().unwrap());
         // transport=tcp: over TCP.
         let (_, to) = callee_request(
             &msg(&CALLEE_BYE.replace("192.0.2.1:5070", "192.0.2.1:5070;transport=TCP")),
@@ -633,11 +659,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            to,
-            Destination {
+            to.dest,
+            Ok(Destination {
                 addr: "192.0.2.1:5070".parse().unwrap(),
                 tcp: true
-            }
+            })
         );
     }
 

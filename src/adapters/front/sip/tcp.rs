@@ -7,6 +7,10 @@
 //! double CRLF, is answered with one CRLF and keeps it open) or when a
 //! message begun is not finished within `limits.header_read_timeout_ms`
 //! (one deadline for the whole message, however its bytes trickle in).
+//! With an upstream SIP server (`sip_app`) a connection is registered as
+//! a flow with its first message (`serve/sip/flows.rs`), named in the
+//! `Record-Route` of the dialogs it opens, so the server's requests
+//! toward the caller are written on it (RFC 5923), until it closes.
 //!
 //! SIPS (`sips_addr`) is the same path over TLS: a connection admitted to
 //! the table completes its TLS handshake within
@@ -27,6 +31,7 @@ use super::{LOG, SipEntry};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::http::conns::{Admitted, Closable};
 use crate::adapters::http::{ConnTable, Refusal};
+use crate::adapters::serve::sip::Flow;
 use crate::engine::sip::{self as sipmsg, SipMessage, Transport, keepalive};
 use crate::seam::{Connection, HttpListener};
 
@@ -212,6 +217,8 @@ async fn connection(
     let mut half = false;
     // When the message in `buf` began (its first byte's read).
     let mut begun: Option<tokio::time::Instant> = None;
+    // The connection as a flow (RFC 5923), from its first message on.
+    let mut flow: Option<(Flow, Arc<str>)> = None;
     let ended = loop {
         let k = keepalive::scan(&buf, half);
         buf.drain(..k.skip);
@@ -237,12 +244,15 @@ async fn connection(
                 // cap passes it over.
                 let busy = table.busy(&admitted.state);
                 let (entry, out) = (entry.clone(), writer.out().clone());
+                flow = flow.take().or_else(|| as_flow(&entry, &out));
+                let token = flow.as_ref().map(|(_, t)| t.clone());
                 tokio::spawn(async move {
                     let (_slot, _busy) = (slot, busy);
                     let send = |m: &SipMessage| {
                         let _ = out.send(Out::Bytes(m.to_bytes()));
                     };
-                    entry.handle(&msg, client, transport, local, &send).await;
+                    let (at, flow) = ((transport, local), token.as_deref());
+                    entry.handle(&msg, client, at, flow, &send).await;
                 });
                 continue;
             }
@@ -305,6 +315,19 @@ async fn connection(
             writer.finish().await;
         }
     }
+}
+
+/// The connection whose writer takes `out` as a flow of `entry`'s node
+/// (RFC 5923), with its token for the `Record-Route`; `None` without an
+/// upstream SIP server (nothing would send on it).
+fn as_flow(entry: &SipEntry, out: &mpsc::UnboundedSender<Out>) -> Option<(Flow, Arc<str>)> {
+    let up = entry.app.upstream()?;
+    let o = out.clone();
+    let f = up
+        .flows()
+        .register(Box::new(move |b| o.send(Out::Bytes(b)).is_ok()));
+    let token = sipmsg::flow_token(&f.id(), entry.state.node_id().as_str());
+    Some((f, token.into()))
 }
 
 /// Writes what `outgoing` hands over to `w` until a write fails, a

@@ -35,9 +35,13 @@ use crate::engine::sip::proxy::{self, ClientTimers, Completed, Expired};
 use crate::engine::sip::upstream::{self as up, Received};
 use crate::engine::sip::{self as sipmsg, MAX_MESSAGE, SipMessage, StartLine};
 
+mod flow;
 mod link;
 
-use link::Link;
+use super::flows::Flows;
+use crate::adapters::transport::peer::PeerLinks;
+use flow::{FlowReach, FlowSocket};
+use link::{CallerSocket, Link};
 pub(crate) use link::{Transport, UpstreamTls, UpstreamTlsError};
 
 /// The tracing target of this module's events: its path before the
@@ -90,9 +94,10 @@ const MAX_CALLEE_INFLIGHT: usize = 1_000;
 /// ones in flight by (owner branch, method): a retransmission of one in
 /// flight is absorbed (RFC 3261 17.2: the server transaction answers it
 /// once the answer exists).
-#[derive(Debug)]
 struct CalleeRelay {
     node: String,
+    /// The callers' connections of the cluster (RFC 5923).
+    reach: Arc<FlowReach>,
     /// Each relay's channel for the caller's answers that reached a
     /// listener instead of its socket (`SipUpstream::deliver`).
     inflight: Mutex<BTreeMap<(String, String), mpsc::UnboundedSender<SipMessage>>>,
@@ -118,8 +123,14 @@ impl SipUpstream {
         (transport, addr): (Transport, SocketAddr),
         (timeout, timer_c): (Duration, Duration),
         node: &str,
-        state: Arc<NodeState>,
+        (state, links): (Arc<NodeState>, Option<Arc<PeerLinks>>),
     ) -> SipUpstream {
+        let reach = Arc::new(FlowReach {
+            flows: Arc::default(),
+            links,
+            state: state.clone(),
+            timeout,
+        });
         SipUpstream {
             state,
             addr,
@@ -133,6 +144,7 @@ impl SipUpstream {
             waiting: Arc::new(Mutex::new(BTreeMap::new())),
             callee: Arc::new(CalleeRelay {
                 node: node.to_owned(),
+                reach,
                 inflight: Mutex::new(BTreeMap::new()),
             }),
         }
@@ -141,6 +153,12 @@ impl SipUpstream {
     /// The upstream's address (`sip_app`).
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// This node's callers' connections (RFC 5923), which the TCP and TLS
+    /// listeners register.
+    pub(crate) fn flows(&self) -> &Arc<Flows> {
+        &self.callee.reach.flows
     }
 
     /// Relays `req`, a request the upstream sent, toward the caller and
@@ -451,20 +469,23 @@ impl CalleeRelay {
     /// transaction-stateful proxy (RFC 3261 16): `engine::sip::upstream`
     /// `callee_request` prepares it (or refuses it: the refusal goes to
     /// `emit`); an INVITE is answered `100 Trying` at once (17.2.1); the
-    /// request goes out from an ephemeral socket connected to the target,
-    /// with the owner's `Via` naming that socket, and is resent on Timer
-    /// A/E; the answers on that socket whose top `Via` has the owner's
+    /// request goes out over the caller's own connection when its dialog
+    /// names one that is open (RFC 5923), else from an ephemeral socket
+    /// connected to the target ([`Self::first_send`]), with the owner's
+    /// `Via` naming that socket, and is resent on Timer A/E over UDP; the answers on that socket whose top `Via` has the owner's
     /// branch and whose `CSeq` method is the request's lose that `Via` and
     /// go to `emit` (`100` excepted) until the final one; a non-2xx final
     /// answer to an INVITE is ACKed by the owner (17.1.1.3). No final
     /// answer within Timer B (32 s): `408`; the caller's port closed or
-    /// the socket failing: `503`. An ACK is sent once, unanswered.
+    /// the socket failing: `503`; the caller's connection gone and no
+    /// other way to it: `430` (RFC 5626 5.3). An ACK is sent once,
+    /// unanswered.
     async fn relay(&self, req: SipMessage, emit: &Emit<'_>) {
         // Long: one request the server sends toward a caller, relayed and its answers brought
         // back (RFC 3261 16.6-16.7), one sequence read top to bottom.
         let method = req.method().unwrap_or("").to_owned();
         let (ack, invite) = (method == "ACK", method == "INVITE");
-        let (out, dest) = match up::callee_request(&req, &self.node) {
+        let (out, target) = match up::callee_request(&req, &self.node) {
             Ok(x) => x,
             Err(refusal) => {
                 if let Some(r) = refusal {
@@ -489,46 +510,20 @@ impl CalleeRelay {
                 key,
             })
         };
-        let generated = |status: u16, reason: &str| {
-            let mut r = req.response(status, reason, None);
-            r.headers
-                .push((sipmsg::SERVED_BY.to_owned(), self.node.clone()));
-            r
-        };
+        let generated = |status: u16, reason: &str| refusal(&req, status, reason, &self.node);
         if invite {
             emit(&req.response(100, "Trying", None));
         }
-        let to = dest.addr;
-        let opened = if dest.tcp {
-            link::CallerSocket::tcp(to, up::T1 * 64).await
-        } else {
-            connected(to).await.map(link::CallerSocket::Udp)
-        };
-        let mut sock = match opened {
-            Ok(s) => s,
-            Err(e) => {
-                debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: no socket");
-                if !ack {
-                    emit(&generated(503, "Service Unavailable"));
+        let (mut sock, sent) = match self.first_send(&req, out, target, &branch).await {
+            Ok(x) => x,
+            Err(refused) => {
+                if let Some(r) = refused {
+                    emit(&r);
                 }
                 return;
             }
         };
-        let Ok(local) = sock.local_addr() else {
-            if !ack {
-                emit(&generated(503, "Service Unavailable"));
-            }
-            return;
-        };
-        let sent = up::with_via(out, sock.via_name(), local, &branch);
         let bytes = sent.to_bytes();
-        if let Err(e) = sock.send(&bytes).await {
-            debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: send failed");
-            if !ack {
-                emit(&generated(503, "Service Unavailable"));
-            }
-            return;
-        }
         if ack {
             return;
         }
@@ -549,7 +544,7 @@ impl CalleeRelay {
             };
             match got {
                 None if Instant::now() >= deadline => {
-                    debug!(target: REQUEST_PATH, %to, "sip relay to the caller: no final answer in time");
+                    debug!(target: REQUEST_PATH, %branch, "sip relay to the caller: no final answer in time");
                     emit(&generated(408, "Request Timeout"));
                     return;
                 }
@@ -559,7 +554,7 @@ impl CalleeRelay {
                     resend = Some(Instant::now() + up::retransmit_interval(invite, transmissions));
                 }
                 Some(Err(e)) => {
-                    debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: transport error");
+                    debug!(target: REQUEST_PATH, %branch, error = %e, "sip relay to the caller: transport error");
                     emit(&generated(503, "Service Unavailable"));
                     return;
                 }
@@ -591,6 +586,92 @@ impl CalleeRelay {
             }
         }
     }
+}
+
+impl CalleeRelay {
+    /// Sends `out`, the request `req` of the upstream made ready for the
+    /// caller, with the owner's `Via` (`branch`) on top, the first time:
+    /// over the caller's own connection when `target` names one and it is
+    /// open (RFC 5923), else to `target.dest` from a new socket (UDP) or
+    /// over a new TCP connection. Returns the socket and the request as
+    /// sent.
+    ///
+    /// # Errors
+    /// The answer for the upstream (none for an ACK): `430 Flow Failed`
+    /// when the caller's connection is gone and no other way reaches it
+    /// (RFC 5626 5.3), else `503` when no socket opens or the send fails.
+    async fn first_send(
+        &self,
+        req: &SipMessage,
+        out: SipMessage,
+        target: up::Target,
+        branch: &str,
+    ) -> Result<(CallerSocket, SipMessage), Option<SipMessage>> {
+        let ack = req.method() == Some("ACK");
+        let mut flow_gone = false;
+        if let Some(route) = target.flow {
+            let (via, local) = up::flow_via(&route);
+            let mut sock = CallerSocket::Flow(FlowSocket {
+                route,
+                reach: self.reach.clone(),
+            });
+            let sent = up::with_via(out.clone(), via, local, branch);
+            match sock.send(&sent.to_bytes()).await {
+                Ok(()) => {
+                    let c = &self.reach.state.counters;
+                    c.sip_flow_requests.fetch_add(1, Ordering::Relaxed);
+                    return Ok((sock, sent));
+                }
+                Err(e) => {
+                    debug!(target: REQUEST_PATH, error = %e, "sip relay to the caller: its connection is gone");
+                    let c = &self.reach.state.counters;
+                    c.sip_flow_failed.fetch_add(1, Ordering::Relaxed);
+                    flow_gone = true;
+                }
+            }
+        }
+        let failed = || {
+            if flow_gone {
+                up::flow_failed(req, &self.node)
+            } else {
+                (!ack).then(|| refusal(req, 503, "Service Unavailable", &self.node))
+            }
+        };
+        let Ok(dest) = target.dest else {
+            return Err(failed());
+        };
+        let to = dest.addr;
+        let opened = if dest.tcp {
+            CallerSocket::tcp(to, up::T1 * 64).await
+        } else {
+            connected(to).await.map(CallerSocket::Udp)
+        };
+        let mut sock = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: no socket");
+                return Err(failed());
+            }
+        };
+        let Ok(local) = sock.local_addr() else {
+            return Err(failed());
+        };
+        let sent = up::with_via(out, sock.via_name(), local, branch);
+        if let Err(e) = sock.send(&sent.to_bytes()).await {
+            debug!(target: REQUEST_PATH, %to, error = %e, "sip relay to the caller: send failed");
+            return Err(failed());
+        }
+        Ok((sock, sent))
+    }
+}
+
+/// The owner's own answer `status` to `req`, a request of its upstream
+/// (its `Served-By` naming `node`).
+fn refusal(req: &SipMessage, status: u16, reason: &str, node: &str) -> SipMessage {
+    let mut r = req.response(status, reason, None);
+    r.headers
+        .push((sipmsg::SERVED_BY.to_owned(), node.to_owned()));
+    r
 }
 
 /// A relayed request's place in `CalleeRelay::inflight`, removed when its

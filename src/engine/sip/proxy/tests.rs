@@ -224,3 +224,47 @@ fn a_100_gathered_with_a_final_answer_is_not_sent() {
     assert_eq!(moot_trying([a(100), a(180)].iter()), [true, true]);
     assert_eq!(moot_trying([a(100)].iter()), [true]);
 }
+
+/// RFC 5923 / RFC 5626 5.3: a request of the server toward a caller whose
+/// dialog Route names the caller's connection keeps that flow (tried
+/// first, its Via naming the listener and TLS), its Route removed; a
+/// target the owner could not send to otherwise waits for the flow (no
+/// refusal yet), and the flow found gone is answered 430 (an ACK never).
+#[test]
+fn a_request_toward_a_caller_keeps_its_flow_and_a_gone_flow_is_430() {
+    use super::super::upstream::{callee_request, flow_failed, flow_via};
+    let bye = "BYE sips:alice@192.0.2.1:5071 SIP/2.0\r\n\
+        Via: SIP/2.0/UDP 127.0.0.1:5090;branch=z9hG4bKu1\r\n\
+        Route: <sips:127.0.0.1:5061;lr;peerlb-owner=n2;peerlb-key=k;peerlb-flow=0a.n1>\r\n\
+        From: <sip:bob@h>;tag=u\r\nTo: <sip:alice@h>;tag=1\r\nCall-ID: c\r\nCSeq: 1 BYE\r\n\
+        Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n";
+    let (out, to) = callee_request(&msg(bye), "n2").unwrap();
+    let flow = to.flow.expect("the caller's flow");
+    assert_eq!(
+        (flow.id.as_str(), flow.node.as_str(), flow.tls),
+        ("0a", "n1", true)
+    );
+    assert_eq!(flow_via(&flow), ("TLS", "127.0.0.1:5061".parse().unwrap()));
+    assert_eq!(to.dest, Err(503));
+    assert!(out.header("route").is_none());
+    let r = flow_failed(&msg(bye), "n2").unwrap();
+    assert_eq!(status(&r), 430);
+    assert_eq!(
+        r.header_list("via"),
+        ["SIP/2.0/UDP 127.0.0.1:5090;branch=z9hG4bKu1"]
+    );
+    let ack = bye
+        .replace("BYE sips", "ACK sips")
+        .replace("1 BYE", "1 ACK");
+    assert!(flow_failed(&msg(&ack), "n2").is_none());
+    // Without the flow the same target is refused at once.
+    let plain = bye.replace(";peerlb-flow=0a.n1", "");
+    assert!(callee_request(&msg(&plain), "n2").is_err());
+    // A flow that is not the top Route (not this cluster's) is no flow.
+    let other = bye.replace(
+        "Route: <sips:127.0.0.1:5061;lr;peerlb-owner=n2;peerlb-key=k;peerlb-flow=0a.n1>",
+        "Route: <sip:192.0.2.9;lr;peerlb-flow=0a.n1>",
+    );
+    let (_, to) = callee_request(&msg(&other), "n2").unwrap();
+    assert_eq!(to.flow, None);
+}

@@ -11,7 +11,8 @@
 //! waiting (`503`).
 //!
 //! [`CallerSocket`] is the other direction: the socket of one request
-//! the upstream sent, relayed toward the caller over UDP or, for a
+//! the upstream sent, relayed toward the caller over UDP, over the
+//! caller's own TCP or TLS connection when its dialog names one, or, for a
 //! `transport=tcp` target, over a new TCP connection of its own.
 
 use std::net::SocketAddr;
@@ -336,14 +337,18 @@ async fn read_datagrams(socket: Arc<UdpSocket>, readers: Readers) {
 }
 
 /// The socket of one request relayed toward a caller: a UDP socket
-/// connected to the target, or a TCP connection to it (a new one: RFC
-/// 5923 reuse of the caller's own connection is not built), read one
+/// connected to the target, a TCP connection to it (a new one), or the
+/// caller's own connection (RFC 5923, `upstream/flow.rs`), read one
 /// whole message at a time.
 pub(crate) enum CallerSocket {
     /// Over UDP.
     Udp(UdpSocket),
     /// Over TCP, with what was read of the next message.
     Tcp { stream: TcpStream, buf: Vec<u8> },
+    /// Over the caller's own TCP or TLS connection, held by an entry node
+    /// (RFC 5923): nothing is read here, the caller's answers come to the
+    /// relay as answers that reached a listener.
+    Flow(super::flow::FlowSocket),
 }
 
 impl CallerSocket {
@@ -370,12 +375,13 @@ impl CallerSocket {
         match self {
             CallerSocket::Udp(s) => s.local_addr(),
             CallerSocket::Tcp { stream, .. } => stream.local_addr(),
+            CallerSocket::Flow(f) => Ok(crate::engine::sip::upstream::flow_via(&f.route).1),
         }
     }
 
     /// Whether nothing is resent on it (TCP).
     pub(crate) fn reliable(&self) -> bool {
-        matches!(self, CallerSocket::Tcp { .. })
+        !matches!(self, CallerSocket::Udp(_))
     }
 
     /// The transport's name in a `Via`.
@@ -383,6 +389,7 @@ impl CallerSocket {
         match self {
             CallerSocket::Udp(_) => Transport::Udp.via_name(),
             CallerSocket::Tcp { .. } => Transport::Tcp.via_name(),
+            CallerSocket::Flow(f) => crate::engine::sip::upstream::flow_via(&f.route).0,
         }
     }
 
@@ -394,6 +401,7 @@ impl CallerSocket {
         match self {
             CallerSocket::Udp(s) => s.send(bytes).await.map(|_| ()),
             CallerSocket::Tcp { stream, .. } => stream.write_all(bytes).await,
+            CallerSocket::Flow(f) => f.send(bytes).await,
         }
     }
 
@@ -407,6 +415,7 @@ impl CallerSocket {
     pub(crate) async fn recv(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         match self {
             CallerSocket::Udp(s) => s.recv(out).await,
+            CallerSocket::Flow(_) => std::future::pending().await,
             CallerSocket::Tcp { stream, buf } => loop {
                 let skip = sipmsg::leading_crlf(buf);
                 buf.drain(..skip);
