@@ -121,7 +121,7 @@ pub use env::{Env, SipSockets};
 pub use node::Node;
 
 pub use adapters::serve::app::RequestInfo;
-pub use adapters::serve::app::handle::{Handle, ViewChange, ViewChanges};
+pub use adapters::serve::app::handle::{ForwardError, Handle, ViewChange, ViewChanges};
 pub use embed::{BuildError, NodeBuilder};
 pub use engine::ownership::MovedRange;
 

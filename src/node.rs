@@ -19,7 +19,7 @@ use crate::adapters::http::entry_tls;
 use crate::adapters::node_state::NodeState;
 use crate::adapters::ops::admin_server::{self, AdminServer};
 use crate::adapters::serve::app::App;
-use crate::adapters::serve::app::handle::Handle;
+use crate::adapters::serve::app::handle::{Forward, Handle};
 use crate::adapters::serve::app::service::ErasedApp;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, PeerLinks};
@@ -204,7 +204,7 @@ impl Node {
             setups,
             self_member,
             view_tx,
-            handle: _,
+            handle,
             app,
         } = self;
         let me = config.node.clone();
@@ -327,6 +327,8 @@ impl Node {
             config.ingress.clone(),
             env.seed,
         ));
+        // The app's own requests to a key's owner take the ingress's path.
+        handle.set_forward(Arc::downgrade(&ingress) as std::sync::Weak<dyn Forward>);
         let peer_task = tokio::spawn(peer::serve(links.clone(), owner));
 
         // Accept clients only once every live peer is connected (or after
