@@ -62,6 +62,7 @@ fn listener_setup(
 
 /// A node could not be built or stopped with an error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// TLS material missing or invalid: run `peerlb certs` (or `peerlb up`).
     #[error(transparent)]
