@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for the side-by-side benchmark (docs/performance.md):
-#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps, 8 contenders (~15 min on 2 cores)
+#   bench/compare.sh            # full run: 3 rounds, 5 s per measurement, base, moderate load, size and concurrency sweeps, 10 contenders (the key-value pair at 3 points; ~17 min on 2 cores)
 #   bench/compare.sh --quick    # base and moderate-load points only, 2 s per measurement (~2 min)
 #   bench/compare.sh --before OLD/peerlb   # adds the -before twin of every peerlb contender, same rounds
 #   bench/compare.sh --contenders haproxy-kv,peerlb-3-embedded --points kv   # the embedded store against the same store behind HAProxy
