@@ -371,30 +371,33 @@ fn forward_reaches_the_keys_owner_and_fails_over_by_the_client_rules_when_it_die
             format!("n1 entry=n1 proxied=false key={on_n1} GET /who 0")
         );
 
-        // n2 dies holding a GET and a POST with a body: the GET moves to
-        // the key's next candidate, the POST (it may have run) is not
-        // replayed.
+        // n2 dies holding a GET, a PUT with a small body (its length
+        // known from the body: kept for a replay) and a POST with a body:
+        // the GET and the PUT move to the key's next candidate, the POST
+        // (it may have run) is not replayed.
         let view = n1.view().unwrap();
         let next = view.ring().candidates(&on_n2).nth(1).unwrap().to_string();
-        let (k, post) = (
-            on_n2.clone(),
-            Request::post("/hold/post").body(full("state")).unwrap(),
-        );
+        let k = on_n2.clone();
+        let post = Request::post("/hold/post").body(full("state")).unwrap();
+        let put = Request::put("/hold/put").body(full("state")).unwrap();
         let n1_node = &nodes[0];
         let held = async {
             tokio::join!(
                 n1_node.forward(&k, get("/hold/get")),
+                n1_node.forward(&k, put),
                 n1_node.forward(&k, post)
             )
         };
         let waited = async {
             eventually(LIMIT, || {
-                arrived("n2", "/hold/get") == 1 && arrived("n2", "/hold/post") == 1
+                ["/hold/get", "/hold/put", "/hold/post"]
+                    .iter()
+                    .all(|p| arrived("n2", p) == 1)
             })
             .await
-            .expect("both requests reached n2's app");
+            .expect("the three requests reached n2's app");
         };
-        let ((got, posted), ()) = tokio::join!(held, async {
+        let ((got, put, posted), ()) = tokio::join!(held, async {
             waited.await;
             // A kill: the runtime goes with every socket, no close sent.
             kill.unwrap().send(()).unwrap();
@@ -409,6 +412,15 @@ fn forward_reaches_the_keys_owner_and_fails_over_by_the_client_rules_when_it_die
             )
         );
         assert_eq!(arrived(&next, "/hold/get"), 1, "replayed once, on {next}");
+        let (status, body) = put.expect("the PUT is replayed");
+        assert_eq!(status, "200 OK");
+        assert_eq!(
+            body,
+            format!(
+                "{next} entry=n1 proxied={} key={on_n2} PUT /hold/put 5",
+                next != "n1"
+            )
+        );
         match posted {
             Err(ForwardError::PeerFailed(why)) => assert!(why.contains("n2"), "{why}"),
             other => panic!("a POST that may have run is not replayed: {other:?}"),
