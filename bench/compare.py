@@ -19,6 +19,17 @@ Every contender forwards the same wrk load to the same three backends
              weight is 0, so every request crosses the hop to node 2: the
              hop-only figure (requests per CPU-second of an entry and an
              owner, no backends)
+  peerlb-3-embedded
+             3 nodes of examples/sharded_cache.rs (the key-value store
+             embedded as each node's app: no backend) on one SO_REUSEPORT
+             address; GET /kv/u<k> is routed by the key to its owner
+  haproxy-kv HAProxy (balance uri, hash-type consistent) in front of
+             three processes of the same store served alone with hyper
+             (`sharded_cache --standalone`): peerlb-3-embedded's
+             counterpart. Both are measured at 200-byte values (each key
+             put once before the rounds) and only at the points of
+             KV_POINTS (16 and 128 connections, moderate load); their
+             system CPU is every process of theirs (no shared backends)
   hop-floor  the hop's floor (benches/hop_floor.rs, --floor): an entry
              serving HTTP/1.1 with hyper on one current_thread runtime,
              one quinn stream per request to an owner process that
@@ -80,7 +91,11 @@ ROOT = os.path.dirname(HERE)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 CONTENDERS = ["direct", "haproxy", "nginx", "peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop",
-              "hop-floor"]
+              "hop-floor", "peerlb-3-embedded", "haproxy-kv"]
+# The key-value contenders (examples/sharded_cache.rs, --example): GET
+# /kv/u<k> of 200-byte values, measured at these points only.
+KV = ["peerlb-3-embedded", "haproxy-kv"]
+KV_VALUE = 200
 PEERLB = ["peerlb-3", "peerlb-1", "peerlb-3-builtin", "peerlb-hop"]
 BEFORE = [c + "-before" for c in PEERLB]
 # Nodes of each peerlb contender (peak RSS per node).
@@ -99,6 +114,8 @@ H2_STREAMS = 4
 H2 = (200, 4, 0, "h2")
 SIZES = [200, 16 * 1024, 1024 * 1024]
 CONNS = [1, 16, 128]
+C128 = (200, 128, 0)
+KV_POINTS = [BASE, C128, MODERATE]
 # Keys: `user` values u1..u<USERS>, uniform (bench/keys.lua has the same default).
 USERS = 10000
 
@@ -110,6 +127,8 @@ def points(which):
         return [BASE, MODERATE, NEW_CONN] + ([H2] if shutil.which("h2load") else [])
     if which == "base":
         return [BASE, MODERATE]
+    if which == "kv":
+        return [BASE, C128]
     if which == "sizes":
         return [(s, BASE[1], 0) for s in SIZES]
     out = [BASE, MODERATE]
@@ -348,6 +367,22 @@ def wait_ok(url, what, procs, timeout=30):
     sys.exit(f"{what} not ready at {url}: {last}")
 
 
+def wait_port(addr, what, procs, timeout=30):
+    """Waits until addr ("ip:port") accepts a TCP connection."""
+    host, port = addr.rsplit(":", 1)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for name, p in procs.procs:
+            if p.poll() is not None:
+                sys.exit(f"{name} exited (status {p.returncode}); see {procs.logdir}/{name}.log")
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{what} not listening on {addr}")
+
+
 def wait_serving(admin, n, procs, timeout=30, client=None):
     """Waits until the node's status lists n serving members. The status is
     read on the admin listener, or on the client port `client` (a --before
@@ -368,14 +403,15 @@ def wait_serving(admin, n, procs, timeout=30, client=None):
 
 
 def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, weights=None,
-                   tls=None):
+                   tls=None, example=None):
     """Writes a cluster.toml, makes certificates, starts the nodes.
 
     backends None: every node serves with the built-in app in process.
     weights: each node's weight (default 100). Node i's ports: http
     base_port + i, peer + 10, gossip + 20, admin http + 1000 (the default).
     tls (cert, key): the client listeners serve HTTPS (the shared listener
-    too: it takes [listener]'s settings).
+    too: it takes [listener]'s settings). example: the sharded_cache
+    example's binary: its nodes (the store embedded), routed by /kv/<key>.
     """
     lines = [
         f'name = "{name}"',
@@ -401,7 +437,10 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, w
         ]
         if weights:
             lines.append(f"weight = {weights[i]}")
-    lines += ["[[rules]]", 'name = "user"', 'extract = [{ query = "user" }]']
+    if example:
+        lines += ["[[rules]]", 'name = "kv"', "extract = [{ path_regex = '^/kv/([^/]+)$' }]"]
+    else:
+        lines += ["[[rules]]", 'name = "user"', 'extract = [{ query = "user" }]']
     cfg = os.path.join(tmp, f"{name}.toml")
     with open(cfg, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -416,7 +455,7 @@ def peerlb_cluster(name, bin_, tmp, procs, base_port, nodes, backends, listen, w
     if os.environ.get("BENCH_RUST_LOG"):
         env["RUST_LOG"] = os.environ["BENCH_RUST_LOG"]
     for i, (nid, _) in enumerate(specs):
-        argv = [bin_, "node", "--config", cfg, "--node", nid]
+        argv = [example, cfg, nid] if example else [bin_, "node", "--config", cfg, "--node", nid]
         if backends:
             argv += ["--app", f"http://{backends[i % len(backends)]}"]
         if listen:
@@ -437,6 +476,8 @@ LAYOUT = {
     "peerlb-3-builtin": ("i3", 110, 3, False, None),
     # Node 1 (the entry wrk talks to) owns no key: every request is forwarded.
     "peerlb-hop": ("h2", 150, 2, False, [0, 100]),
+    # The key-value store embedded (examples/sharded_cache.rs).
+    "peerlb-3-embedded": ("e3", 450, 3, False, None),
 }
 BEFORE_SHIFT = 160
 
@@ -449,6 +490,8 @@ def contender_ports(c, b):
         return [b + 20]
     if c == "hop-floor":
         return [b + 400, b + 401]
+    if c == "haproxy-kv":
+        return [b + 12, b + 4, b + 5, b + 6]
     if c not in LAYOUT and not c.endswith("-before"):
         return []
     base = c[: -len("-before")] if c.endswith("-before") else c
@@ -484,11 +527,38 @@ def start_peerlb(c, args, tmp, procs, backends, tls):
     off += BEFORE_SHIFT if before else 0
     bin_ = args.before if before else args.bin
     shared = f"127.0.0.1:{b + off + 30}" if n > 1 and base != "peerlb-hop" else None
+    example = args.example if base in KV else None
     pids = peerlb_cluster(name + ("b" if before else ""), bin_, tmp, procs, b + off, n,
-                          backends if on_backends else None, shared, weights, tls[:2] if tls else None)
+                          backends if on_backends else None, shared, weights, tls[:2] if tls else None,
+                          example)
     url = f"{'https' if tls else 'http'}://{shared or f'127.0.0.1:{b + off}'}"
-    wait_ok(f"{url}/bytes/200?user=x", c, procs)
+    if example:
+        kv_fill(url, c)
+    else:
+        wait_ok(f"{url}/bytes/200?user=x", c, procs)
     return url, pids
+
+
+def kv_fill(url, what):
+    """PUTs a KV_VALUE-byte value for each key u1..u<USERS> through url (one
+    keep-alive connection), then checks one GET."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    value = b"v" * KV_VALUE
+    for k in range(1, USERS + 1):
+        conn.request("PUT", f"/kv/u{k}", body=value)
+        r = conn.getresponse()
+        r.read()
+        if r.status != 204:
+            sys.exit(f"{what}: PUT /kv/u{k} answered {r.status}")
+    conn.request("GET", "/kv/u1")
+    r = conn.getresponse()
+    if r.status != 200 or r.read() != value:
+        sys.exit(f"{what}: GET /kv/u1 does not give the value put")
+    conn.close()
 
 
 def start_all(args, tmp, procs, contenders):
@@ -519,6 +589,7 @@ def start_all(args, tmp, procs, contenders):
             cfg = f.read().format(
                 dir=tmp,
                 listen=f"127.0.0.1:{hp}" + (f" ssl crt {tls[2]} alpn h2,http/1.1" if tls else ""),
+                balance="url_param user",
                 servers="\n".join(f"    server app{i + 1} {a}" for i, a in enumerate(backends)),
             )
         with open(os.path.join(tmp, "haproxy.cfg"), "w") as f:
@@ -549,6 +620,26 @@ def start_all(args, tmp, procs, contenders):
         if c in LAYOUT or c in BEFORE:
             out[c] = start_peerlb(c, args, tmp, procs, backends, tls)
 
+    if "haproxy-kv" in contenders:
+        kvs = [f"127.0.0.1:{b + 4 + i}" for i in range(3)]
+        kv_pids = [procs.start(f"kv{i + 1}", [args.example, "--standalone", a]).pid
+                   for i, a in enumerate(kvs)]
+        hp = b + 12
+        with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
+            cfg = f.read().format(
+                dir=tmp, listen=f"127.0.0.1:{hp}", balance="uri",
+                servers="\n".join(f"    server kv{i + 1} {a}" for i, a in enumerate(kvs)),
+            )
+        with open(os.path.join(tmp, "haproxy-kv.cfg"), "w") as f:
+            f.write(cfg.replace("haproxy.pid", "haproxy-kv.pid"))
+        p = procs.start("haproxy-kv", ["haproxy", "-db", "-f", os.path.join(tmp, "haproxy-kv.cfg")])
+        for a in kvs:
+            wait_port(a, "sharded_cache --standalone", procs)
+        url = f"http://127.0.0.1:{hp}"
+        wait_port(f"127.0.0.1:{hp}", "haproxy-kv", procs)
+        kv_fill(url, "haproxy-kv")
+        out["haproxy-kv"] = (url, [p.pid] + kv_pids)
+
     if "hop-floor" in contenders:
         # Cleartext at its entry, as peerlb-hop without --https.
         fdir, http, peer = os.path.join(tmp, "certs-floor"), f"127.0.0.1:{b + 400}", f"127.0.0.1:{b + 401}"
@@ -563,9 +654,10 @@ def start_all(args, tmp, procs, contenders):
 # ------------------------------------------------------------------ wrk ----
 
 
-def wrk(url, size, conns, think, duration, close=False):
-    env = dict(os.environ, BENCH_PATH=f"/bytes/{size}", BENCH_DELAY_MS=str(think),
-               BENCH_CLOSE="1" if close else "0")
+def wrk(url, size, conns, think, duration, close=False, kv=False):
+    """kv: GET /kv/u<k> (the key-value contenders) instead of /bytes/<size>?user=u<k>."""
+    env = dict(os.environ, BENCH_PATH="/kv/" if kv else f"/bytes/{size}", BENCH_DELAY_MS=str(think),
+               BENCH_CLOSE="1" if close else "0", BENCH_KEY_IN_PATH="1" if kv else "0")
     r = subprocess.run(
         ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
          "-s", os.path.join(HERE, "keys.lua"), url + "/"],
@@ -626,7 +718,7 @@ def h2load(url, size, conns, duration, tmp):
     }
 
 
-def measure(url, pids, app_pids, pt, duration, tmp, on_backends=True):
+def measure(url, pids, app_pids, pt, duration, tmp, on_backends=True, kv=False):
     size, conns, think = pt[:3]
     bal = [q for p in pids for q in descendants(p)]
     reset_peak_rss(bal)
@@ -636,7 +728,7 @@ def measure(url, pids, app_pids, pt, duration, tmp, on_backends=True):
     if mode(pt) == "h2":
         w = h2load(url, size, conns, duration, tmp)
     else:
-        w = wrk(url, size, conns, think, duration, close=mode(pt) == "close")
+        w = wrk(url, size, conns, think, duration, close=mode(pt) == "close", kv=kv)
     c1, a1 = cpu_ticks(bal), cpu_ticks(app_pids)
     s1, d1 = context_switches(bal), udp_out_datagrams()
     udp_sends, syscalls = sends.stop()
@@ -762,6 +854,14 @@ def ratio_lines(results, contenders, pts):
                 ratios.append(f"ratio {a}/{b_} system CPU per request = "
                               f"{fmt(per_round_ratio(results, pt, a, b_, 'sys_cpu'), '.2f')}  "
                               f"(lower is better; {point_label(pt)})")
+    # The embedded store against the same store behind HAProxy.
+    if "peerlb-3-embedded" in contenders and "haproxy-kv" in contenders:
+        for pt in pts:
+            if pt in KV_POINTS:
+                for key, what in (("rps", "req/s"), ("sys_cpu", "system CPU per request")):
+                    ratios.append(f"ratio peerlb-3-embedded/haproxy-kv {what} = "
+                                  f"{fmt(per_round_ratio(results, pt, 'peerlb-3-embedded', 'haproxy-kv', key), '.2f')}  "
+                                  f"({'lower is better; ' if key == 'sys_cpu' else ''}{point_label(pt)})")
     for h in ("peerlb-hop", "peerlb-hop-before"):
         for pt in (b, m):
             rs = results.get((pt, h), [])
@@ -784,7 +884,6 @@ def added_p99(results, pt, c):
 # design's floor"): (label, figure, comparison, bound). A figure is
 # (point, contender, against, key) for a median of per-round ratios, or
 # "rss".
-C128 = (200, 128, 0)
 GOALS = [
     ("peerlb-hop system CPU per request / hop-floor's, 16 connections",
      (BASE, "peerlb-hop", "hop-floor", "sys_cpu"), "<=", 1.2),
@@ -833,10 +932,11 @@ def main():
                     help="2 s runs, base and moderate-load points only (about 1 minute)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5, help="seconds per measurement")
-    ap.add_argument("--points", choices=["all", "base", "sizes", "https"], default="all",
+    ap.add_argument("--points", choices=["all", "base", "sizes", "https", "kv"], default="all",
                     help="all: base, moderate load, size and concurrency sweeps; base: the first two; "
                          "sizes: the size sweep only; https: base, moderate load, a new connection "
-                         "per request and HTTP/2 with h2load (the default with --https)")
+                         "per request and HTTP/2 with h2load (the default with --https); kv: 16 "
+                         "and 128 connections (the key-value contenders' comparison)")
     ap.add_argument("--https", action="store_true",
                     help="HAProxy, nginx and peerlb terminate TLS with one generated certificate "
                          "and the clients speak HTTPS to them (direct stays cleartext)")
@@ -848,6 +948,9 @@ def main():
     ap.add_argument("--before", metavar="BIN",
                     help="also run peerlb-3-before and peerlb-1-before: the nodes of this "
                          "other peerlb binary, in the same rounds (before/after ratios)")
+    ap.add_argument("--example", default=os.path.join(ROOT, "target", "release", "examples", "sharded_cache"),
+                    help="examples/sharded_cache.rs built (cargo build --release --example sharded_cache): "
+                         "the key-value contenders, left out when it is missing")
     ap.add_argument("--port-base", type=int, default=21000)
     ap.add_argument("--markdown", help="also write the tables and ratios to this file")
     ap.add_argument("--hold", action="store_true",
@@ -864,6 +967,11 @@ def main():
         if args.contenders != ",".join(CONTENDERS):
             sys.exit("hop-floor needs --floor BIN (bench/floor.sh builds it)")
         contenders.remove("hop-floor")
+    if not os.access(args.example, os.X_OK) or args.https:
+        # No example binary, or HTTPS (the key-value contenders are cleartext only).
+        if any(c in KV for c in contenders) and args.contenders != ",".join(CONTENDERS):
+            sys.exit(f"{','.join(KV)} need --example BIN (cargo build --release --example sharded_cache), cleartext")
+        contenders = [c for c in contenders if c not in KV]
     if args.https and "hop-floor" in contenders:
         # The floor has no TLS at its entry: not a counterpart over HTTPS.
         contenders.remove("hop-floor")
@@ -916,7 +1024,7 @@ def run(args, contenders, tmp, procs):
     # Warm-up: connection pools, page cache, QUIC congestion windows.
     for c in contenders:
         url, pids = targets[c]
-        measure(url, pids, app_pids, BASE, 1, tmp, c in ON_BACKENDS)
+        measure(url, pids, app_pids, BASE, 1, tmp, c in ON_BACKENDS, kv=c in KV)
     results = {}
     for r in range(args.rounds):
         for pt in pts:
@@ -924,8 +1032,10 @@ def run(args, contenders, tmp, procs):
             for c in contenders[k:] + contenders[:k]:
                 if mode(pt) == "h2" and c == "direct":
                     continue  # the backend speaks HTTP/1.1 only
+                if c in KV and pt not in KV_POINTS:
+                    continue  # 200-byte values only
                 url, pids = targets[c]
-                m = measure(url, pids, app_pids, pt, args.duration, tmp, c in ON_BACKENDS)
+                m = measure(url, pids, app_pids, pt, args.duration, tmp, c in ON_BACKENDS, kv=c in KV)
                 results.setdefault((pt, c), []).append(m)
                 think = f"+{pt[2]}ms" if pt[2] else (mode(pt) or "")
                 print(f"round {r + 1} {size_label(pt[0]):>7} c={pt[1]:<3}{think:<5} {c:<15} "

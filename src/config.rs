@@ -62,6 +62,7 @@ pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
 
 /// A configuration error: the field path and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read. Check the path given to `--config`.
     #[error("{path}: {source}")]
@@ -151,6 +152,7 @@ impl Source {
 
 /// Where a node's data-centric rules come from, so they can be reloaded.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum RulesSource {
     /// `[[rules]]` of a config text that is not a file (the embedded
     /// default): cannot change.

@@ -80,6 +80,27 @@
 //!   rotation).
 //! - `sim` (cargo feature `sim`): the deterministic simulation on turmoil
 //!   (`simulations/README.md`), run by the `peerlb-sim` binary.
+//!
+//! # The public surface
+//!
+//! The library's API is what this page lists: the builder, the node, its
+//! handle and the app's request extension ([`Node::builder`],
+//! [`Handle`], [`RequestInfo`], [`body`]), the config ([`config`]), the
+//! environment ([`env`](mod@env)), the engine's pure types ([`Ring`],
+//! [`Router`], [`MembershipView`], ...), [`explain`], [`keyring`] and
+//! [`tls`]; the adapters and the engine's modules are private. The types
+//! that will grow are `#[non_exhaustive]`: every config section and
+//! validated setting ([`ClusterFile`], [`NodeConfig`] and their parts,
+//! [`Overrides`]: made with `Default` and set field by field, or by
+//! [`ClusterFile::validate`]), the config enums and every error
+//! ([`ConfigError`], [`NodeError`](node::NodeError), [`BuildError`],
+//! [`ForwardError`]), and [`ViewChange`].
+//!
+//! The app is `Send` (tower's convention: [`NodeBuilder::app`] takes a
+//! `Clone + Send` service with a `Send` future), though the node runs it on
+//! its one `current_thread` runtime; a `!Send` app was not offered, as
+//! its only saving would be an uncontended mutex per request
+//! (docs/performance.md, "An embedded app").
 
 #![warn(missing_docs, unreachable_pub)]
 // No unsafe code, but where a reason stands beside an `#[allow]`
@@ -121,7 +142,7 @@ pub use env::{Env, SipSockets};
 pub use node::Node;
 
 pub use adapters::serve::app::RequestInfo;
-pub use adapters::serve::app::handle::{Handle, ViewChange, ViewChanges};
+pub use adapters::serve::app::handle::{ForwardError, Handle, ViewChange, ViewChanges};
 pub use embed::{BuildError, NodeBuilder};
 pub use engine::ownership::MovedRange;
 

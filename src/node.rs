@@ -19,7 +19,7 @@ use crate::adapters::http::entry_tls;
 use crate::adapters::node_state::NodeState;
 use crate::adapters::ops::admin_server::{self, AdminServer};
 use crate::adapters::serve::app::App;
-use crate::adapters::serve::app::handle::Handle;
+use crate::adapters::serve::app::handle::{Forward, Handle};
 use crate::adapters::serve::app::service::ErasedApp;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, PeerLinks};
@@ -62,6 +62,7 @@ fn listener_setup(
 
 /// A node could not be built or stopped with an error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// TLS material missing or invalid: run `peerlb certs` (or `peerlb up`).
     #[error(transparent)]
@@ -204,7 +205,7 @@ impl Node {
             setups,
             self_member,
             view_tx,
-            handle: _,
+            handle,
             app,
         } = self;
         let me = config.node.clone();
@@ -327,6 +328,8 @@ impl Node {
             config.ingress.clone(),
             env.seed,
         ));
+        // The app's own requests to a key's owner take the ingress's path.
+        handle.set_forward(Arc::downgrade(&ingress) as std::sync::Weak<dyn Forward>);
         let peer_task = tokio::spawn(peer::serve(links.clone(), owner));
 
         // Accept clients only once every live peer is connected (or after

@@ -300,14 +300,12 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
     let path = write(&dir, "cluster.toml", config);
     let src = peerlb::Source::load(Some(&path)).unwrap();
     let file = src.parse().unwrap_or_else(|e| panic!("{e}"));
-    let overrides = peerlb::Overrides {
-        http_addr: Some(addr("PEERLB_HTTP_ADDR")),
-        peer_addr: Some(addr("PEERLB_PEER_ADDR")),
-        gossip_addr: Some(addr("PEERLB_GOSSIP_ADDR")),
-        admin_addr: Some(addr("PEERLB_ADMIN_ADDR")),
-        bind: Some(env("PEERLB_BIND")),
-        ..Default::default()
-    };
+    let mut overrides = peerlb::Overrides::default();
+    overrides.http_addr = Some(addr("PEERLB_HTTP_ADDR"));
+    overrides.peer_addr = Some(addr("PEERLB_PEER_ADDR"));
+    overrides.gossip_addr = Some(addr("PEERLB_GOSSIP_ADDR"));
+    overrides.admin_addr = Some(addr("PEERLB_ADMIN_ADDR"));
+    overrides.bind = Some(env("PEERLB_BIND"));
     let c = file
         .validate(&src, "peerlb-0", &overrides)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -358,14 +356,18 @@ fn the_kubernetes_manifests_parse_and_their_cluster_file_is_valid() {
         .map(|a| a.as_str().unwrap())
         .collect();
     let listen = app_args[app_args.iter().position(|a| *a == "--listen").unwrap() + 1];
+    let peerlb::config::AppKind::Upstream(up) = &c.app else {
+        panic!("an upstream app: {:?}", c.app);
+    };
     assert_eq!(
-        c.app,
-        peerlb::config::AppKind::Upstream(peerlb::config::UpstreamApp {
-            addr: peerlb::config::AppAddr::Http(format!("http://{listen}").parse().unwrap()),
-            idle_timeout: std::time::Duration::from_millis(
-                peerlb::config::LimitsSection::default().upstream_idle_timeout_ms
-            ),
-        })
+        up.addr,
+        peerlb::config::AppAddr::Http(format!("http://{listen}").parse().unwrap())
+    );
+    assert_eq!(
+        up.idle_timeout,
+        std::time::Duration::from_millis(
+            peerlb::config::LimitsSection::default().upstream_idle_timeout_ms
+        )
     );
     // Non-root, and the volumes readable by its group.
     let sc = &pod["securityContext"];

@@ -5,13 +5,15 @@
 //! `<key>`, so a request reaches the key's owner wherever it entered, and
 //! the store only answers from its own map. When the ring changes, the
 //! keys this node lost ([`peerlb::ViewChange::lost`]) are handed to their
-//! new owner (`PUT` with `x-handover: 1`) before they are dropped here:
-//! on a drain nothing is lost; a killed node's keys are lost with it.
+//! new owner (`PUT` with `x-handover: 1`, sent with [`Handle::forward`]
+//! over the peer link) before they are dropped here: on a drain nothing is
+//! lost; a killed node's keys are lost with it. Served alone (no node, no
+//! [`RequestInfo`]: `sharded_cache --standalone`), it stores every `PUT`.
 //!
 //! | request | answer |
 //! | --- | --- |
 //! | `GET /kv/<key>` | 200 and the value, or 404 |
-//! | `PUT /kv/<key>` (body: the value) | 204, `x-stored-on: <node>`; a handover for a key this node does not own: 421, nothing stored |
+//! | `PUT /kv/<key>` (body: the value) | 204, `x-stored-on: <node>` (in a node); a handover for a key this node does not own: 421, nothing stored |
 //! | `GET /keys` | the keys held here, one a line |
 
 #![allow(dead_code)]
@@ -75,18 +77,17 @@ impl Cache {
                 let Ok(value) = req.into_body().collect().await.map(|b| b.to_bytes()) else {
                     return status(StatusCode::BAD_REQUEST);
                 };
-                let Some(info) = info else {
-                    return status(StatusCode::INTERNAL_SERVER_ERROR);
-                };
                 // A handover lands only on the key's owner as this node
                 // sees it; the sender tries again until the views agree.
-                if handover && !info.handle().is_local(&key) {
+                if handover && info.as_ref().is_some_and(|i| !i.handle().is_local(&key)) {
                     return status(StatusCode::MISDIRECTED_REQUEST);
                 }
                 self.map.lock().unwrap().insert(key, value);
                 let mut r = status(StatusCode::NO_CONTENT);
-                r.headers_mut()
-                    .insert("x-stored-on", info.node().as_str().parse().unwrap());
+                if let Some(info) = info {
+                    r.headers_mut()
+                        .insert("x-stored-on", info.node().as_str().parse().unwrap());
+                }
                 r
             }
             _ => status(StatusCode::METHOD_NOT_ALLOWED),
@@ -114,19 +115,24 @@ impl Cache {
         let deadline = tokio::time::Instant::now() + patience;
         while tokio::time::Instant::now() < deadline {
             // Asked again each try: the ring may have moved on.
-            let to = handle.owner(key);
-            if &to == handle.node_id() {
+            if handle.is_local(key) {
                 return;
             }
-            let addr = handle
-                .view()
-                .and_then(|v| v.get(to.as_str()).map(|m| m.http_addr));
             let Some(value) = self.map.lock().unwrap().get(key).cloned() else {
                 return;
             };
-            if let Some(addr) = addr
-                && let Ok((StatusCode::NO_CONTENT, _)) =
-                    send(addr, http::Method::PUT, key, value, true).await
+            let req = Request::put(format!("/kv/{key}"))
+                .header(HANDOVER, "1")
+                .body(full(value))
+                .unwrap();
+            // Sent to the key's owner over the peer link; dropped here once
+            // another node has stored it (a failover may have served it
+            // here, on a ring that moved back).
+            if let Ok(r) = handle.forward(key, req).await
+                && r.status() == StatusCode::NO_CONTENT
+                && r.headers()
+                    .get("x-stored-on")
+                    .is_some_and(|n| n.as_bytes() != handle.node_id().as_bytes())
             {
                 self.map.lock().unwrap().remove(key);
                 return;
@@ -158,8 +164,8 @@ fn status(s: StatusCode) -> Response<Body> {
 }
 
 /// One request to a node's client listener at `addr` on a fresh
-/// connection: `method /kv/<key>` with `value` as the body (a handover
-/// when `handover`). The status and the body.
+/// connection: `method /kv/<key>` with `value` as the body. The status and
+/// the body.
 ///
 /// # Errors
 /// The connection or the exchange failed.
@@ -168,18 +174,14 @@ pub async fn send(
     method: http::Method,
     key: &str,
     value: Bytes,
-    handover: bool,
 ) -> Result<(StatusCode, Bytes), Box<dyn std::error::Error + Send + Sync>> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
-    let mut req = Request::builder()
+    let req = Request::builder()
         .method(method)
         .uri(format!("/kv/{key}"))
         .header(http::header::HOST, addr.to_string());
-    if handover {
-        req = req.header(HANDOVER, "1");
-    }
     let resp = tx.send_request(req.body(Full::new(value))?).await?;
     let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();
@@ -194,7 +196,7 @@ pub async fn get(
     addr: SocketAddr,
     key: &str,
 ) -> Result<Option<Bytes>, Box<dyn std::error::Error + Send + Sync>> {
-    match send(addr, http::Method::GET, key, Bytes::new(), false).await? {
+    match send(addr, http::Method::GET, key, Bytes::new()).await? {
         (StatusCode::OK, b) => Ok(Some(b)),
         (StatusCode::NOT_FOUND, _) => Ok(None),
         (s, b) => Err(format!("GET {key}: {s} {}", String::from_utf8_lossy(&b)).into()),
@@ -210,15 +212,7 @@ pub async fn put(
     key: &str,
     value: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    match send(
-        addr,
-        http::Method::PUT,
-        key,
-        Bytes::from(value.to_owned()),
-        false,
-    )
-    .await?
-    {
+    match send(addr, http::Method::PUT, key, Bytes::from(value.to_owned())).await? {
         (StatusCode::NO_CONTENT, _) => Ok(()),
         (s, b) => Err(format!("PUT {key}: {s} {}", String::from_utf8_lossy(&b)).into()),
     }

@@ -80,22 +80,23 @@ pub(crate) fn run(a: NodeArgs) -> anyhow::Result<u8> {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
-    let ov = Overrides {
-        http_addr: a.http_addr,
-        peer_addr: a.peer_addr,
-        gossip_addr: a.gossip_addr,
-        admin_addr: a.admin_addr,
-        http_bind: a.http_bind,
-        peer_bind: a.peer_bind,
-        gossip_bind: a.gossip_bind,
-        bind: a.bind,
-        weight: a.weight,
-        app: a.app,
-        shared_listen: a.shared_listen,
-        shared_sip_listen: a.shared_sip_listen,
-        shared_sips_listen: a.shared_sips_listen,
-        tls_cert: a.tls_cert.zip(a.tls_key),
-    };
+    // Field by field: `Overrides` is `#[non_exhaustive]` (it grows with
+    // the flags).
+    let mut ov = Overrides::default();
+    ov.http_addr = a.http_addr;
+    ov.peer_addr = a.peer_addr;
+    ov.gossip_addr = a.gossip_addr;
+    ov.admin_addr = a.admin_addr;
+    ov.http_bind = a.http_bind;
+    ov.peer_bind = a.peer_bind;
+    ov.gossip_bind = a.gossip_bind;
+    ov.bind = a.bind;
+    ov.weight = a.weight;
+    ov.app = a.app;
+    ov.shared_listen = a.shared_listen;
+    ov.shared_sip_listen = a.shared_sip_listen;
+    ov.shared_sips_listen = a.shared_sips_listen;
+    ov.tls_cert = a.tls_cert.zip(a.tls_key);
     let mut config = match file.validate(&src, &a.node, &ov) {
         Ok(c) => c,
         Err(e) => return Ok(config_error(e)),

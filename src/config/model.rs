@@ -10,6 +10,7 @@ use crate::engine::rules::RuleSpec;
 /// The whole `cluster.toml` as written (the serde model).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ClusterFile {
     /// Cluster name: the chitchat cluster id; nodes of other clusters are ignored.
     #[serde(default = "default_name")]
@@ -106,6 +107,7 @@ fn default_app() -> String {
 /// `[ring]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct RingSection {
     /// Ring resolution (1..=4096): the ring is a slot table of `256 x vnodes`
     /// slots (rounded up to a power of two) filled by weighted rendezvous
@@ -121,6 +123,7 @@ pub struct RingSection {
 /// `ring.assignment`: see [`crate::engine::ring::Assignment`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum RingAssignment {
     /// Each slot to its first-ranked node.
     #[default]
@@ -150,6 +153,7 @@ impl Default for RingSection {
 /// `[balance]`: parameters of the balancing policies.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct BalanceSection {
     /// Bounded-load factor `c` for consistent-hash (HAProxy
     /// `hash-balance-factor` / 100): a node at or above `c` x the average
@@ -188,6 +192,7 @@ impl Default for BalanceSection {
 /// current directory for the embedded default).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct TlsSection {
     /// Directory holding `ca.pem` and `<node id>.pem` / `<node id>.key`.
     pub dir: String,
@@ -217,6 +222,7 @@ impl Default for TlsSection {
 /// `[limits]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct LimitsSection {
     /// Longest request-target accepted, in bytes; longer gets 414 (default 8192).
     pub max_request_target: usize,
@@ -351,6 +357,7 @@ impl Default for LimitsSection {
 /// before the HTTP request.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct ListenerSection {
     /// Every connection starts with a PROXY protocol header (v1 or v2)
     /// from the sprayer, whose address is then the client's (default
@@ -378,6 +385,7 @@ impl Default for ListenerSection {
 /// relative to the directory of the config file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ListenerTlsSection {
     /// The default certificate: a PEM file with the leaf certificate
     /// first, then its chain.
@@ -414,6 +422,7 @@ fn default_tls_reload_ms() -> u64 {
 /// One certificate and its key (`[[listener.tls.sni]]`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CertPairSpec {
     /// PEM certificate chain, leaf first.
     pub cert: String,
@@ -434,6 +443,7 @@ pub struct CertPairSpec {
 /// config file.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct SipsSection {
     /// The PEM certificate chain (leaf first) the `sips_addr` listeners
     /// serve; unset: `[listener.tls]`'s certificates (its SNI pairs too,
@@ -454,6 +464,7 @@ pub struct SipsSection {
 /// `[headers]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct HeadersSection {
     /// Add `peerlb-served-by: <node id>` to responses (default true).
     pub served_by: bool,
@@ -480,6 +491,7 @@ impl Default for HeadersSection {
 /// `[sticky]`: the sticky route cookie (policies with sticky routes).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct StickySection {
     /// Cookie name, an RFC 6265 token (default `peerlb-route`).
     pub cookie: String,
@@ -502,6 +514,7 @@ pub struct StickySection {
 /// `stickysession`, or a regex). peerlb never rewrites it.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SessionSection {
     /// The app's session cookie, e.g. `JSESSIONID` (an RFC 6265 token).
     #[serde(default)]
@@ -539,6 +552,7 @@ impl Default for StickySection {
 /// `[gossip]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct GossipSection {
     /// Gossip round interval, in ms (default 200).
     pub interval_ms: u64,
@@ -579,6 +593,7 @@ impl Default for GossipSection {
 /// `[peer]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct PeerSection {
     /// Liveness ping interval on a busy peer connection, in ms (default
     /// 200); must be under `idle_timeout_ms`.
@@ -623,6 +638,7 @@ impl Default for PeerSection {
 /// One `[[nodes]]` entry.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct NodeSpec {
     /// Stable node id (letters, digits, `-`, `_`, `.`; at most 63 bytes).
     pub id: String,
@@ -680,6 +696,7 @@ fn default_weight() -> u32 {
 /// Per-node values that flags or environment variables override, so N
 /// machines can share one file.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct Overrides {
     /// `--http-addr` / `PEERLB_HTTP_ADDR`.
     pub http_addr: Option<String>,

@@ -16,6 +16,7 @@ use crate::engine::slow_start::SlowStart;
 
 /// The app a node serves requests with.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AppKind {
     /// The built-in demo app.
     Builtin,
@@ -25,6 +26,7 @@ pub enum AppKind {
 
 /// An upstream app and how the node keeps its connections to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UpstreamApp {
     /// Where it listens (`app`, `--app`).
     pub addr: AppAddr,
@@ -36,6 +38,7 @@ pub struct UpstreamApp {
 
 /// The server a node answers the SIP requests it owns with (`sip_app`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SipAppKind {
     /// The built-in demo user agent server (docs/architecture.md, "SIP").
     Builtin,
@@ -52,6 +55,7 @@ pub enum SipAppKind {
 
 /// Where an upstream app listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AppAddr {
     /// `http://host:port` (port 80 when not given), HTTP/1.1 over TCP.
     Http(http::Uri),
@@ -82,6 +86,7 @@ impl std::fmt::Display for AppAddr {
 
 /// One node's validated view of a node entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeAddrs {
     /// Node id (checked by [`NodeId::new`]).
     pub id: NodeId,
@@ -112,6 +117,7 @@ pub struct NodeAddrs {
 /// `--bind`) another address, e.g. `0.0.0.0` in a container whose own IP
 /// is not the one peers reach (Consul's `-bind` and `-advertise`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BindAddrs {
     /// The client listener's bound address (TCP).
     pub http: SocketAddr,
@@ -140,6 +146,7 @@ pub fn default_admin_addr(http_addr: SocketAddr) -> Option<SocketAddr> {
 
 /// Resolved TLS file paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TlsPaths {
     /// Directory of the cluster's certificates.
     pub dir: PathBuf,
@@ -155,6 +162,7 @@ pub struct TlsPaths {
 
 /// Everything one node needs, validated and typed.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NodeConfig {
     /// Cluster name (`name`).
     pub cluster: String,
@@ -201,6 +209,7 @@ pub struct NodeConfig {
 
 /// What the router decides with.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RoutingSettings {
     /// Balancing policy (`policy`).
     pub policy: Policy,
@@ -221,6 +230,7 @@ pub struct RoutingSettings {
 /// The load metric a node publishes in gossip (mod_oc4j's metric with
 /// smoothing; see `engine::balance::metric`).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct MetricSettings {
     /// Smoothing history `h`, in `0.0..1.0` (`balance.metric_history`).
     pub history: f64,
@@ -230,6 +240,7 @@ pub struct MetricSettings {
 
 /// The ingress (client-facing) side of the request path.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct IngressSettings {
     /// Longest request-target in bytes (`limits.max_request_target`).
     pub max_request_target: usize,
@@ -298,6 +309,7 @@ pub struct IngressSettings {
 
 /// What one client listener expects before the HTTP request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ListenerSettings {
     /// Expect a PROXY protocol header, read within this time
     /// (`proxy_protocol`, `proxy_protocol_timeout_ms`); `None`: never read one.
@@ -308,6 +320,7 @@ pub struct ListenerSettings {
 
 /// SIP over TLS, validated (`[sips]`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct SipsSettings {
     /// The certificates of this node's `sips_addr` listener: `[sips]`'s
     /// pair, else `[listener.tls]`'s (no client certificates asked);
@@ -323,6 +336,7 @@ pub struct SipsSettings {
 
 /// The certificates of an HTTPS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListenerTls {
     /// The default certificate first, then the SNI ones, in order.
     pub certs: Vec<CertFiles>,
@@ -332,6 +346,7 @@ pub struct ListenerTls {
 
 /// One certificate and key, and the config field that named them.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CertFiles {
     /// PEM certificate chain, leaf first.
     pub cert: PathBuf,
@@ -348,6 +363,7 @@ pub struct CertFiles {
 /// Client certificates at the entry (`client_ca`, `client_auth` of
 /// `[listener.tls]` and `[[listener.tls.sni]]`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
 pub struct ClientAuth {
     /// PEM file of the CA certificates a client certificate must chain to.
     pub ca: PathBuf,
@@ -369,6 +385,7 @@ impl IngressSettings {
 
 /// Peer link (QUIC) settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PeerSettings {
     /// Liveness ping interval while a connection is busy
     /// (`peer.keep_alive_ms`).
@@ -405,6 +422,7 @@ pub struct PeerSettings {
 /// Whether members' gossip state is signed and checked
 /// (`gossip.state_signatures`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum StateSignatures {
     /// Neither signed nor checked.
     Off,
@@ -419,6 +437,7 @@ pub enum StateSignatures {
 
 /// Gossip (chitchat) settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct GossipSettings {
     /// Seed addresses (`seeds`; every other node's `gossip_addr` when empty).
     pub seeds: Vec<String>,
@@ -439,6 +458,7 @@ pub struct GossipSettings {
 
 /// Start-up and shutdown waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LifecycleSettings {
     /// Longest wait for peer connections before accepting clients
     /// (`limits.startup_wait_ms`).

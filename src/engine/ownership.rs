@@ -20,6 +20,20 @@ pub(crate) fn owner_of<'a>(view: &'a MembershipView, key: &str) -> &'a NodeId {
     view.ring().owner(key).unwrap_or(view.self_id())
 }
 
+/// The nodes a request for `key` is tried on in `view`, in order: the
+/// key's owner ([`owner_of`]) first, then the ring's failover order for
+/// the key ([`Ring::candidates`]), each serving node once; the view's own
+/// node alone when the ring is empty. The order the router gives a hashed
+/// request with no sticky route (`Decision::candidates`).
+pub(crate) fn candidates_of<'a>(
+    view: &'a MembershipView,
+    key: &str,
+) -> impl Iterator<Item = &'a NodeId> {
+    let ring = view.ring().candidates(key);
+    let alone = (ring.len() == 0).then(|| view.self_id());
+    alone.into_iter().chain(ring)
+}
+
 /// True when the two views' rings give every point the same owner: the
 /// same nodes at the same weights and the same table spec.
 pub(crate) fn same_ring(a: &MembershipView, b: &MembershipView) -> bool {
@@ -114,6 +128,40 @@ mod tests {
         assert_eq!(owners.len(), 3);
         let alone = view("n2", &[("n2", Draining)]);
         assert_eq!(owner_of(&alone, "k1").as_str(), "n2");
+    }
+
+    #[test]
+    fn candidates_start_at_the_owner_and_are_the_routers_failover_order() {
+        use crate::engine::rules::{ExtractorSpec, RuleSpec, Rules};
+        use rand::SeedableRng;
+        let rules = Rules::compile(&[RuleSpec {
+            name: None,
+            when: Default::default(),
+            extract: vec![ExtractorSpec {
+                query: Some("user".into()),
+                ..Default::default()
+            }],
+            key: None,
+        }])
+        .unwrap();
+        let mut router = crate::engine::route::Router::new(
+            crate::engine::balance::PolicyKind::ConsistentHash,
+            rules,
+        );
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let v = view("n1", &[("n1", Serving), ("n2", Serving), ("n3", Draining)]);
+        for k in keys().take(300) {
+            let c: Vec<_> = candidates_of(&v, &k).collect();
+            assert_eq!(c[0], owner_of(&v, &k), "{k}");
+            let ids: std::collections::BTreeSet<_> = c.iter().map(|n| n.as_str()).collect();
+            assert_eq!(ids, ["n1", "n2"].into(), "{k}: each serving node once");
+            let req = crate::engine::testing::TestRequest::get(&format!("/x?user={k}"));
+            let d = router.decide(&req.view(), &v, std::time::Duration::ZERO, &mut rng);
+            assert!(d.candidates(&v).eq(c.iter().copied()), "{k}");
+        }
+        let alone = view("n2", &[("n2", Draining)]);
+        let c: Vec<_> = candidates_of(&alone, "k1").map(|n| n.as_str()).collect();
+        assert_eq!(c, ["n2"]);
     }
 
     #[test]

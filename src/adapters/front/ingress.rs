@@ -49,6 +49,7 @@ use crate::adapters::http::relay::ResponseBudget;
 use crate::adapters::http::server::{self, ConnHold};
 use crate::adapters::node_state::{NodeState, track_body};
 use crate::adapters::ops::admin;
+use crate::adapters::serve::app::handle::{Forward, ForwardError, ForwardFuture};
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::PeerLinks;
 use crate::adapters::tunnel::{self, Role, Tunnel};
@@ -80,6 +81,28 @@ pub(crate) struct Ingress {
     conns: Arc<ConnTable>,
     /// The node's budget of response bytes held for clients.
     budget: Arc<ResponseBudget>,
+}
+
+/// An app's own request (`Handle::forward`) takes the client requests'
+/// candidate loop (`ingress/forward`).
+impl Forward for Ingress {
+    fn forward(self: Arc<Self>, key: &str, req: Request<Body>) -> ForwardFuture {
+        let key: Box<str> = key.into();
+        Box::pin(async move {
+            self.forwarder
+                .forward_app(&key, req)
+                .await
+                .map_err(|e| match e {
+                    RequestError::NoNode(s) => ForwardError::NoServingOwner(s),
+                    RequestError::Timeout(s) => ForwardError::Timeout(s),
+                    RequestError::ClientBody(s) | RequestError::ClientTimeout(s) => {
+                        ForwardError::Body(s)
+                    }
+                    RequestError::App(e) => ForwardError::App(e.to_string()),
+                    e => ForwardError::PeerFailed(e.to_string()),
+                })
+        })
+    }
 }
 
 impl Ingress {

@@ -33,6 +33,7 @@ use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 use crate::engine::membership::MembershipView;
 use crate::engine::node_id::NodeId;
+use crate::engine::ownership;
 use crate::engine::route::{Decision, EntryDecision};
 use crate::engine::rules::RequestView;
 use crate::engine::sticky::Session;
@@ -42,6 +43,41 @@ pub(crate) const SERVED_BY: &str = "peerlb-served-by";
 
 fn content_length(h: &http::HeaderMap) -> Option<u64> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// A request body the candidate loop takes: a client's (read under
+/// `limits.body_read_timeout_ms`, counted for the access line) or an app's
+/// own ([`Forwarder::forward_app`]: as it is).
+pub(super) trait Inbound: http_body::Body {
+    /// The body as the loop sends it.
+    fn into_sent(
+        self,
+        idle: Duration,
+        counted: Option<Arc<std::sync::atomic::AtomicU64>>,
+        end: Option<body::BodyEnd>,
+    ) -> Body;
+}
+
+impl Inbound for Incoming {
+    fn into_sent(
+        self,
+        idle: Duration,
+        counted: Option<Arc<std::sync::atomic::AtomicU64>>,
+        end: Option<body::BodyEnd>,
+    ) -> Body {
+        body::from_incoming_with_timeout(self, idle, counted, end)
+    }
+}
+
+impl Inbound for Body {
+    fn into_sent(
+        self,
+        _: Duration,
+        _: Option<Arc<std::sync::atomic::AtomicU64>>,
+        _: Option<body::BodyEnd>,
+    ) -> Body {
+        self
+    }
 }
 
 /// Settings of routing and forwarding.
@@ -166,6 +202,63 @@ impl Forwarder {
         }
     }
 
+    /// Sends an app's own request for `key` (`Handle::forward`) down the
+    /// candidate loop a client request takes: the key's candidates in the
+    /// current view (`ownership::candidates_of`, the router's order for a
+    /// hashed request), failover and replay by the same plan, served here
+    /// by the app when this node is the candidate. The response's body
+    /// keeps the request counted in flight (and outstanding to its server)
+    /// until it ends.
+    pub(super) async fn forward_app(
+        &self,
+        key: &str,
+        mut req: Request<Body>,
+    ) -> Result<Response<Body>, RequestError> {
+        strip_peerlb_headers(req.headers_mut());
+        // A body of known length is announced, as a client's would be, so
+        // a small one is kept for a replay (`ReplayPlan`).
+        let h = req.headers();
+        if !req.body().is_end_stream()
+            && !h.contains_key(header::CONTENT_LENGTH)
+            && !h.contains_key(header::TRANSFER_ENCODING)
+            && let Some(n) = req.body().size_hint().exact()
+        {
+            req.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        let view = self.state.view();
+        let random_id = self.rng.lock().expect("rng lock").random::<[u8; 16]>();
+        let request_id = access::request_id(req.headers_mut(), random_id, false);
+        // The app is the client: the owner's `RequestInfo::client` is this
+        // node's client listener.
+        let me = self.state.node_id();
+        let here = view
+            .get(me)
+            .map_or(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), |m| {
+                m.http_addr
+            });
+        let conn = ConnInfo {
+            client: here,
+            peer: here,
+            tls: None,
+            cert_names: None,
+            client_cert: None,
+        };
+        let inflight = self.state.enter();
+        let mut tries = 0;
+        let (resp, _, guard) = Box::pin(self.serve_candidates(
+            req,
+            &conn,
+            ownership::candidates_of(&view, key),
+            Some(key),
+            request_id,
+            view.version(),
+            &mut tries,
+        ))
+        .await?;
+        Ok(track_body(resp, guard, inflight))
+    }
+
     /// Serves a decided request: the response, its outstanding guard and
     /// who served it; or the error and the owner the decision picked.
     #[allow(clippy::too_many_arguments)]
@@ -229,7 +322,7 @@ impl Forwarder {
     #[allow(clippy::too_many_arguments)]
     async fn serve_candidates(
         &self,
-        req: Request<Incoming>,
+        req: Request<impl Inbound>,
         conn: &ConnInfo,
         candidates: impl Iterator<Item = &NodeId>,
         key: Option<&str>,
@@ -253,8 +346,7 @@ impl Forwarder {
             .extensions
             .get::<access::BodyBytes>()
             .map(|b| b.0.clone());
-        let timed = body::from_incoming_with_timeout(
-            incoming,
+        let timed = incoming.into_sent(
             self.settings.body_read_timeout,
             counted,
             parts.extensions.get::<body::BodyEnd>().cloned(),

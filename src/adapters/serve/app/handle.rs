@@ -3,11 +3,19 @@
 //! ranges that moved to and from this node: Ringpop's `lookup` and
 //! `ringChanged`). Read from the membership view routing uses, through
 //! the engine's own functions (`engine::ownership`), so the answers are
-//! routing's, slow start and drain included.
+//! routing's, slow start and drain included. [`Handle::forward`] sends
+//! an app's own request to a key's owner on the entry's forwarding path
+//! (groupcache's peer fetch), through the [`Forward`] the running node
+//! sets (the ingress, a wing above this one).
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock, Weak};
 
+use http::{Request, Response};
 use tokio::sync::watch;
+
+use crate::adapters::body::Body;
 
 use crate::engine::membership::MembershipView;
 use crate::engine::node_id::NodeId;
@@ -46,11 +54,77 @@ pub struct Handle {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     me: NodeId,
     /// `None`: a node with no cluster (`peerlb app`): it owns every key.
     view: Option<watch::Receiver<Arc<MembershipView>>>,
+    /// The running node's forwarding path ([`Handle::forward`]): set once
+    /// by [`Node::run`](crate::Node::run); weak, as the path holds the app
+    /// that holds this handle (gone once the node stops).
+    forward: OnceLock<Weak<dyn Forward>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("me", &self.me)
+            .field("running", &self.forward.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of one [`Forward::forward`].
+pub(crate) type ForwardFuture =
+    Pin<Box<dyn Future<Output = Result<Response<Body>, ForwardError>> + Send>>;
+
+/// Sends an app's request for `key` to the key's owner: the ingress's
+/// candidate loop (`front/ingress/forward.rs`), set by the running node.
+pub(crate) trait Forward: Send + Sync {
+    /// Sends `req` to `key`'s owner (serves it here when this node owns
+    /// it), failing over as a client request would.
+    fn forward(self: Arc<Self>, key: &str, req: Request<Body>) -> ForwardFuture;
+}
+
+/// [`Handle::forward`] got no response.
+///
+/// The failover rules are a forwarded client request's
+/// (docs/architecture.md, "Failover and replay"): a candidate that cannot
+/// be reached before anything was sent is skipped; a request whose method
+/// is idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) with no body or
+/// a body of a known length (`Content-Length`, or an exact
+/// `http_body::Body::size_hint`) of at most 64 KiB is replayed on the next
+/// candidate after the owner failed or refused it; any other request is
+/// sent once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForwardError {
+    /// The node is not running ([`Node::run`](crate::Node::run) has not
+    /// started or has stopped), or has no cluster (`peerlb app`): nothing
+    /// was sent.
+    #[error("the node is not running")]
+    NotRunning,
+    /// No serving owner could be reached before anything was sent: every
+    /// candidate of the key was unreachable. Nothing ran; retry once the
+    /// ring has settled (see [`Handle::watch`]).
+    #[error("no serving owner could take the request: {0}")]
+    NoServingOwner(String),
+    /// The owner refused the request or failed after it may have reached
+    /// it (its link broke, it is draining), and the request could not be
+    /// replayed (not idempotent, or a streamed body): it may have run on
+    /// the owner. The reason names the peer.
+    #[error("the owner failed: {0}")]
+    PeerFailed(String),
+    /// The owner sent no response head within `ingress.response_timeout_ms`;
+    /// never replayed (it may still be running).
+    #[error("the owner timed out: {0}")]
+    Timeout(String),
+    /// The request's own body failed while it was read or sent.
+    #[error("the request body failed: {0}")]
+    Body(String),
+    /// This node owned the key (or was the candidate left) and its app
+    /// failed.
+    #[error("the local app failed: {0}")]
+    App(String),
 }
 
 impl Handle {
@@ -60,6 +134,7 @@ impl Handle {
             inner: Arc::new(Inner {
                 me,
                 view: Some(view),
+                forward: OnceLock::new(),
             }),
         }
     }
@@ -67,8 +142,18 @@ impl Handle {
     /// The handle of a node with no cluster: it owns every key.
     pub(crate) fn alone(me: NodeId) -> Handle {
         Handle {
-            inner: Arc::new(Inner { me, view: None }),
+            inner: Arc::new(Inner {
+                me,
+                view: None,
+                forward: OnceLock::new(),
+            }),
         }
+    }
+
+    /// Sets the running node's forwarding path (once; later calls are
+    /// ignored).
+    pub(crate) fn set_forward(&self, forward: Weak<dyn Forward>) {
+        let _ = self.inner.forward.set(forward);
     }
 
     /// This node's id.
@@ -107,6 +192,59 @@ impl Handle {
         match &self.inner.view {
             Some(v) => v.borrow().serving_ids().to_vec(),
             None => vec![self.inner.me.clone()],
+        }
+    }
+
+    /// Sends `req` to the owner of hash key `key` and returns its
+    /// response: an app that needs another owner's data asks that owner
+    /// (groupcache's peer fetch).
+    ///
+    /// The request takes a forwarded client request's path: the owner and
+    /// the failover order are the ring's for `key` in this node's current
+    /// view ([`Handle::owner`] first), it goes over the peer link's QUIC
+    /// with mutual TLS, and fails over by the same rules (see
+    /// [`ForwardError`]). When this node is the candidate, the request is
+    /// served here by the app. The owner serves it with its app and never
+    /// forwards it on (hop limit 1), its [`RequestInfo`](crate::RequestInfo)
+    /// saying [`proxied`](crate::RequestInfo::proxied) with this node as
+    /// the [`entry`](crate::RequestInfo::entry), the key as its
+    /// [`key`](crate::RequestInfo::key) and this node's client listener
+    /// address (`http_addr`) as its [`client`](crate::RequestInfo::client).
+    /// The request's `peerlb-*` headers are removed; its URI is sent as its
+    /// request-target (path and query; an absolute URI's authority becomes
+    /// nothing: set `Host` if the app reads it).
+    ///
+    /// An app serving a proxied request should answer it from its own
+    /// state rather than forward again: two nodes whose views disagree for
+    /// a moment would send a key back and forth.
+    ///
+    /// ```no_run
+    /// # async fn fetch(handle: peerlb::Handle) -> Result<(), peerlb::ForwardError> {
+    /// use http_body_util::BodyExt;
+    ///
+    /// let req = http::Request::get("/kv/alice")
+    ///     .body(peerlb::body::empty())
+    ///     .unwrap();
+    /// let resp = handle.forward("alice", req).await?;
+    /// let value = resp.into_body().collect().await.map(|b| b.to_bytes());
+    /// # let _ = value; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ForwardError`]: the node is not running, no owner could be
+    /// reached, or the owner failed and the request could not be replayed.
+    pub fn forward(
+        &self,
+        key: &str,
+        req: Request<Body>,
+    ) -> impl Future<Output = Result<Response<Body>, ForwardError>> + Send + 'static {
+        let path = self.inner.forward.get().and_then(Weak::upgrade);
+        let sent = path.map(|p| p.forward(key, req));
+        async move {
+            match sent {
+                Some(f) => f.await,
+                None => Err(ForwardError::NotRunning),
+            }
         }
     }
 
@@ -208,6 +346,36 @@ mod tests {
         );
         let alone = Handle::alone(NodeId::from("a"));
         assert!(alone.is_local("x") && alone.view().is_none());
+    }
+
+    #[tokio::test]
+    async fn forward_before_the_node_runs_or_after_it_stopped_sends_nothing() {
+        let (_tx, rx) = watch::channel(Arc::new(view("n1", &[("n1", Serving)])));
+        let req = || Request::new(crate::adapters::body::empty());
+        let h = Handle::new(NodeId::from("n1"), rx);
+        assert_eq!(
+            h.forward("k", req()).await.unwrap_err(),
+            ForwardError::NotRunning
+        );
+        // A path that has gone (the node stopped): the same.
+        struct Never;
+        impl Forward for Never {
+            fn forward(self: Arc<Self>, _: &str, _: Request<Body>) -> ForwardFuture {
+                unreachable!("a stopped node's path is not called")
+            }
+        }
+        let gone: Arc<dyn Forward> = Arc::new(Never);
+        h.set_forward(Arc::downgrade(&gone));
+        drop(gone);
+        assert_eq!(
+            h.forward("k", req()).await.unwrap_err(),
+            ForwardError::NotRunning
+        );
+        let alone = Handle::alone(NodeId::from("a"));
+        assert_eq!(
+            alone.forward("k", req()).await.unwrap_err(),
+            ForwardError::NotRunning
+        );
     }
 
     #[tokio::test]
