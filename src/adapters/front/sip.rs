@@ -21,8 +21,8 @@
 //!    ring. A dialog-creating `INVITE` gets a `Record-Route` naming the
 //!    address the request reached, the owner and the key
 //!    (`engine::sip::record_route`).
-//! 4. Serve locally, or forward to the owner (hop limit 1, marked
-//!    `wire::SIP`) with this node's `Via` on top; a candidate that cannot
+//! 4. Serve locally, or forward to the owner (hop limit 1, a stream of
+//!    kind `StreamKind::Sip`) with this node's `Via` on top; a candidate that cannot
 //!    be reached or refuses the stream passes the request to the next ring
 //!    node. The owner's answers come back on the same stream; this node
 //!    removes its `Via` and sends them to the client: over TCP on the same
@@ -41,7 +41,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -51,7 +50,7 @@ use crate::adapters::REQUEST_PATH;
 use crate::adapters::body;
 use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
-use crate::adapters::wire::{self, RequestHeadRef};
+use crate::adapters::wire::{RequestHeadRef, StreamKind};
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::proxy::{self, EntryRelay, Stray};
 use crate::engine::sip::udp_guard::{self, RateLimit, Verdict};
@@ -280,28 +279,29 @@ impl SipEntry {
             Stray::Peer(n) => NodeId::from(n),
         };
         let relayed = async {
-            let stream = self.links.open(&to).await.map_err(|e| e.to_string())?;
             let bytes = resp.to_bytes();
             let mut headers = http::HeaderMap::new();
-            headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
             headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
-            let head = wire::encode(&RequestHeadRef {
-                request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
-                entry: me,
-                hops: 1,
-                view_version: self.state.view().version(),
-                method: "SIP",
-                uri: "/",
-                headers: &headers,
-                client,
-                hash_key: None,
-                tls: None,
-            })
-            .map_err(|e| e.to_string())?;
-            let (_, body) = peer::exchange(
+            let mut out = peer::Outgoing::new(
+                StreamKind::Sip(transport.into()),
+                RequestHeadRef {
+                    request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
+                    entry: me,
+                    hops: 1,
+                    view_version: self.state.view().version(),
+                    method: "SIP",
+                    uri: "/",
+                    headers: &headers,
+                    client,
+                    hash_key: None,
+                    tls: None,
+                },
+                &[],
+            );
+            let (_, body) = peer::send(
+                &self.links,
                 &to,
-                stream,
-                Bytes::from(head),
+                &mut out,
                 body::full(bytes),
                 self.response_timeout,
             )
@@ -334,11 +334,6 @@ impl SipEntry {
             .counters
             .sip_forwarded
             .fetch_add(1, Ordering::Relaxed);
-        let stream = self
-            .links
-            .open(peer)
-            .await
-            .map_err(|e| Retry::Next(e.to_string()))?;
         let branch = xxhash_rust::xxh3::xxh3_64(
             format!(
                 "{}\n{}\n{}\n{}",
@@ -359,34 +354,33 @@ impl SipEntry {
         );
         let bytes = out.to_bytes();
         let mut headers = http::HeaderMap::new();
-        headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
         headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
         let request_id = xxhash_rust::xxh3::xxh3_128(&bytes);
-        let head = wire::encode(&RequestHeadRef {
-            request_id,
-            entry: self.state.node_id(),
-            hops: 1,
-            view_version,
-            method,
-            uri: "/",
-            headers: &headers,
-            client,
-            hash_key: Some(key),
-            tls: None,
-        })
-        .map_err(|e| Retry::No(e.to_string()))?;
-        let (head, body) = peer::exchange(
+        let mut out = peer::Outgoing::new(
+            StreamKind::Sip(transport.into()),
+            RequestHeadRef {
+                request_id,
+                entry: self.state.node_id(),
+                hops: 1,
+                view_version,
+                method,
+                uri: "/",
+                headers: &headers,
+                client,
+                hash_key: Some(key),
+                tls: None,
+            },
+            &[],
+        );
+        let (head, body) = peer::send(
+            &self.links,
             peer,
-            stream,
-            Bytes::from(head),
+            &mut out,
             body::full(bytes),
             self.response_timeout,
         )
         .await
-        .map_err(|e| match e {
-            peer::ExchangeError::Refused(_) => Retry::Next(e.to_string()),
-            e => Retry::No(e.to_string()),
-        })?;
+        .map_err(retry_of)?;
         if head.status != 200 {
             return Err(Retry::No(format!("owner answered status {}", head.status)));
         }
@@ -435,6 +429,18 @@ enum Retry {
     Next(String),
     /// The owner may have taken it: answer `503`.
     No(String),
+}
+
+/// What a failed send to a candidate leaves the entry to do: the next
+/// candidate when nothing reached it (no stream, or it refused the
+/// stream unread), else `503`.
+fn retry_of(e: peer::SendError) -> Retry {
+    match e {
+        peer::SendError::Open(_) | peer::SendError::Exchange(peer::ExchangeError::Refused(_)) => {
+            Retry::Next(e.to_string())
+        }
+        e => Retry::No(e.to_string()),
+    }
 }
 
 /// Serves SIP over UDP on `socket`, bound to `local` (the node's

@@ -20,7 +20,7 @@ use crate::adapters::serve::app::{App, AppError, ServeCtx};
 use crate::adapters::serve::sip::SipApp;
 use crate::adapters::transport::peer::ProxiedHandler;
 use crate::adapters::tunnel::{BoxIo, Role, Tunnel};
-use crate::adapters::wire::RequestHeadView;
+use crate::adapters::wire::{RequestHeadView, StreamKind};
 
 /// The local app of one node, with the node state its serve times and
 /// counters go to.
@@ -63,13 +63,18 @@ impl ProxiedHandler for Owner {
         self.state.accepting()
     }
 
-    fn may_send_informational(&self, head: &RequestHeadView<'_>) -> bool {
+    fn may_send_informational(&self, kind: StreamKind) -> bool {
         // The built-in app never sends a 1xx, nor do the admin and SIP
         // paths.
-        self.app.may_send_informational() && Kind::of(head) == Kind::App
+        self.app.may_send_informational() && kind == StreamKind::Http
     }
 
-    async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
+    async fn serve(
+        &self,
+        kind: StreamKind,
+        head: &RequestHeadView<'_>,
+        req: Request<Body>,
+    ) -> Response<Body> {
         let line = crate::adapters::access::enabled().then(|| {
             let me = self.state.node_id();
             let mut line = crate::adapters::access::Line::of(
@@ -86,7 +91,7 @@ impl ProxiedHandler for Owner {
             // Boxed: it lives across the await below (see the entry's).
             Box::new(line)
         });
-        let resp = self.serve_proxied(head, req).await;
+        let resp = self.serve_proxied(kind, head, req).await;
         match line {
             Some(line) => crate::adapters::access::log_when_done(resp, *line),
             None => resp,
@@ -107,15 +112,15 @@ impl Owner {
     /// Serves a proxied request with the local app (hop limit 1).
     async fn serve_proxied(
         &self,
+        kind: StreamKind,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> Response<Body> {
         let state = &self.state;
-        // An admin change a peer's admin API forwarded (only a peer can
-        // send the header: entries strip client-sent `peerlb-*` headers).
-        match Kind::of(head) {
-            Kind::App => {}
-            Kind::Admin => {
+        match kind {
+            StreamKind::Http => {}
+            // An admin change a peer's admin API forwarded.
+            StreamKind::Admin => {
                 // Boxed, as the SIP path below: rare paths kept out of every
                 // proxied request's future (which is moved once per request).
                 return Box::pin(crate::adapters::ops::admin::members::answer_peer(
@@ -125,7 +130,7 @@ impl Owner {
                 ))
                 .await;
             }
-            Kind::Sip => {
+            StreamKind::Sip(_) => {
                 state.metrics.count_proxied_in();
                 let inflight = state.enter_proxied();
                 // Boxed: a rare path, kept out of every stream's future.
@@ -156,36 +161,5 @@ impl Owner {
             Ok(r) => track_body(r, None, inflight),
             Err(e) => state.failed(RequestError::App(e)),
         }
-    }
-}
-
-/// What a proxied request is, by the mark the entry put in its head: an
-/// admin change ([`ADMIN_HEADER`](crate::adapters::ops::admin::members::ADMIN_HEADER)),
-/// a SIP message ([`SIP`](crate::adapters::wire::SIP)) or (without either)
-/// a request for the app. The admin mark wins when both are present.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    App,
-    Admin,
-    Sip,
-}
-
-impl Kind {
-    /// The kind of `head`, from one scan of its header names; only names
-    /// with peerlb's prefix are compared (both marks have it).
-    fn of(head: &RequestHeadView<'_>) -> Kind {
-        let mut kind = Kind::App;
-        for &(k, _) in &head.headers {
-            if !k.starts_with("peerlb-") {
-                continue;
-            }
-            if k == crate::adapters::ops::admin::members::ADMIN_HEADER {
-                return Kind::Admin;
-            }
-            if k == crate::adapters::wire::SIP {
-                kind = Kind::Sip;
-            }
-        }
-        kind
     }
 }

@@ -28,7 +28,7 @@ use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, ExchangeError, PeerLinks, TunnelAnswer};
 use crate::adapters::tunnel::{self, Tunnel};
-use crate::adapters::wire::{self, RequestHeadRef};
+use crate::adapters::wire::{self, RequestHeadRef, StreamKind};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 use crate::engine::membership::MembershipView;
@@ -302,7 +302,40 @@ impl Forwarder {
             (false, false) => None,
         };
         let mut last_err: Option<RequestError> = None;
-        let mut head: Option<bytes::Bytes> = None;
+        // peerlb's marks travel after the request's own header lines, not
+        // through its map (`MarkedRequestHead`).
+        let mut marks = [("", ""); 2];
+        let mut n = 0;
+        if tunnel {
+            marks[n] = (wire::TUNNEL, "websocket");
+            n += 1;
+        } else if info.is_some() {
+            marks[n] = (wire::INFORMATIONAL, "1");
+            n += 1;
+        }
+        if let Some(mark) = trailers_mark {
+            marks[n] = (wire::TRAILERS, mark);
+            n += 1;
+        }
+        let uri = request_target(&parts.uri);
+        // The head is encoded at the first peer attempt, straight from the
+        // request parts, and shared by every later one.
+        let mut out = peer::Outgoing::new(
+            StreamKind::Http,
+            RequestHeadRef {
+                request_id,
+                entry: me,
+                hops: 1,
+                view_version,
+                method: parts.method.as_str(),
+                uri: &uri,
+                headers: &parts.headers,
+                client: conn.client,
+                hash_key: key,
+                tls: conn.tls.as_ref(),
+            },
+            &marks[..n],
+        );
         for cand in candidates {
             *tries += 1;
             if cand == me {
@@ -337,72 +370,21 @@ impl Forwarder {
                 let resp = track_body(resp, None, serving);
                 return Ok((resp, me.clone(), guard));
             }
-            let pair = match self.links.open(cand).await {
-                Ok(p) => p,
+            let ready = match peer::open(&self.links, cand, &mut out).await {
+                Ok(r) => r,
                 Err(e) => {
-                    debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
-                    let err = RequestError::NoNode(e.to_string());
-                    if plan.after(Failure::Unreachable) == AfterFailure::Fail {
+                    let (failure, err) = judge(e, cand, request_id);
+                    if plan.after(failure) == AfterFailure::Fail {
                         return Err(err);
                     }
-                    self.state
-                        .counters
-                        .failovers
-                        .fetch_add(1, Ordering::Relaxed);
+                    if failure == Failure::Unreachable {
+                        self.state
+                            .counters
+                            .failovers
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     last_err = Some(err);
                     continue;
-                }
-            };
-            // The head is encoded once, straight from the request parts,
-            // and shared by every attempt.
-            let h = match &head {
-                Some(h) => h.clone(),
-                None => {
-                    // peerlb's marks travel after the request's own header
-                    // lines, not through its map (`MarkedRequestHead`).
-                    let mut marks = [("", ""); 2];
-                    let mut n = 0;
-                    if tunnel {
-                        marks[n] = (wire::TUNNEL, "websocket");
-                        n += 1;
-                    } else if info.is_some() {
-                        marks[n] = (wire::INFORMATIONAL, "1");
-                        n += 1;
-                    }
-                    if let Some(mark) = trailers_mark {
-                        marks[n] = (wire::TRAILERS, mark);
-                        n += 1;
-                    }
-                    let uri = request_target(&parts.uri);
-                    let encoded = wire::encode(&wire::MarkedRequestHead {
-                        head: RequestHeadRef {
-                            request_id,
-                            entry: me,
-                            hops: 1,
-                            view_version,
-                            method: parts.method.as_str(),
-                            uri: &uri,
-                            headers: &parts.headers,
-                            client: conn.client,
-                            hash_key: key,
-                            tls: conn.tls.as_ref(),
-                        },
-                        marks: &marks[..n],
-                    });
-                    drop(uri);
-                    match encoded {
-                        Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
-                        Err(e) => {
-                            // A head too large for the wire: no peer can
-                            // take it; the entry itself still may.
-                            let err = RequestError::OwnerFailed(format!("peer {cand}: {e}"));
-                            if plan.after(Failure::HeadTooLarge) == AfterFailure::Fail {
-                                return Err(err);
-                            }
-                            last_err = Some(err);
-                            continue;
-                        }
-                    }
                 }
             };
             let b = match (&replay, empty_body) {
@@ -421,18 +403,12 @@ impl Forwarder {
             let guard = self.state.track(cand, request_bytes);
             let sent = tokio::time::Instant::now();
             let exchanged = if tunnel {
-                peer::exchange_tunnel(cand, pair, h, self.settings.response_timeout).await
+                ready.send_tunnel(self.settings.response_timeout).await
             } else {
-                peer::exchange_informational(
-                    cand,
-                    pair,
-                    h,
-                    b,
-                    self.settings.response_timeout,
-                    info.as_ref(),
-                )
-                .await
-                .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
+                ready
+                    .send(b, self.settings.response_timeout, info.as_ref())
+                    .await
+                    .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
             };
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
@@ -470,23 +446,8 @@ impl Forwarder {
                     return Ok((resp, served, guard));
                 }
                 Err(e) => {
-                    let failure = match &e {
-                        ExchangeError::Refused(_) => Failure::Refused,
-                        ExchangeError::Failed { .. } => Failure::Lost,
-                        ExchangeError::Timeout(_) => Failure::Timeout,
-                        ExchangeError::ClientBody(_) => Failure::ClientBody,
-                    };
+                    let (failure, err) = judge(e, cand, request_id);
                     let retry = plan.after(failure) == AfterFailure::NextCandidate;
-                    let err = match e {
-                        ExchangeError::Timeout(p) => RequestError::Timeout(p.to_string()),
-                        // The client's body broke before the owner
-                        // answered: the client's fault.
-                        ExchangeError::ClientBody(b) => RequestError::client_body(&b),
-                        e => {
-                            warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
-                            RequestError::OwnerFailed(e.to_string())
-                        }
-                    };
                     if !retry {
                         return Err(err);
                     }
@@ -500,6 +461,38 @@ impl Forwarder {
         }
         Err(last_err.unwrap_or_else(|| RequestError::NoNode("no candidate".into())))
     }
+}
+
+/// How the failover plan sees a failed send to `cand`, and the error the
+/// client gets if nothing else serves it: the one place the ingress maps
+/// the peer sender's errors ([`peer::SendError`]).
+fn judge(e: peer::SendError, cand: &NodeId, request_id: u128) -> (Failure, RequestError) {
+    match e {
+        peer::SendError::Open(e) => {
+            debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
+            (Failure::Unreachable, RequestError::NoNode(e.to_string()))
+        }
+        // A head too large for the wire: no peer can take it; the entry
+        // itself still may.
+        peer::SendError::Head(e) => (
+            Failure::HeadTooLarge,
+            RequestError::OwnerFailed(format!("peer {cand}: {e}")),
+        ),
+        peer::SendError::Exchange(e) => match e {
+            ExchangeError::Refused(_) => (Failure::Refused, logged(e, cand, request_id)),
+            ExchangeError::Failed { .. } => (Failure::Lost, logged(e, cand, request_id)),
+            ExchangeError::Timeout(p) => (Failure::Timeout, RequestError::Timeout(p.to_string())),
+            // The client's body broke before the owner answered: the
+            // client's fault.
+            ExchangeError::ClientBody(b) => (Failure::ClientBody, RequestError::client_body(&b)),
+        },
+    }
+}
+
+/// A forward that failed after the request was sent, logged.
+fn logged(e: ExchangeError, cand: &NodeId, request_id: u128) -> RequestError {
+    warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, "forward failed after the request was sent");
+    RequestError::OwnerFailed(e.to_string())
 }
 
 /// The id of the node that served a forwarded request, as its response

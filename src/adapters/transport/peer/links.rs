@@ -107,7 +107,7 @@ mod link;
 pub(super) use link::Link;
 use link::LinkState;
 pub(crate) use link::{Busy, PeerBody, PeerStream};
-use link::{dialler_id, negotiated_v1};
+use link::{dialler_id, negotiated_v1, negotiated_version};
 
 mod slot;
 
@@ -489,10 +489,12 @@ impl PeerLinks {
         // this node dialled, so one it accepted is retired from the start
         // (it is only served) and says nothing of the peer's routability.
         let accepted_v1 = legacy && !dialled;
+        let version = negotiated_version(&conn);
         let link = Arc::new(Link {
             conn,
             dialled,
             legacy,
+            version,
             established: now,
             state: Mutex::new(LinkState {
                 streams: 0,
@@ -732,7 +734,12 @@ impl PeerLinks {
         };
         let busy = link.enter();
         match tokio::time::timeout(self.settings.connect_timeout, link.conn.open_bi()).await {
-            Ok(Ok((send, recv))) => Ok(PeerStream { send, recv, busy }),
+            Ok(Ok((send, recv))) => Ok(PeerStream {
+                send,
+                recv,
+                busy,
+                version: link.version,
+            }),
             Ok(Err(e)) => Err(OpenError::Stream {
                 peer: peer.clone(),
                 reason: e.to_string(),

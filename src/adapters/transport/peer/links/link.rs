@@ -14,6 +14,7 @@ use tracing::warn;
 use super::LOG;
 use crate::adapters::body::{BodyError, QuicBody};
 use crate::adapters::transport::tls;
+use crate::adapters::wire;
 use crate::engine::node_id::NodeId;
 
 /// One QUIC connection to a peer.
@@ -25,6 +26,8 @@ pub(crate) struct Link {
     /// streams on it only if it dialled it, serves them only if it
     /// accepted it, and the peer keeps it alive (QUIC keep-alive).
     pub(super) legacy: bool,
+    /// The frame layout its ALPN says (`peerlb/3`: the typed stream kind).
+    pub(crate) version: wire::Version,
     pub(super) established: Instant,
     pub(super) state: Mutex<LinkState>,
     /// Told when the first stream opens on a quiet connection.
@@ -103,6 +106,8 @@ pub(crate) struct PeerStream {
     pub(crate) recv: quinn::RecvStream,
     /// Dropped with the response body.
     pub(crate) busy: Busy,
+    /// The frame layout of its connection.
+    pub(crate) version: wire::Version,
 }
 
 /// A response body from a peer: a [`QuicBody`] that holds its connection
@@ -145,6 +150,21 @@ pub(super) fn negotiated_v1(conn: &quinn::Connection) -> bool {
         .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
         .and_then(|h| h.protocol)
         .is_some_and(|p| p == tls::ALPN_V1)
+}
+
+/// The frame layout of a connection, from the ALPN it negotiated:
+/// `peerlb/3` the typed stream kind, anything else the header marks.
+pub(super) fn negotiated_version(conn: &quinn::Connection) -> wire::Version {
+    let v3 = conn
+        .handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+        .is_some_and(|p| p == tls::ALPN);
+    if v3 {
+        wire::Version::V3
+    } else {
+        wire::Version::V2
+    }
 }
 
 /// The node id an accepted connection's client certificate proves, or
