@@ -1,11 +1,13 @@
 //! The owner side of the request path: serving a request with the local
 //! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
 //! calls, never forwarded again: hop limit 1) or this node's own ingress
-//! is the first candidate. A peer's forwarded admin change (a state or
-//! weight change for this member) is answered by the admin API instead;
-//! and it relays the tunnels (WebSocket) of the proxied requests its app
+//! is the first candidate. A peer's stream of another kind (a SIP message,
+//! an admin change for this member) goes to the handler the composition
+//! root registered for it ([`KindHandlers`]); and it relays the tunnels (WebSocket) of the proxied requests its app
 //! upgraded.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -22,18 +24,37 @@ use crate::adapters::transport::peer::ProxiedHandler;
 use crate::adapters::tunnel::{BoxIo, Role, Tunnel};
 use crate::adapters::wire::{RequestHeadView, StreamKind};
 
+/// Answers a peer's admin stream ([`StreamKind::Admin`]) for the node
+/// whose state is given: the head, and the change as the body.
+pub(crate) type AdminAnswer =
+    for<'a> fn(
+        &'a NodeState,
+        &'a RequestHeadView<'a>,
+        Body,
+    ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>>;
+
+/// What serves the streams that are not HTTP requests for the app, by
+/// kind: registered by the composition root (`node.rs`).
+pub(crate) struct KindHandlers {
+    /// [`StreamKind::Sip`]: the node's SIP server.
+    pub(crate) sip: Arc<SipApp>,
+    /// [`StreamKind::Admin`]: the admin API's answer to a peer.
+    pub(crate) admin: AdminAnswer,
+}
+
 /// The local app of one node, with the node state its serve times and
-/// counters go to.
+/// counters go to, and the handlers of the other stream kinds.
 pub(crate) struct Owner {
     state: Arc<NodeState>,
     app: App,
-    sip: Arc<SipApp>,
+    kinds: KindHandlers,
 }
 
 impl Owner {
-    /// The owner side of the node whose state is `state`, serving with `app`.
-    pub(crate) fn new(state: Arc<NodeState>, app: App, sip: Arc<SipApp>) -> Owner {
-        Owner { state, app, sip }
+    /// The owner side of the node whose state is `state`, serving HTTP
+    /// requests with `app` and the other kinds with `kinds`.
+    pub(crate) fn new(state: Arc<NodeState>, app: App, kinds: KindHandlers) -> Owner {
+        Owner { state, app, kinds }
     }
 
     /// Serves with the local app, adding its time to the response head to
@@ -119,22 +140,15 @@ impl Owner {
         let state = &self.state;
         match kind {
             StreamKind::Http => {}
-            // An admin change a peer's admin API forwarded.
-            StreamKind::Admin => {
-                // Boxed, as the SIP path below: rare paths kept out of every
-                // proxied request's future (which is moved once per request).
-                return Box::pin(crate::adapters::ops::admin::members::answer_peer(
-                    state,
-                    head,
-                    req.into_body(),
-                ))
-                .await;
-            }
+            // An admin change a peer's admin API forwarded. Boxed, as
+            // the SIP path below: rare paths kept out of every proxied
+            // request's future (which is moved once per request).
+            StreamKind::Admin => return (self.kinds.admin)(state, head, req.into_body()).await,
             StreamKind::Sip(_) => {
                 state.metrics.count_proxied_in();
                 let inflight = state.enter_proxied();
-                // Boxed: a rare path, kept out of every stream's future.
-                return Box::pin(self.sip.clone().serve_proxied(req.into_body(), inflight)).await;
+                let sip = self.kinds.sip.clone();
+                return Box::pin(sip.serve_proxied(req.into_body(), inflight)).await;
             }
         }
         state.metrics.count_proxied_in();

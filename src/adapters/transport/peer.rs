@@ -300,20 +300,6 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Bytes, HeadError> {
     Ok(gathered.map(bytes::BytesMut::freeze).unwrap_or_default())
 }
 
-/// Turns a response head from a peer into an HTTP response with `body`.
-/// Header lines that are not valid HTTP were dropped by the decode; they
-/// are logged here.
-pub(crate) fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
-    for k in &head.dropped {
-        warn!(target: LOG, header = %k, "dropping invalid header from peer");
-    }
-    let mut resp = Response::new(body);
-    *resp.status_mut() =
-        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    *resp.headers_mut() = head.headers;
-    resp
-}
-
 /// Serves peers: every connection in `links` (accepted, or dialled by
 /// this node) has the streams the peer opens on it served by `handler`.
 /// Sets that up at once; the future accepts connections until the

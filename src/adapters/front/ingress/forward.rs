@@ -20,7 +20,7 @@ use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::access;
 use crate::adapters::body::{self, Body};
-use crate::adapters::errors::RequestError;
+use crate::adapters::errors::{self, RequestError};
 use crate::adapters::http::ConnInfo;
 use crate::adapters::http::relay::FromPeer;
 use crate::adapters::node_state::{NodeState, Outstanding, track_body};
@@ -28,7 +28,7 @@ use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, ExchangeError, PeerLinks, TunnelAnswer};
 use crate::adapters::tunnel::{self, Tunnel};
-use crate::adapters::wire::{self, RequestHeadRef, StreamKind};
+use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadRef, StreamKind};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 use crate::engine::membership::MembershipView;
@@ -373,8 +373,8 @@ impl Forwarder {
             let ready = match peer::open(&self.links, cand, &mut out).await {
                 Ok(r) => r,
                 Err(e) => {
-                    let (failure, err) = judge(e, cand, request_id);
-                    if plan.after(failure) == AfterFailure::Fail {
+                    let (failure, after, err) = judge(e, &plan, cand, request_id);
+                    if after == AfterFailure::Fail {
                         return Err(err);
                     }
                     if failure == Failure::Unreachable {
@@ -414,14 +414,13 @@ impl Forwarder {
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
                     let served = served_by(rh.served_by(), cand);
-                    let mut resp = peer::response_from_head(rh, body::empty());
+                    let mut resp = response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok((resp, served, guard));
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
                     let served = served_by(rh.served_by(), cand);
-                    let status = http::StatusCode::from_u16(rh.status)
-                        .unwrap_or(http::StatusCode::BAD_GATEWAY);
+                    let status = errors::peer_status(rh.status);
                     // A bodiless answer gets an ended body, as the app's
                     // does on the local path (`framing`); the owner sent
                     // none and its FIN usually came with the head: taken
@@ -438,7 +437,7 @@ impl Forwarder {
                     } else {
                         qb.boxed_unsync()
                     };
-                    let mut resp = peer::response_from_head(rh, body);
+                    let mut resp = response_from_head(rh, body);
                     resp.headers_mut().remove(wire::TRAILERS);
                     // Its peer window fills while the client is slow: the
                     // response budget charges it (`http::relay`).
@@ -446,8 +445,8 @@ impl Forwarder {
                     return Ok((resp, served, guard));
                 }
                 Err(e) => {
-                    let (failure, err) = judge(e, cand, request_id);
-                    let retry = plan.after(failure) == AfterFailure::NextCandidate;
+                    let (_, after, err) = judge(e, &plan, cand, request_id);
+                    let retry = after == AfterFailure::NextCandidate;
                     if !retry {
                         return Err(err);
                     }
@@ -463,11 +462,35 @@ impl Forwarder {
     }
 }
 
-/// How the failover plan sees a failed send to `cand`, and the error the
-/// client gets if nothing else serves it: the one place the ingress maps
-/// the peer sender's errors ([`peer::SendError`]).
-fn judge(e: peer::SendError, cand: &NodeId, request_id: u128) -> (Failure, RequestError) {
-    match e {
+/// The tracing target of [`response_from_head`]'s events: the peer
+/// layer's, where the function was until statuses came from `errors`
+/// (trace lines include the target).
+const PEER_LOG: &str = "peerlb::adapters::peer";
+
+/// Turns a response head from a peer into an HTTP response with `body`.
+/// Header lines that are not valid HTTP were dropped by the decode; they
+/// are logged here.
+fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
+    for k in &head.dropped {
+        warn!(target: PEER_LOG, header = %k, "dropping invalid header from peer");
+    }
+    let mut resp = Response::new(body);
+    *resp.status_mut() = errors::peer_status(head.status);
+    *resp.headers_mut() = head.headers;
+    resp
+}
+
+/// A failed send to `cand` as the failover plan judges it: the failure,
+/// what the plan does after it, and the error the client gets if nothing
+/// else serves it. The one place the ingress maps the peer sender's
+/// errors ([`peer::SendError`]).
+fn judge(
+    e: peer::SendError,
+    plan: &ReplayPlan,
+    cand: &NodeId,
+    request_id: u128,
+) -> (Failure, AfterFailure, RequestError) {
+    let (failure, err) = match e {
         peer::SendError::Open(e) => {
             debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
             (Failure::Unreachable, RequestError::NoNode(e.to_string()))
@@ -478,21 +501,28 @@ fn judge(e: peer::SendError, cand: &NodeId, request_id: u128) -> (Failure, Reque
             Failure::HeadTooLarge,
             RequestError::OwnerFailed(format!("peer {cand}: {e}")),
         ),
-        peer::SendError::Exchange(e) => match e {
-            ExchangeError::Refused(_) => (Failure::Refused, logged(e, cand, request_id)),
-            ExchangeError::Failed { .. } => (Failure::Lost, logged(e, cand, request_id)),
-            ExchangeError::Timeout(p) => (Failure::Timeout, RequestError::Timeout(p.to_string())),
-            // The client's body broke before the owner answered: the
-            // client's fault.
-            ExchangeError::ClientBody(b) => (Failure::ClientBody, RequestError::client_body(&b)),
-        },
-    }
-}
-
-/// A forward that failed after the request was sent, logged.
-fn logged(e: ExchangeError, cand: &NodeId, request_id: u128) -> RequestError {
-    warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, "forward failed after the request was sent");
-    RequestError::OwnerFailed(e.to_string())
+        peer::SendError::Exchange(e) => {
+            let failure = match &e {
+                ExchangeError::Refused(_) => Failure::Refused,
+                ExchangeError::Failed { .. } => Failure::Lost,
+                ExchangeError::Timeout(_) => Failure::Timeout,
+                ExchangeError::ClientBody(_) => Failure::ClientBody,
+            };
+            let retry = plan.after(failure) == AfterFailure::NextCandidate;
+            let err = match e {
+                ExchangeError::Timeout(p) => RequestError::Timeout(p.to_string()),
+                // The client's body broke before the owner answered: the
+                // client's fault.
+                ExchangeError::ClientBody(b) => RequestError::client_body(&b),
+                e => {
+                    warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
+                    RequestError::OwnerFailed(e.to_string())
+                }
+            };
+            (failure, err)
+        }
+    };
+    (failure, plan.after(failure), err)
 }
 
 /// The id of the node that served a forwarded request, as its response

@@ -20,7 +20,9 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::BodyExt;
 
 use crate::adapters::body::{self, Body};
-use crate::adapters::errors::{AdminError, StateError, WeightError, error_response, json_response};
+use crate::adapters::errors::{
+    AdminError, StateError, WeightError, error_response, json_response, peer_status,
+};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer;
 use crate::adapters::wire::{RequestHeadRef, RequestHeadView, StreamKind};
@@ -364,7 +366,7 @@ async fn ask_peer(
     .map_err(|_| "no answer in time".to_owned())?
     .map_err(|e| e.to_string())?
     .to_bytes();
-    let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = peer_status(rh.status);
     Ok((status, bytes))
 }
 
@@ -372,6 +374,16 @@ async fn ask_peer(
 /// (every failure of the peer link alike: the member did not answer).
 fn send_error(e: peer::SendError) -> String {
     e.to_string()
+}
+
+/// [`answer_peer`] boxed, as the owner's admin handler
+/// (`serve::owner::AdminAnswer`) takes it.
+pub(crate) fn answer_peer_boxed<'a>(
+    state: &'a NodeState,
+    head: &'a RequestHeadView<'a>,
+    body: Body,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<Body>> + Send + 'a>> {
+    Box::pin(answer_peer(state, head, body))
 }
 
 /// Answers an admin request a peer forwarded (a stream of kind
