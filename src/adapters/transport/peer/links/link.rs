@@ -16,6 +16,7 @@ use crate::adapters::body::{BodyError, QuicBody};
 use crate::adapters::transport::tls;
 use crate::adapters::wire;
 use crate::engine::node_id::NodeId;
+use crate::engine::peer_link::LinkFacts;
 
 /// One QUIC connection to a peer.
 pub(crate) struct Link {
@@ -52,15 +53,20 @@ impl Link {
         s.streams > 0 || now < s.last_busy + linger
     }
 
-    /// Usable for a new stream: open, not retired, and busy or quiet for
-    /// less than `usable` after its last ping.
-    /// A `peerlb/1` connection is usable while open: its ends keep it
-    /// alive.
-    pub(super) fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
+    /// What the link choice needs of it (`engine::peer_link::choose`),
+    /// its times as durations since `epoch`.
+    pub(super) fn facts(&self, epoch: Instant, predates_pause: bool) -> LinkFacts {
         let s = self.state.lock().expect("link state lock");
-        self.conn.close_reason().is_none()
-            && !s.retired
-            && (self.legacy || s.streams > 0 || now < s.last_busy + linger + usable)
+        LinkFacts {
+            dialled: self.dialled,
+            legacy: self.legacy,
+            open: self.conn.close_reason().is_none(),
+            retired: s.retired,
+            streams: s.streams,
+            last_busy: s.last_busy.saturating_duration_since(epoch),
+            established: self.established.saturating_duration_since(epoch),
+            predates_pause,
+        }
     }
 
     /// Marks a stream open on this connection until the [`Busy`] drops.
