@@ -564,7 +564,7 @@ impl PeerLinks {
     }
 
     /// The connection for a new stream to `id`: among the usable ones,
-    /// the one the pair keeps ([`dialler_wins`]), else the newest; the
+    /// the one the pair keeps (`engine::peer_link::choose`), else the newest; the
     /// others are retired.
     fn pick(&self, id: &NodeId) -> Option<Arc<Link>> {
         let now = Instant::now();

@@ -1,7 +1,7 @@
 //! The one sender of the peer wire: every stream this node opens to a
 //! peer (an HTTP request from the ingress, a SIP message, an admin
 //! action) goes out through [`open`] and [`Ready::send`] (or
-//! [`Ready::send_tunnel`]), or [`send`], which is both. The request is an
+//! [`Ready::send_tunnel`]), or [`send()`], which is both. The request is an
 //! [`Outgoing`]: the stream's kind and its head, encoded for the layout of
 //! the connection the stream opened on ([`wire::Version`]) and kept for
 //! the next attempt. Its errors are one type, [`SendError`], which each
