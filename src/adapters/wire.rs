@@ -499,11 +499,8 @@ pub(crate) fn decode_request(
     version: Version,
 ) -> Result<(StreamKind, RequestHeadView<'_>), WireError> {
     match version {
-        Version::V3 => {
-            let (kind, used) =
-                bincode::serde::borrow_decode_from_slice::<StreamKind, _>(bytes, config())?;
-            Ok((kind, decode_view(&bytes[used..])?))
-        }
+        // One decode of the kind and the head's fields after it.
+        Version::V3 => decode_view(bytes),
         Version::V2 => {
             let head: RequestHeadView<'_> = decode_view(bytes)?;
             Ok((StreamKind::of_marks(&head.headers), head))

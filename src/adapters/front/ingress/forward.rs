@@ -409,7 +409,8 @@ impl Forwarder {
                     .send(b, self.settings.response_timeout, info.as_ref())
                     .await
                     .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
-            };
+            }
+            .map_err(peer::SendError::Exchange);
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {

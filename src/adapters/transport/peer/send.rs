@@ -92,36 +92,42 @@ pub(crate) async fn open<'p>(
     Ok(Ready { peer, stream, head })
 }
 
-impl Ready<'_> {
+impl<'p> Ready<'p> {
     /// Sends the head and `body`, and waits for the response head (each
     /// 1xx head before it goes to `info`, when the head asked for them:
-    /// [`exchange_informational`]).
+    /// [`exchange_informational`]). The exchange's own future, not one
+    /// around it: the entry's request future holds it inline.
     ///
     /// # Errors
-    /// [`SendError::Exchange`].
-    pub(crate) async fn send(
+    /// [`ExchangeError`] (a [`SendError::Exchange`] to the callers that
+    /// also opened the stream).
+    pub(crate) fn send<'a>(
         self,
         body: Body,
         timeout: Duration,
-        info: Option<&Informational>,
-    ) -> Result<(DecodedResponseHead, PeerBody), SendError> {
+        info: Option<&'a Informational>,
+    ) -> impl std::future::Future<Output = Result<(DecodedResponseHead, PeerBody), ExchangeError>>
+    + Send
+    + 'a
+    where
+        'p: 'a,
+    {
         exchange_informational(self.peer, self.stream, self.head, body, timeout, info)
-            .await
-            .map_err(SendError::Exchange)
     }
 
     /// Sends the head of a tunnel request (no body) and waits for the
     /// response head ([`exchange_tunnel`]).
     ///
     /// # Errors
-    /// [`SendError::Exchange`].
-    pub(crate) async fn send_tunnel(
+    /// [`ExchangeError`].
+    pub(crate) fn send_tunnel(
         self,
         timeout: Duration,
-    ) -> Result<(DecodedResponseHead, TunnelAnswer), SendError> {
+    ) -> impl std::future::Future<
+        Output = Result<(DecodedResponseHead, TunnelAnswer), ExchangeError>,
+    > + Send
+    + 'p {
         exchange_tunnel(self.peer, self.stream, self.head, timeout)
-            .await
-            .map_err(SendError::Exchange)
     }
 }
 
@@ -141,6 +147,7 @@ pub(crate) async fn send(
         .await?
         .send(body, timeout, None)
         .await
+        .map_err(SendError::Exchange)
 }
 
 #[cfg(test)]
