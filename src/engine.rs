@@ -52,6 +52,9 @@
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
+//! - `peer_link`: which connection to a peer carries the next stream and
+//!   which are retired (keep, dialler wins, pause retirement, retire on
+//!   accept).
 
 pub(crate) mod balance;
 pub(crate) mod failover;
@@ -60,6 +63,7 @@ pub(crate) mod membership;
 pub(crate) mod node_id;
 pub(crate) mod operator;
 pub(crate) mod ownership;
+pub(crate) mod peer_link;
 pub(crate) mod ring;
 pub(crate) mod route;
 pub(crate) mod rules;

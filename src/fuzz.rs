@@ -170,6 +170,14 @@ fn fuzz_peer_wire_heads() {
         let view = wire::decode_view::<wire::RequestHeadView<'_>>(&bytes);
         let owned = wire::decode::<wire::RequestHead>(&bytes);
         assert_eq!(view.is_ok(), owned.is_ok(), "{view:?} against {owned:?}");
+        // Both layouts of the request frame (`peerlb/2` marks, `peerlb/3`
+        // the kind first) decode or fail without panicking; a `peerlb/2`
+        // frame decodes exactly when its head does.
+        assert_eq!(
+            wire::decode_request(&bytes, wire::Version::V2).is_ok(),
+            view.is_ok()
+        );
+        let _ = wire::decode_request(&bytes, wire::Version::V3);
         if let Ok(h) = owned {
             // What the owner does with a head (peer.rs `serve_stream`).
             let mut b = http::Request::builder()

@@ -19,8 +19,13 @@
 //!   `node_id` ([`NodeId`] and its naming rules), `membership` (immutable
 //!   [`MembershipView`]), `route` (the decision), `failover` (replay plan
 //!   and the choice after a failed attempt), `sip` (SIP messages, their
-//!   hash key and dialog parameter, the SIP decision, the demo SIP
-//!   server), `testing` (doc-hidden test
+//!   hash key and dialog parameter, the SIP decision, the proxy steps, the
+//!   demo SIP server), `session_id` (passive routes from the app's session
+//!   id), `slow_start` (the ramp of a starting node's weight), `operator`
+//!   (the operator's rules for a node's own state), `view_compose` (which
+//!   members a view is made of), `peer_link` (which connection to a peer
+//!   carries the next stream), `ownership` (a key's owner and the ranges
+//!   that moved: what [`Handle`] answers), `testing` (doc-hidden test
 //!   support: the request builder the unit tests and the benches share).
 //! - `engine/` also holds `gossip_budget` (the members a full gossip
 //!   digest leaves room for in one datagram, shared with [`config`]).
@@ -33,7 +38,8 @@
 //!   - the shared base: `wire` (peer stream frames), `framing` (the body
 //!     framing a head implies), `body` (streaming bodies, the QUIC body
 //!     pump), `tunnel` (the byte relay of upgraded connections), `access`
-//!     (request id, access log), `metrics` (histograms and counts);
+//!     (request id, access log), `metrics` (histograms and counts),
+//!     `informational` (1xx answers on their way to the client);
 //!   - `cluster/`: `gossip` (chitchat), `keyring` (the cluster
 //!     [`keyring`]), `sealed` (the sealed gossip transport), `bounds`
 //!     (what a gossip datagram may say), `pause` (a pause of the node's

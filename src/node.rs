@@ -21,7 +21,7 @@ use crate::adapters::ops::admin_server::{self, AdminServer};
 use crate::adapters::serve::app::App;
 use crate::adapters::serve::app::handle::{Forward, Handle};
 use crate::adapters::serve::app::service::ErasedApp;
-use crate::adapters::serve::owner::Owner;
+use crate::adapters::serve::owner::{KindHandlers, Owner};
 use crate::adapters::transport::peer::{self, PeerLinks};
 use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::config::NodeConfig;
@@ -317,7 +317,14 @@ impl Node {
             )
         });
         let sip_app = Arc::new(SipApp::new(me.id.clone(), me.sip_addr).with_upstream(sip_upstream));
-        let owner = Arc::new(Owner::new(state.clone(), app, sip_app.clone()));
+        let owner = Arc::new(Owner::new(
+            state.clone(),
+            app,
+            KindHandlers {
+                sip: sip_app.clone(),
+                admin: crate::adapters::ops::admin::members::answer_peer_boxed,
+            },
+        ));
         state
             .tunnels
             .set_idle_timeout(config.ingress.websocket_idle_timeout);

@@ -221,3 +221,45 @@ fn every_test_command_of_contributing_selects_a_test() {
     assert!(commands >= 2, "only {commands} test commands found");
     assert!(empty.is_empty(), "select no test:\n{}", empty.join("\n"));
 }
+
+/// The module of a `src` file as the tree names it: its file stem, or
+/// `None` for what the tree does not list one by one (the crate roots,
+/// a wing's own file named by its folder, tests, the fuzz targets).
+fn module_stem(rel: &Path) -> Option<String> {
+    let stem = rel.file_stem()?.to_str()?.to_owned();
+    let test = stem == "tests" || stem.ends_with("_tests") || rel.iter().any(|c| c == "tests");
+    let root = matches!(stem.as_str(), "lib" | "main" | "fuzz" | "peerlb-sim");
+    (!test && !root).then_some(stem)
+}
+
+/// docs/architecture.md's tree ("Engine and adapters") names every module:
+/// each `src` file's stem is a word of the tree, so a file added (or
+/// moved under a new name) without a line there fails here.
+#[test]
+fn the_architecture_tree_names_every_module() {
+    let doc = read(&root().join("docs/architecture.md"));
+    let start = doc
+        .find("## Engine and adapters")
+        .expect("architecture.md has its tree");
+    let tree = &doc[start..];
+    let tree = &tree[..tree[3..].find("\n## ").map_or(tree.len(), |i| i + 3)];
+    let words: std::collections::BTreeSet<&str> = tree
+        .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+        .collect();
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut missing: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let rel = f.strip_prefix(root().join("src")).unwrap();
+            let stem = module_stem(rel)?;
+            (!words.contains(stem.as_str())).then(|| format!("src/{}", rel.display()))
+        })
+        .collect();
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "not named in docs/architecture.md's tree:\n{}",
+        missing.join("\n")
+    );
+}

@@ -234,3 +234,68 @@ async fn three_hundred_requests_held_at_one_owner_at_once_all_get_a_stream() {
         "a request waited out its stream and failed over"
     );
 }
+
+/// `PUT /_peerlb/weight?node=ID` with `weight` at the admin listener of
+/// the node whose client listener is `http`: the answer's text.
+fn put_weight(http: std::net::SocketAddr, id: &str, weight: u32) -> String {
+    let body = weight.to_string();
+    let raw = format!(
+        "PUT /_peerlb/weight?node={id} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    raw_exchange(admin_of(http), raw.as_bytes()).0
+}
+
+/// A rolling upgrade across the typed stream kind: a node speaking
+/// `peerlb/2` at most (`peer.protocol = 2`, as the release before it) in a
+/// cluster of current nodes, which fall back to `peerlb/2` with it (the
+/// kind a header mark). Every HTTP request, entering anywhere, is served
+/// by its owner, and an admin change crosses the mixed pair both ways (a
+/// stream of the admin kind): n1 sets n3's weight, n3 sets n1's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_speaking_peerlb_2_serves_and_is_served_in_a_peerlb_3_cluster() {
+    let mut c = Cluster::start(
+        "rolling-v2",
+        3,
+        "[ring]\nvnodes = 1024\n[limits]\nresponse_timeout_ms = 5000\n",
+        USER_RULES,
+    );
+    let mut stopped = c.sigterm("n3");
+    assert!(stopped.wait().unwrap().success());
+    let current = c.config.clone();
+    let old = c.dir.join("v2.toml");
+    let text = std::fs::read_to_string(&current).unwrap() + "\n[peer]\nprotocol = 2\n";
+    std::fs::write(&old, text).unwrap();
+    c.config = old;
+    c.spawn(2);
+    c.config = current;
+    c.wait_same_view(3);
+
+    let ring = ring(&["n1", "n2", "n3"], 1024);
+    let users: Vec<String> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|o| user_where(&ring, |x| x == *o))
+        .collect();
+    for entry in &c.nodes {
+        for u in &users {
+            let r = send(entry.http, "GET", &format!("/x?user={u}"))
+                .await
+                .unwrap_or_else(|e| panic!("{u} via {}: {e}", entry.id));
+            assert_eq!(
+                (r.status, r.served_by()),
+                (200, &**ring.owner(u).unwrap()),
+                "{u} entering at {}\n{}",
+                entry.id,
+                c.log(&entry.id)
+            );
+        }
+    }
+    let (n1, n3) = (c.node("n1").http, c.node("n3").http);
+    for (via, member) in [(n1, "n3"), (n3, "n1")] {
+        let answer = put_weight(via, member, 150);
+        assert!(
+            answer.split(' ').nth(1) == Some("200") && answer.contains("\"weight\":150"),
+            "{member}'s weight via the other: {answer}"
+        );
+    }
+}

@@ -859,12 +859,14 @@ async fn half_open_quic_handshakes_cost_the_peer_port_little_memory() {
     drop(pending);
 }
 
-/// A request head as docs/architecture.md ("Peer wire") documents it:
-/// bincode 2 (`config::standard()`) through serde, behind a u32
-/// big-endian length. Written here from the documentation, not from the
-/// crate's own types.
+/// A request frame as docs/architecture.md ("Peer wire") documents it
+/// for ALPN `peerlb/3`: the stream's kind, then the head's fields, bincode
+/// 2 (`config::standard()`) through serde, behind a u32 big-endian
+/// length. Written here from the documentation, not from the crate's own
+/// types.
 #[derive(serde::Serialize)]
 struct WireRequestHead {
+    kind: WireKind,
     request_id: u128,
     entry: String,
     hops: u8,
@@ -877,6 +879,15 @@ struct WireRequestHead {
     /// The client's TLS facts: SNI, version code point, ALPN (`None`:
     /// cleartext).
     tls: Option<(Option<String>, u16, Option<Vec<u8>>)>,
+}
+
+/// The stream's kind, as documented: an enum, the variants in this order.
+#[derive(serde::Serialize)]
+#[allow(dead_code)]
+enum WireKind {
+    Http,
+    Sip(u8),
+    Admin,
 }
 
 /// A response head, as documented beside the request head.
@@ -896,6 +907,7 @@ async fn claim(
     path: &str,
 ) -> Result<WireResponseHead, String> {
     let head = WireRequestHead {
+        kind: WireKind::Http,
         request_id: 7,
         entry: entry.to_owned(),
         hops: 1,

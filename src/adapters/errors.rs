@@ -402,6 +402,14 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
     }
 }
 
+/// The status of an answer a peer sent (a response head's `status`), as
+/// this node passes it on: the code itself, or `502 Bad Gateway` when it
+/// is no HTTP status (outside 100..=999: a broken peer, whose answer
+/// cannot be passed on as it is).
+pub(crate) fn peer_status(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY)
+}
+
 /// An `application/json` answer: `text` and a newline.
 pub(crate) fn json_response(status: StatusCode, text: String) -> Response<Body> {
     let mut r = Response::new(body::full(text + "\n"));
@@ -416,6 +424,16 @@ pub(crate) fn json_response(status: StatusCode, text: String) -> Response<Body> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_status_passes_on_unless_it_is_no_http_status() {
+        assert_eq!(peer_status(200), StatusCode::OK);
+        assert_eq!(peer_status(103), StatusCode::EARLY_HINTS);
+        assert_eq!(peer_status(599), StatusCode::from_u16(599).unwrap());
+        for broken in [0, 99, 1000, u16::MAX] {
+            assert_eq!(peer_status(broken), StatusCode::BAD_GATEWAY, "{broken}");
+        }
+    }
 
     fn status(e: impl Into<HttpError>) -> u16 {
         error_response(&e.into(), "n1").status().as_u16()

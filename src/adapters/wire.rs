@@ -4,9 +4,11 @@
 //! One bidirectional QUIC stream carries one request:
 //!
 //! ```text
-//! entry -> owner: [u32 BE length][RequestHead, bincode 2 (serde)]  body bytes ...  FIN
-//! owner -> entry: [u32 BE length][ResponseHead, bincode 2 (serde)] body bytes ...  FIN
+//! entry -> owner: [u32 BE length][StreamKind][RequestHead, bincode 2 (serde)]  body bytes ...  FIN
+//! owner -> entry: [u32 BE length][ResponseHead, bincode 2 (serde)]             body bytes ...  FIN
 //! ```
+//!
+//! (`[StreamKind]` on `peerlb/3` only: see "The stream's kind" below.)
 //!
 //! Bodies are the raw bytes after the head, ended by the stream's FIN; they
 //! stream both ways and are never buffered whole. A body that fails midway
@@ -38,24 +40,51 @@
 //! (its upstream client refuses one), so the client gets the app's answer
 //! or a 502.
 //!
-//! A SIP request is marked by the header [`SIP`] in its request head
-//! (value: the client's transport, `udp` or `tcp`), with the SIP method as
-//! the head's method, `/` as its URI, a `content-length` and the whole SIP
-//! message (as the entry forwards it: its own `Via` on top, a
-//! `Record-Route` added) as the body. The owner answers a `ResponseHead`
-//! `200` whose body is the SIP responses its demo server sends, one after
-//! the other, each framed by its own `Content-Length` (none for an `ACK`);
-//! any other status means the owner could not serve it. Like every
-//! proxied request it is never forwarded again (hop limit 1).
+//! # The stream's kind
+//!
+//! A stream carries one of three things ([`StreamKind`]): an HTTP request
+//! for the owner's app, a SIP message, or an admin action for the owner
+//! member. How the head says which depends on the connection's ALPN
+//! ([`Version`]):
 //!
 //! ```text
-//! entry -> owner: [head INVITE / peerlb-sip: udp] SIP request bytes FIN
-//! owner -> entry: [ResponseHead 200] SIP 100 | SIP 180 | SIP 200   FIN
+//! peerlb/3:          [u32 BE length][StreamKind][RequestHead fields ...]
+//! peerlb/2, /1:      [u32 BE length][RequestHead fields ...]   (kind as a header mark)
 //! ```
 //!
-//! A node of an older release passes the mark to its HTTP app; the entry
-//! gets an HTTP answer whose body does not frame as SIP and drops it
-//! (the client retransmits, RFC 3261 17.1).
+//! On `peerlb/3` the kind is the frame's first field, bincode like the
+//! rest (an enum: its variant index as a varint, one byte, then the
+//! variant's data: `Http` 0; `Sip` 1 and the client's transport, 0 `udp`,
+//! 1 `tcp`, 2 `tls`; `Admin` 2), followed by the head's fields exactly as
+//! on `peerlb/2`, so both versions decode the head with the same code. On
+//! `peerlb/2` (an older peer) the kind is a header line after the
+//! request's own: none for HTTP, [`SIP`] (value: the transport) or
+//! [`ADMIN`] (value `change`); the admin mark wins when both are present.
+//! A `peerlb/3` owner reads only the field: a mark's name in its header
+//! lines is an ordinary header (no client can send one: the entry strips
+//! every client-sent `peerlb-*` header).
+//!
+//! A SIP request has the SIP method as the head's method, `/` as its
+//! URI, a `content-length` and the whole SIP message (as the entry
+//! forwards it: its own `Via` on top, a `Record-Route` added) as the
+//! body. The owner answers a `ResponseHead` `200` whose body is the SIP
+//! responses its demo server sends, one after the other, each framed by
+//! its own `Content-Length` (none for an `ACK`); any other status means
+//! the owner could not serve it. Like every proxied request it is never
+//! forwarded again (hop limit 1).
+//!
+//! ```text
+//! entry -> owner: [head Sip(udp) INVITE /] SIP request bytes        FIN
+//! owner -> entry: [ResponseHead 200] SIP 100 | SIP 180 | SIP 200    FIN
+//! ```
+//!
+//! An admin action has the admin path as its URI and the change as its
+//! body; the owner member answers it with its admin API's status and
+//! JSON body.
+//!
+//! A node of a release before the kinds passes a SIP mark to its HTTP
+//! app; the entry gets an HTTP answer whose body does not frame as SIP
+//! and drops it (the client retransmits, RFC 3261 17.1).
 
 use std::net::SocketAddr;
 
@@ -87,8 +116,9 @@ pub(crate) const INFORMATIONAL: &str = "peerlb-informational";
 /// response head, `framed`. Removed before the app and the client.
 pub(crate) const TRAILERS: &str = "peerlb-trailers";
 
-/// Request head header marking a SIP request: see the module doc. Its
-/// value is the client's transport (`udp` or `tcp`).
+/// Request head header marking a SIP message on a `peerlb/2` connection
+/// (module doc, "The stream's kind"). Its value is the client's
+/// transport (`udp`, `tcp` or `tls`).
 pub(crate) const SIP: &str = "peerlb-sip";
 
 /// Request head header, beside [`SIP`], marking a request of the SIP
@@ -97,6 +127,13 @@ pub(crate) const SIP: &str = "peerlb-sip";
 /// the flow id (`peerlb-flow=<id>.<node>` in the dialog's `Route`). The
 /// node answers `200` (written) or `410` (no such connection), no body.
 pub(crate) const SIP_FLOW: &str = "peerlb-sip-flow";
+
+/// Request head header marking an admin action on a `peerlb/2`
+/// connection (module doc, "The stream's kind"); its value is `change`.
+pub(crate) const ADMIN: &str = "peerlb-admin";
+
+mod kind;
+pub(crate) use kind::{SipTransport, StreamKind, Version};
 
 /// The head of a proxied request (entry -> owner), in its owned form: the
 /// reference for the layout. The entry encodes [`RequestHeadRef`] and the
@@ -268,7 +305,8 @@ pub(crate) struct RequestHeadRef<'a> {
 /// lines: the bytes of the head whose map had the marks inserted last,
 /// without inserting them into the request's map and removing them again
 /// (a name HTTP has no constant for is parsed and hashed each time).
-/// Encode it with [`encode`].
+/// Sent as a [`RequestFrame`] ([`encode_request`]); [`encode`] gives its
+/// `peerlb/2` bytes without a kind mark (an HTTP request's).
 #[derive(Debug)]
 pub(crate) struct MarkedRequestHead<'a> {
     /// The head, its headers as the request has them.
@@ -279,35 +317,111 @@ pub(crate) struct MarkedRequestHead<'a> {
 
 impl Serialize for MarkedRequestHead<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{SerializeSeq, SerializeStruct};
-        struct Lines<'b>(&'b http::HeaderMap, &'b [(&'static str, &'static str)]);
-        impl Serialize for Lines<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut seq = s.serialize_seq(Some(self.0.len() + self.1.len()))?;
-                for (k, v) in self.0.iter() {
-                    seq.serialize_element(&(k.as_str(), header_list::Raw(v.as_bytes())))?;
-                }
-                for &(k, v) in self.1 {
-                    seq.serialize_element(&(k, header_list::Raw(v.as_bytes())))?;
-                }
-                seq.end()
+        serialize_marked(&self.head, self.marks, None, s)
+    }
+}
+
+/// The bytes of `head` with `marks`, then `kind_mark`, after its header
+/// lines (a [`MarkedRequestHead`]; the kind's mark on `peerlb/2`).
+fn serialize_marked<S: serde::Serializer>(
+    h: &RequestHeadRef<'_>,
+    marks: &[(&'static str, &'static str)],
+    kind_mark: Option<(&'static str, &'static str)>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::{SerializeSeq, SerializeStruct};
+    struct Lines<'b>(
+        &'b http::HeaderMap,
+        &'b [(&'static str, &'static str)],
+        Option<(&'static str, &'static str)>,
+    );
+    impl Serialize for Lines<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let n = self.0.len() + self.1.len() + usize::from(self.2.is_some());
+            let mut seq = s.serialize_seq(Some(n))?;
+            for (k, v) in self.0.iter() {
+                seq.serialize_element(&(k.as_str(), header_list::Raw(v.as_bytes())))?;
             }
+            for &(k, v) in self.1.iter().chain(self.2.as_ref()) {
+                seq.serialize_element(&(k, header_list::Raw(v.as_bytes())))?;
+            }
+            seq.end()
         }
-        // The fields of `RequestHeadRef`, in its order (a test pins the
-        // bytes against it).
-        let h = &self.head;
-        let mut st = s.serialize_struct("RequestHeadRef", 10)?;
-        st.serialize_field("request_id", &h.request_id)?;
-        st.serialize_field("entry", h.entry)?;
-        st.serialize_field("hops", &h.hops)?;
-        st.serialize_field("view_version", &h.view_version)?;
-        st.serialize_field("method", h.method)?;
-        st.serialize_field("uri", h.uri)?;
-        st.serialize_field("headers", &Lines(h.headers, self.marks))?;
-        st.serialize_field("client", &h.client)?;
-        st.serialize_field("hash_key", &h.hash_key)?;
-        st.serialize_field("tls", &h.tls)?;
-        st.end()
+    }
+    // The fields of `RequestHeadRef`, in its order (a test pins the
+    // bytes against it).
+    let mut st = s.serialize_struct("RequestHeadRef", 10)?;
+    st.serialize_field("request_id", &h.request_id)?;
+    st.serialize_field("entry", h.entry)?;
+    st.serialize_field("hops", &h.hops)?;
+    st.serialize_field("view_version", &h.view_version)?;
+    st.serialize_field("method", h.method)?;
+    st.serialize_field("uri", h.uri)?;
+    st.serialize_field("headers", &Lines(h.headers, marks, kind_mark))?;
+    st.serialize_field("client", &h.client)?;
+    st.serialize_field("hash_key", &h.hash_key)?;
+    st.serialize_field("tls", &h.tls)?;
+    st.end()
+}
+
+/// A request to send on a peer stream: its kind and its head (with
+/// peerlb's own marks), encoded for the stream's connection by
+/// [`encode_request`].
+#[derive(Debug)]
+pub(crate) struct RequestFrame<'a> {
+    /// What the stream carries.
+    pub kind: StreamKind,
+    /// The head.
+    pub head: MarkedRequestHead<'a>,
+}
+
+/// The bytes of a `peerlb/2` frame: the head, the kind's mark last.
+struct KindMarked<'b>(
+    &'b MarkedRequestHead<'b>,
+    Option<(&'static str, &'static str)>,
+);
+
+impl Serialize for KindMarked<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_marked(&self.0.head, self.0.marks, self.1, s)
+    }
+}
+
+/// Encodes `frame` as a length-prefixed request frame for a connection
+/// that speaks `version` (module doc, "The stream's kind"): on
+/// [`Version::V3`] the kind then the head, on [`Version::V2`] the head
+/// with the kind's mark after its header lines.
+///
+/// # Errors
+/// As [`encode`].
+pub(crate) fn encode_request(
+    frame: &RequestFrame<'_>,
+    version: Version,
+) -> Result<Vec<u8>, WireError> {
+    match version {
+        Version::V3 => encode(&(frame.kind, &frame.head)),
+        Version::V2 => encode(&KindMarked(&frame.head, frame.kind.mark())),
+    }
+}
+
+/// Decodes a request frame (exactly the bytes after the length prefix)
+/// from a connection that speaks `version`: the stream's kind (the first
+/// field on [`Version::V3`], the marks on [`Version::V2`]) and the head,
+/// borrowing from `bytes`.
+///
+/// # Errors
+/// [`WireError::Decode`] when the bytes are not one complete frame.
+pub(crate) fn decode_request(
+    bytes: &[u8],
+    version: Version,
+) -> Result<(StreamKind, RequestHeadView<'_>), WireError> {
+    match version {
+        // One decode of the kind and the head's fields after it.
+        Version::V3 => decode_view(bytes),
+        Version::V2 => {
+            let head: RequestHeadView<'_> = decode_view(bytes)?;
+            Ok((StreamKind::of_marks(&head.headers), head))
+        }
     }
 }
 

@@ -601,13 +601,17 @@ pub struct PeerSection {
     /// A busy peer connection silent this long is closed and the peer
     /// ejected, in ms (default 1000); QUIC's idle timeout is 3x this.
     pub idle_timeout_ms: u64,
-    /// Peer wire protocol this node speaks (default 2). 2: ALPN
-    /// `peerlb/2`, one connection per node pair carrying requests both
-    /// ways, and `peerlb/1` with a node that offers only that. 1: only
-    /// `peerlb/1`, the protocol of releases before one connection per
-    /// pair (each node opens streams on the connection it dialled and
-    /// serves them on the one it accepted; QUIC keep-alive every
-    /// `keep_alive_ms` on every connection), e.g. to roll an upgrade back.
+    /// Peer wire protocol this node speaks (default 3). 3: ALPN
+    /// `peerlb/3` (each stream's kind a field of its request frame), and
+    /// with a node that does not offer it `peerlb/2` or `peerlb/1`. 2:
+    /// `peerlb/2` at most, the protocol of releases before the typed
+    /// stream kind (the kind is a header mark): one connection per node
+    /// pair carrying requests both ways, and `peerlb/1` with a node that
+    /// offers only that. 1: only `peerlb/1`, the protocol of releases
+    /// before one connection per pair (each node opens streams on the
+    /// connection it dialled and serves them on the one it accepted; QUIC
+    /// keep-alive every `keep_alive_ms` on every connection). 1 and 2
+    /// are for rolling an upgrade back in steps.
     pub protocol: u8,
     /// Largest UDP payload the peer layer sends, in bytes (default 6500,
     /// 1200..=6500): the upper bound of QUIC's path MTU discovery.
@@ -628,7 +632,7 @@ impl Default for PeerSection {
         Self {
             keep_alive_ms: 200,
             idle_timeout_ms: 1_000,
-            protocol: 2,
+            protocol: 3,
             max_udp_payload: 6500,
             dial: "at_sight".into(),
         }

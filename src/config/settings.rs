@@ -402,6 +402,10 @@ pub struct PeerSettings {
     /// serves them only on those it accepted (docs/operations.md, "Rolling
     /// upgrade").
     pub only_v1: bool,
+    /// Offer ALPN `peerlb/3` (`peer.protocol = 3`, the default): false
+    /// speaks `peerlb/2` at most, each stream's kind a header mark
+    /// (docs/operations.md, "Rolling upgrade").
+    pub offer_v3: bool,
     /// Most peers supervised (dialled and kept) at a time
     /// (`gossip.max_members`).
     pub max_peers: usize,

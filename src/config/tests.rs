@@ -146,7 +146,7 @@ fn bad_policy_app_vnodes_and_timeouts_are_named() {
             format!("[peer]\nkeep_alive_ms = 2000\nidle_timeout_ms = 1000\n{ONE}"),
             "peer.keep_alive_ms",
         ),
-        (format!("[peer]\nprotocol = 3\n{ONE}"), "peer.protocol"),
+        (format!("[peer]\nprotocol = 4\n{ONE}"), "peer.protocol"),
         (format!("[peer]\ndial = \"lazily\"\n{ONE}"), "peer.dial"),
         (
             format!("[limits]\nresponse_timeout_ms = 0\n{ONE}"),

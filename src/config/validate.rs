@@ -195,10 +195,10 @@ impl ClusterFile {
                 ));
             }
         }
-        if !matches!(self.peer.protocol, 1 | 2) {
+        if !matches!(self.peer.protocol, 1..=3) {
             return Err(inv(
                 "peer.protocol",
-                format!("{} is not a peer protocol (1 or 2)", self.peer.protocol),
+                format!("{} is not a peer protocol (1, 2 or 3)", self.peer.protocol),
             ));
         }
         for (name, l) in [
@@ -739,6 +739,7 @@ impl ClusterFile {
                 idle_timeout: ms(self.peer.idle_timeout_ms),
                 connect_timeout: ms(self.limits.connect_timeout_ms),
                 only_v1: self.peer.protocol == 1,
+                offer_v3: self.peer.protocol == 3,
                 max_peers: self.gossip.max_members as usize,
                 max_udp_payload: self.peer.max_udp_payload,
                 dial_on_demand: self.peer.dial == "on_demand",

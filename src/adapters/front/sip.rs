@@ -23,8 +23,8 @@
 //!    address the request reached, the owner and the key, and over TCP or
 //!    TLS the caller's connection (`engine::sip::record_route`; the flow,
 //!    RFC 5923, `serve/sip/flows.rs`).
-//! 4. Serve locally, or forward to the owner (hop limit 1, marked
-//!    `wire::SIP`) with this node's `Via` on top
+//! 4. Serve locally, or forward to the owner (hop limit 1, a stream of
+//!    kind `StreamKind::Sip`) with this node's `Via` on top
 //!    (`engine::sip::forward::entry_via`); a candidate that cannot be
 //!    reached or refuses the stream passes the request to the next ring
 //!    node (`forward::next_candidate`). The owner's answers come back on the same stream; this node
@@ -44,7 +44,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -54,7 +53,7 @@ use crate::adapters::REQUEST_PATH;
 use crate::adapters::body;
 use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
-use crate::adapters::wire::{self, RequestHeadRef};
+use crate::adapters::wire::{RequestHeadRef, StreamKind};
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::forward::{self, ForwardFailure};
 use crate::engine::sip::proxy::{self, EntryRelay, Stray};
@@ -270,28 +269,29 @@ impl SipEntry {
             Stray::Peer(n) => NodeId::from(n),
         };
         let relayed = async {
-            let stream = self.links.open(&to).await.map_err(|e| e.to_string())?;
             let bytes = resp.to_bytes();
             let mut headers = http::HeaderMap::new();
-            headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
             headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
-            let head = wire::encode(&RequestHeadRef {
-                request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
-                entry: me,
-                hops: 1,
-                view_version: self.state.view().version(),
-                method: "SIP",
-                uri: "/",
-                headers: &headers,
-                client,
-                hash_key: None,
-                tls: None,
-            })
-            .map_err(|e| e.to_string())?;
-            let (_, body) = peer::exchange(
+            let mut out = peer::Outgoing::new(
+                StreamKind::Sip(transport.into()),
+                RequestHeadRef {
+                    request_id: xxhash_rust::xxh3::xxh3_128(&bytes),
+                    entry: me,
+                    hops: 1,
+                    view_version: self.state.view().version(),
+                    method: "SIP",
+                    uri: "/",
+                    headers: &headers,
+                    client,
+                    hash_key: None,
+                    tls: None,
+                },
+                &[],
+            );
+            let (_, body) = peer::send(
+                &self.links,
                 &to,
-                stream,
-                Bytes::from(head),
+                &mut out,
                 body::full(bytes),
                 self.response_timeout,
             )
@@ -320,47 +320,41 @@ impl SipEntry {
         view_version: u64,
         emit: &Emit<'_>,
     ) -> Result<(), (ForwardFailure, String)> {
-        use ForwardFailure::{Failed, Refused, Unreachable};
+        use ForwardFailure::Failed;
         self.state
             .counters
             .sip_forwarded
             .fetch_add(1, Ordering::Relaxed);
-        let stream = self
-            .links
-            .open(peer)
-            .await
-            .map_err(|e| (Unreachable, e.to_string()))?;
         let out = forward::entry_via(msg, (transport, local), self.state.node_id().as_str());
         let bytes = out.to_bytes();
         let mut headers = http::HeaderMap::new();
-        headers.insert(wire::SIP, http::HeaderValue::from_static(transport.param()));
         headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
         let request_id = xxhash_rust::xxh3::xxh3_128(&bytes);
-        let head = wire::encode(&RequestHeadRef {
-            request_id,
-            entry: self.state.node_id(),
-            hops: 1,
-            view_version,
-            method,
-            uri: "/",
-            headers: &headers,
-            client,
-            hash_key: Some(key),
-            tls: None,
-        })
-        .map_err(|e| (Failed, e.to_string()))?;
-        let (head, body) = peer::exchange(
+        let mut outgoing = peer::Outgoing::new(
+            StreamKind::Sip(transport.into()),
+            RequestHeadRef {
+                request_id,
+                entry: self.state.node_id(),
+                hops: 1,
+                view_version,
+                method,
+                uri: "/",
+                headers: &headers,
+                client,
+                hash_key: Some(key),
+                tls: None,
+            },
+            &[],
+        );
+        let (head, body) = peer::send(
+            &self.links,
             peer,
-            stream,
-            Bytes::from(head),
+            &mut outgoing,
             body::full(bytes),
             self.response_timeout,
         )
         .await
-        .map_err(|e| match e {
-            peer::ExchangeError::Refused(_) => (Refused, e.to_string()),
-            e => (Failed, e.to_string()),
-        })?;
+        .map_err(failure_of)?;
         if head.status != 200 {
             return Err((Failed, format!("owner answered status {}", head.status)));
         }
@@ -394,6 +388,21 @@ impl SipEntry {
                 }
             }
         }
+    }
+}
+
+/// What a failed send to a candidate was, for the entry's retry rule
+/// (`forward::next_candidate`): nothing reached it (no stream:
+/// unreachable; the stream refused unread), or the owner may have taken
+/// it.
+fn failure_of(e: peer::SendError) -> (ForwardFailure, String) {
+    let why = e.to_string();
+    match e {
+        peer::SendError::Open(_) => (ForwardFailure::Unreachable, why),
+        peer::SendError::Exchange(peer::ExchangeError::Refused(_)) => {
+            (ForwardFailure::Refused, why)
+        }
+        _ => (ForwardFailure::Failed, why),
     }
 }
 

@@ -1,11 +1,13 @@
 //! The owner side of the request path: serving a request with the local
 //! app, whether a peer forwarded it (the [`ProxiedHandler`] the peer server
 //! calls, never forwarded again: hop limit 1) or this node's own ingress
-//! is the first candidate. A peer's forwarded admin change (a state or
-//! weight change for this member) is answered by the admin API instead;
-//! and it relays the tunnels (WebSocket) of the proxied requests its app
+//! is the first candidate. A peer's stream of another kind (a SIP message,
+//! an admin change for this member) goes to the handler the composition
+//! root registered for it ([`KindHandlers`]); and it relays the tunnels (WebSocket) of the proxied requests its app
 //! upgraded.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -20,20 +22,39 @@ use crate::adapters::serve::app::{App, AppError, ServeCtx};
 use crate::adapters::serve::sip::SipApp;
 use crate::adapters::transport::peer::ProxiedHandler;
 use crate::adapters::tunnel::{BoxIo, Role, Tunnel};
-use crate::adapters::wire::RequestHeadView;
+use crate::adapters::wire::{RequestHeadView, StreamKind};
+
+/// Answers a peer's admin stream ([`StreamKind::Admin`]) for the node
+/// whose state is given: the head, and the change as the body.
+pub(crate) type AdminAnswer =
+    for<'a> fn(
+        &'a NodeState,
+        &'a RequestHeadView<'a>,
+        Body,
+    ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>>;
+
+/// What serves the streams that are not HTTP requests for the app, by
+/// kind: registered by the composition root (`node.rs`).
+pub(crate) struct KindHandlers {
+    /// [`StreamKind::Sip`]: the node's SIP server.
+    pub(crate) sip: Arc<SipApp>,
+    /// [`StreamKind::Admin`]: the admin API's answer to a peer.
+    pub(crate) admin: AdminAnswer,
+}
 
 /// The local app of one node, with the node state its serve times and
-/// counters go to.
+/// counters go to, and the handlers of the other stream kinds.
 pub(crate) struct Owner {
     state: Arc<NodeState>,
     app: App,
-    sip: Arc<SipApp>,
+    kinds: KindHandlers,
 }
 
 impl Owner {
-    /// The owner side of the node whose state is `state`, serving with `app`.
-    pub(crate) fn new(state: Arc<NodeState>, app: App, sip: Arc<SipApp>) -> Owner {
-        Owner { state, app, sip }
+    /// The owner side of the node whose state is `state`, serving HTTP
+    /// requests with `app` and the other kinds with `kinds`.
+    pub(crate) fn new(state: Arc<NodeState>, app: App, kinds: KindHandlers) -> Owner {
+        Owner { state, app, kinds }
     }
 
     /// Serves with the local app, adding its time to the response head to
@@ -63,13 +84,18 @@ impl ProxiedHandler for Owner {
         self.state.accepting()
     }
 
-    fn may_send_informational(&self, head: &RequestHeadView<'_>) -> bool {
+    fn may_send_informational(&self, kind: StreamKind) -> bool {
         // The built-in app never sends a 1xx, nor do the admin and SIP
         // paths.
-        self.app.may_send_informational() && Kind::of(head) == Kind::App
+        self.app.may_send_informational() && kind == StreamKind::Http
     }
 
-    async fn serve(&self, head: &RequestHeadView<'_>, req: Request<Body>) -> Response<Body> {
+    async fn serve(
+        &self,
+        kind: StreamKind,
+        head: &RequestHeadView<'_>,
+        req: Request<Body>,
+    ) -> Response<Body> {
         let line = crate::adapters::access::enabled().then(|| {
             let me = self.state.node_id();
             let mut line = crate::adapters::access::Line::of(
@@ -86,7 +112,7 @@ impl ProxiedHandler for Owner {
             // Boxed: it lives across the await below (see the entry's).
             Box::new(line)
         });
-        let resp = self.serve_proxied(head, req).await;
+        let resp = self.serve_proxied(kind, head, req).await;
         match line {
             Some(line) => crate::adapters::access::log_when_done(resp, *line),
             None => resp,
@@ -107,25 +133,18 @@ impl Owner {
     /// Serves a proxied request with the local app (hop limit 1).
     async fn serve_proxied(
         &self,
+        kind: StreamKind,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> Response<Body> {
         let state = &self.state;
-        // An admin change a peer's admin API forwarded (only a peer can
-        // send the header: entries strip client-sent `peerlb-*` headers).
-        match Kind::of(head) {
-            Kind::App => {}
-            Kind::Admin => {
-                // Boxed, as the SIP path below: rare paths kept out of every
-                // proxied request's future (which is moved once per request).
-                return Box::pin(crate::adapters::ops::admin::members::answer_peer(
-                    state,
-                    head,
-                    req.into_body(),
-                ))
-                .await;
-            }
-            Kind::Sip => {
+        match kind {
+            StreamKind::Http => {}
+            // An admin change a peer's admin API forwarded. Boxed, as
+            // the SIP path below: rare paths kept out of every proxied
+            // request's future (which is moved once per request).
+            StreamKind::Admin => return (self.kinds.admin)(state, head, req.into_body()).await,
+            StreamKind::Sip(_) => {
                 // A request of the SIP server for a caller's connection
                 // this node holds (RFC 5923).
                 let flow = head
@@ -134,12 +153,13 @@ impl Owner {
                     .find(|(k, _)| *k == crate::adapters::wire::SIP_FLOW);
                 if let Some(id) = flow.and_then(|(_, v)| std::str::from_utf8(v).ok()) {
                     let id = id.to_owned();
-                    return Box::pin(self.sip.clone().serve_flow(id, req.into_body())).await;
+                    let sip = self.kinds.sip.clone();
+                    return Box::pin(sip.serve_flow(id, req.into_body())).await;
                 }
                 state.metrics.count_proxied_in();
                 let inflight = state.enter_proxied();
-                // Boxed: a rare path, kept out of every stream's future.
-                return Box::pin(self.sip.clone().serve_proxied(req.into_body(), inflight)).await;
+                let sip = self.kinds.sip.clone();
+                return Box::pin(sip.serve_proxied(req.into_body(), inflight)).await;
             }
         }
         state.metrics.count_proxied_in();
@@ -166,36 +186,5 @@ impl Owner {
             Ok(r) => track_body(r, None, inflight),
             Err(e) => state.failed(RequestError::App(e)),
         }
-    }
-}
-
-/// What a proxied request is, by the mark the entry put in its head: an
-/// admin change ([`ADMIN_HEADER`](crate::adapters::ops::admin::members::ADMIN_HEADER)),
-/// a SIP message ([`SIP`](crate::adapters::wire::SIP)) or (without either)
-/// a request for the app. The admin mark wins when both are present.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    App,
-    Admin,
-    Sip,
-}
-
-impl Kind {
-    /// The kind of `head`, from one scan of its header names; only names
-    /// with peerlb's prefix are compared (both marks have it).
-    fn of(head: &RequestHeadView<'_>) -> Kind {
-        let mut kind = Kind::App;
-        for &(k, _) in &head.headers {
-            if !k.starts_with("peerlb-") {
-                continue;
-            }
-            if k == crate::adapters::ops::admin::members::ADMIN_HEADER {
-                return Kind::Admin;
-            }
-            if k == crate::adapters::wire::SIP {
-                kind = Kind::Sip;
-            }
-        }
-        kind
     }
 }

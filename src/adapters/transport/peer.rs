@@ -2,14 +2,20 @@
 //! from peers and forwarding this node's requests to their owners.
 //!
 //! - One QUIC connection in use per unordered peer pair, carrying requests
-//!   both ways (ALPN `peerlb/2`, mutual TLS with the cluster CA); liveness
+//!   both ways (ALPN `peerlb/3`, mutual TLS with the cluster CA); liveness
 //!   pings only while a connection is busy, so a quiet cluster sends
 //!   nothing on the peer layer (see [`links`]).
-//! - With a node of an older release (ALPN `peerlb/1`, negotiated when it
-//!   offers nothing else, or when this node is configured with
-//!   `peer.protocol = 1`), the previous protocol: each node opens streams
-//!   only on the connection it dialled and serves streams only on the one
-//!   it accepted, so a pair holds two connections (see [`links`]).
+//! - With a node that does not offer `peerlb/3` (an older release, or one
+//!   configured with `peer.protocol = 2`), `peerlb/2`: the same, but each
+//!   stream's kind is a header mark in its head, not a field of its frame
+//!   ([`crate::adapters::wire`], "The stream's kind"). The connection's
+//!   version travels with every stream opened on it ([`PeerStream`]).
+//! - With a node of an older release still (ALPN `peerlb/1`, negotiated
+//!   when it offers nothing else, or when this node is configured with
+//!   `peer.protocol = 1`), the frames of `peerlb/2` and the rules before
+//!   one connection per pair: each node opens streams only on the
+//!   connection it dialled and serves streams only on the one it accepted,
+//!   so a pair holds two connections (see [`links`]).
 //! - The set of peers that proved their identity and were not ejected
 //!   since is published on a watch channel: a peer is routable only while
 //!   it is in that set, so a connection lost while busy ejects it at once
@@ -28,7 +34,7 @@ use crate::adapters::body::{self, Body, QuicBody};
 use crate::adapters::informational::{InfoHead, Informational};
 use crate::adapters::transport::tls::{self, TlsMaterial};
 use crate::adapters::tunnel::{BoxIo, Tunnel};
-use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadView};
+use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadView, StreamKind};
 use crate::config::PeerSettings;
 use crate::engine::node_id::NodeId;
 
@@ -37,13 +43,16 @@ mod dial;
 mod exchange;
 mod links;
 mod quic_config;
+mod send;
 pub(crate) mod udp;
 
 use exchange::StreamTunnel;
-pub(crate) use exchange::{TunnelAnswer, exchange, exchange_informational, exchange_tunnel};
+pub(crate) use exchange::TunnelAnswer;
+use exchange::{exchange_informational, exchange_tunnel};
 use links::Link;
 pub(crate) use links::{LinkCounts, PeerBody, PeerLinks, PeerStream};
 use quic_config::transport;
+pub(crate) use send::{Outgoing, SendError, open, send};
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -111,14 +120,16 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     /// [`wire::RESET_REFUSED`] before they are processed, so the entry may
     /// retry them elsewhere.
     fn accepting(&self) -> bool;
-    /// Whether serving `head` may send informational (1xx) heads: false
-    /// when the app never sends one (the built-in app), so the stream
-    /// makes no channel for them (the entry marks every request that can
-    /// take a 1xx, and that is nearly every one).
-    fn may_send_informational(&self, head: &RequestHeadView<'_>) -> bool;
-    /// Serves one proxied request (never forwarded again: hop limit 1).
+    /// Whether serving a stream of `kind` may send informational (1xx)
+    /// heads: false when the app never sends one (the built-in app), so
+    /// the stream makes no channel for them (the entry marks every request
+    /// that can take a 1xx, and that is nearly every one).
+    fn may_send_informational(&self, kind: StreamKind) -> bool;
+    /// Serves one proxied stream of `kind` (never forwarded again: hop
+    /// limit 1).
     fn serve(
         &self,
+        kind: StreamKind,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
@@ -172,6 +183,10 @@ pub(crate) fn endpoint(
     if settings.only_v1 {
         server_tls.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
         client_tls.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
+    } else if !settings.offer_v3 {
+        let v2 = vec![tls::ALPN_V2.to_vec(), tls::ALPN_V1.to_vec()];
+        server_tls.alpn_protocols = v2.clone();
+        client_tls.alpn_protocols = v2;
     }
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(
         quinn::crypto::rustls::QuicServerConfig::try_from(server_tls)
@@ -285,20 +300,6 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Bytes, HeadError> {
     Ok(gathered.map(bytes::BytesMut::freeze).unwrap_or_default())
 }
 
-/// Turns a response head from a peer into an HTTP response with `body`.
-/// Header lines that are not valid HTTP were dropped by the decode; they
-/// are logged here.
-pub(crate) fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
-    for k in &head.dropped {
-        warn!(target: LOG, header = %k, "dropping invalid header from peer");
-    }
-    let mut resp = Response::new(body);
-    *resp.status_mut() =
-        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    *resp.headers_mut() = head.headers;
-    resp
-}
-
 /// Serves peers: every connection in `links` (accepted, or dialled by
 /// this node) has the streams the peer opens on it served by `handler`.
 /// Sets that up at once; the future accepts connections until the
@@ -391,6 +392,7 @@ async fn serve_connection<H: ProxiedHandler>(
     // Streams the peer has open here, and how many it may open at once.
     let open = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let mut allowed = FIRST_STREAMS;
+    let version = link.version;
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
@@ -414,7 +416,7 @@ async fn serve_connection<H: ProxiedHandler>(
         // times (tokio's spawn, the task's cell, its stage), each a copy of
         // the whole future (about 3.5 KB here); a boxed one moves as a pointer.
         tokio::spawn(Box::pin(async move {
-            serve_stream(conn, send, recv, handler, &peer).await;
+            serve_stream(conn, send, recv, handler, &peer, version).await;
             drop(busy);
             open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }));
@@ -434,6 +436,7 @@ async fn serve_stream<H: ProxiedHandler>(
     mut recv: quinn::RecvStream,
     handler: Arc<H>,
     peer: &NodeId,
+    version: wire::Version,
 ) {
     // Long: the owner's side of one peer stream in wire order: read the head, admit it,
     // dispatch by kind, stream the answer back; each step is short.
@@ -442,7 +445,7 @@ async fn serve_stream<H: ProxiedHandler>(
         Ok(f) => f,
         Err(e) => return refuse_bad_head(&e, &mut send, &mut recv),
     };
-    let head = match wire::decode_view::<RequestHeadView<'_>>(&frame) {
+    let (kind, head) = match wire::decode_request(&frame, version) {
         Ok(h) => h,
         Err(e) => return refuse_bad_head(&HeadError::Wire(e), &mut send, &mut recv),
     };
@@ -546,7 +549,7 @@ async fn serve_stream<H: ProxiedHandler>(
     // The app's 1xx answers, when the entry asked: a frame each, before
     // the final head (`informational::serve_relaying`).
     let mut req = req;
-    let info_rx = (informational && handler.may_send_informational(&head)).then(|| {
+    let info_rx = (informational && handler.may_send_informational(kind)).then(|| {
         let (sink, rx) = crate::adapters::informational::channel();
         req.extensions_mut().insert(sink);
         rx
@@ -555,10 +558,10 @@ async fn serve_stream<H: ProxiedHandler>(
     // Instrumented only when the span is on: `instrument` moves the
     // handler's future (2.6 KB) once more per request.
     let resp = if span.is_disabled() {
-        let serving = handler.serve(&head, req);
+        let serving = handler.serve(kind, &head, req);
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     } else {
-        let serving = handler.serve(&head, req).instrument(span);
+        let serving = handler.serve(kind, &head, req).instrument(span);
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     };
     let Some(resp) = resp else {

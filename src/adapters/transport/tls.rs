@@ -67,12 +67,19 @@ pub use state_sign::{
 };
 
 /// The ALPN protocol id of the peer wire: one connection per node pair,
-/// carrying requests both ways. Offered first by both ends.
-pub const ALPN: &[u8] = b"peerlb/2";
+/// carrying requests both ways, each stream's kind a field of its request
+/// frame. Offered first by both ends.
+pub const ALPN: &[u8] = b"peerlb/3";
+
+/// The ALPN protocol id of the peer wire before the typed stream kind
+/// (the kind is a header mark; otherwise as [`ALPN`]). Offered and
+/// accepted after [`ALPN`], so a node of an older release can join
+/// during a rolling upgrade.
+pub const ALPN_V2: &[u8] = b"peerlb/2";
 
 /// The ALPN protocol id of the previous peer wire (releases before one
 /// connection per pair): each node opens streams only on connections it
-/// dialled. Offered and accepted after [`ALPN`], so a node of an older
+/// dialled. Offered and accepted after [`ALPN_V2`], so a node of an older
 /// release can join during a rolling upgrade.
 pub const ALPN_V1: &[u8] = b"peerlb/1";
 

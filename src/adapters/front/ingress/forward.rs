@@ -20,7 +20,7 @@ use super::limits::{request_target, set_route, strip_peerlb_headers, strip_route
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::access;
 use crate::adapters::body::{self, Body};
-use crate::adapters::errors::RequestError;
+use crate::adapters::errors::{self, RequestError};
 use crate::adapters::http::ConnInfo;
 use crate::adapters::http::relay::FromPeer;
 use crate::adapters::node_state::{NodeState, Outstanding, track_body};
@@ -28,7 +28,7 @@ use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, ExchangeError, PeerLinks, TunnelAnswer};
 use crate::adapters::tunnel::{self, Tunnel};
-use crate::adapters::wire::{self, RequestHeadRef};
+use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadRef, StreamKind};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
 use crate::engine::membership::MembershipView;
@@ -394,7 +394,40 @@ impl Forwarder {
             (false, false) => None,
         };
         let mut last_err: Option<RequestError> = None;
-        let mut head: Option<bytes::Bytes> = None;
+        // peerlb's marks travel after the request's own header lines, not
+        // through its map (`MarkedRequestHead`).
+        let mut marks = [("", ""); 2];
+        let mut n = 0;
+        if tunnel {
+            marks[n] = (wire::TUNNEL, "websocket");
+            n += 1;
+        } else if info.is_some() {
+            marks[n] = (wire::INFORMATIONAL, "1");
+            n += 1;
+        }
+        if let Some(mark) = trailers_mark {
+            marks[n] = (wire::TRAILERS, mark);
+            n += 1;
+        }
+        let uri = request_target(&parts.uri);
+        // The head is encoded at the first peer attempt, straight from the
+        // request parts, and shared by every later one.
+        let mut out = peer::Outgoing::new(
+            StreamKind::Http,
+            RequestHeadRef {
+                request_id,
+                entry: me,
+                hops: 1,
+                view_version,
+                method: parts.method.as_str(),
+                uri: &uri,
+                headers: &parts.headers,
+                client: conn.client,
+                hash_key: key,
+                tls: conn.tls.as_ref(),
+            },
+            &marks[..n],
+        );
         for cand in candidates {
             *tries += 1;
             if cand == me {
@@ -429,72 +462,21 @@ impl Forwarder {
                 let resp = track_body(resp, None, serving);
                 return Ok((resp, me.clone(), guard));
             }
-            let pair = match self.links.open(cand).await {
-                Ok(p) => p,
+            let ready = match peer::open(&self.links, cand, &mut out).await {
+                Ok(r) => r,
                 Err(e) => {
-                    debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
-                    let err = RequestError::NoNode(e.to_string());
-                    if plan.after(Failure::Unreachable) == AfterFailure::Fail {
+                    let (failure, after, err) = judge(e, &plan, cand, request_id);
+                    if after == AfterFailure::Fail {
                         return Err(err);
                     }
-                    self.state
-                        .counters
-                        .failovers
-                        .fetch_add(1, Ordering::Relaxed);
+                    if failure == Failure::Unreachable {
+                        self.state
+                            .counters
+                            .failovers
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     last_err = Some(err);
                     continue;
-                }
-            };
-            // The head is encoded once, straight from the request parts,
-            // and shared by every attempt.
-            let h = match &head {
-                Some(h) => h.clone(),
-                None => {
-                    // peerlb's marks travel after the request's own header
-                    // lines, not through its map (`MarkedRequestHead`).
-                    let mut marks = [("", ""); 2];
-                    let mut n = 0;
-                    if tunnel {
-                        marks[n] = (wire::TUNNEL, "websocket");
-                        n += 1;
-                    } else if info.is_some() {
-                        marks[n] = (wire::INFORMATIONAL, "1");
-                        n += 1;
-                    }
-                    if let Some(mark) = trailers_mark {
-                        marks[n] = (wire::TRAILERS, mark);
-                        n += 1;
-                    }
-                    let uri = request_target(&parts.uri);
-                    let encoded = wire::encode(&wire::MarkedRequestHead {
-                        head: RequestHeadRef {
-                            request_id,
-                            entry: me,
-                            hops: 1,
-                            view_version,
-                            method: parts.method.as_str(),
-                            uri: &uri,
-                            headers: &parts.headers,
-                            client: conn.client,
-                            hash_key: key,
-                            tls: conn.tls.as_ref(),
-                        },
-                        marks: &marks[..n],
-                    });
-                    drop(uri);
-                    match encoded {
-                        Ok(frame) => head.insert(bytes::Bytes::from(frame)).clone(),
-                        Err(e) => {
-                            // A head too large for the wire: no peer can
-                            // take it; the entry itself still may.
-                            let err = RequestError::OwnerFailed(format!("peer {cand}: {e}"));
-                            if plan.after(Failure::HeadTooLarge) == AfterFailure::Fail {
-                                return Err(err);
-                            }
-                            last_err = Some(err);
-                            continue;
-                        }
-                    }
                 }
             };
             let b = match (&replay, empty_body) {
@@ -513,31 +495,25 @@ impl Forwarder {
             let guard = self.state.track(cand, request_bytes);
             let sent = tokio::time::Instant::now();
             let exchanged = if tunnel {
-                peer::exchange_tunnel(cand, pair, h, self.settings.response_timeout).await
+                ready.send_tunnel(self.settings.response_timeout).await
             } else {
-                peer::exchange_informational(
-                    cand,
-                    pair,
-                    h,
-                    b,
-                    self.settings.response_timeout,
-                    info.as_ref(),
-                )
-                .await
-                .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
-            };
+                ready
+                    .send(b, self.settings.response_timeout, info.as_ref())
+                    .await
+                    .map(|(rh, qb)| (rh, TunnelAnswer::Body(qb)))
+            }
+            .map_err(peer::SendError::Exchange);
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
                     let served = served_by(rh.served_by(), cand);
-                    let mut resp = peer::response_from_head(rh, body::empty());
+                    let mut resp = response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok((resp, served, guard));
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
                     let served = served_by(rh.served_by(), cand);
-                    let status = http::StatusCode::from_u16(rh.status)
-                        .unwrap_or(http::StatusCode::BAD_GATEWAY);
+                    let status = errors::peer_status(rh.status);
                     // A bodiless answer gets an ended body, as the app's
                     // does on the local path (`framing`); the owner sent
                     // none and its FIN usually came with the head: taken
@@ -554,7 +530,7 @@ impl Forwarder {
                     } else {
                         qb.boxed_unsync()
                     };
-                    let mut resp = peer::response_from_head(rh, body);
+                    let mut resp = response_from_head(rh, body);
                     resp.headers_mut().remove(wire::TRAILERS);
                     // Its peer window fills while the client is slow: the
                     // response budget charges it (`http::relay`).
@@ -562,23 +538,8 @@ impl Forwarder {
                     return Ok((resp, served, guard));
                 }
                 Err(e) => {
-                    let failure = match &e {
-                        ExchangeError::Refused(_) => Failure::Refused,
-                        ExchangeError::Failed { .. } => Failure::Lost,
-                        ExchangeError::Timeout(_) => Failure::Timeout,
-                        ExchangeError::ClientBody(_) => Failure::ClientBody,
-                    };
-                    let retry = plan.after(failure) == AfterFailure::NextCandidate;
-                    let err = match e {
-                        ExchangeError::Timeout(p) => RequestError::Timeout(p.to_string()),
-                        // The client's body broke before the owner
-                        // answered: the client's fault.
-                        ExchangeError::ClientBody(b) => RequestError::client_body(&b),
-                        e => {
-                            warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
-                            RequestError::OwnerFailed(e.to_string())
-                        }
-                    };
+                    let (_, after, err) = judge(e, &plan, cand, request_id);
+                    let retry = after == AfterFailure::NextCandidate;
                     if !retry {
                         return Err(err);
                     }
@@ -592,6 +553,69 @@ impl Forwarder {
         }
         Err(last_err.unwrap_or_else(|| RequestError::NoNode("no candidate".into())))
     }
+}
+
+/// The tracing target of [`response_from_head`]'s events: the peer
+/// layer's, where the function was until statuses came from `errors`
+/// (trace lines include the target).
+const PEER_LOG: &str = "peerlb::adapters::peer";
+
+/// Turns a response head from a peer into an HTTP response with `body`.
+/// Header lines that are not valid HTTP were dropped by the decode; they
+/// are logged here.
+fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
+    for k in &head.dropped {
+        warn!(target: PEER_LOG, header = %k, "dropping invalid header from peer");
+    }
+    let mut resp = Response::new(body);
+    *resp.status_mut() = errors::peer_status(head.status);
+    *resp.headers_mut() = head.headers;
+    resp
+}
+
+/// A failed send to `cand` as the failover plan judges it: the failure,
+/// what the plan does after it, and the error the client gets if nothing
+/// else serves it. The one place the ingress maps the peer sender's
+/// errors ([`peer::SendError`]).
+fn judge(
+    e: peer::SendError,
+    plan: &ReplayPlan,
+    cand: &NodeId,
+    request_id: u128,
+) -> (Failure, AfterFailure, RequestError) {
+    let (failure, err) = match e {
+        peer::SendError::Open(e) => {
+            debug!(target: REQUEST_PATH, error = %e, "owner not reachable: trying the next candidate");
+            (Failure::Unreachable, RequestError::NoNode(e.to_string()))
+        }
+        // A head too large for the wire: no peer can take it; the entry
+        // itself still may.
+        peer::SendError::Head(e) => (
+            Failure::HeadTooLarge,
+            RequestError::OwnerFailed(format!("peer {cand}: {e}")),
+        ),
+        peer::SendError::Exchange(e) => {
+            let failure = match &e {
+                ExchangeError::Refused(_) => Failure::Refused,
+                ExchangeError::Failed { .. } => Failure::Lost,
+                ExchangeError::Timeout(_) => Failure::Timeout,
+                ExchangeError::ClientBody(_) => Failure::ClientBody,
+            };
+            let retry = plan.after(failure) == AfterFailure::NextCandidate;
+            let err = match e {
+                ExchangeError::Timeout(p) => RequestError::Timeout(p.to_string()),
+                // The client's body broke before the owner answered: the
+                // client's fault.
+                ExchangeError::ClientBody(b) => RequestError::client_body(&b),
+                e => {
+                    warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
+                    RequestError::OwnerFailed(e.to_string())
+                }
+            };
+            (failure, err)
+        }
+    };
+    (failure, plan.after(failure), err)
 }
 
 /// The id of the node that served a forwarded request, as its response

@@ -2,10 +2,12 @@
 //! member: `POST /_peerlb/state` and `PUT /_peerlb/weight`, with `?node=ID`
 //! naming the member (default: the node asked). A change for another
 //! member travels over the authenticated peer link (QUIC, mutual TLS) as a
-//! request whose head carries [`ADMIN_HEADER`]; the member applies it to
-//! itself ([`answer_peer`]) and its answer comes back unchanged.
+//! stream of kind [`StreamKind::Admin`] (`wire`, "The stream's kind"); the
+//! member applies it to itself ([`answer_peer`]) and its answer comes
+//! back unchanged.
 //!
-//! Only a peer can send [`ADMIN_HEADER`]: an entry node strips every
+//! Only a peer can send an admin stream (on a `peerlb/2` connection the
+//! kind is the header mark `peerlb-admin`): an entry node strips every
 //! client-sent `peerlb-*` header before it forwards a client request, and
 //! the peer server admits only connections whose certificate the cluster
 //! CA signed. What protects the entry point is the admin listener's reach
@@ -18,16 +20,14 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::BodyExt;
 
 use crate::adapters::body::{self, Body};
-use crate::adapters::errors::{AdminError, StateError, WeightError, error_response, json_response};
+use crate::adapters::errors::{
+    AdminError, StateError, WeightError, error_response, json_response, peer_status,
+};
 use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer;
-use crate::adapters::wire::{self, RequestHeadRef, RequestHeadView};
+use crate::adapters::wire::{RequestHeadRef, RequestHeadView, StreamKind};
 use crate::engine::membership::NodeStatus;
 use crate::engine::node_id::NodeId;
-
-/// Request header marking a proxied request as an admin change forwarded
-/// by a peer's admin API (value: the path's change, e.g. `state`).
-pub(crate) const ADMIN_HEADER: &str = "peerlb-admin";
 
 /// Longest body of a state or weight change, in bytes.
 pub(crate) const BODY_LIMIT: usize = 64;
@@ -319,8 +319,8 @@ pub(crate) async fn counters_of(
         .flatten()
 }
 
-/// One admin request to `target` over the peer link (a proxied request
-/// whose head carries [`ADMIN_HEADER`]): its status and body (at most 64
+/// One admin request to `target` over the peer link (a stream of kind
+/// [`StreamKind::Admin`]): its status and body (at most 64
 /// KiB), or why it failed.
 async fn ask_peer(
     state: &NodeState,
@@ -331,36 +331,33 @@ async fn ask_peer(
     timeout: std::time::Duration,
 ) -> Result<(StatusCode, Bytes), String> {
     let mut headers = HeaderMap::new();
-    headers.insert(ADMIN_HEADER, HeaderValue::from_static("change"));
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
     let view = state.view();
-    let head = wire::encode(&RequestHeadRef {
-        // Admin requests count apart from client request ids: the top bit set.
-        request_id: (1u128 << 127) | u128::from(state.next_change_id()),
-        entry: state.node_id(),
-        hops: 1,
-        view_version: view.version(),
-        method: method.as_str(),
-        uri: path,
-        headers: &headers,
-        client: SocketAddr::from(([0, 0, 0, 0], 0)),
-        hash_key: None,
-        tls: None,
-    })
-    .map_err(|e| e.to_string())?;
-    let stream = state
-        .links()
-        .open(target)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut out = peer::Outgoing::new(
+        StreamKind::Admin,
+        RequestHeadRef {
+            // Admin requests count apart from client request ids: the top bit set.
+            request_id: (1u128 << 127) | u128::from(state.next_change_id()),
+            entry: state.node_id(),
+            hops: 1,
+            view_version: view.version(),
+            method: method.as_str(),
+            uri: path,
+            headers: &headers,
+            client: SocketAddr::from(([0, 0, 0, 0], 0)),
+            hash_key: None,
+            tls: None,
+        },
+        &[],
+    );
     let b = if text.is_empty() {
         body::empty()
     } else {
         body::full(text)
     };
-    let (rh, rb) = peer::exchange(target, stream, Bytes::from(head), b, timeout)
+    let (rh, rb) = peer::send(state.links(), target, &mut out, b, timeout)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(send_error)?;
     let bytes = tokio::time::timeout(
         timeout,
         http_body_util::Limited::new(rb, 64 * 1024).collect(),
@@ -369,12 +366,28 @@ async fn ask_peer(
     .map_err(|_| "no answer in time".to_owned())?
     .map_err(|e| e.to_string())?
     .to_bytes();
-    let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = peer_status(rh.status);
     Ok((status, bytes))
 }
 
-/// Answers an admin request a peer forwarded ([`ADMIN_HEADER`] on its
-/// head): a state or weight change, applied to this node, or `GET`
+/// Why an admin request to a peer failed, as the admin answer says it
+/// (every failure of the peer link alike: the member did not answer).
+fn send_error(e: peer::SendError) -> String {
+    e.to_string()
+}
+
+/// [`answer_peer`] boxed, as the owner's admin handler
+/// (`serve::owner::AdminAnswer`) takes it.
+pub(crate) fn answer_peer_boxed<'a>(
+    state: &'a NodeState,
+    head: &'a RequestHeadView<'a>,
+    body: Body,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<Body>> + Send + 'a>> {
+    Box::pin(answer_peer(state, head, body))
+}
+
+/// Answers an admin request a peer forwarded (a stream of kind
+/// [`StreamKind::Admin`]): a state or weight change, applied to this node, or `GET`
 /// [`COUNTERS`]. 404 for any other path or method.
 pub(crate) async fn answer_peer(
     state: &NodeState,

@@ -1,7 +1,7 @@
 //! The entry's side of a peer stream: one request sent on an opened
-//! stream and its answer read ([`exchange()`], with the owner's 1xx heads
-//! before the final one: [`exchange_informational`]), or a tunnel
-//! ([`exchange_tunnel`]). Moved out of `peer.rs` as it was (the owner's
+//! stream and its answer read, the owner's 1xx heads before the final one
+//! ([`exchange_informational`]), or a tunnel ([`exchange_tunnel`]); the
+//! sender (`send.rs`) calls them. Moved out of `peer.rs` as it was (the owner's
 //! side, `serve`, stays there).
 
 use bytes::Bytes;
@@ -11,9 +11,11 @@ use tracing::debug;
 use super::*;
 
 /// Sends one request on an opened stream and waits for the response head.
-/// `head` is the encoded request head frame ([`wire::encode`] of a
-/// [`wire::RequestHead`] or [`wire::RequestHeadRef`]), made once per request and
-/// shared by every attempt.
+/// `head` is the encoded request frame ([`wire::encode_request`], made
+/// once per layout and shared by every attempt: `send::Outgoing`). Each
+/// 1xx head the owner sends before the final one (when the head asked:
+/// [`wire::INFORMATIONAL`]) goes to `info` and starts the response timeout
+/// again.
 ///
 /// The request body streams in a task of its own, so a large upload and
 /// the response flow at the same time.
@@ -21,22 +23,6 @@ use super::*;
 /// # Errors
 /// [`ExchangeError`]; the owner may have processed the request unless it
 /// is [`ExchangeError::Refused`].
-pub(crate) async fn exchange(
-    peer: &NodeId,
-    stream: PeerStream,
-    head: Bytes,
-    body: Body,
-    timeout: Duration,
-) -> Result<(DecodedResponseHead, PeerBody), ExchangeError> {
-    exchange_informational(peer, stream, head, body, timeout, None).await
-}
-
-/// [`exchange()`] of a request whose head asked for informational answers
-/// ([`wire::INFORMATIONAL`]): each 1xx head the owner sends before the
-/// final one goes to `info` and starts the response timeout again.
-///
-/// # Errors
-/// As [`exchange()`].
 pub(crate) async fn exchange_informational(
     peer: &NodeId,
     stream: PeerStream,
@@ -49,6 +35,7 @@ pub(crate) async fn exchange_informational(
         mut send,
         mut recv,
         busy,
+        ..
     } = stream;
     let failed = |reason: String| ExchangeError::Failed {
         peer: peer.clone(),
@@ -141,11 +128,11 @@ pub(crate) enum TunnelAnswer {
 /// Sends a tunnel request (a WebSocket upgrade, marked [`wire::TUNNEL`] in
 /// `head`; no body) on an opened stream and waits for the response head:
 /// on `101` the stream itself is the tunnel's owner side, else the entry
-/// ends its direction and the response body follows as in [`exchange()`].
+/// ends its direction and the response body follows as in [`exchange_informational`].
 /// See the tunnel section of [`crate::adapters::wire`].
 ///
 /// # Errors
-/// As [`exchange()`] (no client body can fail: there is none).
+/// As [`exchange_informational`] (no client body can fail: there is none).
 pub(crate) async fn exchange_tunnel(
     peer: &NodeId,
     stream: PeerStream,
@@ -156,6 +143,7 @@ pub(crate) async fn exchange_tunnel(
         mut send,
         mut recv,
         busy,
+        ..
     } = stream;
     send.write_chunk(head)
         .await

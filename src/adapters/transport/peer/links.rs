@@ -6,7 +6,7 @@
 //!   the side that dialled it does. A node dials a peer only when it has no
 //!   usable connection to it. When two connections to the same peer are
 //!   usable (both nodes dialled at once), both nodes pick the one dialled
-//!   by the smaller node id ([`dialler_wins`]) and open no new stream on
+//!   by the smaller node id (`engine::peer_link::dialler_wins`) and open no new stream on
 //!   the other, which still serves the streams already on it and then
 //!   closes by itself once quiet. Nothing is closed under a stream, so no
 //!   request is lost or sent twice while the pair settles.
@@ -50,6 +50,11 @@
 //!   supervisor re-dials it as above. Identity is still proved by every
 //!   handshake; what is given up is proving it before the first request.
 //!
+//! Which connection carries a stream and which are retired is the
+//! engine's choice (`engine::peer_link`: keep, dialler wins, pause
+//! retirement, retire on accept); this file gathers each connection's
+//! facts for it and applies its answer.
+//!
 //! `links/link.rs` holds one connection ([`Link`]), what holds it busy and
 //! what its handshake proved; `links/slot.rs` what this node knows of one
 //! peer; `links/tests.rs` the tests.
@@ -70,6 +75,9 @@ use super::{OpenError, PeerSettings};
 use crate::adapters::cluster::pause::PauseWatch;
 use crate::adapters::transport::tls;
 use crate::engine::node_id::NodeId;
+#[cfg(test)]
+use crate::engine::peer_link::dialler_wins;
+use crate::engine::peer_link::{self, LinkFacts, Windows};
 use crate::seam::{NodeEvent, Observer};
 
 /// The tracing target of this module's events: its path before the
@@ -89,13 +97,6 @@ const PING: Bytes = Bytes::from_static(b"p");
 /// never read).
 pub(super) const DATAGRAM_BUFFER: usize = 1024;
 
-/// True when the connection dialled by `dialler` is the one a pair keeps
-/// when both nodes dialled each other: the smaller node id's dial wins.
-/// Both nodes of the pair compute the same answer.
-pub(crate) fn dialler_wins(dialler: &NodeId, other: &NodeId) -> bool {
-    dialler < other
-}
-
 /// QUIC idle timeout of a peer connection: `idle_timeout` x 3. A busy
 /// connection's keeper closes it sooner; a quiet one ends after this.
 pub(super) fn quic_idle_timeout(s: &PeerSettings) -> Duration {
@@ -107,7 +108,7 @@ mod link;
 pub(super) use link::Link;
 use link::LinkState;
 pub(crate) use link::{Busy, PeerBody, PeerStream};
-use link::{dialler_id, negotiated_v1};
+use link::{dialler_id, negotiated_v1, negotiated_version};
 
 mod slot;
 
@@ -131,6 +132,9 @@ pub(crate) struct PeerLinks {
     /// Peers ejected from routing since start (a failed dial or a lost
     /// connection), for the metrics.
     ejections: std::sync::atomic::AtomicU64,
+    /// The origin of the times the link choice is given
+    /// (`engine::peer_link`: durations since it).
+    epoch: Instant,
 }
 
 /// The peer links by state, read at a scrape (`ops/metrics_page.rs`).
@@ -180,6 +184,7 @@ impl PeerLinks {
             routable: watch::channel(BTreeSet::new()).0,
             server: Mutex::new(Server::default()),
             ejections: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
         })
     }
 
@@ -489,10 +494,12 @@ impl PeerLinks {
         // this node dialled, so one it accepted is retired from the start
         // (it is only served) and says nothing of the peer's routability.
         let accepted_v1 = legacy && !dialled;
+        let version = negotiated_version(&conn);
         let link = Arc::new(Link {
             conn,
             dialled,
             legacy,
+            version,
             established: now,
             state: Mutex::new(LinkState {
                 streams: 0,
@@ -508,13 +515,15 @@ impl PeerLinks {
                 .entry(id.clone())
                 .or_insert_with(|| Slot::new(link.conn.remote_address()));
             if !dialled && !legacy {
-                for old in &slot.links {
-                    let mut s = old.state.lock().expect("link state lock");
-                    if s.streams == 0
-                        && now.duration_since(old.established) >= self.settings.connect_timeout
-                    {
-                        s.retired = true;
-                    }
+                let facts: Vec<LinkFacts> = slot
+                    .links
+                    .iter()
+                    .map(|l| l.facts(self.epoch, false))
+                    .collect();
+                let at = now.saturating_duration_since(self.epoch);
+                let timeout = self.settings.connect_timeout;
+                for i in peer_link::retire_on_register(&facts, true, at, timeout) {
+                    slot.links[i].state.lock().expect("link state lock").retired = true;
                 }
             }
             slot.links.push(link.clone());
@@ -555,7 +564,7 @@ impl PeerLinks {
     }
 
     /// The connection for a new stream to `id`: among the usable ones,
-    /// the one the pair keeps ([`dialler_wins`]), else the newest; the
+    /// the one the pair keeps (`engine::peer_link::choose`), else the newest; the
     /// others are retired.
     fn pick(&self, id: &NodeId) -> Option<Arc<Link>> {
         let now = Instant::now();
@@ -564,40 +573,29 @@ impl PeerLinks {
         // Just after a pause of this node's own, a connection from before
         // it is replaced by a new dial (its peer may have closed it while
         // this node was away): retired, it still serves its streams.
-        if self.pause.suspected() {
-            for l in slot
-                .links
-                .iter()
-                .filter(|l| self.pause.predates_pause(l.established))
-            {
-                l.state.lock().expect("link state lock").retired = true;
-            }
-        }
-        // The usual case, one connection to the peer: no list to sort and
-        // nothing to retire (the same answer as the general case below).
-        if let [only] = slot.links.as_slice() {
-            return only
-                .usable(now, self.linger(), self.usable_window())
-                .then(|| only.clone());
-        }
-        let mut usable: Vec<&Arc<Link>> = slot
-            .links
-            .iter()
-            .filter(|l| l.usable(now, self.linger(), self.usable_window()))
-            .collect();
-        let wins = |l: &Link| {
-            if l.dialled {
-                dialler_wins(&self.self_id, id)
-            } else {
-                dialler_wins(id, &self.self_id)
-            }
+        let paused = self.pause.suspected();
+        let facts = |l: &Link| {
+            l.facts(
+                self.epoch,
+                paused && self.pause.predates_pause(l.established),
+            )
         };
-        usable.sort_by_key(|l| (wins(l), l.established));
-        let chosen = usable.pop()?.clone();
-        for other in usable {
-            other.state.lock().expect("link state lock").retired = true;
+        let windows = Windows {
+            linger: self.linger(),
+            usable: self.usable_window(),
+        };
+        let now = now.saturating_duration_since(self.epoch);
+        // The usual case, one connection to the peer: no list to gather.
+        let choice = if let [only] = slot.links.as_slice() {
+            peer_link::choose(&self.self_id, id, &[facts(only)], now, windows)
+        } else {
+            let all: Vec<LinkFacts> = slot.links.iter().map(|l| facts(l)).collect();
+            peer_link::choose(&self.self_id, id, &all, now, windows)
+        };
+        for i in choice.retire {
+            slot.links[i].state.lock().expect("link state lock").retired = true;
         }
-        Some(chosen)
+        choice.chosen.map(|i| slot.links[i].clone())
     }
 
     /// Watches one connection: liveness pings while busy, and what its
@@ -732,7 +730,12 @@ impl PeerLinks {
         };
         let busy = link.enter();
         match tokio::time::timeout(self.settings.connect_timeout, link.conn.open_bi()).await {
-            Ok(Ok((send, recv))) => Ok(PeerStream { send, recv, busy }),
+            Ok(Ok((send, recv))) => Ok(PeerStream {
+                send,
+                recv,
+                busy,
+                version: link.version,
+            }),
             Ok(Err(e)) => Err(OpenError::Stream {
                 peer: peer.clone(),
                 reason: e.to_string(),

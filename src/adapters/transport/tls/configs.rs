@@ -1,7 +1,7 @@
 //! A node's TLS material ([`TlsMaterial`]: the cluster CA, its certificate
 //! chain and key, loaded from PEM and checked) and the rustls/quinn client
 //! and server configurations both ends of a peer connection use: TLS 1.3
-//! only, the `ring` provider named explicitly, ALPN [`ALPN`] then [`ALPN_V1`].
+//! only, the `ring` provider named explicitly, ALPN [`ALPN`], [`ALPN_V2`] then [`ALPN_V1`].
 
 use std::fmt;
 use std::fs;
@@ -18,7 +18,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use super::identity::{node_server_name, peer_node_id};
 #[cfg(doc)]
 use super::verify_peer_is;
-use super::{ALPN, ALPN_V1, TlsError};
+use super::{ALPN, ALPN_V1, ALPN_V2, TlsError};
 
 /// A node's TLS identity and trust root, loaded and checked by
 /// [`TlsMaterial::load`]: the cluster CA certificate(s), this node's
@@ -155,7 +155,7 @@ impl TlsMaterial {
 }
 
 /// The rustls server configuration of a node's peer endpoint: TLS 1.3 only,
-/// `ring` provider, ALPN [`ALPN`] then [`ALPN_V1`], presents this node's certificate and
+/// `ring` provider, ALPN [`ALPN`], [`ALPN_V2`] then [`ALPN_V1`], presents this node's certificate and
 /// requires a client certificate chaining to the cluster CA. Which node the
 /// client is remains to be checked with [`verify_peer_is`].
 ///
@@ -174,7 +174,7 @@ pub fn server_config(m: &TlsMaterial) -> Result<rustls::ServerConfig, TlsError> 
         .with_client_cert_verifier(verifier)
         .with_single_cert(m.chain.clone(), m.key.clone_key())
         .map_err(|error| TlsError::Config { error })?;
-    config.alpn_protocols = vec![ALPN.to_vec(), ALPN_V1.to_vec()];
+    config.alpn_protocols = vec![ALPN.to_vec(), ALPN_V2.to_vec(), ALPN_V1.to_vec()];
     Ok(config)
 }
 
@@ -190,7 +190,7 @@ pub fn quinn_server_config(m: &TlsMaterial) -> Result<quinn::ServerConfig, TlsEr
 }
 
 /// The rustls client configuration for dialing peers: TLS 1.3 only, `ring`
-/// provider, ALPN [`ALPN`] then [`ALPN_V1`], trusts the cluster CA only and presents this
+/// provider, ALPN [`ALPN`], [`ALPN_V2`] then [`ALPN_V1`], trusts the cluster CA only and presents this
 /// node's certificate. Dial with `node_server_name(owner_id)` as the server
 /// name so only that member's certificate is accepted.
 ///
@@ -212,7 +212,7 @@ pub fn client_config(m: &TlsMaterial) -> Result<rustls::ClientConfig, TlsError> 
         .with_webpki_verifier(verifier)
         .with_client_auth_cert(m.chain.clone(), m.key.clone_key())
         .map_err(|error| TlsError::Config { error })?;
-    config.alpn_protocols = vec![ALPN.to_vec(), ALPN_V1.to_vec()];
+    config.alpn_protocols = vec![ALPN.to_vec(), ALPN_V2.to_vec(), ALPN_V1.to_vec()];
     Ok(config)
 }
 

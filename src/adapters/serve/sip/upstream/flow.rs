@@ -11,14 +11,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body_util::BodyExt as _;
 
 use super::super::flows::Flows;
 use crate::adapters::body;
 use crate::adapters::node_state::NodeState;
 use crate::adapters::transport::peer::{self, PeerLinks};
-use crate::adapters::wire::{self, RequestHeadRef};
+use crate::adapters::wire::{self, RequestHeadRef, SipTransport, StreamKind};
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::FlowRoute;
 
@@ -64,30 +63,35 @@ impl FlowSocket {
         };
         let to = NodeId::from(self.route.node.as_str());
         let other = |e: String| std::io::Error::other(e);
-        let stream = links.open(&to).await.map_err(|e| other(e.to_string()))?;
         let mut headers = http::HeaderMap::new();
-        let transport = if self.route.tls { "tls" } else { "tcp" };
-        headers.insert(wire::SIP, http::HeaderValue::from_static(transport));
+        let transport = if self.route.tls {
+            SipTransport::Tls
+        } else {
+            SipTransport::Tcp
+        };
         let id = http::HeaderValue::from_str(&self.route.id).map_err(|_| gone())?;
         headers.insert(wire::SIP_FLOW, id);
         headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
-        let head = wire::encode(&RequestHeadRef {
-            request_id: xxhash_rust::xxh3::xxh3_128(bytes),
-            entry: me,
-            hops: 1,
-            view_version: reach.state.view().version(),
-            method: "SIP",
-            uri: "/",
-            headers: &headers,
-            client: self.route.addr,
-            hash_key: None,
-            tls: None,
-        })
-        .map_err(|e| other(e.to_string()))?;
-        let (head, body) = peer::exchange(
+        let mut out = peer::Outgoing::new(
+            StreamKind::Sip(transport),
+            RequestHeadRef {
+                request_id: xxhash_rust::xxh3::xxh3_128(bytes),
+                entry: me,
+                hops: 1,
+                view_version: reach.state.view().version(),
+                method: "SIP",
+                uri: "/",
+                headers: &headers,
+                client: self.route.addr,
+                hash_key: None,
+                tls: None,
+            },
+            &[],
+        );
+        let (head, body) = peer::send(
+            links,
             &to,
-            stream,
-            Bytes::from(head),
+            &mut out,
             body::full(bytes.to_vec()),
             reach.timeout,
         )

@@ -14,7 +14,9 @@ use tracing::warn;
 use super::LOG;
 use crate::adapters::body::{BodyError, QuicBody};
 use crate::adapters::transport::tls;
+use crate::adapters::wire;
 use crate::engine::node_id::NodeId;
+use crate::engine::peer_link::LinkFacts;
 
 /// One QUIC connection to a peer.
 pub(crate) struct Link {
@@ -25,6 +27,8 @@ pub(crate) struct Link {
     /// streams on it only if it dialled it, serves them only if it
     /// accepted it, and the peer keeps it alive (QUIC keep-alive).
     pub(super) legacy: bool,
+    /// The frame layout its ALPN says (`peerlb/3`: the typed stream kind).
+    pub(crate) version: wire::Version,
     pub(super) established: Instant,
     pub(super) state: Mutex<LinkState>,
     /// Told when the first stream opens on a quiet connection.
@@ -49,15 +53,20 @@ impl Link {
         s.streams > 0 || now < s.last_busy + linger
     }
 
-    /// Usable for a new stream: open, not retired, and busy or quiet for
-    /// less than `usable` after its last ping.
-    /// A `peerlb/1` connection is usable while open: its ends keep it
-    /// alive.
-    pub(super) fn usable(&self, now: Instant, linger: Duration, usable: Duration) -> bool {
+    /// What the link choice needs of it (`engine::peer_link::choose`),
+    /// its times as durations since `epoch`.
+    pub(super) fn facts(&self, epoch: Instant, predates_pause: bool) -> LinkFacts {
         let s = self.state.lock().expect("link state lock");
-        self.conn.close_reason().is_none()
-            && !s.retired
-            && (self.legacy || s.streams > 0 || now < s.last_busy + linger + usable)
+        LinkFacts {
+            dialled: self.dialled,
+            legacy: self.legacy,
+            open: self.conn.close_reason().is_none(),
+            retired: s.retired,
+            streams: s.streams,
+            last_busy: s.last_busy.saturating_duration_since(epoch),
+            established: self.established.saturating_duration_since(epoch),
+            predates_pause,
+        }
     }
 
     /// Marks a stream open on this connection until the [`Busy`] drops.
@@ -103,6 +112,8 @@ pub(crate) struct PeerStream {
     pub(crate) recv: quinn::RecvStream,
     /// Dropped with the response body.
     pub(crate) busy: Busy,
+    /// The frame layout of its connection.
+    pub(crate) version: wire::Version,
 }
 
 /// A response body from a peer: a [`QuicBody`] that holds its connection
@@ -145,6 +156,21 @@ pub(super) fn negotiated_v1(conn: &quinn::Connection) -> bool {
         .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
         .and_then(|h| h.protocol)
         .is_some_and(|p| p == tls::ALPN_V1)
+}
+
+/// The frame layout of a connection, from the ALPN it negotiated:
+/// `peerlb/3` the typed stream kind, anything else the header marks.
+pub(super) fn negotiated_version(conn: &quinn::Connection) -> wire::Version {
+    let v3 = conn
+        .handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+        .is_some_and(|p| p == tls::ALPN);
+    if v3 {
+        wire::Version::V3
+    } else {
+        wire::Version::V2
+    }
 }
 
 /// The node id an accepted connection's client certificate proves, or

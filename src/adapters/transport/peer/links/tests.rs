@@ -59,6 +59,7 @@ fn test_settings(dial_on_demand: bool) -> PeerSettings {
         idle_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_millis(600),
         only_v1: false,
+        offer_v3: true,
         max_peers: 128,
         max_udp_payload: 6500,
         dial_on_demand,

@@ -1,0 +1,178 @@
+//! The sender and the owner's decode over real loopback endpoints: every
+//! stream kind reaches the owner as the kind it was sent as, on a pair
+//! that speaks `peerlb/3` and on a mixed pair (one node at
+//! `peer.protocol = 2`), both ways.
+
+use std::sync::Mutex;
+
+use http_body_util::BodyExt as _;
+
+use super::*;
+use crate::adapters::cluster::pause::PauseWatch;
+use crate::adapters::wire::SipTransport;
+
+/// An owner that records the kind and header names of every stream it
+/// serves, and answers `200` with the kind as its body.
+struct Recorder {
+    id: String,
+    seen: Mutex<Vec<(StreamKind, Vec<String>)>>,
+}
+
+impl ProxiedHandler for Recorder {
+    fn node_id(&self) -> &str {
+        &self.id
+    }
+    fn accepting(&self) -> bool {
+        true
+    }
+    fn may_send_informational(&self, _: StreamKind) -> bool {
+        false
+    }
+    async fn serve(
+        &self,
+        kind: StreamKind,
+        head: &RequestHeadView<'_>,
+        req: Request<Body>,
+    ) -> Response<Body> {
+        let names = head.headers.iter().map(|(k, _)| (*k).to_owned()).collect();
+        self.seen.lock().unwrap().push((kind, names));
+        let sent = req.into_body().collect().await.unwrap().to_bytes();
+        Response::new(body::full(format!("{kind:?} {}", sent.len())))
+    }
+    async fn relay(&self, _: BoxIo, _: Tunnel) {
+        unreachable!("no tunnel is sent")
+    }
+}
+
+/// A node on a real loopback endpoint serving with a [`Recorder`];
+/// `v3`: offers `peerlb/3` (else `peer.protocol = 2`).
+fn node(certs: &tls::GeneratedCerts, id: &str, v3: bool) -> (Arc<PeerLinks>, Arc<Recorder>) {
+    let (_, cert, key) = certs.nodes.iter().find(|(n, ..)| n == id).unwrap();
+    let material = TlsMaterial::load(&certs.ca_cert, cert, key).unwrap();
+    let settings = PeerSettings {
+        keep_alive: Duration::from_millis(200),
+        idle_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+        only_v1: false,
+        offer_v3: v3,
+        max_peers: 16,
+        max_udp_payload: 6500,
+        dial_on_demand: true,
+        stream_window: 256 * 1024,
+    };
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let socket = udp::PeerUdpSocket::wrap(socket).unwrap();
+    let (endpoint, client) = endpoint(
+        socket,
+        Arc::new(quinn::TokioRuntime),
+        &material,
+        &settings,
+        7,
+        Arc::new(crate::seam::SystemClock),
+    )
+    .unwrap();
+    let links = PeerLinks::new(
+        NodeId::from(id),
+        endpoint,
+        client,
+        settings,
+        Arc::new(crate::seam::NoObserver),
+        Arc::new(PauseWatch::new(Duration::from_secs(60), Duration::ZERO)),
+    );
+    let recorder = Arc::new(Recorder {
+        id: id.to_owned(),
+        seen: Mutex::new(Vec::new()),
+    });
+    tokio::spawn(serve(links.clone(), recorder.clone()));
+    (links, recorder)
+}
+
+/// Sends one stream of `kind` from `from` to `to` with a 3-byte body;
+/// the owner's answer body.
+async fn one(
+    (from, me): (&Arc<PeerLinks>, &str),
+    to: &str,
+    kind: StreamKind,
+) -> (wire::Version, String) {
+    let headers =
+        http::HeaderMap::from_iter([(http::header::CONTENT_LENGTH, HeaderValue::from_static("3"))]);
+    let mut out = Outgoing::new(
+        kind,
+        wire::RequestHeadRef {
+            request_id: 1,
+            entry: me,
+            hops: 1,
+            view_version: 0,
+            method: "POST",
+            uri: "/",
+            headers: &headers,
+            client: "127.0.0.1:9".parse().unwrap(),
+            hash_key: None,
+            tls: None,
+        },
+        &[],
+    );
+    let to = NodeId::from(to);
+    let ready = open(from, &to, &mut out).await.expect("a stream opens");
+    let version = ready.stream.version;
+    let (head, body) = ready
+        .send(body::full("abc"), Duration::from_secs(5), None)
+        .await
+        .expect("the owner answers");
+    assert_eq!(head.status, 200);
+    let text = body.collect().await.unwrap().to_bytes();
+    (version, String::from_utf8(text.to_vec()).unwrap())
+}
+
+const KINDS: [StreamKind; 4] = [
+    StreamKind::Http,
+    StreamKind::Sip(SipTransport::Udp),
+    StreamKind::Sip(SipTransport::Tls),
+    StreamKind::Admin,
+];
+
+/// Both ways between `a` and `b`: every kind is served as itself, on
+/// connections of `version`; on `peerlb/2` the owner saw the kind's
+/// mark among the head's lines, on `peerlb/3` only the request's own.
+async fn every_kind_both_ways(v3: (bool, bool), version: wire::Version, tag: &str) {
+    let dir = std::env::temp_dir().join(format!("peerlb-send-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let certs = tls::generate(&dir, "test", &["n1", "n2"]).unwrap();
+    let (a, ra) = node(&certs, "n1", v3.0);
+    let (b, rb) = node(&certs, "n2", v3.1);
+    a.sync(&[(NodeId::from("n2"), b.endpoint().local_addr().unwrap(), 1)]);
+    b.sync(&[(NodeId::from("n1"), a.endpoint().local_addr().unwrap(), 1)]);
+    for (from, to, owner) in [((&a, "n1"), "n2", &rb), ((&b, "n2"), "n1", &ra)] {
+        for kind in KINDS {
+            assert_eq!(one(from, to, kind).await, (version, format!("{kind:?} 3")));
+        }
+        let seen = std::mem::take(&mut *owner.seen.lock().unwrap());
+        let kinds: Vec<_> = seen.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, KINDS);
+        for (kind, names) in seen {
+            let mark = match (version, kind) {
+                (wire::Version::V2, StreamKind::Sip(_)) => Some(wire::SIP),
+                (wire::Version::V2, StreamKind::Admin) => Some(wire::ADMIN),
+                _ => None,
+            };
+            let mut want = vec!["content-length".to_owned()];
+            want.extend(mark.map(str::to_owned));
+            assert_eq!(names, want, "{kind:?} on {version:?}");
+        }
+    }
+    a.close().await;
+    b.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_pair_that_offers_peerlb_3_sends_every_kind_as_a_field() {
+    every_kind_both_ways((true, true), wire::Version::V3, "v3").await;
+}
+
+#[tokio::test]
+async fn a_mixed_pair_falls_back_to_peerlb_2_and_sends_every_kind_as_a_mark() {
+    every_kind_both_ways((true, false), wire::Version::V2, "mixed").await;
+    every_kind_both_ways((false, true), wire::Version::V2, "mixed-rev").await;
+}
