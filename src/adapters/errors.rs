@@ -410,6 +410,31 @@ pub(crate) fn peer_status(code: u16) -> StatusCode {
     StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY)
 }
 
+/// The owner's answer on a peer's SIP stream (module doc of `wire`, a SIP
+/// stream), with no body: what the entry reads from its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SipStreamAnswer {
+    /// `200 OK`: taken (the SIP answers, if any, are the body that
+    /// follows; a flow's request was written on the caller's connection).
+    Taken,
+    /// `400 Bad Request`: the body is not one SIP message.
+    NotSip,
+    /// `410 Gone`: the caller's connection a flow request names is not
+    /// open here (RFC 5923 reuse; the relay then falls back).
+    FlowGone,
+}
+
+/// The empty answer `a` stands for on a peer's SIP stream.
+pub(crate) fn sip_stream_answer(a: SipStreamAnswer) -> Response<Body> {
+    let mut r = Response::new(body::empty());
+    *r.status_mut() = match a {
+        SipStreamAnswer::Taken => StatusCode::OK,
+        SipStreamAnswer::NotSip => StatusCode::BAD_REQUEST,
+        SipStreamAnswer::FlowGone => StatusCode::GONE,
+    };
+    r
+}
+
 /// An `application/json` answer: `text` and a newline.
 pub(crate) fn json_response(status: StatusCode, text: String) -> Response<Body> {
     let mut r = Response::new(body::full(text + "\n"));
@@ -424,6 +449,20 @@ pub(crate) fn json_response(status: StatusCode, text: String) -> Response<Body> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_sip_stream_answer_has_its_status_and_no_body() {
+        use http_body::Body as _;
+        for (a, want) in [
+            (SipStreamAnswer::Taken, 200),
+            (SipStreamAnswer::NotSip, 400),
+            (SipStreamAnswer::FlowGone, 410),
+        ] {
+            let r = sip_stream_answer(a);
+            assert_eq!(r.status().as_u16(), want, "{a:?}");
+            assert!(r.body().is_end_stream(), "{a:?}");
+        }
+    }
 
     #[test]
     fn a_peer_status_passes_on_unless_it_is_no_http_status() {

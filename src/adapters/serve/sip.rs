@@ -14,7 +14,9 @@ use http_body::Frame;
 use http_body_util::BodyExt as _;
 use tokio::sync::mpsc;
 
-use crate::adapters::body::{self, Body, BodyError};
+use crate::adapters::body::{Body, BodyError};
+use crate::adapters::errors::SipStreamAnswer::{FlowGone, NotSip, Taken};
+use crate::adapters::errors::sip_stream_answer;
 use crate::engine::node_id::NodeId;
 use crate::engine::sip::{self as sipmsg, DialogTable, MAX_MESSAGE, SipMessage};
 
@@ -92,16 +94,11 @@ impl SipApp {
         body: Body,
         inflight: G,
     ) -> Response<Body> {
-        let status = |s: u16| {
-            let mut r = Response::new(body::empty());
-            *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
-            r
-        };
         let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE)
             .collect()
             .await
         else {
-            return status(400);
+            return sip_stream_answer(NotSip);
         };
         let req = match sipmsg::parse(&bytes.to_bytes()) {
             Ok(m) if m.method().is_some() => m,
@@ -111,11 +108,11 @@ impl SipApp {
             Ok(m) => {
                 if let Some(up) = &self.upstream {
                     up.deliver(m).await;
-                    return status(200);
+                    return sip_stream_answer(Taken);
                 }
-                return status(400);
+                return sip_stream_answer(NotSip);
             }
-            Err(_) => return status(400),
+            Err(_) => return sip_stream_answer(NotSip),
         };
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
         tokio::spawn(async move {
@@ -137,24 +134,19 @@ impl SipApp {
     /// to no SIP server, so registers none), `400` for a body that is not
     /// one SIP message. No body either way.
     pub(crate) async fn serve_flow(self: Arc<Self>, id: String, body: Body) -> Response<Body> {
-        let status = |s: u16| {
-            let mut r = Response::new(body::empty());
-            *r.status_mut() = http::StatusCode::from_u16(s).expect("a valid status");
-            r
-        };
         let Ok(bytes) = http_body_util::Limited::new(body, MAX_MESSAGE)
             .collect()
             .await
         else {
-            return status(400);
+            return sip_stream_answer(NotSip);
         };
         let bytes = bytes.to_bytes();
         if sipmsg::frame_len(&bytes) != Ok(Some(bytes.len())) {
-            return status(400);
+            return sip_stream_answer(NotSip);
         }
         match &self.upstream {
-            Some(up) if up.flows().send(&id, bytes.to_vec()) => status(200),
-            _ => status(410),
+            Some(up) if up.flows().send(&id, bytes.to_vec()) => sip_stream_answer(Taken),
+            _ => sip_stream_answer(FlowGone),
         }
     }
 }
