@@ -142,6 +142,36 @@ async fn an_idle_peer_killed_leaves_every_ring_by_gossip_and_a_post_to_it_meanwh
     });
 }
 
+/// Three nodes, n3 restarted at `peer.protocol = protocol` (an older
+/// release's peer protocol; stopped cleanly first, so its peers close
+/// their connections to it), once all three share a view again; and a
+/// user key owned by each of n1, n2, n3 in that order, on their ring.
+fn mixed_cluster(name: &str, protocol: u8) -> (Cluster, peerlb::Ring, Vec<String>) {
+    let mut c = Cluster::start(
+        name,
+        3,
+        "[ring]\nvnodes = 1024\n[limits]\nresponse_timeout_ms = 5000\n",
+        USER_RULES,
+    );
+    let mut stopped = c.sigterm("n3");
+    assert!(stopped.wait().unwrap().success());
+    let current = c.config.clone();
+    let old = c.dir.join(format!("protocol-{protocol}.toml"));
+    let text =
+        std::fs::read_to_string(&current).unwrap() + &format!("\n[peer]\nprotocol = {protocol}\n");
+    std::fs::write(&old, text).unwrap();
+    c.config = old;
+    c.spawn(2);
+    c.config = current;
+    c.wait_same_view(3);
+    let ring = ring(&["n1", "n2", "n3"], 1024);
+    let users = ["n1", "n2", "n3"]
+        .iter()
+        .map(|o| user_where(&ring, |x| x == *o))
+        .collect();
+    (c, ring, users)
+}
+
 /// A rolling upgrade across the change to one connection per pair: a node
 /// of the previous release (here `peer.protocol = 1`, which speaks only
 /// ALPN `peerlb/1` and behaves as that release did: it opens streams only
@@ -151,30 +181,8 @@ async fn an_idle_peer_killed_leaves_every_ring_by_gossip_and_a_post_to_it_meanwh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_speaking_only_the_previous_peer_protocol_serves_and_is_served_in_a_current_cluster()
 {
-    let mut c = Cluster::start(
-        "rolling",
-        3,
-        "[ring]\nvnodes = 1024\n[limits]\nresponse_timeout_ms = 5000\n",
-        USER_RULES,
-    );
-    // n3 comes back as a node of the previous release (stopped cleanly:
-    // its peers close their connections to it).
-    let mut stopped = c.sigterm("n3");
-    assert!(stopped.wait().unwrap().success());
-    let current = c.config.clone();
-    let old = c.dir.join("old.toml");
-    let text = std::fs::read_to_string(&current).unwrap() + "\n[peer]\nprotocol = 1\n";
-    std::fs::write(&old, text).unwrap();
-    c.config = old;
-    c.spawn(2);
-    c.config = current;
-    c.wait_same_view(3);
-
-    let ring = ring(&["n1", "n2", "n3"], 1024);
-    let users: Vec<String> = ["n1", "n2", "n3"]
-        .iter()
-        .map(|o| user_where(&ring, |x| x == *o))
-        .collect();
+    // n3 comes back as a node of the previous release.
+    let (c, ring, users) = mixed_cluster("rolling", 1);
     for round in 0..2 {
         for entry in &c.nodes {
             for u in &users {
@@ -254,28 +262,7 @@ fn put_weight(http: std::net::SocketAddr, id: &str, weight: u32) -> String {
 /// stream of the admin kind): n1 sets n3's weight, n3 sets n1's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_speaking_peerlb_2_serves_and_is_served_in_a_peerlb_3_cluster() {
-    let mut c = Cluster::start(
-        "rolling-v2",
-        3,
-        "[ring]\nvnodes = 1024\n[limits]\nresponse_timeout_ms = 5000\n",
-        USER_RULES,
-    );
-    let mut stopped = c.sigterm("n3");
-    assert!(stopped.wait().unwrap().success());
-    let current = c.config.clone();
-    let old = c.dir.join("v2.toml");
-    let text = std::fs::read_to_string(&current).unwrap() + "\n[peer]\nprotocol = 2\n";
-    std::fs::write(&old, text).unwrap();
-    c.config = old;
-    c.spawn(2);
-    c.config = current;
-    c.wait_same_view(3);
-
-    let ring = ring(&["n1", "n2", "n3"], 1024);
-    let users: Vec<String> = ["n1", "n2", "n3"]
-        .iter()
-        .map(|o| user_where(&ring, |x| x == *o))
-        .collect();
+    let (c, ring, users) = mixed_cluster("rolling-v2", 2);
     for entry in &c.nodes {
         for u in &users {
             let r = send(entry.http, "GET", &format!("/x?user={u}"))
