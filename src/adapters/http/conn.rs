@@ -67,6 +67,11 @@ pub(crate) struct ConnInfo {
     /// handshake verified (`client_cert.rs`), made once per connection;
     /// `None`: none was sent or asked for.
     pub client_cert: Option<http::HeaderValue>,
+    /// The `X-Forwarded-For` and `Forwarded` values of a request on this
+    /// connection that carries none of its own, made on the first request
+    /// that needs them (`serve::forwarded::connection_values`): the
+    /// client's address and scheme do not change on a connection.
+    pub forwarded: std::sync::OnceLock<[http::HeaderValue; 2]>,
 }
 
 /// Why a connection was closed before HTTP.
@@ -113,6 +118,7 @@ pub(crate) async fn open(
                 tls: None,
                 cert_names: None,
                 client_cert: None,
+                forwarded: Default::default(),
             },
         ));
     };
@@ -150,6 +156,7 @@ pub(crate) async fn open(
             tls: Some(facts),
             cert_names,
             client_cert,
+            forwarded: Default::default(),
         },
     ))
 }
@@ -251,6 +258,7 @@ mod tests {
                 tls: None,
                 cert_names: None,
                 client_cert: None,
+                forwarded: Default::default(),
             }
         );
         let mut rest = String::new();

@@ -67,6 +67,10 @@ pub(crate) struct ServeCtx<'a> {
     pub client: SocketAddr,
     /// The client connection's TLS facts (`None`: cleartext HTTP).
     pub tls: Option<&'a crate::adapters::wire::TlsFacts>,
+    /// The client connection's forwarded header values, made once per
+    /// connection (`ConnInfo::forwarded`); `None` across the hop (the
+    /// owner makes them per request).
+    pub forwarded: Option<&'a [HeaderValue; 2]>,
 }
 
 impl ServeCtx<'_> {
@@ -86,6 +90,7 @@ impl ServeCtx<'_> {
                 version: t.version_name(),
             }),
             handle: handle.clone(),
+            forwarded: self.forwarded.cloned(),
         }
     }
 }
@@ -345,6 +350,7 @@ where
                 key: None,
                 client,
                 tls: None,
+                forwarded: None,
             };
             let mut resp = app
                 .serve(req.map(body::from_incoming), ctx)
@@ -572,12 +578,11 @@ async fn upstream(
     req: Request<Body>,
 ) -> Result<Response<Body>, AppError> {
     let (mut parts, body) = req.into_parts();
-    let (client, https) = parts
-        .extensions
-        .get::<RequestInfo>()
-        .map_or((SocketAddr::from(([0, 0, 0, 0], 0)), false), |i| {
-            (i.client, i.https())
-        });
+    let info = parts.extensions.get::<RequestInfo>();
+    let (client, https) = info.map_or((SocketAddr::from(([0, 0, 0, 0], 0)), false), |i| {
+        (i.client, i.https())
+    });
+    let made = info.and_then(|i| i.forwarded.clone());
     // Origin-form: the pool's connection already names the app.
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         parts.uri = parts
@@ -605,8 +610,12 @@ async fn upstream(
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
     // One combined line, the client's own address last.
-    crate::adapters::serve::forwarded::append_forwarded_for(&mut parts.headers, client.ip());
-    crate::adapters::serve::forwarded::set_forwarded_proto(&mut parts.headers, client.ip(), https);
+    crate::adapters::serve::forwarded::set_all(
+        &mut parts.headers,
+        client.ip(),
+        https,
+        made.as_ref(),
+    );
     let resp = pool
         .send(Request::from_parts(parts, body))
         .await
@@ -643,6 +652,7 @@ mod tests {
             key: Some("alice"),
             client: "127.0.0.1:4000".parse().unwrap(),
             tls: None,
+            forwarded: None,
         }
     }
 

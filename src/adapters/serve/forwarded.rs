@@ -74,6 +74,45 @@ pub(crate) fn set_forwarded_proto(headers: &mut HeaderMap, client: std::net::IpA
     }
 }
 
+/// The `X-Forwarded-For` and `Forwarded` values of a request from `client`
+/// over a connection with (`tls`) or without TLS that carries no such
+/// headers of its own: what [`append_forwarded_for`] and
+/// [`set_forwarded_proto`] write on such a request, made once for every
+/// request of one client connection (`ConnInfo::forwarded`).
+pub(crate) fn connection_values(client: std::net::IpAddr, tls: bool) -> [HeaderValue; 2] {
+    let mut h = HeaderMap::new();
+    append_forwarded_for(&mut h, client);
+    set_forwarded_proto(&mut h, client, tls);
+    let value = |name| h.get(name).cloned().expect("both are written");
+    [value(&X_FORWARDED_FOR), value(&header::FORWARDED)]
+}
+
+/// Writes the forwarded headers of a request from `client` (scheme by
+/// `tls`): [`append_forwarded_for`] and [`set_forwarded_proto`]. `made`,
+/// the connection's [`connection_values`], is taken as it is when the
+/// request carries neither `X-Forwarded-For` nor `Forwarded` (the
+/// common case: they are stripped unless `headers.trust_client_forwarded`
+/// keeps them), so no value is written anew per request.
+pub(crate) fn set_all(
+    headers: &mut HeaderMap,
+    client: std::net::IpAddr,
+    tls: bool,
+    made: Option<&[HeaderValue; 2]>,
+) {
+    if let Some([xff, fwd]) = made
+        && !headers.contains_key(&X_FORWARDED_FOR)
+        && !headers.contains_key(header::FORWARDED)
+    {
+        headers.insert(X_FORWARDED_FOR, xff.clone());
+        let proto = if tls { "https" } else { "http" };
+        headers.insert(FORWARDED_PROTO, HeaderValue::from_static(proto));
+        headers.insert(header::FORWARDED, fwd.clone());
+        return;
+    }
+    append_forwarded_for(headers, client);
+    set_forwarded_proto(headers, client, tls);
+}
+
 /// Appends `ip` as text (an IPv4 address digit by digit: `Display` goes
 /// through the formatter for each octet, several hundred instructions per
 /// address, on every request).
@@ -100,6 +139,44 @@ fn write_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The connection's values give the same headers as writing them per
+    /// request, for IPv4 and IPv6 clients over either scheme; a request
+    /// that carries its own (kept by `trust_client_forwarded`) gets them
+    /// combined as before.
+    #[test]
+    fn values_made_per_connection_write_what_each_request_would() {
+        let own = |h: &mut HeaderMap| {
+            h.insert(X_FORWARDED_FOR, HeaderValue::from_static("192.0.2.1"));
+            h.insert(header::FORWARDED, HeaderValue::from_static("for=192.0.2.1"));
+        };
+        for (ip, tls) in [
+            ("127.0.0.1", false),
+            ("2001:db8::7", true),
+            ("::ffff:192.0.2.9", true),
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let made = connection_values(ip, tls);
+            for carried in [false, true] {
+                let mut want = HeaderMap::new();
+                let mut got = HeaderMap::new();
+                if carried {
+                    own(&mut want);
+                    own(&mut got);
+                }
+                append_forwarded_for(&mut want, ip);
+                set_forwarded_proto(&mut want, ip, tls);
+                set_all(&mut got, ip, tls, Some(&made));
+                assert_eq!(got, want, "{ip} tls={tls} carried={carried}");
+                let mut none = HeaderMap::new();
+                if carried {
+                    own(&mut none);
+                }
+                set_all(&mut none, ip, tls, None);
+                assert_eq!(none, want, "{ip} tls={tls} carried={carried}, nothing made");
+            }
+        }
+    }
 
     #[test]
     fn forwarded_for_is_one_combined_line() {

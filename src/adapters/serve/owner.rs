@@ -181,6 +181,7 @@ impl Owner {
             key: head.hash_key,
             client: head.client,
             tls: head.tls.as_ref(),
+            forwarded: None,
         };
         match self.serve_app(req, ctx).await {
             Ok(r) => track_body(r, None, inflight),

@@ -25,6 +25,7 @@ use crate::adapters::http::ConnInfo;
 use crate::adapters::http::relay::FromPeer;
 use crate::adapters::node_state::{NodeState, Outstanding, track_body};
 use crate::adapters::serve::app::ServeCtx;
+use crate::adapters::serve::forwarded;
 use crate::adapters::serve::owner::Owner;
 use crate::adapters::transport::peer::{self, ExchangeError, PeerLinks, TunnelAnswer};
 use crate::adapters::tunnel::{self, Tunnel};
@@ -243,6 +244,7 @@ impl Forwarder {
             tls: None,
             cert_names: None,
             client_cert: None,
+            forwarded: Default::default(),
         };
         let inflight = self.state.enter();
         let mut tries = 0;
@@ -441,6 +443,9 @@ impl Forwarder {
                     key,
                     client: conn.client,
                     tls: conn.tls.as_ref(),
+                    forwarded: Some(conn.forwarded.get_or_init(|| {
+                        forwarded::connection_values(conn.client.ip(), conn.tls.is_some())
+                    })),
                 };
                 self.state
                     .counters

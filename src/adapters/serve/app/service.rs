@@ -33,6 +33,9 @@ pub struct RequestInfo {
     pub(crate) client: SocketAddr,
     pub(crate) tls: Option<TlsInfo>,
     pub(crate) handle: Handle,
+    /// The entry connection's `X-Forwarded-For` and `Forwarded` values,
+    /// when the request was served at its entry (`ServeCtx::forwarded`).
+    pub(crate) forwarded: Option<[http::HeaderValue; 2]>,
 }
 
 /// The TLS facts of the client's connection at the entry node.
