@@ -132,18 +132,8 @@ mod tests {
 
     #[test]
     fn candidates_start_at_the_owner_and_are_the_routers_failover_order() {
-        use crate::engine::rules::{ExtractorSpec, RuleSpec, Rules};
         use rand::SeedableRng;
-        let rules = Rules::compile(&[RuleSpec {
-            name: None,
-            when: Default::default(),
-            extract: vec![ExtractorSpec {
-                query: Some("user".into()),
-                ..Default::default()
-            }],
-            key: None,
-        }])
-        .unwrap();
+        let rules = crate::engine::testing::user_rules();
         let mut router = crate::engine::route::Router::new(
             crate::engine::balance::PolicyKind::ConsistentHash,
             rules,

@@ -382,8 +382,8 @@ mod router_tests {
     use crate::engine::membership::NodeStatus::*;
     use crate::engine::membership::tests::view;
     use crate::engine::route::{Reason, Router};
-    use crate::engine::rules::{ExtractorSpec, RuleSpec, Rules};
-    use crate::engine::testing::TestRequest;
+    use crate::engine::rules::Rules;
+    use crate::engine::testing::{TestRequest, user_rules};
     use rand::SeedableRng;
     use rand::rngs::Xoshiro256PlusPlus;
     use std::time::Duration;
@@ -397,19 +397,6 @@ mod router_tests {
             servers: BTreeMap::new(),
         }));
         r
-    }
-
-    fn user_rules() -> Rules {
-        Rules::compile(&[RuleSpec {
-            name: None,
-            when: Default::default(),
-            extract: vec![ExtractorSpec {
-                query: Some("user".into()),
-                ..Default::default()
-            }],
-            key: None,
-        }])
-        .unwrap()
     }
 
     /// (owner, reason, candidates) of `req` on `v`.

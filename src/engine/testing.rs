@@ -133,6 +133,22 @@ impl TestRequest {
     }
 }
 
+/// The rule set most tests route with: one rule, the hash key from the
+/// `user` query parameter (`?user=alice` routes on `alice`).
+pub fn user_rules() -> super::rules::Rules {
+    use super::rules::{ExtractorSpec, RuleSpec, Rules};
+    Rules::compile(&[RuleSpec {
+        name: None,
+        when: Default::default(),
+        extract: vec![ExtractorSpec {
+            query: Some("user".into()),
+            ..Default::default()
+        }],
+        key: None,
+    }])
+    .expect("one query extractor compiles")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,8 @@ use crate::engine::balance::Policy;
 use crate::engine::membership::NO_METRIC;
 use crate::engine::membership::NodeStatus::{self, *};
 use crate::engine::membership::tests::{member, view};
-use crate::engine::rules::RuleSpec;
 use crate::engine::sticky::encode_route_param;
-use crate::engine::testing::TestRequest;
+use crate::engine::testing::{TestRequest, user_rules};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -32,19 +31,6 @@ fn request(uri: &str, cookie: Option<&str>, client: &str) -> TestRequest {
 
 fn rng() -> Xoshiro256PlusPlus {
     Xoshiro256PlusPlus::seed_from_u64(42)
-}
-
-fn user_rules() -> Rules {
-    Rules::compile(&[RuleSpec {
-        name: None,
-        when: Default::default(),
-        extract: vec![crate::engine::rules::ExtractorSpec {
-            query: Some("user".into()),
-            ..Default::default()
-        }],
-        key: None,
-    }])
-    .unwrap()
 }
 
 fn three() -> MembershipView {
