@@ -32,7 +32,12 @@ fn check_config_accepts_the_embedded_default() {
 fn an_invalid_config_names_the_field_and_exits_64_before_binding() {
     let dir = temp_dir("badcfg");
     // Valid TOML, bad value: the field path must be named.
-    let port = free_port();
+    // The client port is taken while the commands run: a node that bound
+    // it before validating would fail on the bind instead, and its error
+    // would not name the field. Bound here first (port 0), so no other
+    // test can take it between choosing it and holding it.
+    let held = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = held.local_addr().unwrap().port();
     let bad = write(
         &dir,
         "bad.toml",
@@ -40,10 +45,6 @@ fn an_invalid_config_names_the_field_and_exits_64_before_binding() {
             "[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{port}\"\npeer_addr = \"127.0.0.1:1\"\ngossip_addr = \"not an address\"\n"
         ),
     );
-    // The client port is taken while the commands run: a node that bound
-    // it before validating would fail on the bind instead, and its error
-    // would not name the field.
-    let held = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     for args in [
         vec!["check-config", "--config"],
         vec!["node", "--node", "n1", "--config"],

@@ -392,7 +392,12 @@ fn bad_or_missing_certificate_files_exit_64_naming_the_field() {
     let dir = temp_dir("https-bad");
     let (site, site_key) = self_signed(&dir, "site", &["localhost"]);
     let (_, other_key) = self_signed(&dir, "other", &["localhost"]);
-    let http = free_port();
+    // The client port is taken while the node runs: a node that bound it
+    // before reading its certificate files would fail on the bind instead,
+    // and the error would not name the field. Bound here first (port 0),
+    // so no other test's node can take it meanwhile.
+    let held = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let http = held.local_addr().unwrap().port();
     let node = |tls: &str| {
         let text = format!(
             "{tls}\n[[nodes]]\nid = \"n1\"\nhttp_addr = \"127.0.0.1:{http}\"\npeer_addr = \"127.0.0.1:{}\"\ngossip_addr = \"127.0.0.1:{}\"\n",
@@ -437,12 +442,7 @@ fn bad_or_missing_certificate_files_exit_64_naming_the_field() {
             "listener.tls.client_ca",
         ),
     ] {
-        // The client port is taken while the node runs: a node that bound
-        // it before reading its certificate files would fail on the bind
-        // instead, and the error would not name the field.
-        let held = std::net::TcpListener::bind(("127.0.0.1", http)).unwrap();
         let (code, err) = node(&tls);
-        drop(held);
         assert_eq!(code, Some(64), "{tls}: {err}");
         assert!(err.contains(field), "{field}: {err}");
         assert!(!err.contains("bind"), "{field}: {err}");

@@ -711,10 +711,19 @@ fn key_rotation_keeps_the_cluster_whole_drops_the_removed_key_and_a_node_down_me
 #[test]
 fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_binding() {
     let dir = support::temp_dir("trust-keyring");
+    // The node's own addresses are taken while it runs: a node that bound
+    // any of them before checking its keyring would fail on the bind
+    // instead ("before binding" is then what the exit status shows). Bound
+    // here first (port 0), so no other test's node can take one meanwhile.
+    let held = (
+        std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap(),
+        std::net::UdpSocket::bind(("127.0.0.1", 0)).unwrap(),
+        std::net::UdpSocket::bind(("127.0.0.1", 0)).unwrap(),
+    );
     let (http, peer, gossip) = (
-        support::free_port(),
-        support::free_port(),
-        support::free_port(),
+        held.0.local_addr().unwrap().port(),
+        held.1.local_addr().unwrap().port(),
+        held.2.local_addr().unwrap().port(),
     );
     let cfg = support::write(
         &dir,
@@ -738,14 +747,6 @@ fn a_missing_or_bad_keyring_is_a_config_error_naming_the_field_exit_64_before_bi
         assert_eq!(mode, 0o600);
     }
     assert_eq!(Keyring::load(&keys).unwrap().keys().len(), 1);
-    // The node's own addresses are taken while it runs: a node that bound
-    // any of them before checking its keyring would fail on the bind
-    // instead ("before binding" is then what the exit status shows).
-    let _held = (
-        std::net::TcpListener::bind(("127.0.0.1", http)).unwrap(),
-        std::net::UdpSocket::bind(("127.0.0.1", peer)).unwrap(),
-        std::net::UdpSocket::bind(("127.0.0.1", gossip)).unwrap(),
-    );
     for (what, text) in [
         ("missing", None),
         ("bad", Some("not base64\n")),
