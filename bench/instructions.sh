@@ -13,9 +13,13 @@
 #   FLOOR= bench/instructions.sh BIN     # without the floor's figures
 #   KEEP=DIR bench/instructions.sh BIN   # keeps each callgrind profile in DIR
 #                                        # (callgrind_annotate DIR/hop.4000.1)
+#   CONNS=128 bench/instructions.sh BIN  # the counted requests on 128
+#                                        # connections at once (N a multiple)
 #
 # Two paths, each on one keep-alive connection (a Python client that sends
-# a request, reads its whole answer, sends the next: no pipelining):
+# a request, reads its whole answer, sends the next: no pipelining; with
+# CONNS, that many such connections at once, so the figure is the cost
+# per request at that concurrency under saturation):
 #   local  one node, `app` upstream = a `peerlb app` backend: the entry is
 #          the owner; the node's instructions per request.
 #   hop    two nodes with the built-in app, the entry's weight 0 so every
@@ -64,6 +68,30 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$wo
 cat >"$work/client.py" <<'EOF'
 import socket, sys
 n, port = int(sys.argv[1]), int(sys.argv[2])
+conns = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+if conns > 1:
+    # CONNS connections at once, each a closed loop like the one below:
+    # the node (slowed by valgrind) finds up to CONNS requests ready per
+    # wakeup, as a saturated node does at that concurrency.
+    import asyncio
+    async def one(k, share):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        for i in range(share):
+            w.write(b"GET /bytes/200?user=u%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % ((k * share + i) % 10000))
+            head = await r.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                sys.exit("unexpected answer: " + head[:60].decode(errors="replace"))
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await r.readexactly(length)
+        w.close()
+    async def main():
+        await asyncio.gather(*(one(k, n // conns) for k in range(conns)))
+    asyncio.run(main())
+    sys.exit(0)
 s = socket.create_connection(("127.0.0.1", port))
 buf = b""
 for i in range(n):
@@ -213,7 +241,7 @@ measure() {
   fi
   python3 "$work/client.py" 300 $port
   callgrind_control -z $node >/dev/null 2>&1
-  python3 "$work/client.py" "$count" $port
+  python3 "$work/client.py" "$count" $port "${CONNS:-1}"
   callgrind_control -d $node >/dev/null 2>&1
   kill $node "${others[@]}" 2>/dev/null || true
   wait $node "${others[@]}" 2>/dev/null || true

@@ -116,6 +116,11 @@ pub(crate) const INFORMATIONAL: &str = "peerlb-informational";
 /// response head, `framed`. Removed before the app and the client.
 pub(crate) const TRAILERS: &str = "peerlb-trailers";
 
+/// [`TRAILERS`] as a header name, made once: a map lookup by the `&str`
+/// parses and lowercases the name on every request (about 400
+/// instructions for a name HTTP has no constant for).
+pub(crate) const TRAILERS_NAME: http::HeaderName = http::HeaderName::from_static(TRAILERS);
+
 /// Request head header marking a SIP message on a `peerlb/2` connection
 /// (module doc, "The stream's kind"). Its value is the client's
 /// transport (`udp`, `tcp` or `tls`).

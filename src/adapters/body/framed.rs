@@ -86,7 +86,7 @@ pub(crate) fn frame_response(
     parts: &mut http::response::Parts,
     body: Body,
 ) -> Body {
-    parts.headers.remove(wire::TRAILERS);
+    parts.headers.remove(wire::TRAILERS_NAME);
     if te
         && !body.is_end_stream()
         && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
@@ -94,7 +94,7 @@ pub(crate) fn frame_response(
     {
         parts
             .headers
-            .insert(wire::TRAILERS, http::HeaderValue::from_static("framed"));
+            .insert(wire::TRAILERS_NAME, http::HeaderValue::from_static("framed"));
         return framed(body);
     }
     body

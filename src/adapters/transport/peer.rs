@@ -462,15 +462,20 @@ async fn serve_stream<H: ProxiedHandler>(
         conn.close(2u32.into(), b"certificate does not match entry node id");
         return;
     }
-    let builder = Request::builder().method(head.method).uri(head.uri);
-    // The headers go into a map of their own, set on the request once it
-    // is built: through the builder, every header moved the whole request
-    // head. The first invalid header is the builder's error, as it was.
+    // The request is built in place, not through `Request::builder` (each
+    // of its steps moved the whole request head). The target and the
+    // header values share `frame` (no copy or allocation of their own,
+    // as the entry's `decode_response`): the datagram's buffer lives as
+    // long as the request. The first invalid part (method, target, then
+    // header) is the error.
+    let method = http::Method::from_bytes(head.method.as_bytes()).map_err(http::Error::from);
+    let uri = http::Uri::from_maybe_shared(frame.slice_ref(head.uri.as_bytes()))
+        .map_err(http::Error::from);
+    let mut bad_header: Option<http::Error> = None;
     // The map starts with at least the 8 slots its first insert would
     // make (the app path adds forwarding headers), at most 64 (a map's
     // capacity has a ceiling a hostile head must not reach).
     let mut headers = http::HeaderMap::with_capacity(head.headers.len().clamp(6, 64));
-    let mut bad_header: Option<http::Error> = None;
     let mut len = None;
     let mut chunked = false;
     let mut tunnel = false;
@@ -497,7 +502,10 @@ async fn serve_stream<H: ProxiedHandler>(
             chunked = true;
         }
         if bad_header.is_none() {
-            match (header_name(k), HeaderValue::from_bytes(v)) {
+            match (
+                header_name(k),
+                HeaderValue::from_maybe_shared(frame.slice_ref(v)),
+            ) {
                 (Ok(k), Ok(v)) => {
                     headers.append(k, v);
                 }
@@ -529,15 +537,19 @@ async fn serve_stream<H: ProxiedHandler>(
             None,
         )
     };
-    let built = builder.body(body).and_then(|r| match bad_header {
-        Some(e) => Err(e),
-        None => Ok(r),
+    let built = method.and_then(|method| {
+        let uri = uri?;
+        if let Some(e) = bad_header {
+            return Err(e);
+        }
+        let mut r = Request::new(body);
+        *r.method_mut() = method;
+        *r.uri_mut() = uri;
+        *r.headers_mut() = headers;
+        Ok(r)
     });
     let req = match built {
-        Ok(mut r) => {
-            *r.headers_mut() = headers;
-            r
-        }
+        Ok(r) => r,
         Err(e) => {
             warn!(target: LOG, id = %uuid::Uuid::from_u128(head.request_id), entry = %head.entry, error = %e, "bad request head from peer: closing that stream");
             let _ = send.reset(wire::RESET_BAD_FRAME.into());

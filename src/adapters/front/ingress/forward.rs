@@ -523,6 +523,7 @@ impl Forwarder {
                     // does on the local path (`framing`); the owner sent
                     // none and its FIN usually came with the head: taken
                     // if it is here, so the stream ends read to its end.
+                    let marked = rh.headers.contains_key(wire::TRAILERS_NAME);
                     let body = if crate::adapters::framing::bodiless(parts.method.as_str(), status)
                     {
                         let _ = std::future::poll_fn(|cx| {
@@ -530,13 +531,15 @@ impl Forwarder {
                         })
                         .await;
                         body::empty()
-                    } else if rh.headers.contains_key(wire::TRAILERS) {
+                    } else if marked {
                         body::unframed(qb.boxed_unsync())
                     } else {
                         qb.boxed_unsync()
                     };
                     let mut resp = response_from_head(rh, body);
-                    resp.headers_mut().remove(wire::TRAILERS);
+                    if marked {
+                        resp.headers_mut().remove(wire::TRAILERS_NAME);
+                    }
                     // Its peer window fills while the client is slow: the
                     // response budget charges it (`http::relay`).
                     resp.extensions_mut().insert(FromPeer);
