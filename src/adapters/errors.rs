@@ -16,6 +16,10 @@ use crate::config::MAX_WEIGHT;
 /// Response header naming the node that made an error answer.
 pub(crate) const ERROR_FROM: &str = "peerlb-error-from";
 
+/// [`ERROR_FROM`] as a header name, made once (a `&str` name is parsed
+/// again on every lookup).
+pub(crate) const ERROR_FROM_NAME: http::HeaderName = http::HeaderName::from_static(ERROR_FROM);
+
 /// The upstream app could not be reached or failed before a response head.
 #[derive(Debug, thiserror::Error)]
 #[error("upstream app {uri}: {source}")]
@@ -377,7 +381,7 @@ pub(crate) fn error_response(err: &HttpError, node: &str) -> Response<Body> {
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             if let Ok(v) = HeaderValue::from_str(node) {
-                r.headers_mut().insert(ERROR_FROM, v);
+                r.headers_mut().insert(ERROR_FROM_NAME, v);
             }
             if matches!(
                 e,

@@ -65,6 +65,11 @@ pub(crate) use crate::adapters::http::{ConnInfo, ConnTable, ListenerSetup, serve
 /// Response header naming the entry node.
 pub(crate) const ENTRY: &str = "peerlb-entry";
 
+/// [`ENTRY`] as a header name, made once: a `&str` name is parsed again
+/// on every insert (about 290 instructions for a name HTTP has no
+/// constant for).
+const ENTRY_NAME: http::HeaderName = http::HeaderName::from_static(ENTRY);
+
 /// The request path of one node's client listeners.
 pub(crate) struct Ingress {
     state: Arc<NodeState>,
@@ -355,7 +360,7 @@ impl Ingress {
             if resp.status().is_client_error()
                 && resp
                     .headers()
-                    .contains_key(crate::adapters::errors::ERROR_FROM)
+                    .contains_key(crate::adapters::errors::ERROR_FROM_NAME)
             {
                 self.state
                     .counters
@@ -366,7 +371,7 @@ impl Ingress {
         if self.settings.header_entry
             && let Some(v) = &self.id_header
         {
-            resp.headers_mut().insert(ENTRY, v.clone());
+            resp.headers_mut().insert(ENTRY_NAME, v.clone());
         }
         // Draining, offline or leaving: the client reconnects through the
         // sprayer, which no longer picks this node, before the listener

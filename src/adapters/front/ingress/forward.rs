@@ -42,6 +42,10 @@ use crate::engine::sticky::Session;
 /// Response header naming the node that served the request.
 pub(crate) const SERVED_BY: &str = "peerlb-served-by";
 
+/// [`SERVED_BY`] as a header name, made once (a `&str` name is parsed
+/// again on every insert).
+const SERVED_BY_NAME: http::HeaderName = http::HeaderName::from_static(SERVED_BY);
+
 fn content_length(h: &http::HeaderMap) -> Option<u64> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
@@ -314,7 +318,7 @@ impl Forwarder {
                 HeaderValue::from_str(&served_by).ok()
             };
             if let Some(v) = v {
-                resp.headers_mut().insert(SERVED_BY, v);
+                resp.headers_mut().insert(SERVED_BY_NAME, v);
             }
         }
         Ok((resp, guard, served_by))
