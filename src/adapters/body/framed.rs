@@ -92,9 +92,10 @@ pub(crate) fn frame_response(
         && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
         && !crate::adapters::framing::bodiless(method, parts.status)
     {
-        parts
-            .headers
-            .insert(wire::TRAILERS_NAME, http::HeaderValue::from_static("framed"));
+        parts.headers.insert(
+            wire::TRAILERS_NAME,
+            http::HeaderValue::from_static("framed"),
+        );
         return framed(body);
     }
     body

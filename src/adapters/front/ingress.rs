@@ -59,6 +59,7 @@ use forward::{ForwardSettings, Forwarder};
 mod forward;
 mod limits;
 
+use crate::adapters::http::relay::Answer;
 use crate::adapters::http::{ConnEvent, Refusal, conn};
 pub(crate) use crate::adapters::http::{ConnInfo, ConnTable, ListenerSetup, serve};
 
@@ -157,12 +158,12 @@ impl Ingress {
     }
 
     /// Handles one client request end to end; never fails (errors become
-    /// statuses).
+    /// statuses). The answer says whether its body is read from a peer.
     pub(crate) async fn handle(
         &self,
         mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         // Long: the request's stages in the order they run (the checks of client_input, the
         // limits, the decision, then serving or forwarding), as the module doc lists them.
         // The access line, taken as the request arrived (only when the
@@ -260,6 +261,7 @@ impl Ingress {
         // Admin answers (the sprayer's health checks) are not client
         // requests: not counted by status.
         let admin_path = matches!(class, Ok(PathClass::Admin));
+        let mut from_peer = false;
         let mut resp = match class {
             Err(e) => self.state.failed(e),
             // Boxed: a rare path, kept out of every request's future.
@@ -302,7 +304,10 @@ impl Ingress {
                 // each move.
                 let mut resp =
                     match Box::pin(self.forwarder.route_and_serve(req, &conn, routed)).await {
-                        Ok((resp, guard)) => track_body(resp, guard, inflight),
+                        Ok((answer, guard)) => {
+                            from_peer = answer.from_peer;
+                            track_body(answer.response, guard, inflight)
+                        }
                         Err(answer) => answer,
                     };
                 self.state.metrics.observe_request(start.elapsed());
@@ -342,15 +347,19 @@ impl Ingress {
                             // read); a 101 must never reach a client that
                             // did not ask for one.
                             _ => {
+                                from_peer = false;
                                 resp = self.state.failed(RequestError::OwnerFailed(
                                     "101 Switching Protocols without a tunnel".into(),
-                                ))
+                                ));
                             }
                         }
                     }
                     // The app's side of a tunnel, if any, is dropped with
                     // the response: closed.
-                    Err(e) => resp = self.state.failed(e),
+                    Err(e) => {
+                        from_peer = false;
+                        resp = self.state.failed(e);
+                    }
                 }
                 resp
             }
@@ -380,9 +389,13 @@ impl Ingress {
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        match line {
+        let response = match line {
             Some(line) if !admin_path => crate::adapters::access::log_when_done(resp, *line),
             _ => resp,
+        };
+        Answer {
+            response,
+            from_peer,
         }
     }
 }
@@ -444,7 +457,7 @@ impl server::Handler for Ingress {
         &self,
         req: Request<Incoming>,
         conn: Arc<ConnInfo>,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send {
+    ) -> impl std::future::Future<Output = Answer<Body>> + Send {
         Ingress::handle(self, req, conn)
     }
 

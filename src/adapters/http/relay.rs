@@ -26,7 +26,7 @@
 //! - **The budget** ([`ResponseBudget`], Envoy's overload manager
 //!   "reset high memory streams"). Each relay is a holder charged the
 //!   bytes of its frame at the connection, plus, for a forwarded answer
-//!   ([`FromPeer`]) whose peer stream has a backlog (its last read found
+//!   ([`Answer::from_peer`]) whose peer stream has a backlog (its last read found
 //!   data waiting, so the client or this node is slower than the owner),
 //!   twice the stream's window: quinn holds up to the window for us, in
 //!   packet buffers it shares ([`WINDOW_PINS`]). The charge goes when a
@@ -69,12 +69,29 @@ use crate::adapters::body::BodyError;
 /// (tests/backpressure.rs).
 const WINDOW_PINS: u64 = 2;
 
-/// A response extension: the body is a forwarded answer read from a peer
-/// stream, so while one of its frames waits for the client the stream's
-/// receive window fills (charged to the budget as held). Set by the
-/// entry's forward path.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FromPeer;
+/// A handler's answer to one client request: the response, and whether
+/// its body is a forwarded answer read from a peer stream, so while one
+/// of its frames waits for the client the stream's receive window fills
+/// (charged to the budget as held). Set by the entry's forward path; a
+/// flag beside the response, not a response extension (an extension is
+/// two allocations per forwarded request).
+#[derive(Debug)]
+pub(crate) struct Answer<B> {
+    /// The response to write.
+    pub(crate) response: http::Response<B>,
+    /// The body comes from a peer stream.
+    pub(crate) from_peer: bool,
+}
+
+impl<B> From<http::Response<B>> for Answer<B> {
+    /// A response not read from a peer.
+    fn from(response: http::Response<B>) -> Self {
+        Answer {
+            response,
+            from_peer: false,
+        }
+    }
+}
 
 /// Responses a [`ResponseBudget`] cut, by cause (the status's
 /// `counters.responses_cut_budget` and `responses_cut_stalled`).
@@ -318,7 +335,7 @@ impl Drop for Lease {
 pub(crate) struct Relay<B> {
     inner: B,
     budget: Option<Arc<ResponseBudget>>,
-    /// A forwarded answer ([`FromPeer`]): its window is charged too.
+    /// A forwarded answer ([`Answer::from_peer`]): its window is charged too.
     from_peer: bool,
     /// The HTTP/1.1 connection, aborted when the budget cuts this.
     conn: Option<Arc<ConnState>>,

@@ -29,7 +29,7 @@ use super::client_gone::{ClientGone, Mode, ReadAhead};
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
 use super::conns::{BusyGuard, Closable, ConnState, ConnTable, Refusal, Tracked, TunnelGuard};
 use super::h2_streams::{ConnStreams, FLOOD_DRAIN, StreamGuard};
-use super::relay::{FromPeer, Relay, ResponseBudget};
+use super::relay::{Answer, Relay, ResponseBudget};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
@@ -52,7 +52,7 @@ pub(crate) trait Handler: Send + Sync + 'static {
         &self,
         req: Request<Incoming>,
         conn: Arc<ConnInfo>,
-    ) -> impl Future<Output = Response<Body>> + Send;
+    ) -> impl Future<Output = Answer<Body>> + Send;
     /// Longest wait for a complete request head, idle keep-alive included.
     fn header_read_timeout(&self) -> Duration;
     /// Longest a write to a client may make no progress.
@@ -277,13 +277,15 @@ impl ConnTracker {
         &self,
         budget: Option<&Arc<ResponseBudget>>,
         h1: bool,
-    ) -> impl FnOnce(Response<Body>) -> Response<Tracked<Relay<Body>>> + use<> {
+    ) -> impl FnOnce(Answer<Body>) -> Response<Tracked<Relay<Body>>> + use<> {
         let busy = self.table.busy(&self.state);
         let budget = budget.cloned();
         let conn = h1.then(|| self.state.clone());
-        move |resp| {
-            let from_peer = resp.extensions().get::<FromPeer>().is_some();
-            resp.map(|b| Tracked::new(Relay::new(b, budget, from_peer, conn), busy))
+        move |Answer {
+                  response,
+                  from_peer,
+              }| {
+            response.map(|b| Tracked::new(Relay::new(b, budget, from_peer, conn), busy))
         }
     }
 }

@@ -107,8 +107,8 @@ impl Handler for AdminServer {
         &self,
         req: Request<Incoming>,
         _conn: Arc<kit::ConnInfo>,
-    ) -> impl std::future::Future<Output = Response<Body>> + Send {
-        self.answer(req)
+    ) -> impl std::future::Future<Output = crate::adapters::http::relay::Answer<Body>> + Send {
+        async move { self.answer(req).await.into() }
     }
 
     fn header_read_timeout(&self) -> Duration {

@@ -297,13 +297,19 @@ impl Upstream {
         }
         // The app's 1xx answers go on to whoever asked for them
         // (`informational`): the callback travels in the request's
-        // extensions, kept with its head for a resend.
-        if let Some(sink) = parts.extensions.remove::<Informational>() {
+        // extensions, kept with its head for a resend. It is the one
+        // extension hyper's client reads, so the request is sent with it
+        // alone: the others (the app's `RequestInfo`, the client
+        // connection's marks) are dropped here, and the head kept for a
+        // resend copies nothing it does not send.
+        let sink = parts.extensions.remove::<Informational>();
+        parts.extensions = http::Extensions::new();
+        if let Some(sink) = sink {
             let mut probe = Request::new(());
             hyper::ext::on_informational(&mut probe, move |res| {
                 sink.send(InfoHead::new(res.status(), res.headers()));
             });
-            parts.extensions.extend(probe.into_parts().0.extensions);
+            parts.extensions = probe.into_parts().0.extensions;
         }
         // The engine's replay rules: may the request be sent again after
         // the app may have read it, and how is its body kept?

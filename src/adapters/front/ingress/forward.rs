@@ -22,7 +22,7 @@ use crate::adapters::access;
 use crate::adapters::body::{self, Body};
 use crate::adapters::errors::{self, RequestError};
 use crate::adapters::http::ConnInfo;
-use crate::adapters::http::relay::FromPeer;
+use crate::adapters::http::relay::Answer;
 use crate::adapters::node_state::{NodeState, Outstanding, track_body};
 use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::forwarded;
@@ -45,6 +45,17 @@ pub(crate) const SERVED_BY: &str = "peerlb-served-by";
 /// [`SERVED_BY`] as a header name, made once (a `&str` name is parsed
 /// again on every insert).
 const SERVED_BY_NAME: http::HeaderName = http::HeaderName::from_static(SERVED_BY);
+
+/// A request's answer from the candidate loop.
+struct Served {
+    resp: Response<Body>,
+    /// Who served it.
+    by: NodeId,
+    /// Keeps it outstanding to its server until its body ends.
+    guard: Option<Outstanding>,
+    /// Its body is read from a peer stream (`relay::Answer::from_peer`).
+    from_peer: bool,
+}
 
 fn content_length(h: &http::HeaderMap) -> Option<u64> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
@@ -154,7 +165,7 @@ impl Forwarder {
         mut req: Request<Incoming>,
         conn: &ConnInfo,
         routed: Option<&mut access::Routed>,
-    ) -> Result<(Response<Body>, Option<Outstanding>), Response<Body>> {
+    ) -> Result<(Answer<Body>, Option<Outstanding>), Response<Body>> {
         strip_peerlb_headers(req.headers_mut());
         let client = conn.client;
         let view = self.state.view();
@@ -193,7 +204,7 @@ impl Forwarder {
             .serve_decided(req, conn, &view, decision, sticky, request_id, &mut tries)
             .await;
         let owner = match &served {
-            Ok((_, _, owner)) | Err((_, owner)) => owner,
+            Ok(Served { by: owner, .. }) | Err((_, owner)) => owner,
         };
         self.state.metrics.count_owner(owner);
         if let Some((r, decided)) = logged {
@@ -202,7 +213,13 @@ impl Forwarder {
             r.owner = Some(owner.clone());
         }
         match served {
-            Ok((resp, guard, _)) => Ok((resp, guard)),
+            Ok(s) => Ok((
+                Answer {
+                    response: s.resp,
+                    from_peer: s.from_peer,
+                },
+                s.guard,
+            )),
             Err((e, _)) => Err(self.state.failed(e)),
         }
     }
@@ -252,7 +269,7 @@ impl Forwarder {
         };
         let inflight = self.state.enter();
         let mut tries = 0;
-        let (resp, _, guard) = Box::pin(self.serve_candidates(
+        let Served { resp, guard, .. } = Box::pin(self.serve_candidates(
             req,
             &conn,
             ownership::candidates_of(&view, key),
@@ -277,7 +294,7 @@ impl Forwarder {
         sticky: Option<Session>,
         request_id: u128,
         tries: &mut u32,
-    ) -> Result<(Response<Body>, Option<Outstanding>, NodeId), (RequestError, NodeId)> {
+    ) -> Result<Served, (RequestError, NodeId)> {
         // The route parameter is peerlb's own mark: the app never sees it.
         let route_in_url = strip_route_param(req.uri_mut());
         // Per-request spans are debug level: at info, creating and closing
@@ -292,7 +309,7 @@ impl Forwarder {
         // local app's call, the exchange, the attempt's state) made each of
         // them 2.6 KB larger, about 16 KB of copies per request; boxed,
         // one allocation and one copy.
-        let (mut resp, served_by, guard) = Box::pin(self.serve_candidates(
+        let mut served = Box::pin(self.serve_candidates(
             req,
             conn,
             decision.candidates(view),
@@ -304,27 +321,29 @@ impl Forwarder {
         .instrument(span)
         .await
         .map_err(|e| (e, decision.owner.clone()))?;
+        let (resp, served_by) = (&mut served.resp, &served.by);
         let announcement = sticky.as_ref().and_then(|s| {
             let sets_cookie = resp.headers().contains_key(header::SET_COOKIE);
-            s.announce(&served_by, sets_cookie, route_in_url)
+            s.announce(served_by, sets_cookie, route_in_url)
         });
         if let Some(a) = announcement {
-            set_route(&mut resp, &self.route_cookie, &served_by, a);
+            set_route(resp, &self.route_cookie, served_by, a);
         }
         if self.settings.header_served_by {
-            let v = if served_by == *self.state.node_id() {
+            let v = if *served_by == *self.state.node_id() {
                 self.id_header.clone()
             } else {
-                HeaderValue::from_str(&served_by).ok()
+                HeaderValue::from_str(served_by).ok()
             };
             if let Some(v) = v {
                 resp.headers_mut().insert(SERVED_BY_NAME, v);
             }
         }
-        Ok((resp, guard, served_by))
+        Ok(served)
     }
 
-    /// Tries each candidate in order; returns the response and who served it.
+    /// Tries each candidate in order; returns the response, who served it,
+    /// and whether its body comes from a peer.
     #[allow(clippy::too_many_arguments)]
     async fn serve_candidates(
         &self,
@@ -335,7 +354,7 @@ impl Forwarder {
         request_id: u128,
         view_version: u64,
         tries: &mut u32,
-    ) -> Result<(Response<Body>, NodeId, Option<Outstanding>), RequestError> {
+    ) -> Result<Served, RequestError> {
         // Long: the forwarding loop over the candidates: try one (local or over the peer wire),
         // judge the failure (engine/failover.rs), replay or answer; the attempts share the kept
         // body and the access line, one loop keeps their order in sight.
@@ -469,7 +488,12 @@ impl Forwarder {
                         None => RequestError::App(e),
                     })?;
                 let resp = track_body(resp, None, serving);
-                return Ok((resp, me.clone(), guard));
+                return Ok(Served {
+                    resp,
+                    by: me.clone(),
+                    guard,
+                    from_peer: false,
+                });
             }
             let ready = match peer::open(&self.links, cand, &mut out).await {
                 Ok(r) => r,
@@ -518,7 +542,12 @@ impl Forwarder {
                     let served = served_by(rh.served_by(), cand);
                     let mut resp = response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
-                    return Ok((resp, served, guard));
+                    return Ok(Served {
+                        resp,
+                        by: served,
+                        guard,
+                        from_peer: false,
+                    });
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
                     let served = served_by(rh.served_by(), cand);
@@ -546,8 +575,12 @@ impl Forwarder {
                     }
                     // Its peer window fills while the client is slow: the
                     // response budget charges it (`http::relay`).
-                    resp.extensions_mut().insert(FromPeer);
-                    return Ok((resp, served, guard));
+                    return Ok(Served {
+                        resp,
+                        by: served,
+                        guard,
+                        from_peer: true,
+                    });
                 }
                 Err(e) => {
                     let (_, after, err) = judge(e, &plan, cand, request_id);
