@@ -103,12 +103,12 @@ impl AdminServer {
 }
 
 impl Handler for AdminServer {
-    fn handle(
+    async fn handle(
         &self,
         req: Request<Incoming>,
         _conn: Arc<kit::ConnInfo>,
-    ) -> impl std::future::Future<Output = crate::adapters::http::relay::Answer<Body>> + Send {
-        async move { self.answer(req).await.into() }
+    ) -> crate::adapters::http::relay::Answer<Body> {
+        self.answer(req).await.into()
     }
 
     fn header_read_timeout(&self) -> Duration {
