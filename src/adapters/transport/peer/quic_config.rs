@@ -68,7 +68,8 @@ mod tests {
 
     /// Both sides ask for the ACK frequency extension with the threshold:
     /// without it, an owner acknowledges every second request at once in
-    /// ACK-only datagrams (docs/performance.md, third pass).
+    /// ACK-only datagrams (docs/performance.md, "The peer socket:
+    /// datagrams and wakeups").
     #[test]
     fn transport_asks_peers_to_acknowledge_every_tenth_packet() {
         let t = transport(&PeerSettings {

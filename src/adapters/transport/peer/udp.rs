@@ -23,7 +23,8 @@
 //!   readable for every datagram queued (`sock_def_readable`), and tokio
 //!   clears readiness only if no event arrived since it reported it.
 //!
-//! What the two bought is in docs/performance.md, "The sixth pass".
+//! What the two bought is in docs/performance.md, "The peer socket:
+//! datagrams and wakeups".
 //!
 //! - Receive offload (UDP GRO) is turned off: quinn copies each batch the
 //!   kernel coalesced (up to 64 datagrams) into one allocation, and every
