@@ -16,6 +16,9 @@ use crate::adapters::wire::SipTransport;
 struct Recorder {
     id: String,
     seen: Mutex<Vec<(StreamKind, Vec<String>)>>,
+    /// The target and the `x-user` value of every request served, as the
+    /// handler got them (built from the frame).
+    requests: Mutex<Vec<(String, Option<String>)>>,
 }
 
 impl ProxiedHandler for Recorder {
@@ -36,6 +39,14 @@ impl ProxiedHandler for Recorder {
     ) -> Response<Body> {
         let names = head.headers.iter().map(|(k, _)| (*k).to_owned()).collect();
         self.seen.lock().unwrap().push((kind, names));
+        let user = req
+            .headers()
+            .get("x-user")
+            .map(|v| v.to_str().unwrap().to_owned());
+        self.requests
+            .lock()
+            .unwrap()
+            .push((req.uri().to_string(), user));
         let sent = req.into_body().collect().await.unwrap().to_bytes();
         Response::new(body::full(format!("{kind:?} {}", sent.len())))
     }
@@ -83,6 +94,7 @@ fn node(certs: &tls::GeneratedCerts, id: &str, v3: bool) -> (Arc<PeerLinks>, Arc
     let recorder = Arc::new(Recorder {
         id: id.to_owned(),
         seen: Mutex::new(Vec::new()),
+        requests: Mutex::new(Vec::new()),
     });
     tokio::spawn(serve(links.clone(), recorder.clone()));
     (links, recorder)
@@ -175,4 +187,79 @@ async fn a_pair_that_offers_peerlb_3_sends_every_kind_as_a_field() {
 async fn a_mixed_pair_falls_back_to_peerlb_2_and_sends_every_kind_as_a_mark() {
     every_kind_both_ways((true, false), wire::Version::V2, "mixed").await;
     every_kind_both_ways((false, true), wire::Version::V2, "mixed-rev").await;
+}
+
+/// Sends one HTTP stream with `method`, `uri` and an `x-user: alice` line
+/// from `from` to `to`: the owner's status and body, or why it failed.
+async fn head_with(
+    (from, me): (&Arc<PeerLinks>, &str),
+    to: &str,
+    method: &str,
+    uri: &str,
+) -> Result<(u16, String), String> {
+    let headers = http::HeaderMap::from_iter([(
+        http::HeaderName::from_static("x-user"),
+        HeaderValue::from_static("alice"),
+    )]);
+    let mut out = Outgoing::new(
+        StreamKind::Http,
+        wire::RequestHeadRef {
+            request_id: 2,
+            entry: me,
+            hops: 1,
+            view_version: 0,
+            method,
+            uri,
+            headers: &headers,
+            client: "127.0.0.1:9".parse().unwrap(),
+            hash_key: None,
+            tls: None,
+        },
+        &[],
+    );
+    let to = NodeId::from(to);
+    let ready = open(from, &to, &mut out).await.map_err(|e| e.to_string())?;
+    let (head, body) = ready
+        .send(body::empty(), Duration::from_secs(5), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((head.status, String::from_utf8(text.to_vec()).unwrap()))
+}
+
+/// The owner builds the request from the frame itself: its target and
+/// header values are the ones sent. A head whose method or target HTTP
+/// rejects resets that stream alone: the handler never sees it, and the
+/// next stream on the same connection is served.
+#[tokio::test]
+async fn a_head_with_a_bad_method_or_target_resets_its_stream_and_the_next_is_served() {
+    let dir = std::env::temp_dir().join(format!("peerlb-send-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let certs = tls::generate(&dir, "test", &["n1", "n2"]).unwrap();
+    let (a, _) = node(&certs, "n1", true);
+    let (b, rb) = node(&certs, "n2", true);
+    a.sync(&[(NodeId::from("n2"), b.endpoint().local_addr().unwrap(), 1)]);
+    b.sync(&[(NodeId::from("n1"), a.endpoint().local_addr().unwrap(), 1)]);
+    let good = head_with((&a, "n1"), "n2", "GET", "/cart/7?user=alice").await;
+    assert_eq!(good, Ok((200, "Http 0".to_owned())));
+    for (method, uri) in [("GE T", "/"), ("GET", "/a b"), ("GET", "")] {
+        let bad = head_with((&a, "n1"), "n2", method, uri).await;
+        assert!(bad.is_err(), "{method:?} {uri:?}: {bad:?}");
+        let next = head_with((&a, "n1"), "n2", "GET", "/next").await;
+        assert_eq!(
+            next,
+            Ok((200, "Http 0".to_owned())),
+            "after {method:?} {uri:?}"
+        );
+    }
+    let served = std::mem::take(&mut *rb.requests.lock().unwrap());
+    let alice = Some("alice".to_owned());
+    let want: Vec<_> = ["/cart/7?user=alice", "/next", "/next", "/next"]
+        .iter()
+        .map(|u| ((*u).to_owned(), alice.clone()))
+        .collect();
+    assert_eq!(served, want);
+    a.close().await;
+    b.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
