@@ -69,6 +69,17 @@ cat >"$work/client.py" <<'EOF'
 import socket, sys
 n, port = int(sys.argv[1]), int(sys.argv[2])
 conns = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+def request(i):
+    return b"GET /bytes/200?user=u%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (i % 10000)
+def body_length(head):
+    """The answer's Content-Length; exits on an answer that is not 200."""
+    if not head.startswith(b"HTTP/1.1 200"):
+        sys.exit("unexpected answer: " + head[:60].decode(errors="replace"))
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
 if conns > 1:
     # CONNS connections at once, each a closed loop like the one below:
     # the node (slowed by valgrind) finds up to CONNS requests ready per
@@ -77,16 +88,9 @@ if conns > 1:
     async def one(k, share):
         r, w = await asyncio.open_connection("127.0.0.1", port)
         for i in range(share):
-            w.write(b"GET /bytes/200?user=u%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % ((k * share + i) % 10000))
+            w.write(request(k * share + i))
             head = await r.readuntil(b"\r\n\r\n")
-            if not head.startswith(b"HTTP/1.1 200"):
-                sys.exit("unexpected answer: " + head[:60].decode(errors="replace"))
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            await r.readexactly(length)
+            await r.readexactly(body_length(head))
         w.close()
     async def main():
         await asyncio.gather(*(one(k, n // conns) for k in range(conns)))
@@ -95,20 +99,14 @@ if conns > 1:
 s = socket.create_connection(("127.0.0.1", port))
 buf = b""
 for i in range(n):
-    s.sendall(b"GET /bytes/200?user=u%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (i % 10000))
+    s.sendall(request(i))
     while b"\r\n\r\n" not in buf:
         chunk = s.recv(65536)
         if not chunk:
             sys.exit("connection closed")
         buf += chunk
     head, _, rest = buf.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        sys.exit("unexpected answer: " + head[:60].decode(errors="replace"))
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
+    length = body_length(head + b"\r\n")
     while len(rest) < length:
         rest += s.recv(65536)
     buf = rest[length:]

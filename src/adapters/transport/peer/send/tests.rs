@@ -100,6 +100,27 @@ fn node(certs: &tls::GeneratedCerts, id: &str, v3: bool) -> (Arc<PeerLinks>, Arc
     (links, recorder)
 }
 
+/// A request head from the entry `me` (no hash key, no TLS).
+fn head_of<'a>(
+    me: &'a str,
+    method: &'a str,
+    uri: &'a str,
+    headers: &'a http::HeaderMap,
+) -> wire::RequestHeadRef<'a> {
+    wire::RequestHeadRef {
+        request_id: 1,
+        entry: me,
+        hops: 1,
+        view_version: 0,
+        method,
+        uri,
+        headers,
+        client: "127.0.0.1:9".parse().unwrap(),
+        hash_key: None,
+        tls: None,
+    }
+}
+
 /// Sends one stream of `kind` from `from` to `to` with a 3-byte body;
 /// the owner's answer body.
 async fn one(
@@ -109,22 +130,7 @@ async fn one(
 ) -> (wire::Version, String) {
     let headers =
         http::HeaderMap::from_iter([(http::header::CONTENT_LENGTH, HeaderValue::from_static("3"))]);
-    let mut out = Outgoing::new(
-        kind,
-        wire::RequestHeadRef {
-            request_id: 1,
-            entry: me,
-            hops: 1,
-            view_version: 0,
-            method: "POST",
-            uri: "/",
-            headers: &headers,
-            client: "127.0.0.1:9".parse().unwrap(),
-            hash_key: None,
-            tls: None,
-        },
-        &[],
-    );
+    let mut out = Outgoing::new(kind, head_of(me, "POST", "/", &headers), &[]);
     let to = NodeId::from(to);
     let ready = open(from, &to, &mut out).await.expect("a stream opens");
     let version = ready.stream.version;
@@ -201,22 +207,7 @@ async fn head_with(
         http::HeaderName::from_static("x-user"),
         HeaderValue::from_static("alice"),
     )]);
-    let mut out = Outgoing::new(
-        StreamKind::Http,
-        wire::RequestHeadRef {
-            request_id: 2,
-            entry: me,
-            hops: 1,
-            view_version: 0,
-            method,
-            uri,
-            headers: &headers,
-            client: "127.0.0.1:9".parse().unwrap(),
-            hash_key: None,
-            tls: None,
-        },
-        &[],
-    );
+    let mut out = Outgoing::new(StreamKind::Http, head_of(me, method, uri, &headers), &[]);
     let to = NodeId::from(to);
     let ready = open(from, &to, &mut out).await.map_err(|e| e.to_string())?;
     let (head, body) = ready
