@@ -158,6 +158,38 @@ fn fuzz_peer_wire_heads() {
                 // The length prefix, then the head.
                 mutate(bytes[4..].to_vec(), &flips, cut % 4)
             }),
+        // A `peerlb/3` frame: a kind's first byte (3 is none), then a head.
+        (
+            0u8..4,
+            head_strategy(),
+            prop::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            any::<usize>()
+        )
+            .prop_map(|(kind, h, flips, cut)| {
+                let mut bytes = vec![kind];
+                bytes.extend_from_slice(&wire::encode(&h).expect("a small head encodes")[4..]);
+                mutate(bytes, &flips, cut % 4)
+            }),
+        // A response head.
+        (
+            any::<u16>(),
+            prop::collection::vec(
+                ("[a-z-]{0,10}", prop::collection::vec(any::<u8>(), 0..20)),
+                0..6,
+            ),
+            "[a-z0-9.-]{0,12}",
+            prop::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            any::<usize>()
+        )
+            .prop_map(|(status, headers, served_by, flips, cut)| {
+                let h = wire::ResponseHead {
+                    status,
+                    headers,
+                    served_by,
+                };
+                let bytes = wire::encode(&h).expect("a small head encodes");
+                mutate(bytes[4..].to_vec(), &flips, cut % 4)
+            }),
     ];
     fuzz("peer wire heads", input, |bytes| {
         let mut prefix = [0u8; 4];
@@ -177,7 +209,14 @@ fn fuzz_peer_wire_heads() {
             wire::decode_request(&bytes, wire::Version::V2).is_ok(),
             view.is_ok()
         );
-        let _ = wire::decode_request(&bytes, wire::Version::V3);
+        // A `peerlb/3` frame is the kind, then a `peerlb/2` head: with a
+        // kind of one byte (`Http` 0, `Admin` 2) it decodes exactly when
+        // the rest decodes as a head.
+        let v3 = wire::decode_request(&bytes, wire::Version::V3);
+        if let [0 | 2, rest @ ..] = bytes.as_slice() {
+            let rest = wire::decode_view::<wire::RequestHeadView<'_>>(rest);
+            assert_eq!(v3.is_ok(), rest.is_ok(), "{v3:?} against {rest:?}");
+        }
         if let Ok(h) = owned {
             // What the owner does with a head (peer.rs `serve_stream`).
             let mut b = http::Request::builder()
