@@ -53,8 +53,10 @@ pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-i
 /// seeded RNG (a version 4 UUID is made of them); a client-sent UUID is
 /// kept instead when `keep_client` holds (see the module doc).
 pub(crate) fn request_id(headers: &mut HeaderMap, random: [u8; 16], keep_client: bool) -> u128 {
-    if keep_client {
-        let mut sent = headers.get_all(&X_REQUEST_ID).iter();
+    // One lookup of the name for both the client's value and the new one.
+    let entry = headers.entry(X_REQUEST_ID);
+    if keep_client && let http::header::Entry::Occupied(o) = &entry {
+        let mut sent = o.iter();
         if let (Some(v), None) = (sent.next(), sent.next())
             && let Ok(id) = uuid::Uuid::try_parse_ascii(v.as_bytes())
         {
@@ -64,10 +66,16 @@ pub(crate) fn request_id(headers: &mut HeaderMap, random: [u8; 16], keep_client:
     let id = uuid::Builder::from_random_bytes(random).into_uuid();
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
     let text = id.hyphenated().encode_lower(&mut text);
-    headers.insert(
-        X_REQUEST_ID,
-        HeaderValue::from_str(text).expect("a hyphenated UUID is a header value"),
-    );
+    let value = HeaderValue::from_str(text).expect("a hyphenated UUID is a header value");
+    // Every line the client sent is replaced.
+    match entry {
+        http::header::Entry::Occupied(mut o) => {
+            o.insert(value);
+        }
+        http::header::Entry::Vacant(v) => {
+            v.insert(value);
+        }
+    }
     id.as_u128()
 }
 

@@ -114,10 +114,12 @@ pub(crate) fn wants_websocket(method: &Method, version: Version, headers: &Heade
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case(token))
     };
+    // `Upgrade` first: most requests have none, and many a `Connection:
+    // keep-alive` whose tokens would be scanned for nothing.
     method == Method::GET
         && version == Version::HTTP_11
-        && names(header::CONNECTION, "upgrade")
         && names(header::UPGRADE, "websocket")
+        && names(header::CONNECTION, "upgrade")
 }
 
 /// The GUID of the `Sec-WebSocket-Accept` computation (RFC 6455 section 1.3).

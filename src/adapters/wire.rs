@@ -236,6 +236,12 @@ impl DecodedResponseHead {
         std::str::from_utf8(&self.served_by).unwrap_or_default()
     }
 
+    /// [`ResponseHead::served_by`] as a header value sharing the frame's
+    /// buffer (no copy); `None` for a name that is not a valid value.
+    pub(crate) fn served_by_value(&self) -> Option<http::HeaderValue> {
+        http::HeaderValue::from_maybe_shared(self.served_by.clone()).ok()
+    }
+
     /// The body length the head announces (`content-length`), if any.
     pub(crate) fn content_length(&self) -> Option<u64> {
         self.headers

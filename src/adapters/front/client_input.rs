@@ -377,9 +377,25 @@ fn percent_decode_all(s: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Drops the client-sent forwarding headers ([`CLIENT_FORWARDING`]).
-pub(crate) fn drop_client_forwarding(headers: &mut HeaderMap) {
-    for name in &CLIENT_FORWARDING {
+/// Drops the headers a client may not set because peerlb sets them: the
+/// forwarding headers ([`CLIENT_FORWARDING`]) unless `keep_forwarding`
+/// (`headers.trust_client_forwarded`), the scheme ([`FORWARDED_PROTO`])
+/// and the client certificate's identity
+/// (`X-Forwarded-Client-Cert`), every line of each.
+pub(crate) fn drop_client_set(headers: &mut HeaderMap, keep_forwarding: bool) {
+    use crate::adapters::http::client_cert::FORWARDED_CLIENT_CERT;
+    let peerlbs = |k: &HeaderName| {
+        *k == FORWARDED_PROTO
+            || *k == FORWARDED_CLIENT_CERT
+            || (!keep_forwarding && CLIENT_FORWARDING.contains(k))
+    };
+    // One pass over the names first: a request rarely carries any of
+    // them, and a removal by name hashes the name (five per request).
+    if !headers.keys().any(peerlbs) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|k| peerlbs(k)).cloned().collect();
+    for name in names {
         headers.remove(name);
     }
 }
@@ -585,14 +601,38 @@ mod tests {
         }
     }
 
+    /// Every line of each header peerlb sets goes (the forwarding ones
+    /// only when they are not trusted); every other line stays.
     #[test]
     fn client_forwarding_headers_are_dropped() {
+        use crate::adapters::http::client_cert::FORWARDED_CLIENT_CERT;
         let mut h = HeaderMap::new();
-        for n in CLIENT_FORWARDING {
-            h.insert(n, HeaderValue::from_static("10.0.0.1"));
-        }
         h.insert("x-user", HeaderValue::from_static("a"));
-        drop_client_forwarding(&mut h);
-        assert_eq!(h.len(), 1);
+        h.append(header::ACCEPT, HeaderValue::from_static("b"));
+        let untouched = h.clone();
+        drop_client_set(&mut h, false);
+        assert_eq!(h, untouched);
+        let forwarding = |h: &mut HeaderMap| {
+            for n in CLIENT_FORWARDING {
+                h.append(n.clone(), HeaderValue::from_static("10.0.0.1"));
+                h.append(n, HeaderValue::from_static("10.0.0.2"));
+            }
+        };
+        let own = |h: &mut HeaderMap| {
+            h.append(FORWARDED_PROTO, HeaderValue::from_static("https"));
+            h.append(FORWARDED_PROTO, HeaderValue::from_static("http"));
+            h.append(FORWARDED_CLIENT_CERT, HeaderValue::from_static("Hash=1"));
+        };
+        let mut all = untouched.clone();
+        forwarding(&mut all);
+        own(&mut all);
+        let mut dropped = all.clone();
+        drop_client_set(&mut dropped, false);
+        assert_eq!(dropped, untouched);
+        let mut kept = all.clone();
+        drop_client_set(&mut kept, true);
+        let mut want = untouched.clone();
+        forwarding(&mut want);
+        assert_eq!(kept, want);
     }
 }

@@ -278,16 +278,13 @@ impl Ingress {
                 let (parts, headers) = (req.uri().clone(), req.headers_mut());
                 client_input::host_from_authority(&parts, headers);
 
-                if !self.settings.trust_client_forwarded {
-                    client_input::drop_client_forwarding(req.headers_mut());
-                }
-                // peerlb says which scheme the client used (the app layer
-                // sets it): a client's own value never reaches the app.
-                req.headers_mut().remove(client_input::FORWARDED_PROTO);
-                // Likewise the client certificate's identity: only the one
-                // this connection's handshake verified.
+                // The forwarding headers (unless trusted); the scheme the
+                // client used (the app layer sets it) and the client
+                // certificate's identity (only the one this connection's
+                // handshake verified): a client's own values never reach
+                // the app.
                 let headers = req.headers_mut();
-                headers.remove(FORWARDED_CLIENT_CERT);
+                client_input::drop_client_set(headers, self.settings.trust_client_forwarded);
                 if let Some(v) = &conn.client_cert {
                     headers.insert(FORWARDED_CLIENT_CERT, v.clone());
                 }

@@ -493,12 +493,12 @@ async fn serve_h1<H, I>(
             req.extensions_mut()
                 .insert(crate::adapters::body::BodyEnd(end));
         }
-        let armed = (!req.headers().contains_key(http::header::UPGRADE))
-            .then(|| gone.arm(Mode::of(req.version(), req.headers())));
+        let upgrade = req.headers().contains_key(http::header::UPGRADE);
+        let armed = (!upgrade).then(|| gone.arm(Mode::of(req.version(), req.headers())));
         let gone = gone.clone();
         // Busy from its head until its response body is written.
         let track = tracker.track(ing.response_budget(), true);
-        if req.headers().contains_key(http::header::UPGRADE) {
+        if upgrade {
             // A WebSocket keeps the connection's admission past this task.
             req.extensions_mut().insert(ConnHold {
                 tracker: tracker.clone(),

@@ -155,6 +155,11 @@ fn response_heads_decode_into_a_header_map_sharing_the_frame() {
     let cookie = d.headers.get("set-cookie").unwrap().as_bytes().as_ptr() as usize;
     let start = frame.as_ptr() as usize;
     assert!((start..start + frame.len()).contains(&cookie), "a copy");
+    // The served-by value too (the entry's `peerlb-served-by`).
+    let by = d.served_by_value().unwrap();
+    assert_eq!(by, "n3");
+    let at = by.as_bytes().as_ptr() as usize;
+    assert!((start..start + frame.len()).contains(&at), "a copy");
 
     let buf = bytes::Bytes::from(encode(&h).unwrap());
     assert!(decode_response(&buf.slice(4..buf.len() - 1)).is_err());

@@ -51,6 +51,9 @@ struct Served {
     resp: Response<Body>,
     /// Who served it.
     by: NodeId,
+    /// [`Served::by`] as the `peerlb-served-by` value, when the answer
+    /// brought it (a peer's head: a slice of its frame, no copy).
+    by_value: Option<HeaderValue>,
     /// Keeps it outstanding to its server until its body ends.
     guard: Option<Outstanding>,
     /// Its body is read from a peer stream (`relay::Answer::from_peer`).
@@ -333,7 +336,12 @@ impl Forwarder {
             let v = if *served_by == *self.state.node_id() {
                 self.id_header.clone()
             } else {
-                HeaderValue::from_str(served_by).ok()
+                // A peer's answer brought the value (no copy); another
+                // answer is this node's or made here.
+                served
+                    .by_value
+                    .take()
+                    .or_else(|| HeaderValue::from_str(served_by).ok())
             };
             if let Some(v) = v {
                 resp.headers_mut().insert(SERVED_BY_NAME, v);
@@ -491,6 +499,7 @@ impl Forwarder {
                 return Ok(Served {
                     resp,
                     by: me.clone(),
+                    by_value: None,
                     guard,
                     from_peer: false,
                 });
@@ -540,17 +549,20 @@ impl Forwarder {
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
                     let served = served_by(rh.served_by(), cand);
+                    let by_value = rh.served_by_value();
                     let mut resp = response_from_head(rh, body::empty());
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok(Served {
                         resp,
                         by: served,
+                        by_value,
                         guard,
                         from_peer: false,
                     });
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
                     let served = served_by(rh.served_by(), cand);
+                    let by_value = rh.served_by_value();
                     let status = errors::peer_status(rh.status);
                     // A bodiless answer gets an ended body, as the app's
                     // does on the local path (`framing`); the owner sent
@@ -578,6 +590,7 @@ impl Forwarder {
                     return Ok(Served {
                         resp,
                         by: served,
+                        by_value,
                         guard,
                         from_peer: true,
                     });
