@@ -60,7 +60,7 @@ pub(crate) struct ServeCtx<'a> {
     /// The node serving it.
     pub node: &'a NodeId,
     /// The node that received it from the client.
-    pub entry: &'a str,
+    pub entry: &'a NodeId,
     /// The hash key it was routed on.
     pub key: Option<&'a str>,
     /// The client address the entry saw.
@@ -78,11 +78,7 @@ impl ServeCtx<'_> {
     fn info(&self, handle: &Handle) -> RequestInfo {
         RequestInfo {
             node: self.node.clone(),
-            entry: if self.entry == self.node.as_str() {
-                self.node.clone()
-            } else {
-                NodeId::from(self.entry)
-            },
+            entry: self.entry.clone(),
             key: self.key.map(Into::into),
             client: self.client,
             tls: self.tls.map(|t| TlsInfo {
@@ -346,7 +342,7 @@ where
         async move {
             let ctx = ServeCtx {
                 node: &name,
-                entry: name.as_str(),
+                entry: &name,
                 key: None,
                 client,
                 tls: None,

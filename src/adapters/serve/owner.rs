@@ -23,6 +23,7 @@ use crate::adapters::serve::sip::SipApp;
 use crate::adapters::transport::peer::ProxiedHandler;
 use crate::adapters::tunnel::{BoxIo, Role, Tunnel};
 use crate::adapters::wire::{RequestHeadView, StreamKind};
+use crate::engine::node_id::NodeId;
 
 /// Answers a peer's admin stream ([`StreamKind::Admin`]) for the node
 /// whose state is given: the head, and the change as the body.
@@ -93,6 +94,7 @@ impl ProxiedHandler for Owner {
     async fn serve(
         &self,
         kind: StreamKind,
+        entry: &NodeId,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> Response<Body> {
@@ -102,7 +104,7 @@ impl ProxiedHandler for Owner {
                 me,
                 "owner",
                 None,
-                &crate::engine::node_id::NodeId::from(head.entry),
+                entry,
                 &req,
                 tokio::time::Instant::now(),
             );
@@ -112,7 +114,7 @@ impl ProxiedHandler for Owner {
             // Boxed: it lives across the await below (see the entry's).
             Box::new(line)
         });
-        let resp = self.serve_proxied(kind, head, req).await;
+        let resp = self.serve_proxied(kind, entry, head, req).await;
         match line {
             Some(line) => crate::adapters::access::log_when_done(resp, *line),
             None => resp,
@@ -134,6 +136,7 @@ impl Owner {
     async fn serve_proxied(
         &self,
         kind: StreamKind,
+        entry: &NodeId,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> Response<Body> {
@@ -177,7 +180,7 @@ impl Owner {
         state.counters.served_local.fetch_add(1, Ordering::Relaxed);
         let ctx = ServeCtx {
             node: state.node_id(),
-            entry: head.entry,
+            entry,
             key: head.hash_key,
             client: head.client,
             tls: head.tls.as_ref(),

@@ -126,10 +126,12 @@ pub(crate) trait ProxiedHandler: Send + Sync + 'static {
     /// that can take a 1xx, and that is nearly every one).
     fn may_send_informational(&self, kind: StreamKind) -> bool;
     /// Serves one proxied stream of `kind` (never forwarded again: hop
-    /// limit 1).
+    /// limit 1) from the entry node `entry` (the peer its certificate
+    /// proved, which the head's `entry` names: checked before).
     fn serve(
         &self,
         kind: StreamKind,
+        entry: &NodeId,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
@@ -570,10 +572,10 @@ async fn serve_stream<H: ProxiedHandler>(
     // Instrumented only when the span is on: `instrument` moves the
     // handler's future (2.6 KB) once more per request.
     let resp = if span.is_disabled() {
-        let serving = handler.serve(kind, &head, req);
+        let serving = handler.serve(kind, peer, &head, req);
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     } else {
-        let serving = handler.serve(kind, &head, req).instrument(span);
+        let serving = handler.serve(kind, peer, &head, req).instrument(span);
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     };
     let Some(resp) = resp else {

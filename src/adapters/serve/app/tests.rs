@@ -2,9 +2,10 @@ use super::*;
 
 fn ctx() -> ServeCtx<'static> {
     static N2: std::sync::LazyLock<NodeId> = std::sync::LazyLock::new(|| NodeId::from("n2"));
+    static N1: std::sync::LazyLock<NodeId> = std::sync::LazyLock::new(|| NodeId::from("n1"));
     ServeCtx {
         node: &N2,
-        entry: "n1",
+        entry: &N1,
         key: Some("alice"),
         client: "127.0.0.1:4000".parse().unwrap(),
         tls: None,

@@ -34,6 +34,7 @@ impl ProxiedHandler for Recorder {
     async fn serve(
         &self,
         kind: StreamKind,
+        _: &NodeId,
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> Response<Body> {
