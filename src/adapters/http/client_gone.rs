@@ -96,7 +96,11 @@ pub(crate) struct ClientGone {
     failed: AtomicBool,
     /// Set when the pending request's client is gone.
     gone: AtomicBool,
-    notify: tokio::sync::Notify,
+    /// The task waiting in [`ClientGone::wait`]: one at a time, as an
+    /// HTTP/1.1 connection has one pending request (a waker slot, not a
+    /// `Notify`: its waiter list took a lock on every poll of the
+    /// request's future).
+    waker: futures_util::task::AtomicWaker,
     /// The last request's body end flag (`body::BodyEnd`), if it had a body.
     body_end: std::sync::Mutex<Option<Arc<AtomicBool>>>,
     /// Most bytes drained after an early answer (0: none).
@@ -145,15 +149,22 @@ impl ClientGone {
         Armed(Arc::clone(self))
     }
 
-    /// Resolves once the armed request's client is gone.
-    pub(crate) async fn wait(&self) {
-        loop {
-            let notified = self.notify.notified();
+    /// Resolves once the armed request's client is gone. One waiter at a
+    /// time: a later one takes the wake from an earlier one.
+    pub(crate) fn wait(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
             if self.gone.load(Ordering::Acquire) {
-                return;
+                return std::task::Poll::Ready(());
             }
-            notified.await;
-        }
+            self.waker.register(cx.waker());
+            // Read again once registered: a `check` in between found the
+            // waker, or this read sees what it set.
+            if self.gone.load(Ordering::Acquire) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
     }
 
     /// Whether the armed request is gone by what was seen; wakes `wait`.
@@ -163,7 +174,7 @@ impl ClientGone {
             && (self.failed.load(Ordering::Acquire)
                 || (armed == Mode::EndOrError as u8 && self.ended.load(Ordering::Acquire)));
         if gone && !self.gone.swap(true, Ordering::AcqRel) {
-            self.notify.notify_waiters();
+            self.waker.wake();
         }
     }
 
@@ -338,6 +349,30 @@ mod tests {
         assert_eq!(Mode::of(http::Version::HTTP_10, &h), Mode::EndOrError);
         h.insert("connection", "Upgrade, Close".parse().unwrap());
         assert_eq!(Mode::of(http::Version::HTTP_11, &h), Mode::ErrorOnly);
+    }
+
+    /// A request already waiting (in a task of its own, polled again only
+    /// when woken) is woken when its client leaves.
+    #[tokio::test]
+    async fn a_waiting_request_is_woken_when_its_client_leaves() {
+        let (a, mut b) = tokio::io::duplex(4096);
+        let watch = Arc::new(ClientGone::default());
+        let mut io = ReadAhead::new(a, watch.clone());
+        let _armed = watch.arm(Mode::EndOrError);
+        let waiting = tokio::spawn({
+            let watch = watch.clone();
+            async move { watch.wait().await }
+        });
+        // The waiting task's first poll (one thread: it runs here).
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        b.shutdown().await.unwrap();
+        io.flush().await.unwrap();
+        // Bounded: a lost wake would hang the test.
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .unwrap();
     }
 
     /// Armed, a flush reads ahead: the client's FIN makes the request
