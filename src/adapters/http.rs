@@ -16,6 +16,7 @@ pub(crate) mod conn;
 pub(crate) mod conns;
 pub mod entry_tls;
 pub(crate) mod h2_streams;
+pub(crate) mod on_own_wake;
 pub(crate) mod preface;
 pub(crate) mod proxy_protocol;
 pub(crate) mod relay;
