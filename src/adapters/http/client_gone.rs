@@ -64,6 +64,14 @@ pub(crate) enum Mode {
 impl Mode {
     /// The mode of a request of `version` with `headers`.
     pub(crate) fn of(version: http::Version, headers: &http::HeaderMap) -> Mode {
+        // No `Connection` (most requests): one lookup, no token scan.
+        if !headers.contains_key(http::header::CONNECTION) {
+            return if version == http::Version::HTTP_10 {
+                Mode::ErrorOnly
+            } else {
+                Mode::EndOrError
+            };
+        }
         let says = |token: &str| {
             headers
                 .get_all(http::header::CONNECTION)
