@@ -99,9 +99,10 @@ pub(crate) fn set_all(
     tls: bool,
     made: Option<&[HeaderValue; 2]>,
 ) {
+    // One pass over the names, not two lookups that each hash a name.
+    let carried = |k: &HeaderName| *k == X_FORWARDED_FOR || *k == header::FORWARDED;
     if let Some([xff, fwd]) = made
-        && !headers.contains_key(&X_FORWARDED_FOR)
-        && !headers.contains_key(header::FORWARDED)
+        && !headers.keys().any(carried)
     {
         headers.insert(X_FORWARDED_FOR, xff.clone());
         let proto = if tls { "https" } else { "http" };
@@ -142,13 +143,19 @@ mod tests {
 
     /// The connection's values give the same headers as writing them per
     /// request, for IPv4 and IPv6 clients over either scheme; a request
-    /// that carries its own (kept by `trust_client_forwarded`) gets them
-    /// combined as before.
+    /// that carries its own (kept by `trust_client_forwarded`: either or
+    /// both) gets them combined as before.
     #[test]
     fn values_made_per_connection_write_what_each_request_would() {
-        let own = |h: &mut HeaderMap| {
-            h.insert(X_FORWARDED_FOR, HeaderValue::from_static("192.0.2.1"));
-            h.insert(header::FORWARDED, HeaderValue::from_static("for=192.0.2.1"));
+        // `carried`: bit 0 an `X-Forwarded-For`, bit 1 a `Forwarded`.
+        let own = |h: &mut HeaderMap, carried: u8| {
+            h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+            if carried & 1 != 0 {
+                h.insert(X_FORWARDED_FOR, HeaderValue::from_static("192.0.2.1"));
+            }
+            if carried & 2 != 0 {
+                h.insert(header::FORWARDED, HeaderValue::from_static("for=192.0.2.1"));
+            }
         };
         for (ip, tls) in [
             ("127.0.0.1", false),
@@ -157,21 +164,17 @@ mod tests {
         ] {
             let ip: std::net::IpAddr = ip.parse().unwrap();
             let made = connection_values(ip, tls);
-            for carried in [false, true] {
+            for carried in 0..4 {
                 let mut want = HeaderMap::new();
                 let mut got = HeaderMap::new();
-                if carried {
-                    own(&mut want);
-                    own(&mut got);
-                }
+                own(&mut want, carried);
+                own(&mut got, carried);
                 append_forwarded_for(&mut want, ip);
                 set_forwarded_proto(&mut want, ip, tls);
                 set_all(&mut got, ip, tls, Some(&made));
                 assert_eq!(got, want, "{ip} tls={tls} carried={carried}");
                 let mut none = HeaderMap::new();
-                if carried {
-                    own(&mut none);
-                }
+                own(&mut none, carried);
                 set_all(&mut none, ip, tls, None);
                 assert_eq!(none, want, "{ip} tls={tls} carried={carried}, nothing made");
             }
