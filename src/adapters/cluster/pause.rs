@@ -87,7 +87,13 @@ impl PauseWatch {
     /// ticker yet), or a pause ended less than `grace` ago. Failure
     /// decisions wait while it holds.
     pub(crate) fn suspected(&self) -> bool {
-        let now = self.ms(Instant::now());
+        self.suspected_at(Instant::now())
+    }
+
+    /// [`Self::suspected`] at `now`, a clock read the caller made (one per
+    /// request on the peer path is enough).
+    pub(crate) fn suspected_at(&self, now: Instant) -> bool {
+        let now = self.ms(now);
         self.overdue(now) || now < self.grace_until_ms.load(Ordering::Relaxed)
     }
 

@@ -573,7 +573,7 @@ impl PeerLinks {
         // Just after a pause of this node's own, a connection from before
         // it is replaced by a new dial (its peer may have closed it while
         // this node was away): retired, it still serves its streams.
-        let paused = self.pause.suspected();
+        let paused = self.pause.suspected_at(now);
         let facts = |l: &Link| {
             l.facts(
                 self.epoch,
