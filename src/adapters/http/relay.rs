@@ -173,7 +173,9 @@ impl ResponseBudget {
                 leased: 0,
                 parked: false,
                 cut: false,
-                since: Instant::now(),
+                // Read by the budget's cut only, among registered holders:
+                // an unregistered one costs no clock read.
+                since: (!last).then(Instant::now),
                 waker: None,
             }),
         });
@@ -245,8 +247,9 @@ struct Acct {
     leased: u64,
     /// Cut by the budget: the relay fails at its next poll.
     cut: bool,
-    /// The last time a frame was handed on.
-    since: Instant,
+    /// The last time a frame was handed on (registered holders only:
+    /// the budget's cut compares it).
+    since: Option<Instant>,
     /// The task that polled the relay last: woken when it is cut, and
     /// when its frame is let go while it waits for that (`parked`).
     waker: Option<Waker>,
@@ -265,7 +268,9 @@ impl Holder {
             let mut a = self.acct.lock().expect("holder lock");
             a.held += n;
             a.leased += leased;
-            a.since = Instant::now();
+            if self.registered {
+                a.since = Some(Instant::now());
+            }
             set_waker(&mut a.waker, waker);
             self.budget.total.fetch_add(signed(n), Ordering::AcqRel);
             if a.cut {
