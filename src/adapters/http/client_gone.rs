@@ -359,14 +359,26 @@ mod tests {
         assert_eq!(Mode::of(http::Version::HTTP_11, &h), Mode::ErrorOnly);
     }
 
+    /// A client connection (the test's end, the server's read-ahead)
+    /// whose watch is armed for a keep-alive request.
+    fn armed_connection() -> (
+        tokio::io::DuplexStream,
+        Arc<ClientGone>,
+        ReadAhead<tokio::io::DuplexStream>,
+        Armed,
+    ) {
+        let (a, b) = tokio::io::duplex(4096);
+        let watch = Arc::new(ClientGone::default());
+        let io = ReadAhead::new(a, watch.clone());
+        let armed = watch.arm(Mode::EndOrError);
+        (b, watch, io, armed)
+    }
+
     /// A request already waiting (in a task of its own, polled again only
     /// when woken) is woken when its client leaves.
     #[tokio::test]
     async fn a_waiting_request_is_woken_when_its_client_leaves() {
-        let (a, mut b) = tokio::io::duplex(4096);
-        let watch = Arc::new(ClientGone::default());
-        let mut io = ReadAhead::new(a, watch.clone());
-        let _armed = watch.arm(Mode::EndOrError);
+        let (mut b, watch, mut io, _armed) = armed_connection();
         let waiting = tokio::spawn({
             let watch = watch.clone();
             async move { watch.wait().await }
@@ -387,10 +399,7 @@ mod tests {
     /// gone, and hyper still gets the bytes read ahead, then the end.
     #[tokio::test]
     async fn an_armed_flush_sees_the_clients_end_and_keeps_what_it_read() {
-        let (a, mut b) = tokio::io::duplex(4096);
-        let watch = Arc::new(ClientGone::default());
-        let mut io = ReadAhead::new(a, watch.clone());
-        let armed = watch.arm(Mode::EndOrError);
+        let (mut b, watch, mut io, armed) = armed_connection();
         b.write_all(b"next").await.unwrap();
         b.shutdown().await.unwrap();
         io.flush().await.unwrap();
