@@ -121,6 +121,9 @@ pub(crate) struct Armed(Arc<ClientGone>);
 impl Drop for Armed {
     fn drop(&mut self) {
         self.0.armed.store(0, Ordering::Release);
+        // The request is done: its task's waker is not kept (a tunnel
+        // holds the connection's IO, and with it this watch, for long).
+        drop(self.0.waker.take());
     }
 }
 

@@ -146,21 +146,23 @@ mod tests {
         assert_eq!(probe.polls.load(Ordering::Relaxed), 3);
     }
 
-    /// The drain signal through it: a watch receiver's wait resolves on
-    /// the change, woken through the wrapper.
+    /// The drain signal through it, in a task of its own (polled again
+    /// only when woken): a watch receiver's wait resolves on the change,
+    /// its wake passed on by the wrapper.
     #[tokio::test]
     async fn on_own_wake_passes_the_drain_signal() {
         let (tx, mut rx) = watch::channel(false);
-        let stop = OnOwnWake::new(async move {
+        let stop = tokio::spawn(OnOwnWake::new(async move {
             let _ = rx.wait_for(|s| *s).await;
-        });
-        let set = async {
-            tokio::task::yield_now().await;
-            tx.send_replace(true);
-        };
+        }));
+        // Its first poll (one thread: the spawned task runs here).
+        tokio::task::yield_now().await;
+        assert!(!stop.is_finished());
+        tx.send_replace(true);
         // Bounded: a wake that does not get through would hang the test.
-        tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(stop, set) })
+        tokio::time::timeout(Duration::from_secs(10), stop)
             .await
-            .expect("the drain signal got through");
+            .expect("the drain signal got through")
+            .unwrap();
     }
 }

@@ -547,13 +547,16 @@ async fn serve_h1<H, I>(
     // receiver's wait takes the channel's lock and waiter list (about 950
     // instructions per forwarded request, polled beside the connection).
     let stop = OnOwnWake::new(stopped(&mut shutdown));
+    // The signal first: unwoken it costs a register and a flag read, and
+    // a connection that used up the task's budget cannot keep a drain
+    // from being seen (the signal's wait is budgeted too).
     let r = tokio::select! {
         biased;
-        r = conn.as_mut() => r,
         () = stop => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        r = conn.as_mut() => r,
     };
     if let Err(e) = r {
         if let Some(status) = crate::adapters::access::edge_status(&e) {
