@@ -59,7 +59,7 @@ use http::{HeaderMap, Method, Uri};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use super::sticky::{cookies, percent_decode};
+use super::sticky::{cookies, percent_decode, split_at_byte};
 
 mod bounds;
 mod expr;
@@ -704,8 +704,11 @@ impl Source {
 
 /// First value of query parameter `name`, percent-decoded (`+` = space).
 pub(crate) fn query_param<'a>(req: &RequestView<'a>, name: &str) -> Option<Cow<'a, str>> {
-    req.uri.query()?.split('&').find_map(|pair| {
-        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+    split_at_byte(req.uri.query()?, b'&').find_map(|pair| {
+        let (n, v) = match pair.bytes().position(|b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, ""),
+        };
         (percent_decode(n, true) == name).then(|| percent_decode(v, true))
     })
 }

@@ -264,7 +264,7 @@ pub(crate) fn classify_path(path: &str, prefix: &str) -> PathClass {
     }
     let name = prefix.trim_matches('/');
     // Fast path: no escape and no spelling of the name in any case.
-    if !path.contains('%') && !contains_ignore_case(path.as_bytes(), name.as_bytes()) {
+    if !path.as_bytes().contains(&b'%') && !contains_ignore_case(path.as_bytes(), name.as_bytes()) {
         return PathClass::App;
     }
     let mut decoded = path.as_bytes().to_vec();

@@ -41,7 +41,9 @@
 //! Costs: per response with a body, one small allocation (its holder) and,
 //! unless its first frame is its last, a registration (a short lock of the
 //! holders' map, again when it ends); per frame one small allocation (the
-//! lease) and two short uncontended locks.
+//! lease) and two short uncontended locks. An HTTP/1.1 answer whose first
+//! frame is its last (most are) has no holder: its lease charges the
+//! node's total alone, two atomic operations.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -160,7 +162,8 @@ impl ResponseBudget {
     /// A new holder; in the registry (so the budget can cut it) unless
     /// `last`: a body whose first frame is its last holds that frame only,
     /// for as long as its client takes it, and costs no lock of the
-    /// registry (most answers are one frame).
+    /// registry (most answers are one frame; on HTTP/1.1 such a body has
+    /// no holder at all, [`Charged::Budget`]).
     fn register(self: &Arc<Self>, conn: Option<Arc<ConnState>>, last: bool) -> Arc<Holder> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let h = Arc::new(Holder {
@@ -319,7 +322,20 @@ fn set_waker(slot: &mut Option<Waker>, waker: &Waker) {
 struct Lease {
     data: Bytes,
     charge: u64,
-    holder: Arc<Holder>,
+    from: Charged,
+}
+
+/// Whose charge a [`Lease`] is.
+enum Charged {
+    /// A holder's frame: its release may wake the relay for the next one.
+    Holder(Arc<Holder>),
+    /// A one-frame answer's only frame on HTTP/1.1: charged to the node's
+    /// total alone. Such an answer has no holder (no allocation, no
+    /// locks): nothing can cut it (the budget cuts registered holders
+    /// only), no next frame waits for this one's release, and its end
+    /// is told with the frame, not after its release (that is HTTP/2's
+    /// `hold_end`).
+    Budget(Arc<ResponseBudget>),
 }
 
 impl AsRef<[u8]> for Lease {
@@ -330,7 +346,12 @@ impl AsRef<[u8]> for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.holder.release(self.charge, self.charge);
+        match &self.from {
+            Charged::Holder(h) => h.release(self.charge, self.charge),
+            Charged::Budget(b) => {
+                b.total.fetch_sub(signed(self.charge), Ordering::AcqRel);
+            }
+        }
     }
 }
 
@@ -472,11 +493,26 @@ where
         } else {
             0
         };
+        let leased = data.len() as u64;
+        if this.holder.is_none() && !this.hold_end && this.inner.is_end_stream() {
+            // A one-frame answer (most are): its frame alone is charged,
+            // with no holder ([`Charged::Budget`]). Its window is 0: the
+            // body has no more to come.
+            budget.total.fetch_add(signed(leased), Ordering::AcqRel);
+            if budget.over() {
+                budget.enforce();
+            }
+            let lease = Lease {
+                data,
+                charge: leased,
+                from: Charged::Budget(budget),
+            };
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_owner(lease)))));
+        }
         let holder = this
             .holder
             .get_or_insert_with(|| budget.register(this.conn.clone(), this.inner.is_end_stream()))
             .clone();
-        let leased = data.len() as u64;
         // The backlog charge moves to the new window (it shrinks near the
         // end of the body).
         let more = window.saturating_sub(this.backlog);
@@ -489,7 +525,7 @@ where
         let lease = Lease {
             data,
             charge: leased,
-            holder,
+            from: Charged::Holder(holder),
         };
         Poll::Ready(Some(Ok(Frame::data(Bytes::from_owner(lease)))))
     }

@@ -297,20 +297,17 @@ impl Upstream {
         }
         // The app's 1xx answers go on to whoever asked for them
         // (`informational`): the callback travels in the request's
-        // extensions, kept with its head for a resend. It is the one
-        // extension hyper's client reads, so the request is sent with it
-        // alone: the others (the app's `RequestInfo`, the client
-        // connection's marks) are dropped here, and the head kept for a
-        // resend copies nothing it does not send.
-        let sink = parts.extensions.remove::<Informational>();
-        parts.extensions = http::Extensions::new();
-        if let Some(sink) = sink {
-            let mut probe = Request::new(());
-            hyper::ext::on_informational(&mut probe, move |res| {
-                sink.send(InfoHead::new(res.status(), res.headers()));
-            });
-            parts.extensions = probe.into_parts().0.extensions;
-        }
+        // extensions. It is the one extension hyper's client reads, so the
+        // request is sent with it alone: the others (the app's
+        // `RequestInfo`, the client connection's marks) are dropped here,
+        // and the head kept for a resend copies nothing it does not send.
+        // The kept head has no extension map at all (a clone of one is an
+        // allocation); each attempt gets the callback in the request's own
+        // map, emptied (`with_sink`).
+        let mut extensions = std::mem::take(&mut parts.extensions);
+        let sink = extensions.remove::<Informational>();
+        extensions.clear();
+        let mut spare = Some(extensions);
         // The engine's replay rules: may the request be sent again after
         // the app may have read it, and how is its body kept?
         let plan = ReplayPlan::new(
@@ -324,7 +321,7 @@ impl Upstream {
         let resendable = plan.after(Failure::Lost) == AfterFailure::NextCandidate;
         // The head and body kept for a resend, and the first attempt. A
         // copy of the head is made only for a request that may be resent.
-        let (kept, mut req) = match plan.body() {
+        let (kept, first) = match plan.body() {
             BodyPlan::Empty if resendable => {
                 let kept = (parts, Bytes::new());
                 let first = rebuild(&kept);
@@ -337,6 +334,18 @@ impl Upstream {
             }
             _ => (None, Request::from_parts(parts, body)),
         };
+        let with_sink = |mut req: Request<Body>, spare: &mut Option<http::Extensions>| {
+            if let Some(sink) = sink.clone() {
+                if let Some(map) = spare.take() {
+                    *req.extensions_mut() = map;
+                }
+                hyper::ext::on_informational(&mut req, move |res| {
+                    sink.send(InfoHead::new(res.status(), res.headers()));
+                });
+            }
+            req
+        };
+        let mut req = with_sink(first, &mut spare);
         let mut resent = false;
         loop {
             let (mut sender, reused) = match (resent, self.idle.take()) {
@@ -358,7 +367,7 @@ impl Upstream {
                     (None, Some(k)) if reused && never_answered(e.error()) => {
                         tracing::debug!(target: LOG, error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
                         resent = true;
-                        req = rebuild(k);
+                        req = with_sink(rebuild(k), &mut spare);
                     }
                     _ => return Err(e.into_error().into()),
                 },
