@@ -330,6 +330,36 @@ async fn a_get_the_app_closed_unanswered_on_a_reused_connection_is_sent_again() 
     assert!(heads[1].starts_with("GET /2 ") && heads[2].starts_with("GET /2 "));
 }
 
+/// The request sent again carries the 1xx callback too (the kept head
+/// has no extensions: each attempt gets the callback anew), so the app's
+/// `103` on the new connection reaches the request's sink, once.
+#[tokio::test]
+async fn a_request_sent_again_still_relays_the_apps_informational_answers() {
+    let (uri, _seen) = app_with(Mode::DropSecond, |_| {
+        "HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n\
+         HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+            .into()
+    })
+    .await;
+    let pool = pool_for(&uri);
+    let with_sink = |path: &str| {
+        let (sink, rx) = crate::adapters::informational::channel();
+        let mut req = get(path);
+        req.extensions_mut().insert(sink);
+        (req, rx)
+    };
+    let (first, mut first_rx) = with_sink("/1");
+    assert_eq!(text(pool.send(first).await.unwrap()).await, "ok");
+    assert_eq!(first_rx.recv().await.unwrap().status, StatusCode::EARLY_HINTS);
+    // Sent on the reused connection, dropped unanswered, sent again.
+    let (second, mut rx) = with_sink("/2");
+    assert_eq!(text(pool.send(second).await.unwrap()).await, "ok");
+    let hint = rx.recv().await.unwrap();
+    assert_eq!(hint.status, StatusCode::EARLY_HINTS);
+    assert_eq!(hint.headers["link"], "</a.css>");
+    assert!(rx.try_recv().is_err(), "one 103 per attempt answered");
+}
+
 #[tokio::test]
 async fn a_small_put_is_sent_again_with_its_body() {
     let (uri, seen) = app_with(Mode::DropSecond, |_| {
