@@ -289,11 +289,15 @@ impl Upstream {
         if !parts.headers.contains_key(header::HOST) {
             parts.headers.insert(header::HOST, self.authority.clone());
         }
+        // The rare paths' futures (HTTP/2, a WebSocket, a body kept for a
+        // resend, a new connection) are boxed: awaited inline they would
+        // make this future, moved on every request, as large as all of
+        // them (rustc lays an awaited future out inside its awaiter).
         if self.h2.is_some() {
-            return self.send_h2(parts, body).await;
+            return Box::pin(self.send_h2(parts, body)).await;
         }
         if tunnel::wants_websocket(&parts.method, parts.version, &parts.headers) {
-            return self.send_upgrade(Request::from_parts(parts, body)).await;
+            return Box::pin(self.send_upgrade(Request::from_parts(parts, body))).await;
         }
         // The app's 1xx answers go on to whoever asked for them
         // (`informational`): the callback travels in the request's
@@ -328,7 +332,7 @@ impl Upstream {
                 (Some(kept), first)
             }
             BodyPlan::Buffer if resendable => {
-                let kept = (parts, buffer(body).await?);
+                let kept = (parts, Box::pin(buffer(body)).await?);
                 let first = rebuild(&kept);
                 (Some(kept), first)
             }
@@ -350,7 +354,7 @@ impl Upstream {
         loop {
             let (mut sender, reused) = match (resent, self.idle.take()) {
                 (false, Some(s)) => (s, true),
-                _ => (self.connect().await?, false),
+                _ => (Box::pin(self.connect()).await?, false),
             };
             if let Err(e) = sender.ready().await {
                 if reused {
