@@ -455,6 +455,14 @@ async fn a_refused_request_without_a_body_is_replayed_even_a_post_and_a_streamed
             && refused[1].contains("retry=false"),
         "{log}"
     );
+    // The warning names the client itself: the client connection's span
+    // is at debug level (entered on every poll: too dear per request).
+    assert!(
+        refused
+            .iter()
+            .all(|l| l.contains("client=127.0.0.1:") && !l.contains("conn{")),
+        "{log}"
+    );
 
     // The held request still completes on n2, which then stops.
     app.release();

@@ -44,7 +44,11 @@ pub(crate) fn route_from_request(
     let path = uri.path();
     let last = &path[last_segment_start(path)..];
     // Without a `;` the segment has no parameter: nothing to split.
-    let last = if last.as_bytes().contains(&b';') { last } else { "" };
+    let last = if last.as_bytes().contains(&b';') {
+        last
+    } else {
+        ""
+    };
     let params = last
         .split(';')
         .skip(1)

@@ -532,7 +532,7 @@ impl server::Handler for Ingress {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    fn closed_before_http(&self, error: &conn::OpenError) {
+    fn closed_before_http(&self, peer: std::net::SocketAddr, error: &conn::OpenError) {
         let c = &self.state.counters;
         match error {
             conn::OpenError::Proxy(e) => {
@@ -548,7 +548,7 @@ impl server::Handler for Ingress {
                         .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
                         .is_ok()
                 {
-                    tracing::warn!(target: crate::adapters::REQUEST_PATH, error = %e, "closed a client connection without a valid PROXY header (listener proxy_protocol = true): is the sprayer sending it?");
+                    tracing::warn!(target: crate::adapters::REQUEST_PATH, %peer, error = %e, "closed a client connection without a valid PROXY header (listener proxy_protocol = true): is the sprayer sending it?");
                 }
             }
             conn::OpenError::Handshake(_) | conn::OpenError::HandshakeTimeout(_) => {

@@ -23,7 +23,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use super::client_gone::{ClientGone, Mode, ReadAhead};
 use super::conn::{self, ClientIo, ConnInfo, ListenerSetup, OpenError};
@@ -96,10 +96,21 @@ pub(crate) trait Handler: Send + Sync + 'static {
     /// Counts an HTTP/2 connection closed for a rapid-reset flood
     /// (default: not counted).
     fn h2_reset_flood(&self) {}
-    /// Counts a connection closed before HTTP: its PROXY header or TLS
+    /// Counts a connection from `peer` (its TCP peer: the sprayer, behind
+    /// a PROXY header) closed before HTTP: its PROXY header or TLS
     /// handshake failed (`conn::open`). Nothing by default.
-    fn closed_before_http(&self, error: &OpenError) {
-        let _ = error;
+    fn closed_before_http(&self, peer: std::net::SocketAddr, error: &OpenError) {
+        let _ = (peer, error);
+    }
+    /// True when each connection's `conn{peer, client}` span is at info
+    /// level, so events at info and above carry it: the admin listener's
+    /// (rare connections, whose requests change the node). The client
+    /// listeners' span is at debug, the default: it is entered on every
+    /// poll of a connection's task, several times per request (about 600
+    /// instructions per request at info), and the events a client
+    /// connection logs at info and above name the client themselves.
+    fn conn_span_at_info(&self) -> bool {
+        false
     }
 }
 
@@ -215,7 +226,11 @@ pub(crate) async fn serve<H: Handler>(
         };
         let mut stop = shutdown.clone();
         let conn_shutdown = shutdown.clone();
-        let span = info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty);
+        let span = if ingress.conn_span_at_info() {
+            info_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty)
+        } else {
+            debug_span!(target: REQUEST_PATH, "conn", peer = %client, client = tracing::field::Empty)
+        };
         tokio::spawn(
             async move {
                 // A connection still in its PROXY header or TLS handshake
@@ -230,7 +245,7 @@ pub(crate) async fn serve<H: Handler>(
                     Ok(x) => x,
                     Err(e) => {
                         debug!(target: REQUEST_PATH, error = %e, "client connection closed before http");
-                        ing.closed_before_http(&e);
+                        ing.closed_before_http(client, &e);
                         return;
                     }
                 };

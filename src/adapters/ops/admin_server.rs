@@ -111,6 +111,10 @@ impl Handler for AdminServer {
         self.answer(req).await.into()
     }
 
+    fn conn_span_at_info(&self) -> bool {
+        true
+    }
+
     fn header_read_timeout(&self) -> Duration {
         self.header_read_timeout
     }

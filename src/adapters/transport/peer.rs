@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body as _;
-use tracing::{Instrument, debug, debug_span, info_span, warn};
+use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::adapters::body::{self, Body, QuicBody};
 use crate::adapters::informational::{InfoHead, Informational};
@@ -322,7 +322,7 @@ pub(crate) fn serve<H: ProxiedHandler>(
             let remote = conn.remote_address();
             tokio::spawn(
                 serve_connection(conn, peer, link, handler)
-                    .instrument(info_span!(target: LOG, "peer_conn", %remote)),
+                    .instrument(debug_span!(target: LOG, "peer_conn", %remote)),
             );
         },
     ));
@@ -359,7 +359,7 @@ pub(crate) fn serve<H: ProxiedHandler>(
                         Err(e) => debug!(target: LOG, error = %e, "peer handshake failed"),
                     }
                 }
-                .instrument(info_span!(target: LOG, "peer_conn", %remote)),
+                .instrument(debug_span!(target: LOG, "peer_conn", %remote)),
             );
         }
     }

@@ -507,7 +507,7 @@ impl Forwarder {
             let ready = match peer::open(&self.links, cand, &mut out).await {
                 Ok(r) => r,
                 Err(e) => {
-                    let (failure, after, err) = judge(e, &plan, cand, request_id);
+                    let (failure, after, err) = judge(e, &plan, cand, request_id, conn.client);
                     if after == AfterFailure::Fail {
                         return Err(err);
                     }
@@ -596,7 +596,7 @@ impl Forwarder {
                     });
                 }
                 Err(e) => {
-                    let (_, after, err) = judge(e, &plan, cand, request_id);
+                    let (_, after, err) = judge(e, &plan, cand, request_id, conn.client);
                     let retry = after == AfterFailure::NextCandidate;
                     if !retry {
                         return Err(err);
@@ -634,12 +634,14 @@ fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
 /// A failed send to `cand` as the failover plan judges it: the failure,
 /// what the plan does after it, and the error the client gets if nothing
 /// else serves it. The one place the ingress maps the peer sender's
-/// errors ([`peer::SendError`]).
+/// errors ([`peer::SendError`]); its warning names `client` (the client
+/// connection's span is at debug level: `server::Handler::conn_span_at_info`).
 fn judge(
     e: peer::SendError,
     plan: &ReplayPlan,
     cand: &NodeId,
     request_id: u128,
+    client: std::net::SocketAddr,
 ) -> (Failure, AfterFailure, RequestError) {
     let (failure, err) = match e {
         peer::SendError::Open(e) => {
@@ -666,7 +668,7 @@ fn judge(
                 // client's fault.
                 ExchangeError::ClientBody(b) => RequestError::client_body(&b),
                 e => {
-                    warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), peer = %cand, error = %e, retry, "forward failed after the request was sent");
+                    warn!(target: REQUEST_PATH, id = %uuid::Uuid::from_u128(request_id), %client, peer = %cand, error = %e, retry, "forward failed after the request was sent");
                     RequestError::OwnerFailed(e.to_string())
                 }
             };

@@ -350,7 +350,10 @@ async fn a_request_sent_again_still_relays_the_apps_informational_answers() {
     };
     let (first, mut first_rx) = with_sink("/1");
     assert_eq!(text(pool.send(first).await.unwrap()).await, "ok");
-    assert_eq!(first_rx.recv().await.unwrap().status, StatusCode::EARLY_HINTS);
+    assert_eq!(
+        first_rx.recv().await.unwrap().status,
+        StatusCode::EARLY_HINTS
+    );
     // Sent on the reused connection, dropped unanswered, sent again.
     let (second, mut rx) = with_sink("/2");
     assert_eq!(text(pool.send(second).await.unwrap()).await, "ok");
