@@ -571,11 +571,15 @@ async fn serve_stream<H: ProxiedHandler>(
     let node = handler.node_id();
     // Instrumented only when the span is on: `instrument` moves the
     // handler's future (2.6 KB) once more per request.
+    // Boxed: the handler's future (the app's call with it, about 2.6 KB)
+    // inline made this stream's future that much larger, and it was
+    // copied whole when the task was spawned and again on its way into
+    // `serve_relaying`; boxed, it is copied once.
     let resp = if span.is_disabled() {
-        let serving = handler.serve(kind, peer, &head, req);
+        let serving = Box::pin(handler.serve(kind, peer, &head, req));
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     } else {
-        let serving = handler.serve(kind, peer, &head, req).instrument(span);
+        let serving = Box::pin(handler.serve(kind, peer, &head, req).instrument(span));
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
     };
     let Some(resp) = resp else {
