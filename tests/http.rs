@@ -254,3 +254,68 @@ async fn a_node_publishes_the_requests_it_serves_not_those_it_forwards() {
     assert_eq!((resp.status, resp.served_by()), (200, "n2"));
     assert_eq!(app.arrived("/hold"), 1);
 }
+
+/// Reads one HTTP/1.1 response with a `Content-Length` body from a
+/// keep-alive connection: its status line and body.
+fn read_response(s: &mut TcpStream) -> (String, Vec<u8>) {
+    use std::io::Read;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before a response: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).into_owned();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().unwrap())
+        })
+        .expect("a content-length");
+    while got.len() < head_end + len {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed in a body");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    (status, got[head_end..head_end + len].to_vec())
+}
+
+/// On a keep-alive connection the header read timeout counts for each
+/// head from the end of the previous exchange: a request served for
+/// longer than the timeout (the timer waits, not counting, while it is
+/// served) neither closes the connection nor shortens the next head's
+/// time, and a pause past the timeout after the last answer closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_read_timeout_counts_again_for_each_head_of_a_connection() {
+    let c = Cluster::start(
+        "http-head-timer",
+        1,
+        "[limits]\nheader_read_timeout_ms = 500\n",
+        "",
+    );
+    let mut s = TcpStream::connect(c.nodes[0].http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // Served for 900 ms, past the 500 ms the first head had.
+    s.write_all(b"GET /delay/900 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let (status, _) = read_response(&mut s);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // The same connection takes the next request.
+    s.write_all(b"GET /bytes/3 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let (status, body) = read_response(&mut s);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(body.len(), 3);
+    // Then half a head and nothing more: closed at the timeout, with
+    // nothing written.
+    s.write_all(b"GET /bytes/3 HTTP/1.1\r\nHost: ").unwrap();
+    let (text, closed) = read_until_closed(&mut s);
+    assert!(closed && text.is_empty(), "{text:?}");
+}

@@ -276,10 +276,14 @@ where
             }
         };
 
+        // peerlb's copy (vendor/README.md): the timer is kept for the next
+        // head, which resets it, instead of being dropped and allocated
+        // again for every request on a keep-alive connection. Not polled
+        // while not running; if it fires meanwhile (a request or response
+        // longer than the timeout), it only wakes the connection's task.
         #[cfg(feature = "server")]
         {
             self.state.h1_header_read_timeout_running = false;
-            self.state.h1_header_read_timeout_fut = None;
         }
 
         // Note: don't deconstruct `msg` into local variables, it appears
