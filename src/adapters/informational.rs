@@ -253,6 +253,11 @@ async fn write_frame(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> 
 #[derive(Debug, Default)]
 pub(crate) struct H1Queue {
     state: Mutex<H1State>,
+    /// `state.bytes` holds a head: the connection's writer takes the lock
+    /// only then (set under the lock before the wake, cleared with the
+    /// take; the writer registers its waker before it looks: `AtomicWaker`'s
+    /// pattern, so a head queued after the look wakes it).
+    queued: std::sync::atomic::AtomicBool,
     /// The number of the connection's next request (its sink's).
     next: std::sync::atomic::AtomicU64,
     waker: AtomicWaker,
@@ -295,6 +300,8 @@ impl H1Queue {
                 return;
             }
             st.bytes.extend_from_slice(&encoded);
+            self.queued
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         self.waker.wake();
     }
@@ -355,7 +362,14 @@ impl<T: AsyncWrite + Unpin> H1Inject<T> {
                 return Poll::Ready(Ok(()));
             }
             self.queue.waker.register(cx.waker());
+            // Most connections never queue a head: no lock for them.
+            if !self.queue.queued.load(std::sync::atomic::Ordering::Acquire) {
+                return Poll::Ready(Ok(()));
+            }
             let mut q = self.queue.state.lock().expect("informational queue lock");
+            self.queue
+                .queued
+                .store(false, std::sync::atomic::Ordering::Relaxed);
             if q.bytes.is_empty() {
                 return Poll::Ready(Ok(()));
             }
