@@ -72,14 +72,7 @@ impl RawApp {
                         }
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                            let len: usize = head
-                                .lines()
-                                .find_map(|l| {
-                                    let (k, v) = l.split_once(':')?;
-                                    k.eq_ignore_ascii_case("content-length")
-                                        .then(|| v.trim().parse().ok())?
-                                })
-                                .unwrap_or(0);
+                            let len = content_length(&head).unwrap_or(0);
                             if buf.len() < end + 4 + len {
                                 break;
                             }

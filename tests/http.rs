@@ -270,14 +270,7 @@ fn read_response(s: &mut TcpStream) -> (String, Vec<u8>) {
         got.extend_from_slice(&buf[..n]);
     };
     let head = String::from_utf8_lossy(&got[..head_end]).into_owned();
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().unwrap())
-        })
-        .expect("a content-length");
+    let len = content_length(&head).expect("a content-length");
     while got.len() < head_end + len {
         let n = s.read(&mut buf).unwrap();
         assert!(n > 0, "closed in a body");

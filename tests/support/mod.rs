@@ -585,6 +585,16 @@ pub fn read_until_closed(s: &mut std::net::TcpStream) -> (String, bool) {
     }
 }
 
+/// The `Content-Length` of a raw HTTP/1.1 head (its lines as text), if
+/// it has one that parses.
+pub fn content_length(head: &str) -> Option<usize> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())?
+    })
+}
+
 /// Writes `raw` (a whole request, as bytes on the wire) on a fresh
 /// connection to `addr` and reads the answer until the server closes.
 pub fn raw_exchange(addr: SocketAddr, raw: &[u8]) -> (String, bool) {
