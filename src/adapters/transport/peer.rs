@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body as _;
-use tracing::{Instrument, debug, debug_span, warn};
+use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use crate::adapters::body::{self, Body, QuicBody};
 use crate::adapters::informational::{InfoHead, Informational};
@@ -320,6 +320,9 @@ pub(crate) fn serve<H: ProxiedHandler>(
                 return;
             };
             let remote = conn.remote_address();
+            // At debug: this task is polled for every stream the peer
+            // opens, and an enabled span is entered on every poll (about
+            // 300 instructions); its events are at debug.
             tokio::spawn(
                 serve_connection(conn, peer, link, handler)
                     .instrument(debug_span!(target: LOG, "peer_conn", %remote)),
@@ -359,7 +362,10 @@ pub(crate) fn serve<H: ProxiedHandler>(
                         Err(e) => debug!(target: LOG, error = %e, "peer handshake failed"),
                     }
                 }
-                .instrument(debug_span!(target: LOG, "peer_conn", %remote)),
+                // At info (a span per connection, entered only during its
+                // handshake): a refused peer certificate's warning names
+                // the address. The loop serving its streams is at debug.
+                .instrument(info_span!(target: LOG, "peer_conn", %remote)),
             );
         }
     }
@@ -371,7 +377,8 @@ pub(crate) fn serve<H: ProxiedHandler>(
 /// made and enters it on every poll, several per request (an enabled
 /// span cost about 300 instructions per enter and exit), and the span
 /// current here is the connection's info-level `peer`, `peer_link` or
-/// `peer_conn` span, or a client connection's. Under a filter that enables
+/// `peer_conn` span, or a client connection's (debug level: enabled only
+/// by a filter that asks for it). Under a filter that enables
 /// the debug span `peer_driver` the driver runs in that one (quinn's own
 /// events then name the peer's address); otherwise `make` runs with no
 /// subscriber, so the driver is instrumented with no span (quinn makes a

@@ -550,7 +550,7 @@ impl Forwarder {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
                     let served = served_by(rh.served_by(), cand);
                     let by_value = rh.served_by_value();
-                    let mut resp = response_from_head(rh, body::empty());
+                    let mut resp = response_from_head(rh, body::empty(), cand, conn.client);
                     resp.extensions_mut().insert(Tunnel::ready(io));
                     return Ok(Served {
                         resp,
@@ -581,7 +581,7 @@ impl Forwarder {
                     } else {
                         qb.boxed_unsync()
                     };
-                    let mut resp = response_from_head(rh, body);
+                    let mut resp = response_from_head(rh, body, cand, conn.client);
                     if marked {
                         resp.headers_mut().remove(wire::TRAILERS_NAME);
                     }
@@ -618,12 +618,17 @@ impl Forwarder {
 /// (trace lines include the target).
 const PEER_LOG: &str = "peerlb::adapters::peer";
 
-/// Turns a response head from a peer into an HTTP response with `body`.
+/// Turns a response head from `peer` into an HTTP response with `body`.
 /// Header lines that are not valid HTTP were dropped by the decode; they
-/// are logged here.
-fn response_from_head(head: DecodedResponseHead, body: Body) -> Response<Body> {
+/// are logged here, with the peer and the `client` the answer is for.
+fn response_from_head(
+    head: DecodedResponseHead,
+    body: Body,
+    peer: &NodeId,
+    client: std::net::SocketAddr,
+) -> Response<Body> {
     for k in &head.dropped {
-        warn!(target: PEER_LOG, header = %k, "dropping invalid header from peer");
+        warn!(target: PEER_LOG, header = %k, %peer, %client, "dropping invalid header from peer");
     }
     let mut resp = Response::new(body);
     *resp.status_mut() = errors::peer_status(head.status);

@@ -326,21 +326,24 @@ async fn a_one_frame_answer_is_charged_but_never_cut() {
 
 /// On HTTP/1.1 (the end is told with the last frame, `hold_end` off) a
 /// one-frame answer has no holder at all: its lease charges the node's
-/// total until the client connection lets go of it, and the budget's
-/// cut passes it by (a registered answer beside it is cut instead).
+/// total until the client connection lets go of it, a charge past the
+/// budget cuts the registered answer beside it, and the budget's cut
+/// passes the one-frame answer by.
 #[tokio::test(start_paused = true)]
 async fn an_http_1_one_frame_answer_is_charged_without_a_holder() {
     let budget = budget(1_500, 0, Duration::from_secs(60));
+    let mut two = Relay::new(frames(&[1_000, 1]), Some(budget.clone()), false, None);
+    two.hold_end = false;
+    let t = data(poll(&mut two));
+    assert!(two.holder.is_some());
+    assert_eq!(budget.held(), 1_000);
+    // The one-frame answer's charge passes the budget: the registered
+    // answer is cut, the new frame still goes.
     let mut one = Relay::new(frames(&[1_000]), Some(budget.clone()), false, None);
     one.hold_end = false;
     let o = data(poll(&mut one));
     assert!(one.holder.is_none());
     assert!(one.is_end_stream());
-    assert_eq!(budget.held(), 1_000);
-    let mut two = Relay::new(frames(&[1_000, 1]), Some(budget.clone()), false, None);
-    two.hold_end = false;
-    let t = data(poll(&mut two));
-    assert!(two.holder.is_some());
     assert_eq!(budget.held(), 2_000);
     assert!(matches!(
         poll(&mut two),
