@@ -576,12 +576,11 @@ async fn serve_stream<H: ProxiedHandler>(
         rx
     });
     let node = handler.node_id();
-    // Instrumented only when the span is on: `instrument` moves the
-    // handler's future (2.6 KB) once more per request.
-    // Boxed: the handler's future (the app's call with it, about 2.6 KB)
-    // inline made this stream's future that much larger, and it was
-    // copied whole when the task was spawned and again on its way into
-    // `serve_relaying`; boxed, it is copied once.
+    // The handler's future (the app's call with it, about 2.6 KB) is
+    // boxed: inline it made this stream's future that much larger, copied
+    // whole when the task was spawned and again on its way into
+    // `serve_relaying`; boxed, it is copied once. Instrumented only when
+    // the span is on (`instrument` is one more move).
     let resp = if span.is_disabled() {
         let serving = Box::pin(handler.serve(kind, peer, &head, req));
         crate::adapters::informational::serve_relaying(serving, info_rx, &mut send, node).await
