@@ -13,8 +13,12 @@
 //!               resets the response timeout, and hands it to its own sink
 //! ```
 //!
-//! The sink is set by the client server for each request that can take a
-//! 1xx: HTTP/1.1 ([`H1Queue`]), not HTTP/1.0; HTTP/2 (a HEADERS frame on
+//! The sink is the client connection's for each request that can take a
+//! 1xx: HTTP/1.1 ([`H1Queue`], held by the connection's facts,
+//! [`H1Sinks`], and made into a request's sink where the request is
+//! served or forwarded: no request extension, so a request with nothing
+//! else in its extension map allocates none), not HTTP/1.0; HTTP/2 (a
+//! request extension set by the client server: a HEADERS frame on
 //! the request's stream, through `hyper::ext::Http2Informational`: hyper's
 //! HTTP/2 server had no way to send one, and `vendor/hyper` adds it); and
 //! over the hop only when
@@ -107,8 +111,10 @@ pub(crate) fn relayed(status: u16) -> bool {
 }
 
 /// Where a request's informational heads go: set as a request extension
-/// by whoever can deliver them (the client server, the owner's peer
-/// stream), called by the upstream pool for each 1xx the app sends. At
+/// by whoever can deliver them (the HTTP/2 client server, the owner's peer
+/// stream; an HTTP/1.1 connection's is made from its [`H1Sinks`] where
+/// the request is served or forwarded), called by the upstream pool for
+/// each 1xx the app sends. At
 /// most [`MAX_PER_REQUEST`] are passed on. Cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub(crate) struct Informational(Inner);
@@ -247,6 +253,47 @@ async fn write_frame(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> 
         }
     }
 }
+
+/// The informational queue of one client connection, once its HTTP/1.1
+/// server set it (`None` on an HTTP/2 connection, whose requests carry
+/// their sink as an extension): part of the connection's facts
+/// (`ConnInfo`), so a request's sink is made where it is needed
+/// ([`H1Sinks::sink`]) and not carried in the request's extension map
+/// (an allocation per request for the map alone).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct H1Sinks(std::sync::OnceLock<Arc<H1Queue>>);
+
+impl H1Sinks {
+    /// The connection's queue, made on the first call (by its HTTP/1.1
+    /// server, before any request).
+    pub(crate) fn queue(&self) -> &Arc<H1Queue> {
+        self.0.get_or_init(Arc::default)
+    }
+
+    /// The sink of one request of `version` on this connection: `None`
+    /// for HTTP/1.0 (RFC 9110 section 15.2: no 1xx to an HTTP/1.0 client)
+    /// and on a connection without an HTTP/1.1 server. Call it once per
+    /// request: each call numbers a new request ([`MAX_PER_REQUEST`]
+    /// counts per number).
+    pub(crate) fn sink(&self, version: http::Version) -> Option<Informational> {
+        let queue = self.0.get()?;
+        (version == http::Version::HTTP_11).then(|| queue.sink())
+    }
+}
+
+/// Two connections' facts compare their queues by identity (both unset,
+/// or the same queue).
+impl PartialEq for H1Sinks {
+    fn eq(&self, other: &H1Sinks) -> bool {
+        match (self.0.get(), other.0.get()) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for H1Sinks {}
 
 /// The informational heads waiting to be written on one HTTP/1.1 client
 /// connection, shared by its requests' sinks and its [`H1Inject`] IO.
@@ -523,5 +570,31 @@ mod tests {
                 "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n{hint}{hint}HTTP/1.1 204 No Content\r\n\r\n"
             )
         );
+    }
+
+    /// A connection's sinks come from its facts: none before its HTTP/1.1
+    /// server set the queue (an HTTP/2 connection) and none for an
+    /// HTTP/1.0 request; an HTTP/1.1 request's goes to the connection's
+    /// queue, each one counted as a request of its own.
+    #[test]
+    fn a_connections_sinks_are_its_http_1_1_requests_only() {
+        let sinks = H1Sinks::default();
+        assert!(sinks.sink(http::Version::HTTP_11).is_none());
+        let q = sinks.queue().clone();
+        assert!(Arc::ptr_eq(&q, sinks.queue()), "one queue per connection");
+        assert!(sinks.sink(http::Version::HTTP_10).is_none());
+        let one = early_hints().encode_h1().len();
+        let queued = |q: &H1Queue| q.state.lock().unwrap().bytes.len();
+        for _ in 0..2 {
+            let sink = sinks
+                .sink(http::Version::HTTP_11)
+                .expect("an HTTP/1.1 sink");
+            for _ in 0..MAX_PER_REQUEST + 1 {
+                sink.send(early_hints());
+            }
+        }
+        assert_eq!(queued(&q), 2 * MAX_PER_REQUEST as usize * one);
+        assert_eq!(sinks, sinks.clone());
+        assert_ne!(sinks, H1Sinks::default());
     }
 }

@@ -150,7 +150,7 @@ fn router_tracks_load(r: &Router) -> bool {
 
 mod tracking;
 
-pub(crate) use tracking::{Inflight, Outstanding, Tracker, track_body};
+pub(crate) use tracking::{Hold, Inflight, Outstanding, Tracker, track_body};
 
 /// The state of one node that its client server, its peer server and its
 /// admin API share.

@@ -301,9 +301,9 @@ impl Ingress {
                 // each move.
                 let mut resp =
                     match Box::pin(self.forwarder.route_and_serve(req, &conn, routed)).await {
-                        Ok((answer, guard)) => {
+                        Ok((answer, hold)) => {
                             from_peer = answer.from_peer;
-                            track_body(answer.response, guard, inflight)
+                            track_body(answer.response, hold, inflight)
                         }
                         Err(answer) => answer,
                     };

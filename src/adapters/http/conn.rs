@@ -72,6 +72,9 @@ pub(crate) struct ConnInfo {
     /// that needs them (`serve::forwarded::connection_values`): the
     /// client's address and scheme do not change on a connection.
     pub forwarded: std::sync::OnceLock<[http::HeaderValue; 2]>,
+    /// Where the 1xx answers of this connection's HTTP/1.1 requests go,
+    /// set by its HTTP/1.1 server (`informational`).
+    pub informational: crate::adapters::informational::H1Sinks,
 }
 
 /// Why a connection was closed before HTTP.
@@ -119,6 +122,7 @@ pub(crate) async fn open(
                 cert_names: None,
                 client_cert: None,
                 forwarded: Default::default(),
+                informational: Default::default(),
             },
         ));
     };
@@ -157,6 +161,7 @@ pub(crate) async fn open(
             cert_names,
             client_cert,
             forwarded: Default::default(),
+            informational: Default::default(),
         },
     ))
 }
@@ -259,6 +264,7 @@ mod tests {
                 cert_names: None,
                 client_cert: None,
                 forwarded: Default::default(),
+                informational: Default::default(),
             }
         );
         let mut rest = String::new();

@@ -33,7 +33,7 @@ use super::relay::{Answer, Relay, ResponseBudget};
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::http::send_timeout::SendTimeout;
-use crate::adapters::informational::{H1Inject, H1Queue, Informational};
+use crate::adapters::informational::{H1Inject, Informational};
 use crate::seam::HttpListener;
 
 use super::on_own_wake::OnOwnWake;
@@ -486,7 +486,7 @@ async fn serve_h1<H, I>(
     // The app's 1xx answers are written between hyper's messages
     // (`informational::H1Inject`); an HTTP/1.0 client gets none (RFC 9110
     // section 15.2).
-    let queue = Arc::new(H1Queue::default());
+    let queue = info.informational.queue().clone();
     // A client that leaves while its answer is pending cancels the
     // request (`client_gone`).
     let gone = Arc::new(ClientGone::new(ingress.early_answer_drain_bytes()));
@@ -496,9 +496,6 @@ async fn serve_h1<H, I>(
     ));
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let (ing, info) = (ingress.clone(), info.clone());
-        if req.version() == http::Version::HTTP_11 {
-            req.extensions_mut().insert(queue.sink());
-        }
         // Whether its body may still be coming after the answer (the
         // early answer drain).
         if http_body::Body::is_end_stream(req.body()) {

@@ -102,13 +102,24 @@ impl Drop for Inflight {
     }
 }
 
+/// What keeps a response's request counted until its body ends, besides
+/// this node's in-flight count: outstanding to the node serving it (an
+/// entry's), and served by the local app (a request the entry serves
+/// itself), so one body wrapper holds all three ([`track_body`]).
+#[derive(Default)]
+pub(crate) struct Hold {
+    pub(crate) guard: Option<Outstanding>,
+    pub(crate) serving: Option<Inflight>,
+}
+
 /// A response body that keeps its request counted (in flight on this node,
-/// and outstanding to its owner) until the body ends, and counts the bytes
-/// it carries.
+/// served by its app, and outstanding to its owner) until the body ends,
+/// and counts the bytes it carries.
 struct TrackedBody {
     inner: Body,
     guard: Option<Outstanding>,
     inflight: Option<Inflight>,
+    serving: Option<Inflight>,
 }
 
 impl http_body::Body for TrackedBody {
@@ -130,6 +141,7 @@ impl http_body::Body for TrackedBody {
             std::task::Poll::Ready(_) => {
                 this.guard = None;
                 this.inflight = None;
+                this.serving = None;
             }
             std::task::Poll::Pending => {}
         }
@@ -145,21 +157,70 @@ impl http_body::Body for TrackedBody {
     }
 }
 
-/// Wraps `resp`'s body so the guards live until the body ends.
-pub(crate) fn track_body(
-    resp: Response<Body>,
-    guard: Option<Outstanding>,
-    inflight: Inflight,
-) -> Response<Body> {
+/// Wraps `resp`'s body so the guards live until the body ends (a body
+/// that is already at its end is left as it is: they drop now).
+pub(crate) fn track_body(resp: Response<Body>, hold: Hold, inflight: Inflight) -> Response<Body> {
     if resp.body().is_end_stream() {
         return resp;
     }
     resp.map(|inner| {
         TrackedBody {
             inner,
-            guard,
+            guard: hold.guard,
             inflight: Some(inflight),
+            serving: hold.serving,
         }
         .boxed_unsync()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One wrapper keeps every count of an answer until its body ends (the
+    /// node's in flight and, for a request its app served, the app's), not
+    /// until it is dropped; an answer whose body has already ended keeps
+    /// none.
+    #[tokio::test]
+    async fn the_counts_last_until_the_body_ends_and_not_past_it() {
+        let count = |n: u32| Arc::new(AtomicU32::new(n));
+        let (inflight, serving) = (count(1), count(1));
+        let hold = Hold {
+            guard: None,
+            serving: Some(Inflight(serving.clone(), None)),
+        };
+        let resp = track_body(
+            Response::new(body::full("abc")),
+            hold,
+            Inflight(inflight.clone(), None),
+        );
+        let now = |a: &AtomicU32| a.load(Ordering::Relaxed);
+        assert_eq!((now(&inflight), now(&serving)), (1, 1));
+        let mut b = resp.into_body();
+        let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "abc");
+        assert_eq!((now(&inflight), now(&serving)), (1, 1), "a frame is out");
+        assert!(b.frame().await.is_none());
+        assert_eq!((now(&inflight), now(&serving)), (0, 0), "the body ended");
+        drop(b);
+        assert_eq!((now(&inflight), now(&serving)), (0, 0));
+
+        let (inflight, serving) = (count(1), count(1));
+        let hold = Hold {
+            guard: None,
+            serving: Some(Inflight(serving.clone(), None)),
+        };
+        let resp = track_body(
+            Response::new(body::empty()),
+            hold,
+            Inflight(inflight.clone(), None),
+        );
+        assert_eq!(
+            (now(&inflight), now(&serving)),
+            (0, 0),
+            "no body to wait for"
+        );
+        drop(resp);
+    }
 }

@@ -17,7 +17,7 @@ use tracing::debug;
 use crate::adapters::REQUEST_PATH;
 use crate::adapters::body::Body;
 use crate::adapters::errors::RequestError;
-use crate::adapters::node_state::{NodeState, track_body};
+use crate::adapters::node_state::{Hold, NodeState, track_body};
 use crate::adapters::serve::app::{App, AppError, ServeCtx};
 use crate::adapters::serve::sip::SipApp;
 use crate::adapters::transport::peer::ProxiedHandler;
@@ -58,6 +58,12 @@ impl Owner {
         Owner { state, app, kinds }
     }
 
+    /// False for an app that never sends a 1xx (the built-in): a request
+    /// it serves needs no informational sink.
+    pub(crate) fn app_may_send_informational(&self) -> bool {
+        self.app.may_send_informational()
+    }
+
     /// Serves with the local app, adding its time to the response head to
     /// the cumulative processing time of the load metric
     /// ([`NodeState::observe_latency`]).
@@ -88,7 +94,7 @@ impl ProxiedHandler for Owner {
     fn may_send_informational(&self, kind: StreamKind) -> bool {
         // The built-in app never sends a 1xx, nor do the admin and SIP
         // paths.
-        self.app.may_send_informational() && kind == StreamKind::Http
+        self.app_may_send_informational() && kind == StreamKind::Http
     }
 
     async fn serve(
@@ -187,7 +193,7 @@ impl Owner {
             forwarded: None,
         };
         match self.serve_app(req, ctx).await {
-            Ok(r) => track_body(r, None, inflight),
+            Ok(r) => track_body(r, Hold::default(), inflight),
             Err(e) => state.failed(RequestError::App(e)),
         }
     }

@@ -23,7 +23,7 @@ use crate::adapters::body::{self, Body};
 use crate::adapters::errors::{self, RequestError};
 use crate::adapters::http::ConnInfo;
 use crate::adapters::http::relay::Answer;
-use crate::adapters::node_state::{NodeState, Outstanding, track_body};
+use crate::adapters::node_state::{Hold, NodeState, track_body};
 use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::forwarded;
 use crate::adapters::serve::owner::Owner;
@@ -54,8 +54,9 @@ struct Served {
     /// [`Served::by`] as the `peerlb-served-by` value, when the answer
     /// brought it (a peer's head: a slice of its frame, no copy).
     by_value: Option<HeaderValue>,
-    /// Keeps it outstanding to its server until its body ends.
-    guard: Option<Outstanding>,
+    /// Keeps it outstanding to its server, and counted as served by the
+    /// local app when it was, until its body ends.
+    hold: Hold,
     /// Its body is read from a peer stream (`relay::Answer::from_peer`).
     from_peer: bool,
 }
@@ -159,7 +160,8 @@ impl Forwarder {
     }
 
     /// Routes a client request that passed the limits and serves it: the
-    /// response, and the guard that keeps it outstanding to its server;
+    /// response, and the guards that keep it outstanding to its server
+    /// (and served by the local app) until its body ends;
     /// `Err` is the error answer (already counted). Either way the request
     /// is counted by owner, and the decision set in `routed` (the access
     /// line's, when the access log is on: `access::Line`).
@@ -168,7 +170,7 @@ impl Forwarder {
         mut req: Request<Incoming>,
         conn: &ConnInfo,
         routed: Option<&mut access::Routed>,
-    ) -> Result<(Answer<Body>, Option<Outstanding>), Response<Body>> {
+    ) -> Result<(Answer<Body>, Hold), Response<Body>> {
         strip_peerlb_headers(req.headers_mut());
         let client = conn.client;
         let view = self.state.view();
@@ -221,7 +223,7 @@ impl Forwarder {
                     response: s.resp,
                     from_peer: s.from_peer,
                 },
-                s.guard,
+                s.hold,
             )),
             Err((e, _)) => Err(self.state.failed(e)),
         }
@@ -269,10 +271,11 @@ impl Forwarder {
             cert_names: None,
             client_cert: None,
             forwarded: Default::default(),
+            informational: Default::default(),
         };
         let inflight = self.state.enter();
         let mut tries = 0;
-        let Served { resp, guard, .. } = Box::pin(self.serve_candidates(
+        let Served { resp, hold, .. } = Box::pin(self.serve_candidates(
             req,
             &conn,
             ownership::candidates_of(&view, key),
@@ -282,7 +285,7 @@ impl Forwarder {
             &mut tries,
         ))
         .await?;
-        Ok(track_body(resp, guard, inflight))
+        Ok(track_body(resp, hold, inflight))
     }
 
     /// Serves a decided request: the response, its outstanding guard and
@@ -367,7 +370,7 @@ impl Forwarder {
         // judge the failure (engine/failover.rs), replay or answer; the attempts share the kept
         // body and the access line, one loop keeps their order in sight.
         let me = self.state.node_id();
-        let (parts, incoming) = req.into_parts();
+        let (mut parts, incoming) = req.into_parts();
         // A WebSocket request: its stream to a peer is a tunnel (`wire`).
         let tunnel = tunnel::wants_websocket(&parts.method, parts.version, &parts.headers);
         let declared = content_length(&parts.headers);
@@ -379,31 +382,41 @@ impl Forwarder {
             .extensions
             .get::<access::BodyBytes>()
             .map(|b| b.0.clone());
-        let timed = incoming.into_sent(
-            self.settings.body_read_timeout,
-            counted,
-            parts.extensions.get::<body::BodyEnd>().cloned(),
-        );
+        // A request without a body is sent with an ended one: no read
+        // timeout to arm, nothing to count, no wrapper to allocate.
         let (replay, mut body) = match plan.body() {
-            BodyPlan::Buffer => {
-                let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
-                    .collect()
-                    .await
-                    .map_err(|e| match e.downcast_ref::<body::BodyError>() {
-                        Some(b) => RequestError::client_body(b),
-                        None => RequestError::ClientBody(e.to_string()),
-                    })?;
-                (Some(collected.to_bytes()), None)
+            BodyPlan::Empty => (None, Some(body::empty())),
+            kept => {
+                let timed = incoming.into_sent(
+                    self.settings.body_read_timeout,
+                    counted,
+                    parts.extensions.get::<body::BodyEnd>().cloned(),
+                );
+                if kept == BodyPlan::Buffer {
+                    let collected = http_body_util::Limited::new(timed, REPLAY_LIMIT as usize)
+                        .collect()
+                        .await
+                        .map_err(|e| match e.downcast_ref::<body::BodyError>() {
+                            Some(b) => RequestError::client_body(b),
+                            None => RequestError::ClientBody(e.to_string()),
+                        })?;
+                    (Some(collected.to_bytes()), None)
+                } else {
+                    (None, Some(timed))
+                }
             }
-            BodyPlan::Empty | BodyPlan::Stream => (None, Some(timed)),
         };
         let empty_body = plan.body() == BodyPlan::Empty;
-        // Where the owner's 1xx answers go (the client connection's sink,
-        // when it can take them: `informational`).
-        let info = parts
+        // Where the app's 1xx answers go, when the client can take them
+        // (`informational`): an HTTP/2 stream's sink rides in the request,
+        // an HTTP/1.1 connection's is made here, once per request.
+        let info = match parts
             .extensions
             .get::<crate::adapters::informational::Informational>()
-            .cloned();
+        {
+            Some(sink) => Some(sink.clone()),
+            None => conn.informational.sink(parts.version),
+        };
         // Trailers across the hop (`body::framed`): the response's when the
         // client takes them, the request's when it may have some (HTTP/2,
         // or an HTTP/1.1 body that names them in `Trailer`).
@@ -484,6 +497,18 @@ impl Forwarder {
                     .fetch_add(1, Ordering::Relaxed);
                 let guard = self.state.track(cand, request_bytes);
                 let serving = self.state.enter_serving();
+                // The app's 1xx answers go to the client through the
+                // request's extension (the upstream pool reads it); an app
+                // that never sends one (the built-in) is given none.
+                if let Some(sink) = &info
+                    && self.owner.app_may_send_informational()
+                    && parts
+                        .extensions
+                        .get::<crate::adapters::informational::Informational>()
+                        .is_none()
+                {
+                    parts.extensions.insert(sink.clone());
+                }
                 // The app exchange is boxed inside `App::serve` (an awaited
                 // future is laid out inside the one awaiting it: unboxed,
                 // the pooled exchange made this request's future 39 KB).
@@ -495,12 +520,16 @@ impl Forwarder {
                         Some(b) => RequestError::client_body(b),
                         None => RequestError::App(e),
                     })?;
-                let resp = track_body(resp, None, serving);
+                // Counted as served until its body ends, by the body
+                // wrapper the entry puts on every answer (one, not two).
                 return Ok(Served {
                     resp,
                     by: me.clone(),
                     by_value: None,
-                    guard,
+                    hold: Hold {
+                        guard,
+                        serving: Some(serving),
+                    },
                     from_peer: false,
                 });
             }
@@ -556,7 +585,10 @@ impl Forwarder {
                         resp,
                         by: served,
                         by_value,
-                        guard,
+                        hold: Hold {
+                            guard,
+                            serving: None,
+                        },
                         from_peer: false,
                     });
                 }
@@ -591,7 +623,10 @@ impl Forwarder {
                         resp,
                         by: served,
                         by_value,
-                        guard,
+                        hold: Hold {
+                            guard,
+                            serving: None,
+                        },
                         from_peer: true,
                     });
                 }
