@@ -25,7 +25,10 @@
 //!   when the engine's replay rules allow sending it again after it may
 //!   have been processed ([`ReplayPlan::after`] with [`Failure::Lost`]: no
 //!   body or a small buffered one, and an idempotent method). Anything
-//!   else gets the error (a 502).
+//!   else gets the error (a 502). A request without a body is handed back
+//!   by hyper itself (`vendor/hyper`'s `keep_sent_head`: kept whole until
+//!   its response head is read), so only one with a buffered body is
+//!   copied before it is sent.
 //!
 //! The app's response framing is checked before it goes further: a
 //! `Content-Length` beside a `Transfer-Encoding` is removed (RFC 9112
@@ -324,13 +327,10 @@ impl Upstream {
         );
         let resendable = plan.after(Failure::Lost) == AfterFailure::NextCandidate;
         // The head and body kept for a resend, and the first attempt. A
-        // copy of the head is made only for a request that may be resent.
+        // copy of the head is made only for a request that may be resent
+        // and has a body: a body-less one comes back from hyper itself
+        // when the connection ends before any response (`handshake`).
         let (kept, first) = match plan.body() {
-            BodyPlan::Empty if resendable => {
-                let kept = (parts, Bytes::new());
-                let first = rebuild(&kept);
-                (Some(kept), first)
-            }
             BodyPlan::Buffer if resendable => {
                 let kept = (parts, Box::pin(buffer(body)).await?);
                 let first = rebuild(&kept);
@@ -365,9 +365,16 @@ impl Upstream {
             match sender.try_send_request(req).await {
                 Ok(resp) => return self.response(resp, sender),
                 Err(mut e) => match (e.take_message(), &kept) {
-                    // Never started on a connection the app had closed:
-                    // try the next one.
-                    (Some(r), _) if reused => req = r,
+                    // Never started on a connection the app had closed
+                    // (hyper's cancellation): try the next one.
+                    (Some(r), _) if reused && e.error().is_canceled() => req = r,
+                    // A body-less request, sent, handed back by hyper: the
+                    // connection ended before any response.
+                    (Some(r), _) if reused && resendable && never_answered(e.error()) => {
+                        tracing::debug!(target: LOG, error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
+                        resent = true;
+                        req = with_sink(r, &mut spare);
+                    }
                     (None, Some(k)) if reused && never_answered(e.error()) => {
                         tracing::debug!(target: LOG, error = %e.error(), "upstream app closed a reused connection without answering: sending the request again on a new one");
                         resent = true;
@@ -468,8 +475,13 @@ async fn handshake<S>(stream: S, upgrades: bool) -> Result<SendRequest<Body>, Up
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(AfterWriteFailure::new(stream))).await?;
+    // A body-less request is handed back by hyper when the connection
+    // ends before its response (`vendor/hyper`'s `keep_sent_head`), so the
+    // pool keeps no copy of it for a resend.
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .keep_sent_head(true)
+        .handshake(TokioIo::new(AfterWriteFailure::new(stream)))
+        .await?;
     tokio::spawn(async move {
         let r = if upgrades {
             conn.with_upgrades().await

@@ -137,6 +137,7 @@ pub struct Builder {
     h1_preserve_header_order: bool,
     h1_read_buf_exact_size: Option<usize>,
     h1_max_buf_size: Option<usize>,
+    h1_keep_sent_head: bool,
 }
 
 /// Returns a handshake future over some IO.
@@ -352,6 +353,7 @@ impl Builder {
             h1_read_buf_exact_size: None,
             h1_parser_config: ParserConfig::default(),
             h1_title_case_headers: false,
+            h1_keep_sent_head: false,
             h1_preserve_header_case: false,
             h1_max_headers: None,
             h1_max_header_size: None,
@@ -457,6 +459,21 @@ impl Builder {
     /// mode to use.
     pub fn writev(&mut self, enabled: bool) -> &mut Builder {
         self.h1_writev = Some(enabled);
+        self
+    }
+
+    /// peerlb's copy (vendor/README.md): whether a request without a body
+    /// is kept whole once written, until its response head is read, so
+    /// that when the connection ends before any response,
+    /// `SendRequest::try_send_request` hands it back in its
+    /// `TrySendError` (`take_message`) with the connection's error (a
+    /// request that was never started comes back with a cancellation
+    /// error, `is_canceled`; a kept one never does). Costs nothing more:
+    /// the kept head's header map becomes the next response's.
+    ///
+    /// Default is false.
+    pub fn keep_sent_head(&mut self, enabled: bool) -> &mut Builder {
+        self.h1_keep_sent_head = enabled;
         self
     }
 
@@ -598,6 +615,9 @@ impl Builder {
             }
             if opts.h1_title_case_headers {
                 conn.set_title_case_headers();
+            }
+            if opts.h1_keep_sent_head {
+                conn.set_keep_sent_head();
             }
             if opts.h1_preserve_header_case {
                 conn.set_preserve_header_case();

@@ -76,6 +76,10 @@ where
                 h09_responses: false,
                 #[cfg(feature = "client")]
                 on_informational: None,
+                #[cfg(feature = "client")]
+                keep_sent_head: false,
+                #[cfg(feature = "client")]
+                sent_head: None,
                 notify_read: false,
                 reading: Reading::Init,
                 writing: Writing::Init,
@@ -122,6 +126,48 @@ where
 
     pub(crate) fn set_title_case_headers(&mut self) {
         self.state.title_case_headers = true;
+    }
+
+    /// peerlb's copy (vendor/README.md): keep each body-less request's
+    /// head whole once it is written, until its response head is read,
+    /// so a connection that ends before any response can hand it back
+    /// ([`Conn::take_sent_head`]).
+    #[cfg(feature = "client")]
+    pub(crate) fn set_keep_sent_head(&mut self) {
+        self.state.keep_sent_head = true;
+    }
+
+    /// True when this connection keeps the head of a body-less request it
+    /// writes ([`Conn::set_keep_sent_head`]).
+    pub(crate) fn keeps_sent_head(&self) -> bool {
+        #[cfg(feature = "client")]
+        {
+            self.state.keep_sent_head && T::is_client()
+        }
+        #[cfg(not(feature = "client"))]
+        {
+            false
+        }
+    }
+
+    /// True while a written request's head is kept (no response head read
+    /// since it was written).
+    pub(crate) fn has_sent_head(&self) -> bool {
+        #[cfg(feature = "client")]
+        {
+            self.state.sent_head.is_some()
+        }
+        #[cfg(not(feature = "client"))]
+        {
+            false
+        }
+    }
+
+    /// The kept head of the request written last, when no response head
+    /// has been read since: handed back with the connection's error.
+    #[cfg(feature = "client")]
+    pub(crate) fn take_sent_head(&mut self) -> Option<crate::proto::RequestHead> {
+        self.state.sent_head.take()
     }
 
     pub(crate) fn set_preserve_header_case(&mut self) {
@@ -298,6 +344,17 @@ where
         #[cfg(feature = "client")]
         {
             self.state.on_informational = None;
+        }
+
+        // peerlb's copy (vendor/README.md): the request was answered; its
+        // kept head's map, cleared, is the next response's.
+        #[cfg(feature = "client")]
+        if let Some(sent) = self.state.sent_head.take() {
+            let mut headers = sent.headers;
+            headers.clear();
+            if self.state.cached_headers.is_none() {
+                self.state.cached_headers = Some(headers);
+            }
         }
 
         self.state.busy();
@@ -637,6 +694,7 @@ where
 
         self.enforce_version(&mut head);
 
+        let keep = body.is_none() && self.keeps_sent_head();
         let buf = self.io.headers_buf();
         match super::role::encode_headers::<T>(
             Encode {
@@ -652,14 +710,26 @@ where
             buf,
         ) {
             Ok(encoder) => {
-                debug_assert!(self.state.cached_headers.is_none());
-                debug_assert!(head.headers.is_empty());
-                self.state.cached_headers = Some(head.headers);
-
                 #[cfg(feature = "client")]
                 {
                     self.state.on_informational =
                         head.extensions.remove::<crate::ext::OnInformational>();
+                }
+
+                // peerlb's copy (vendor/README.md): a kept head holds its
+                // headers until the response head is read; else they are
+                // cleared into the cache for the next head (a server's
+                // were drained as they were written).
+                #[cfg(feature = "client")]
+                if keep {
+                    self.state.sent_head = T::into_request_head(head);
+                    return Some(encoder);
+                }
+                let _ = keep;
+                let mut headers = head.headers;
+                headers.clear();
+                if self.state.cached_headers.is_none() {
+                    self.state.cached_headers = Some(headers);
                 }
 
                 Some(encoder)
@@ -977,6 +1047,14 @@ struct State {
     /// received.
     #[cfg(feature = "client")]
     on_informational: Option<crate::ext::OnInformational>,
+    /// peerlb's copy (vendor/README.md): keep a body-less request's head
+    /// until its response head is read (`http1::Builder::keep_sent_head`).
+    #[cfg(feature = "client")]
+    keep_sent_head: bool,
+    /// The kept head of the request written last, until its response head
+    /// is read.
+    #[cfg(feature = "client")]
+    sent_head: Option<crate::proto::RequestHead>,
     /// Set to true when the Dispatcher should poll read operations
     /// again. See the `maybe_notify` method for more.
     notify_read: bool,

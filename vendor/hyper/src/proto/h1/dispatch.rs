@@ -24,6 +24,10 @@ pub(crate) struct Dispatcher<D, Bs: Body, I, T> {
     dispatch: D,
     body_tx: SenderDropGuard,
     body_rx: Pin<Box<Option<Bs>>>,
+    /// peerlb's copy (vendor/README.md): the ended body of the request
+    /// whose head the connection keeps (`Conn::take_sent_head`), handed
+    /// back with it (boxed: a body need not be `Unpin`, and it moves out).
+    sent_body: Option<Box<Bs>>,
     is_closing: bool,
 }
 
@@ -38,6 +42,18 @@ pub(crate) trait Dispatch {
     ) -> Poll<Option<Result<(Self::PollItem, Self::PollBody), Self::PollError>>>;
     fn recv_msg(&mut self, msg: crate::Result<(Self::RecvItem, IncomingBody)>)
         -> crate::Result<()>;
+    /// peerlb's copy (vendor/README.md): the connection failed with `err`
+    /// before any response to the request it wrote last; `sent` is that
+    /// request when the connection kept it (`Conn::take_sent_head`).
+    #[cfg(feature = "client")]
+    fn recv_error_with_sent(
+        &mut self,
+        err: crate::Error,
+        sent: Option<(crate::proto::RequestHead, Self::PollBody)>,
+    ) -> crate::Result<()> {
+        let _ = sent;
+        self.recv_msg(Err(err))
+    }
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>>;
     fn should_poll(&self) -> bool;
 }
@@ -83,7 +99,25 @@ where
             dispatch,
             body_tx: SenderDropGuard::none(),
             body_rx: Box::pin(None),
+            sent_body: None,
             is_closing: false,
+        }
+    }
+
+    /// Gives `err` to the dispatch, with the request the connection kept
+    /// when no response to it was read (peerlb's copy, vendor/README.md).
+    fn recv_error(&mut self, err: crate::Error) -> crate::Result<()> {
+        #[cfg(feature = "client")]
+        {
+            let sent = self
+                .conn
+                .take_sent_head()
+                .zip(self.sent_body.take().map(|b| *b));
+            self.dispatch.recv_error_with_sent(err, sent)
+        }
+        #[cfg(not(feature = "client"))]
+        {
+            self.dispatch.recv_msg(Err(err))
         }
     }
 
@@ -135,7 +169,7 @@ where
             // We just try to give the error to the user,
             // and close the connection with an Ok. If we
             // cannot give it to the user, then return the Err.
-            self.dispatch.recv_msg(Err(e))?;
+            self.recv_error(e)?;
             Ok(Dispatched::Shutdown)
         }))
     }
@@ -328,12 +362,14 @@ where
                     );
                     head.extensions.insert(upgrade);
                 }
+                // Answered: the kept request is not needed any more.
+                self.sent_body = None;
                 self.dispatch.recv_msg(Ok((head, body)))?;
                 Poll::Ready(Ok(()))
             }
             Some(Err(err)) => {
                 debug!("read_head error: {}", err);
-                self.dispatch.recv_msg(Err(err))?;
+                self.recv_error(err)?;
                 // if here, the dispatcher gave the user the error
                 // somewhere else. we still need to shutdown, but
                 // not as a second error.
@@ -366,6 +402,10 @@ where
 
                     let body_type = if body.is_end_stream() {
                         self.body_rx.set(None);
+                        // Kept with its head, to be handed back with it.
+                        if self.conn.keeps_sent_head() {
+                            self.sent_body = Some(Box::new(body));
+                        }
                         None
                     } else {
                         let btype = body
@@ -377,6 +417,9 @@ where
                         btype
                     };
                     self.conn.write_head(head, body_type);
+                    if !self.conn.has_sent_head() {
+                        self.sent_body = None;
+                    }
                 } else {
                     self.close();
                     return Poll::Ready(Ok(()));
@@ -744,6 +787,35 @@ cfg_client! {
                     } else {
                         Err(err)
                     }
+                }
+            }
+        }
+
+        fn recv_error_with_sent(
+            &mut self,
+            err: crate::Error,
+            sent: Option<(crate::proto::RequestHead, Self::PollBody)>,
+        ) -> crate::Result<()> {
+            match (sent, self.callback.take()) {
+                // The connection ended before any response to a request it
+                // kept: handed back, its error the connection's (never a
+                // cancellation, which means "never started").
+                (Some((head, body)), Some(cb)) => {
+                    let mut req = Request::new(body);
+                    *req.method_mut() = head.subject.0;
+                    *req.uri_mut() = head.subject.1;
+                    *req.version_mut() = head.version;
+                    *req.headers_mut() = head.headers;
+                    *req.extensions_mut() = head.extensions;
+                    cb.send(Err(TrySendError {
+                        error: err,
+                        message: Some(req),
+                    }));
+                    Ok(())
+                }
+                (_, cb) => {
+                    self.callback = cb;
+                    self.recv_msg(Err(err))
                 }
             }
         }

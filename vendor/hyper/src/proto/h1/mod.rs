@@ -54,6 +54,15 @@ pub(crate) trait Http1Transaction {
     }
 
     fn update_date() {}
+
+    /// peerlb's copy (vendor/README.md): a client's sent head as a request
+    /// head, kept to be handed back (`Conn::take_sent_head`); `None` for a
+    /// server.
+    #[cfg(feature = "client")]
+    fn into_request_head(head: MessageHead<Self::Outgoing>) -> Option<crate::proto::RequestHead> {
+        let _ = head;
+        None
+    }
 }
 
 /// Result newtype for `Http1Transaction::parse`.

@@ -1257,9 +1257,16 @@ impl Http1Transaction for Client {
         }
 
         extend(dst, b"\r\n");
-        msg.head.headers.clear(); //TODO: remove when switching to drain()
+        // peerlb's copy (vendor/README.md): the connection clears the
+        // headers into its cache, or keeps them whole with the head
+        // (`Conn::encode_head`).
 
         Ok(body)
+    }
+
+    #[cfg(feature = "client")]
+    fn into_request_head(head: MessageHead<Self::Outgoing>) -> Option<crate::proto::RequestHead> {
+        Some(head)
     }
 
     fn on_error(_err: &crate::Error) -> Option<MessageHead<Self::Outgoing>> {
