@@ -36,11 +36,7 @@ use handle::Handle;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 pub use service::RequestInfo;
-use service::{ErasedApp, TlsInfo};
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use service::{AppFuture, Call, ErasedApp, TlsInfo};
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -113,26 +109,16 @@ impl App {
         match kind {
             AppKind::Builtin => App {
                 informational: false,
-                ..App::service(BuiltinApp::new(slowdown), handle)
+                ..App::erased(ErasedApp::direct(BuiltinApp::new(slowdown)), handle)
             },
-            AppKind::Upstream(up) => App::service(
-                UpstreamApp {
+            AppKind::Upstream(up) => App::erased(
+                ErasedApp::direct(UpstreamApp {
                     base: up.addr.to_string().into(),
                     pool: Arc::new(Upstream::new(&up.addr, up.idle_timeout)),
-                },
+                }),
                 handle,
             ),
         }
-    }
-
-    /// The app that serves with `svc`.
-    pub(crate) fn service<S>(svc: S, handle: Handle) -> App
-    where
-        S: tower::Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
-        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-        S::Future: Send + 'static,
-    {
-        App::erased(ErasedApp::new(svc), handle)
     }
 
     /// The app that serves with an erased service.
@@ -185,9 +171,7 @@ impl App {
     }
 }
 
-/// The built-in demo app (the module doc lists its endpoints) as a
-/// service: `Clone`, every clone counting sessions together.
-#[derive(Clone)]
+/// The built-in demo app (the module doc lists its endpoints).
 pub(crate) struct BuiltinApp {
     /// Sessions started so far, for session ids.
     sessions: Arc<AtomicU64>,
@@ -208,60 +192,29 @@ impl BuiltinApp {
     }
 }
 
-/// The future of one built-in answer: ready at once but for
-/// `/delay/<ms>` (boxed: the only path that waits).
-pub(crate) enum BuiltinFuture {
-    /// The answer, until it is taken.
-    Ready(Option<Response<Body>>),
-    /// `/delay/<ms>`: the wait, then the answer.
-    Delay(Pin<Box<dyn Future<Output = Response<Body>> + Send>>),
-}
-
-impl Future for BuiltinFuture {
-    type Output = Result<Response<Body>, Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            BuiltinFuture::Ready(r) => Poll::Ready(Ok(r
-                .take()
-                .expect("a built-in answer is polled once it is ready"))),
-            BuiltinFuture::Delay(f) => f.as_mut().poll(cx).map(Ok),
-        }
-    }
-}
-
-impl tower::Service<Request<Body>> for BuiltinApp {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = BuiltinFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<Body>) -> BuiltinFuture {
+impl Call for BuiltinApp {
+    fn call(&self, req: Request<Body>) -> AppFuture {
         let Some(ms) = req.uri().path().strip_prefix("/delay/") else {
-            return BuiltinFuture::Ready(Some(builtin(req, &self.sessions)));
+            return AppFuture::Ready(Some(Ok(builtin(req, &self.sessions))));
         };
         match ms.parse::<u64>() {
             Ok(ms) if ms <= MAX_DELAY_MS => {
                 let factor = u64::from(self.slowdown.load(Ordering::Relaxed).max(1));
                 let sessions = self.sessions.clone();
-                BuiltinFuture::Delay(Box::pin(async move {
+                AppFuture::Boxed(Box::pin(async move {
                     tokio::time::sleep(Duration::from_millis(ms * factor)).await;
-                    builtin(req, &sessions)
+                    Ok(builtin(req, &sessions))
                 }))
             }
-            _ => BuiltinFuture::Ready(Some(text(
+            _ => AppFuture::Ready(Some(Ok(text(
                 StatusCode::BAD_REQUEST,
                 "want /delay/<ms> with ms <= 60000\n",
-            ))),
+            )))),
         }
     }
 }
 
-/// An upstream application behind its connection pool, as a service.
-#[derive(Clone)]
+/// An upstream application behind its connection pool.
 pub(crate) struct UpstreamApp {
     /// Where the app listens (`http://host:port` or `unix:/path`), as
     /// errors name it.
@@ -270,18 +223,10 @@ pub(crate) struct UpstreamApp {
     pool: Arc<Upstream>,
 }
 
-impl tower::Service<Request<Body>> for UpstreamApp {
-    type Response = Response<Body>;
-    type Error = AppError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, AppError>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), AppError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { upstream(&this.base, &this.pool, req).await })
+impl Call for UpstreamApp {
+    fn call(&self, req: Request<Body>) -> AppFuture {
+        let (base, pool) = (self.base.clone(), self.pool.clone());
+        AppFuture::Boxed(Box::pin(async move { upstream(&base, &pool, req).await }))
     }
 }
 

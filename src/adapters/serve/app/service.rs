@@ -1,19 +1,21 @@
-//! Every app as one `tower::Service`: [`ErasedApp`] erases the service a node
-//! serves with (the built-in demo app, an upstream app, or an app a Rust
-//! service embeds) behind one call, and gives each request its
-//! [`RequestInfo`] as a request extension.
+//! Every app behind one call: [`ErasedApp`] erases the app a node serves
+//! with (an app a Rust service embeds as a `tower::Service`, or one of the
+//! node's own: the built-in demo app, an upstream app), and the request
+//! it is given carries its [`RequestInfo`] as an extension.
 //!
-//! The call clones the service (tower's convention: a service is `Clone`,
-//! and each request gets a ready clone), waits for `poll_ready`, and boxes
-//! the call's future: one allocation per request, on every app's path
-//! alike (the upstream app's exchange was boxed before for its size). A
-//! service need not be `Sync`: it is kept behind a mutex held only for
-//! the clone (the node's runtime is `current_thread`: never contended).
-
+//! An embedded service is called as tower says: each request gets a clone
+//! of the service, ready (`poll_ready`) before its call, and the call's
+//! future is boxed (one allocation per request). A service need not be
+//! `Sync`: it is kept behind a mutex held only for the clone (the node's
+//! runtime is `current_thread`: never contended). The node's own apps
+//! are called as they are ([`Call`]): the built-in app's answer is ready
+//! at once and costs no allocation; the upstream app's exchange is one
+//! box.
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 
@@ -94,11 +96,34 @@ impl RequestInfo {
     }
 }
 
-/// The boxed future of one call.
-pub(crate) type AppFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, AppError>> + Send>>;
+/// The future of one call: the answer when the app gave it at once (the
+/// built-in app's, but for `/delay/<ms>`: no allocation), else the
+/// service's own future, boxed (one allocation).
+pub(crate) enum AppFuture {
+    /// The answer, until it is taken.
+    Ready(Option<Result<Response<Body>, AppError>>),
+    /// The service's future.
+    Boxed(Pin<Box<dyn Future<Output = Result<Response<Body>, AppError>> + Send>>),
+}
 
-/// One request to the erased service.
-trait Call: Send + Sync {
+impl Future for AppFuture {
+    type Output = Result<Response<Body>, AppError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            AppFuture::Ready(r) => {
+                Poll::Ready(r.take().expect("an app's ready answer is polled once"))
+            }
+            AppFuture::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+/// One request to an erased app: a `tower::Service` ([`Erased`]) or one
+/// of the node's own apps, called without the service's clone and its
+/// lock (`App::new`).
+pub(crate) trait Call: Send + Sync {
+    /// Serves `req` (its [`RequestInfo`] extension set).
     fn call(&self, req: Request<Body>) -> AppFuture;
 }
 
@@ -116,10 +141,22 @@ where
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        Box::pin(async move {
-            poll_fn(|cx| svc.poll_ready(cx)).await.map_err(app_error)?;
-            svc.call(req).await.map_err(app_error)
-        })
+        // A service that is ready at once (most are) is called now, and
+        // its future is the only box; one that is not is waited for in
+        // the box, with the request's task's waker (a service wakes the
+        // last waker it was polled with, so the first poll's no-op one is
+        // never relied on).
+        match svc.poll_ready(&mut Context::from_waker(std::task::Waker::noop())) {
+            Poll::Ready(Ok(())) => {
+                let answer = svc.call(req);
+                AppFuture::Boxed(Box::pin(async move { answer.await.map_err(app_error) }))
+            }
+            Poll::Ready(Err(e)) => AppFuture::Ready(Some(Err(app_error(e)))),
+            Poll::Pending => AppFuture::Boxed(Box::pin(async move {
+                poll_fn(|cx| svc.poll_ready(cx)).await.map_err(app_error)?;
+                svc.call(req).await.map_err(app_error)
+            })),
+        }
     }
 }
 
@@ -148,6 +185,12 @@ impl ErasedApp {
         S::Future: Send + 'static,
     {
         ErasedApp(Box::new(Erased(Mutex::new(svc))))
+    }
+
+    /// Erases one of the node's own apps (called as it is: no clone, no
+    /// lock, no `poll_ready`).
+    pub(crate) fn direct(app: impl Call + 'static) -> ErasedApp {
+        ErasedApp(Box::new(app))
     }
 
     /// Calls the service once.

@@ -158,3 +158,98 @@ async fn unreachable_upstream_is_an_app_error() {
     let e = app.serve(get("/"), ctx()).await.unwrap_err();
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }
+
+/// A service that is not ready until its gate opens: it keeps the waker
+/// of its last `poll_ready` and counts its calls.
+#[derive(Clone, Default)]
+struct Gated {
+    open: Arc<std::sync::atomic::AtomicBool>,
+    waker: Arc<std::sync::Mutex<Option<std::task::Waker>>>,
+    calls: Arc<AtomicU32>,
+}
+
+impl tower::Service<Request<Body>> for Gated {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, std::convert::Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        if self.open.load(Ordering::SeqCst) {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        *self.waker.lock().unwrap() = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response::new(body::full("gated"))))
+    }
+}
+
+#[tokio::test]
+async fn a_service_not_ready_at_once_is_called_once_it_wakes_the_request() {
+    // The erased call polls readiness first with a waker that does nothing;
+    // a service not ready then must still be waited for with the
+    // request's own waker, and called once, when it is ready.
+    let gated = Gated::default();
+    let app = App::erased(
+        service::ErasedApp::new(gated.clone()),
+        Handle::alone(NodeId::from("n2")),
+    );
+    let serving = tokio::spawn(async move {
+        let r = app.serve(get("/x"), ctx()).await.unwrap();
+        r.into_body().collect().await.unwrap().to_bytes()
+    });
+    tokio::task::yield_now().await;
+    assert!(
+        !serving.is_finished(),
+        "answered before the service was ready"
+    );
+    assert_eq!(gated.calls.load(Ordering::SeqCst), 0);
+    gated.open.store(true, Ordering::SeqCst);
+    let waker = gated.waker.lock().unwrap().take();
+    let waker = waker.expect("the request's task left its waker");
+    assert!(
+        !waker.will_wake(std::task::Waker::noop()),
+        "the last readiness poll was the no-op one: nothing would wake the request"
+    );
+    waker.wake();
+    assert_eq!(serving.await.unwrap(), "gated");
+    assert_eq!(gated.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A service whose readiness fails.
+#[derive(Clone)]
+struct Broken;
+
+impl tower::Service<Request<Body>> for Broken {
+    type Response = Response<Body>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Response<Body>, std::io::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Err(std::io::Error::other("backend gone")))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        unreachable!("a service that is not ready is never called")
+    }
+}
+
+#[tokio::test]
+async fn a_service_whose_readiness_fails_answers_the_app_error_it_gave() {
+    let app = App::erased(
+        service::ErasedApp::new(Broken),
+        Handle::alone(NodeId::from("n2")),
+    );
+    let e = app.serve(get("/x"), ctx()).await.unwrap_err();
+    assert_eq!(e.uri, "embedded app");
+    assert!(e.to_string().contains("backend gone"), "{e}");
+}
