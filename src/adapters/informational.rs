@@ -243,6 +243,7 @@ async fn write_frame(send: &mut quinn::SendStream, h: &InfoHead, node: &str) -> 
     let rh = crate::adapters::wire::ResponseHeadRef {
         status: h.status.as_u16(),
         headers: &h.headers,
+        content_length: None,
         served_by: node,
     };
     match crate::adapters::wire::encode(&rh) {

@@ -438,15 +438,52 @@ pub(crate) fn decode_request(
 
 /// A [`ResponseHead`] encoded straight from borrowed parts (the owner's
 /// answer path): the same bytes as the owned form.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub(crate) struct ResponseHeadRef<'a> {
     /// See [`ResponseHead::status`].
     pub status: u16,
     /// See [`ResponseHead::headers`].
-    #[serde(serialize_with = "header_list::serialize_map")]
     pub headers: &'a http::HeaderMap,
+    /// A `content-length` line after the map's, in decimal: the length the
+    /// owner carries for a body hyper would have framed itself
+    /// (`framing::length_to_carry`), written without a header value made
+    /// and inserted into the map for it. `None`: no line of its own
+    /// (the map must not have one when it is `Some`).
+    pub content_length: Option<u64>,
     /// See [`ResponseHead::served_by`].
     pub served_by: &'a str,
+}
+
+impl Serialize for ResponseHeadRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeSeq, SerializeStruct};
+        struct Lines<'b>(&'b http::HeaderMap, Option<u64>);
+        impl Serialize for Lines<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let n = self.0.len() + usize::from(self.1.is_some());
+                let mut seq = s.serialize_seq(Some(n))?;
+                for (k, v) in self.0.iter() {
+                    seq.serialize_element(&(k.as_str(), header_list::Raw(v.as_bytes())))?;
+                }
+                if let Some(len) = self.1 {
+                    let mut digits = itoa::Buffer::new();
+                    let line = (
+                        "content-length",
+                        header_list::Raw(digits.format(len).as_bytes()),
+                    );
+                    seq.serialize_element(&line)?;
+                }
+                seq.end()
+            }
+        }
+        // The fields of `ResponseHead`, in its order (a test pins the
+        // bytes against it).
+        let mut st = s.serialize_struct("ResponseHeadRef", 3)?;
+        st.serialize_field("status", &self.status)?;
+        st.serialize_field("headers", &Lines(self.headers, self.content_length))?;
+        st.serialize_field("served_by", self.served_by)?;
+        st.end()
+    }
 }
 
 /// Header lists on the wire: a sequence of `(name, value)` pairs, each

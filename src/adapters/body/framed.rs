@@ -141,6 +141,7 @@ impl HttpBody for Framed {
                     let head = wire::ResponseHeadRef {
                         status: 0,
                         headers: &t,
+                        content_length: None,
                         served_by: "",
                     };
                     match wire::encode(&head) {

@@ -598,20 +598,19 @@ async fn serve_stream<H: ProxiedHandler>(
     // A body of known size keeps its length across the hop where hyper
     // would have written it for the client on this node (`framing`), so
     // the entry answers with Content-Length, not chunked, and invents none.
-    if let Some(n) = crate::adapters::framing::length_to_carry(
+    // The length goes on the wire as a line of its own after the map's
+    // (`ResponseHeadRef::content_length`), not into the map.
+    let content_length = crate::adapters::framing::length_to_carry(
         head.method,
         parts.status,
         &parts.headers,
         body.is_end_stream(),
         body.size_hint().exact(),
-    ) {
-        parts
-            .headers
-            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
-    }
-    // Framed when it may end with trailers the entry's client takes.
+    );
+    // Framed when it may end with trailers the entry's client takes
+    // (never a body of a length carried).
     let body = body::frame_response(
-        trailers_out && app_tunnel.is_none(),
+        trailers_out && app_tunnel.is_none() && content_length.is_none(),
         head.method,
         &mut parts,
         body,
@@ -619,6 +618,7 @@ async fn serve_stream<H: ProxiedHandler>(
     let rh = wire::ResponseHeadRef {
         status: parts.status.as_u16(),
         headers: &parts.headers,
+        content_length,
         served_by: handler.node_id(),
     };
     let frame = match wire::encode(&rh) {

@@ -204,11 +204,41 @@ fn borrowed_heads_encode_to_the_same_bytes_as_owned_ones() {
     let rh = ResponseHeadRef {
         status: 200,
         headers: &map,
+        content_length: None,
         served_by: "n3",
     };
     let back: ResponseHead = decode(&encode(&rh).unwrap()[4..]).unwrap();
     assert_eq!(back.headers, owned.headers);
     assert_eq!(back.served_by, "n3");
+}
+
+#[test]
+fn a_carried_length_is_the_last_line_of_the_owned_heads_bytes() {
+    // The owner writes the length it carries as a line after the map's,
+    // not inserted into the map: the bytes are those of the owned head
+    // with that line last, and the entry reads it as the body's length.
+    let mut map = http::HeaderMap::new();
+    map.insert("content-type", http::HeaderValue::from_static("text/plain"));
+    for len in [0, 7, 1234, u64::MAX] {
+        let rh = ResponseHeadRef {
+            status: 200,
+            headers: &map,
+            content_length: Some(len),
+            served_by: "n3",
+        };
+        let owned = ResponseHead {
+            status: 200,
+            headers: vec![
+                ("content-type".into(), b"text/plain".to_vec()),
+                ("content-length".into(), len.to_string().into_bytes()),
+            ],
+            served_by: "n3".into(),
+        };
+        let frame = encode(&rh).unwrap();
+        assert_eq!(frame, encode(&owned).unwrap(), "length {len}");
+        let decoded = decode_response(&bytes::Bytes::copy_from_slice(&frame[4..])).unwrap();
+        assert_eq!(decoded.content_length(), Some(len));
+    }
 }
 
 #[test]
