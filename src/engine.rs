@@ -52,6 +52,9 @@
 //! - `failover`: the replay plan of a request (which body is kept to be
 //!   sent again) and what the entry does after an attempt on a candidate
 //!   failed.
+//! - `header_scan`: header lookups by name that scan a small map
+//!   instead of hashing the name (the request path's many lookups of
+//!   names most requests do not carry).
 //! - `peer_link`: which connection to a peer carries the next stream and
 //!   which are retired (keep, dialler wins, pause retirement, retire on
 //!   accept).
@@ -59,6 +62,7 @@
 pub(crate) mod balance;
 pub(crate) mod failover;
 pub(crate) mod gossip_budget;
+pub(crate) mod header_scan;
 pub(crate) mod membership;
 pub(crate) mod node_id;
 pub(crate) mod operator;

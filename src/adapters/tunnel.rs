@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::engine::header_scan::Scan as _;
 use http::{HeaderMap, Method, Version, header};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -108,8 +109,7 @@ impl Tunnel {
 pub(crate) fn wants_websocket(method: &Method, version: Version, headers: &HeaderMap) -> bool {
     let names = |name: header::HeaderName, token: &str| {
         headers
-            .get_all(name)
-            .iter()
+            .all_of(&name)
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case(token))
@@ -119,7 +119,7 @@ pub(crate) fn wants_websocket(method: &Method, version: Version, headers: &Heade
     // `Connection: keep-alive` whose tokens would be scanned for nothing.
     method == Method::GET
         && version == Version::HTTP_11
-        && headers.contains_key(header::UPGRADE)
+        && headers.has(&header::UPGRADE)
         && names(header::UPGRADE, "websocket")
         && names(header::CONNECTION, "upgrade")
 }

@@ -88,6 +88,7 @@
 
 use std::net::SocketAddr;
 
+use crate::engine::header_scan::Scan as _;
 use serde::{Deserialize, Serialize};
 
 /// Longest encoded head accepted, in bytes (64 KiB).
@@ -245,7 +246,7 @@ impl DecodedResponseHead {
     /// The body length the head announces (`content-length`), if any.
     pub(crate) fn content_length(&self) -> Option<u64> {
         self.headers
-            .get(http::header::CONTENT_LENGTH)?
+            .first(&http::header::CONTENT_LENGTH)?
             .to_str()
             .ok()?
             .parse()

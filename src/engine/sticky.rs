@@ -16,6 +16,7 @@
 
 use std::borrow::Cow;
 
+use crate::engine::header_scan::Scan as _;
 use http::HeaderMap;
 use http::header::COOKIE;
 
@@ -248,8 +249,7 @@ pub(crate) fn with_route_param(location: &str, node: &str) -> String {
 /// `=` are skipped.
 pub(crate) fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
     headers
-        .get_all(COOKIE)
-        .iter()
+        .all_of(&COOKIE)
         .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| {

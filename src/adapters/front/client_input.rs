@@ -8,6 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 
 use crate::adapters::errors::RequestError;
 pub(crate) use crate::adapters::serve::forwarded::{FORWARDED_PROTO, X_FORWARDED_FOR};
+use crate::engine::header_scan::Scan as _;
 
 /// Forwarding headers a client may forge, dropped at the entry when
 /// `headers.trust_client_forwarded` is false.
@@ -53,7 +54,7 @@ pub(crate) fn check_target_and_host(
             "asterisk-form request-target is for OPTIONS only",
         ));
     }
-    if let Some(h) = headers.get(header::HOST)
+    if let Some(h) = headers.first(&header::HOST)
         && !valid_host(h.as_bytes())
     {
         return Err(RequestError::BadRequest(
@@ -157,7 +158,7 @@ pub(crate) fn misdirected(
     let (sni, names) = (sni?, cert_names?);
     let host = match uri.authority() {
         Some(a) => a.as_str(),
-        None => headers.get(header::HOST)?.to_str().ok()?,
+        None => headers.first(&header::HOST)?.to_str().ok()?,
     };
     if host.starts_with('[') {
         return None;
@@ -187,7 +188,7 @@ pub(crate) fn host_from_authority(uri: &Uri, headers: &mut HeaderMap) -> bool {
     let Some(a) = uri.authority() else {
         return false;
     };
-    if headers.get(header::HOST).map(HeaderValue::as_bytes) == Some(a.as_str().as_bytes()) {
+    if headers.first(&header::HOST).map(HeaderValue::as_bytes) == Some(a.as_str().as_bytes()) {
         return false;
     }
     match HeaderValue::from_str(a.as_str()) {
@@ -217,7 +218,7 @@ pub(crate) fn http2_as_http11(uri: &mut Uri, headers: &mut HeaderMap, version: &
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
             .into();
     }
-    let cookies = headers.get_all(header::COOKIE).iter().count();
+    let cookies = headers.all_of(&header::COOKIE).count();
     if cookies > 1 {
         let mut joined = Vec::new();
         for v in headers.get_all(header::COOKIE) {

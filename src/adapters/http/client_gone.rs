@@ -38,6 +38,7 @@ use std::task::{Context, Poll};
 
 use std::future::Future;
 
+use crate::engine::header_scan::Scan as _;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -65,7 +66,7 @@ impl Mode {
     /// The mode of a request of `version` with `headers`.
     pub(crate) fn of(version: http::Version, headers: &http::HeaderMap) -> Mode {
         // No `Connection` (most requests): one lookup, no token scan.
-        if !headers.contains_key(http::header::CONNECTION) {
+        if !headers.has(&http::header::CONNECTION) {
             return if version == http::Version::HTTP_10 {
                 Mode::ErrorOnly
             } else {
@@ -74,8 +75,7 @@ impl Mode {
         }
         let says = |token: &str| {
             headers
-                .get_all(http::header::CONNECTION)
-                .iter()
+                .all_of(&http::header::CONNECTION)
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split(','))
                 .any(|t| t.trim().eq_ignore_ascii_case(token))

@@ -38,6 +38,7 @@ use crate::seam::HttpListener;
 
 use super::on_own_wake::OnOwnWake;
 use super::preface::{self, Prefixed};
+use crate::engine::header_scan::Scan as _;
 
 /// Largest read buffer of a client connection, in bytes: the peer frame
 /// limit ([`crate::adapters::wire::MAX_HEAD_LEN`], 64 KiB), above peerlb's
@@ -506,7 +507,7 @@ async fn serve_h1<H, I>(
             req.extensions_mut()
                 .insert(crate::adapters::body::BodyEnd(end));
         }
-        let upgrade = req.headers().contains_key(http::header::UPGRADE);
+        let upgrade = req.headers().has(&http::header::UPGRADE);
         let armed = (!upgrade).then(|| gone.arm(Mode::of(req.version(), req.headers())));
         let gone = gone.clone();
         // Busy from its head until its response body is written.

@@ -29,6 +29,7 @@ pub(crate) mod handle;
 pub(crate) mod service;
 mod websocket;
 use crate::config::AppKind;
+use crate::engine::header_scan::Scan as _;
 use crate::engine::node_id::NodeId;
 use crate::seam::{NoObserver, NodeEvent, Observer};
 use bytes::Bytes;
@@ -478,7 +479,7 @@ const HOP_BY_HOP: [&str; 7] = [
 /// HTTP/2 (where trailers always may come).
 pub(crate) fn takes_trailers(version: http::Version, h: &http::HeaderMap) -> bool {
     version == http::Version::HTTP_2
-        || h.get_all(header::TE).iter().any(|v| {
+        || h.all_of(&header::TE).any(|v| {
             v.to_str().is_ok_and(|v| {
                 v.split(',').any(|t| {
                     t.split(';')

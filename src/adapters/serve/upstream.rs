@@ -62,6 +62,7 @@ use crate::adapters::informational::{InfoHead, Informational};
 use crate::adapters::tunnel::{self, Tunnel};
 use crate::config::AppAddr;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+use crate::engine::header_scan::Scan as _;
 
 /// The tracing target of this module's events: its path before the
 /// adapters were put in wings (`crate::adapters::REQUEST_PATH`).
@@ -289,7 +290,7 @@ impl Upstream {
     pub(crate) async fn send(&self, req: Request<Body>) -> Result<Response<Body>, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         parts.version = Version::HTTP_11;
-        if !parts.headers.contains_key(header::HOST) {
+        if !parts.headers.has(&header::HOST) {
             parts.headers.insert(header::HOST, self.authority.clone());
         }
         // The rare paths' futures (HTTP/2, a WebSocket, a body kept for a
@@ -322,7 +323,7 @@ impl Upstream {
             body.is_end_stream(),
             parts
                 .headers
-                .get(header::CONTENT_LENGTH)
+                .first(&header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse().ok()),
         );
         let resendable = plan.after(Failure::Lost) == AfterFailure::NextCandidate;
@@ -399,7 +400,7 @@ impl Upstream {
             return Err(UpstreamError::SwitchingProtocols);
         }
         let (mut parts, body) = resp.into_parts();
-        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        if parts.headers.has(&header::TRANSFER_ENCODING) {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         let body = Pooled {
@@ -430,7 +431,7 @@ impl Upstream {
             return Ok(Response::from_parts(parts, body::empty()));
         }
         let (mut parts, body) = resp.into_parts();
-        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        if parts.headers.has(&header::TRANSFER_ENCODING) {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         Ok(Response::from_parts(

@@ -32,6 +32,7 @@ use crate::adapters::tunnel::{self, Tunnel};
 use crate::adapters::wire::{self, DecodedResponseHead, RequestHeadRef, StreamKind};
 use crate::engine::RouteCookie;
 use crate::engine::failover::{AfterFailure, BodyPlan, Failure, REPLAY_LIMIT, ReplayPlan};
+use crate::engine::header_scan::Scan as _;
 use crate::engine::membership::MembershipView;
 use crate::engine::node_id::NodeId;
 use crate::engine::ownership;
@@ -62,7 +63,11 @@ struct Served {
 }
 
 fn content_length(h: &http::HeaderMap) -> Option<u64> {
-    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+    h.first(&header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// A request body the candidate loop takes: a client's (read under
@@ -246,8 +251,8 @@ impl Forwarder {
         // a small one is kept for a replay (`ReplayPlan`).
         let h = req.headers();
         if !req.body().is_end_stream()
-            && !h.contains_key(header::CONTENT_LENGTH)
-            && !h.contains_key(header::TRANSFER_ENCODING)
+            && !h.has(&header::CONTENT_LENGTH)
+            && !h.has(&header::TRANSFER_ENCODING)
             && let Some(n) = req.body().size_hint().exact()
         {
             req.headers_mut()
@@ -424,7 +429,7 @@ impl Forwarder {
         let h2 = parts.extensions.get::<body::Http2Client>().is_some();
         let frame_request = !tunnel
             && plan.body() == BodyPlan::Stream
-            && (h2 || parts.headers.contains_key(http::header::TRAILER));
+            && (h2 || parts.headers.has(&http::header::TRAILER));
         let version = if h2 {
             http::Version::HTTP_2
         } else {

@@ -11,6 +11,7 @@ use crate::adapters::errors::RequestError;
 use crate::adapters::front::client_input;
 use crate::adapters::front::extended_connect::{self, Connect};
 use crate::adapters::wire;
+use crate::engine::header_scan::Scan as _;
 use crate::engine::sticky::{self, Announcement};
 
 /// Response header carrying a new sticky route as a path parameter
@@ -64,7 +65,7 @@ pub(super) fn check(
             return Err(RequestError::NotImplemented(http::Method::CONNECT));
         }
     }
-    let hosts = req.headers().get_all(header::HOST).iter().count();
+    let hosts = req.headers().all_of(&header::HOST).count();
     if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
         return Err(RequestError::BadRequest(
             "an HTTP/1.1 request needs exactly one Host header",
