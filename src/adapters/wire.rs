@@ -237,6 +237,11 @@ impl DecodedResponseHead {
         std::str::from_utf8(&self.served_by).unwrap_or_default()
     }
 
+    /// [`ResponseHead::served_by`]'s bytes (UTF-8: the decode checked).
+    pub(crate) fn served_by_bytes(&self) -> &[u8] {
+        &self.served_by
+    }
+
     /// [`ResponseHead::served_by`] as a header value sharing the frame's
     /// buffer (no copy); `None` for a name that is not a valid value.
     pub(crate) fn served_by_value(&self) -> Option<http::HeaderValue> {

@@ -582,7 +582,7 @@ impl Forwarder {
             self.state.metrics.observe_hop(sent.elapsed());
             match exchanged {
                 Ok((rh, TunnelAnswer::Tunnel(io))) => {
-                    let served = served_by(rh.served_by(), cand);
+                    let served = served_by(&rh, cand);
                     let by_value = rh.served_by_value();
                     let mut resp = response_from_head(rh, body::empty(), cand, conn.client);
                     resp.extensions_mut().insert(Tunnel::ready(io));
@@ -598,14 +598,14 @@ impl Forwarder {
                     });
                 }
                 Ok((rh, TunnelAnswer::Body(mut qb))) => {
-                    let served = served_by(rh.served_by(), cand);
+                    let served = served_by(&rh, cand);
                     let by_value = rh.served_by_value();
                     let status = errors::peer_status(rh.status);
                     // A bodiless answer gets an ended body, as the app's
                     // does on the local path (`framing`); the owner sent
                     // none and its FIN usually came with the head: taken
                     // if it is here, so the stream ends read to its end.
-                    let marked = rh.headers.contains_key(wire::TRAILERS_NAME);
+                    let marked = rh.headers.has(&wire::TRAILERS_NAME);
                     let body = if crate::adapters::framing::bodiless(parts.method.as_str(), status)
                     {
                         let _ = std::future::poll_fn(|cx| {
@@ -726,10 +726,12 @@ fn judge(
 /// The id of the node that served a forwarded request, as its response
 /// head names it: the candidate's own id (no allocation) when it is the
 /// one, as it always is for a node of this release (hop limit 1).
-fn served_by(named: &str, cand: &NodeId) -> NodeId {
-    if named == &**cand {
+/// The node a response head names as its server: `cand` itself when the
+/// names' bytes match (the usual case: no UTF-8 check, no allocation).
+fn served_by(rh: &DecodedResponseHead, cand: &NodeId) -> NodeId {
+    if rh.served_by_bytes() == cand.as_bytes() {
         cand.clone()
     } else {
-        NodeId::from(named)
+        NodeId::from(rh.served_by())
     }
 }
