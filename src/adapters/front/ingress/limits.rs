@@ -11,7 +11,6 @@ use crate::adapters::errors::RequestError;
 use crate::adapters::front::client_input;
 use crate::adapters::front::extended_connect::{self, Connect};
 use crate::adapters::wire;
-use crate::engine::header_scan::Scan as _;
 use crate::engine::sticky::{self, Announcement};
 
 /// Response header carrying a new sticky route as a path parameter
@@ -65,7 +64,8 @@ pub(super) fn check(
             return Err(RequestError::NotImplemented(http::Method::CONNECT));
         }
     }
-    let hosts = req.headers().all_of(&header::HOST).count();
+    // Hashed, not scanned: every request has one.
+    let hosts = req.headers().get_all(header::HOST).iter().count();
     if hosts > 1 || (hosts == 0 && req.version() == http::Version::HTTP_11) {
         return Err(RequestError::BadRequest(
             "an HTTP/1.1 request needs exactly one Host header",
