@@ -50,8 +50,8 @@ pub(crate) const MAX_BYTES_BODY: u64 = 1 << 30;
 pub(crate) const MAX_DELAY_MS: u64 = 60_000;
 
 /// What the app is told about a request besides the request itself (the
-/// borrowed form the request path has; [`App::serve`] makes the
-/// [`RequestInfo`] extension of it).
+/// borrowed form the request path has; [`App::serve`] hands it to the
+/// app, an embedded one as the [`RequestInfo`] extension).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ServeCtx<'a> {
     /// The node serving it.
@@ -71,7 +71,8 @@ pub(crate) struct ServeCtx<'a> {
 }
 
 impl ServeCtx<'_> {
-    /// The request extension an app reads.
+    /// The request extension an embedded app reads (the node's own apps
+    /// read the context itself: [`Call::call`]).
     fn info(&self, handle: &Handle) -> RequestInfo {
         RequestInfo {
             node: self.node.clone(),
@@ -83,7 +84,6 @@ impl ServeCtx<'_> {
                 version: t.version_name(),
             }),
             handle: handle.clone(),
-            forwarded: self.forwarded.cloned(),
         }
     }
 }
@@ -148,15 +148,15 @@ impl App {
     }
 
     /// Serves one request. `req`'s URI is the request-target as received
-    /// (path and query); `ctx` reaches the service as the request's
-    /// [`RequestInfo`] extension.
+    /// (path and query); `ctx` reaches an embedded service as the
+    /// request's [`RequestInfo`] extension, the node's own apps as it is.
     ///
     /// # Errors
     /// [`AppError`] when the service fails (an upstream app that cannot
     /// be reached); the built-in app never fails.
     pub(crate) async fn serve(
         &self,
-        mut req: Request<Body>,
+        req: Request<Body>,
         ctx: ServeCtx<'_>,
     ) -> Result<Response<Body>, AppError> {
         // One event per request the app serves: the simulation counts them
@@ -167,8 +167,7 @@ impl App {
             key: ctx.key,
             path_and_query: req.uri().path_and_query().map_or("/", |p| p.as_str()),
         });
-        req.extensions_mut().insert(ctx.info(&self.handle));
-        self.service.call(req).await
+        self.service.call(req, &ctx, &self.handle).await
     }
 }
 
@@ -194,17 +193,20 @@ impl BuiltinApp {
 }
 
 impl Call for BuiltinApp {
-    fn call(&self, req: Request<Body>) -> AppFuture {
+    fn call(&self, req: Request<Body>, ctx: &ServeCtx<'_>, handle: &Handle) -> AppFuture {
         let Some(ms) = req.uri().path().strip_prefix("/delay/") else {
-            return AppFuture::Ready(Some(Ok(builtin(req, &self.sessions))));
+            let told = Told::from(ctx);
+            return AppFuture::Ready(Some(Ok(builtin(req, &told, &self.sessions))));
         };
         match ms.parse::<u64>() {
             Ok(ms) if ms <= MAX_DELAY_MS => {
                 let factor = u64::from(self.slowdown.load(Ordering::Relaxed).max(1));
                 let sessions = self.sessions.clone();
+                // Kept owned across the wait.
+                let info = ctx.info(handle);
                 AppFuture::Boxed(Box::pin(async move {
                     tokio::time::sleep(Duration::from_millis(ms * factor)).await;
-                    Ok(builtin(req, &sessions))
+                    Ok(builtin(req, &Told::from(&info), &sessions))
                 }))
             }
             _ => AppFuture::Ready(Some(Ok(text(
@@ -225,9 +227,64 @@ pub(crate) struct UpstreamApp {
 }
 
 impl Call for UpstreamApp {
-    fn call(&self, req: Request<Body>) -> AppFuture {
+    fn call(&self, req: Request<Body>, ctx: &ServeCtx<'_>, _: &Handle) -> AppFuture {
         let (base, pool) = (self.base.clone(), self.pool.clone());
-        AppFuture::Boxed(Box::pin(async move { upstream(&base, &pool, req).await }))
+        let client = Client {
+            addr: ctx.client,
+            https: ctx.tls.is_some(),
+            forwarded: ctx.forwarded.cloned(),
+        };
+        AppFuture::Boxed(Box::pin(async move {
+            upstream(&base, &pool, req, client).await
+        }))
+    }
+}
+
+/// What the upstream app's request says of the client (the forwarding
+/// headers): its address, its scheme, the entry connection's own
+/// forwarded values when it was served at its entry
+/// ([`ServeCtx::forwarded`]).
+struct Client {
+    addr: SocketAddr,
+    https: bool,
+    forwarded: Option<[HeaderValue; 2]>,
+}
+
+/// What the built-in app's answer names, borrowed from the request path's
+/// [`ServeCtx`], or from the [`RequestInfo`] a `/delay/<ms>` keeps across
+/// its wait.
+struct Told<'a> {
+    node: &'a str,
+    entry: &'a str,
+    key: Option<&'a str>,
+    client: SocketAddr,
+    sni: Option<&'a str>,
+    tls_version: Option<&'static str>,
+}
+
+impl<'a> From<&'a ServeCtx<'a>> for Told<'a> {
+    fn from(c: &'a ServeCtx<'a>) -> Told<'a> {
+        Told {
+            node: c.node.as_str(),
+            entry: c.entry.as_str(),
+            key: c.key,
+            client: c.client,
+            sni: c.tls.and_then(|t| t.sni.as_deref()),
+            tls_version: c.tls.map(|t| t.version_name()),
+        }
+    }
+}
+
+impl<'a> From<&'a RequestInfo> for Told<'a> {
+    fn from(i: &'a RequestInfo) -> Told<'a> {
+        Told {
+            node: i.node.as_str(),
+            entry: i.entry.as_str(),
+            key: i.key(),
+            client: i.client,
+            sni: i.sni(),
+            tls_version: i.tls_version(),
+        }
     }
 }
 
@@ -329,7 +386,7 @@ fn text_owned(status: StatusCode, msg: String) -> Response<Body> {
     r
 }
 
-fn builtin(req: Request<Body>, sessions: &AtomicU64) -> Response<Body> {
+fn builtin(req: Request<Body>, ctx: &Told<'_>, sessions: &AtomicU64) -> Response<Body> {
     let path = req.uri().path();
     if path == websocket::PATH {
         return websocket::answer(&req);
@@ -355,25 +412,22 @@ fn builtin(req: Request<Body>, sessions: &AtomicU64) -> Response<Body> {
         );
         return resp;
     }
-    let Some(ctx) = req.extensions().get::<RequestInfo>() else {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, "no request info\n");
-    };
     let mut info = serde_json::json!({
-        "node": ctx.node.as_str(),
-        "entry": ctx.entry.as_str(),
-        "proxied": ctx.proxied(),
+        "node": ctx.node,
+        "entry": ctx.entry,
+        "proxied": ctx.node != ctx.entry,
         "method": req.method().as_str(),
         "path": path,
-        "key": ctx.key(),
+        "key": ctx.key,
         "client": ctx.client.to_string(),
         // The request id the entry gave the request (`access.rs`).
         "request_id": req
             .headers()
             .get("x-request-id")
             .and_then(|v| v.to_str().ok()),
-        "proto": if ctx.https() { "https" } else { "http" },
-        "sni": ctx.sni(),
-        "tls_version": ctx.tls_version(),
+        "proto": if ctx.tls_version.is_some() { "https" } else { "http" },
+        "sni": ctx.sni,
+        "tls_version": ctx.tls_version,
         // Marks the node uses itself; a client must never be able to set them (H4).
         "peerlb_headers": req
             .headers()
@@ -386,7 +440,7 @@ fn builtin(req: Request<Body>, sessions: &AtomicU64) -> Response<Body> {
     if path == "/session" {
         let id = format!(
             "{}-{}",
-            ctx.node.as_str(),
+            ctx.node,
             sessions.fetch_add(1, Ordering::Relaxed) + 1
         );
         resp = resp.header(header::SET_COOKIE, format!("session={id}; Path=/"));
@@ -518,13 +572,14 @@ async fn upstream(
     base: &str,
     pool: &Upstream,
     req: Request<Body>,
+    client: Client,
 ) -> Result<Response<Body>, AppError> {
     let (mut parts, body) = req.into_parts();
-    let info = parts.extensions.get::<RequestInfo>();
-    let (client, https) = info.map_or((SocketAddr::from(([0, 0, 0, 0], 0)), false), |i| {
-        (i.client, i.https())
-    });
-    let made = info.and_then(|i| i.forwarded.clone());
+    let Client {
+        addr: client,
+        https,
+        forwarded: made,
+    } = client;
     // Origin-form: the pool's connection already names the app.
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         parts.uri = parts

@@ -1,7 +1,9 @@
 //! Every app behind one call: [`ErasedApp`] erases the app a node serves
 //! with (an app a Rust service embeds as a `tower::Service`, or one of the
-//! node's own: the built-in demo app, an upstream app), and the request
-//! it is given carries its [`RequestInfo`] as an extension.
+//! node's own: the built-in demo app, an upstream app). An embedded
+//! service's request carries its [`RequestInfo`] as an extension; the
+//! node's own apps read the request path's context itself (`ServeCtx`:
+//! no extension map, no copy of the key).
 //!
 //! An embedded service is called as tower says: each request gets a clone
 //! of the service, ready (`poll_ready`) before its call, and the call's
@@ -21,6 +23,7 @@ use http::{Request, Response};
 
 use crate::adapters::body::Body;
 use crate::adapters::errors::{AppError, UpstreamError};
+use crate::adapters::serve::app::ServeCtx;
 use crate::adapters::serve::app::handle::Handle;
 use crate::engine::node_id::NodeId;
 
@@ -35,9 +38,6 @@ pub struct RequestInfo {
     pub(crate) client: SocketAddr,
     pub(crate) tls: Option<TlsInfo>,
     pub(crate) handle: Handle,
-    /// The entry connection's `X-Forwarded-For` and `Forwarded` values,
-    /// when the request was served at its entry (`ServeCtx::forwarded`).
-    pub(crate) forwarded: Option<[http::HeaderValue; 2]>,
 }
 
 /// The TLS facts of the client's connection at the entry node.
@@ -123,8 +123,10 @@ impl Future for AppFuture {
 /// of the node's own apps, called without the service's clone and its
 /// lock (`App::new`).
 pub(crate) trait Call: Send + Sync {
-    /// Serves `req` (its [`RequestInfo`] extension set).
-    fn call(&self, req: Request<Body>) -> AppFuture;
+    /// Serves `req`, told `ctx` and the node's `handle` (an embedded
+    /// service as the request's [`RequestInfo`] extension; the node's own
+    /// apps read what they need of `ctx` before the call returns).
+    fn call(&self, req: Request<Body>, ctx: &ServeCtx<'_>, handle: &Handle) -> AppFuture;
 }
 
 struct Erased<S>(Mutex<S>);
@@ -135,7 +137,8 @@ where
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     S::Future: Send + 'static,
 {
-    fn call(&self, req: Request<Body>) -> AppFuture {
+    fn call(&self, mut req: Request<Body>, ctx: &ServeCtx<'_>, handle: &Handle) -> AppFuture {
+        req.extensions_mut().insert(ctx.info(handle));
         let mut svc = self
             .0
             .lock()
@@ -194,7 +197,12 @@ impl ErasedApp {
     }
 
     /// Calls the service once.
-    pub(crate) fn call(&self, req: Request<Body>) -> AppFuture {
-        self.0.call(req)
+    pub(crate) fn call(
+        &self,
+        req: Request<Body>,
+        ctx: &ServeCtx<'_>,
+        handle: &Handle,
+    ) -> AppFuture {
+        self.0.call(req, ctx, handle)
     }
 }

@@ -108,6 +108,26 @@ async fn delay_waits_then_answers_and_refuses_too_long() {
     let r = app.serve(get("/delay/1500"), ctx()).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(t0.elapsed(), Duration::from_millis(1500));
+    // The answer after the wait names what the request was told, as an
+    // immediate one does (kept owned across the wait).
+    let b = r.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (
+            &v["node"],
+            &v["entry"],
+            &v["key"],
+            &v["client"],
+            &v["proxied"]
+        ),
+        (
+            &"n2".into(),
+            &"n1".into(),
+            &"alice".into(),
+            &"127.0.0.1:4000".into(),
+            &true.into()
+        )
+    );
     let r = app.serve(get("/delay/60001"), ctx()).await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
