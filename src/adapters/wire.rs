@@ -88,7 +88,6 @@
 
 use std::net::SocketAddr;
 
-use crate::engine::header_scan::Scan as _;
 use serde::{Deserialize, Serialize};
 
 /// Longest encoded head accepted, in bytes (64 KiB).
@@ -250,8 +249,9 @@ impl DecodedResponseHead {
 
     /// The body length the head announces (`content-length`), if any.
     pub(crate) fn content_length(&self) -> Option<u64> {
+        // Hashed, not scanned: most answers carry one.
         self.headers
-            .first(&http::header::CONTENT_LENGTH)?
+            .get(http::header::CONTENT_LENGTH)?
             .to_str()
             .ok()?
             .parse()

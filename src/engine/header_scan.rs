@@ -7,9 +7,9 @@
 //! about 110 instructions for a standard name, present or not. A map of
 //! at most [`SCAN_UP_TO`] distinct names is searched entry by entry
 //! instead (a standard name compares as one byte, a few instructions an
-//! entry); a larger one is looked up as before. All the values of a name
-//! are found by the hashed lookup when a small map has the name (only its
-//! absence is known from the scan). Both give the same
+//! entry); a larger one is looked up as before. A name a small map has
+//! is then looked up by its hash for its values: the scan answers only
+//! absence, the usual answer for the names asked. Both give the same
 //! answer (a property test checks it); only the cost differs.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, ValueIter};
@@ -31,10 +31,13 @@ pub(crate) trait Scan {
 
 impl Scan for HeaderMap {
     fn first(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        if self.keys_len() > SCAN_UP_TO {
-            return self.get(name);
+        // As `all_of`: absence from the names alone (their slice is
+        // cheaper to walk than the lines with their values), a present
+        // name's value by the hashed lookup.
+        if self.keys_len() <= SCAN_UP_TO && !self.keys().any(|k| k == name) {
+            return None;
         }
-        self.iter().find_map(|(k, v)| (k == name).then_some(v))
+        self.get(name)
     }
 
     fn has(&self, name: &HeaderName) -> bool {
