@@ -13,6 +13,7 @@
 //! are called as they are ([`Call`]): the built-in app's answer is ready
 //! at once and costs no allocation; the upstream app's exchange is one
 //! box.
+
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
