@@ -277,9 +277,13 @@ pub(crate) struct RequestHeadView<'a> {
     pub method: &'a str,
     /// See [`RequestHead::uri`].
     pub uri: &'a str,
-    /// See [`RequestHead::headers`].
+    /// See [`RequestHead::headers`], each name's bytes as sent: not
+    /// checked as UTF-8 here, as the owned form's `String` is, since the
+    /// owner checks every name as an HTTP field name (ASCII) when it
+    /// builds the request, and refuses the stream for one that is not
+    /// (a bad header rather than a malformed frame: the same reset).
     #[serde(borrow)]
-    pub headers: Vec<(&'a str, &'a [u8])>,
+    pub headers: Vec<(&'a [u8], &'a [u8])>,
     /// See [`RequestHead::client`].
     pub client: SocketAddr,
     /// See [`RequestHead::hash_key`].
@@ -661,9 +665,10 @@ pub(crate) fn decode_view<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, 
 
 /// Decodes a [`ResponseHead`] frame (exactly the bytes after the length
 /// prefix) into a [`DecodedResponseHead`] whose header values share
-/// `frame`'s buffer. Accepts exactly the frames `decode::<ResponseHead>`
-/// accepts; a line whose name or value is not valid HTTP is left out and
-/// named in [`DecodedResponseHead::dropped`].
+/// `frame`'s buffer. Accepts the frames `decode::<ResponseHead>` accepts,
+/// and those whose names are not all UTF-8 (a name is not checked as
+/// UTF-8 first); a line whose name or value is not valid HTTP is left out
+/// and named, lossily, in [`DecodedResponseHead::dropped`].
 ///
 /// # Errors
 /// [`WireError::Decode`] when the bytes are not one complete head.
@@ -748,15 +753,18 @@ mod response_seed {
             let lines = a.size_hint().unwrap_or(0);
             let mut map = HeaderMap::with_capacity((lines + 2).clamp(MIN_RESERVED, MAX_RESERVED));
             let mut dropped = Vec::new();
-            while let Some((k, v)) = a.next_element::<(&'de str, &'de [u8])>()? {
+            // A name's bytes are not checked as UTF-8 first: a field name
+            // is ASCII, and one that is not a valid name is dropped (named
+            // in `dropped`, lossily) as any other invalid one.
+            while let Some((k, v)) = a.next_element::<(&'de [u8], &'de [u8])>()? {
                 match (
-                    HeaderName::from_bytes(k.as_bytes()),
+                    HeaderName::from_bytes(k),
                     HeaderValue::from_maybe_shared(self.0.slice_ref(v)),
                 ) {
                     (Ok(k), Ok(v)) => {
                         map.append(k, v);
                     }
-                    _ => dropped.push(k.to_owned()),
+                    _ => dropped.push(String::from_utf8_lossy(k).into_owned()),
                 }
             }
             Ok((map, dropped))

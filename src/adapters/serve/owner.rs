@@ -159,7 +159,7 @@ impl Owner {
                 let flow = head
                     .headers
                     .iter()
-                    .find(|(k, _)| *k == crate::adapters::wire::SIP_FLOW);
+                    .find(|(k, _)| *k == crate::adapters::wire::SIP_FLOW.as_bytes());
                 if let Some(id) = flow.and_then(|(_, v)| std::str::from_utf8(v).ok()) {
                     let id = id.to_owned();
                     let sip = self.kinds.sip.clone();

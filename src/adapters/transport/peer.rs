@@ -251,11 +251,11 @@ async fn nothing_read_yet(recv: &mut quinn::RecvStream) -> bool {
 const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 /// A proxied request's header name, from the head's lowercase text.
-fn header_name(k: &str) -> Result<http::HeaderName, http::header::InvalidHeaderName> {
-    if k == X_REQUEST_ID.as_str() {
+fn header_name(k: &[u8]) -> Result<http::HeaderName, http::header::InvalidHeaderName> {
+    if k == X_REQUEST_ID.as_str().as_bytes() {
         return Ok(X_REQUEST_ID);
     }
-    http::HeaderName::from_bytes(k.as_bytes())
+    http::HeaderName::from_bytes(k)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -491,23 +491,23 @@ async fn serve_stream<H: ProxiedHandler>(
     let mut informational = false;
     let (mut trailers_in, mut trailers_out) = (false, false);
     for &(k, v) in &head.headers {
-        if k == wire::TUNNEL {
+        if k == wire::TUNNEL.as_bytes() {
             // peerlb's own mark: the app never sees it.
             tunnel = true;
             continue;
         }
-        if k == wire::INFORMATIONAL {
+        if k == wire::INFORMATIONAL.as_bytes() {
             informational = true;
             continue;
         }
-        if k == wire::TRAILERS {
+        if k == wire::TRAILERS.as_bytes() {
             // Trailers across the hop (`body::framed`).
             (trailers_in, trailers_out) = body::trailer_marks(v);
             continue;
         }
-        if k == "content-length" {
+        if k == b"content-length" {
             len = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
-        } else if k == "transfer-encoding" {
+        } else if k == b"transfer-encoding" {
             chunked = true;
         }
         if bad_header.is_none() {

@@ -79,16 +79,16 @@ impl StreamKind {
     /// names (only those with peerlb's prefix are compared): [`ADMIN`]
     /// wins over [`SIP`]; neither is HTTP. A SIP mark's unknown value is
     /// read as UDP (the owner does not use it).
-    pub(crate) fn of_marks(headers: &[(&str, &[u8])]) -> StreamKind {
+    pub(crate) fn of_marks(headers: &[(&[u8], &[u8])]) -> StreamKind {
         let mut kind = StreamKind::Http;
         for &(k, v) in headers {
-            if !k.starts_with("peerlb-") {
+            if !k.starts_with(b"peerlb-") {
                 continue;
             }
-            if k == ADMIN {
+            if k == ADMIN.as_bytes() {
                 return StreamKind::Admin;
             }
-            if k == SIP {
+            if k == SIP.as_bytes() {
                 kind = StreamKind::Sip(match v {
                     b"tcp" => SipTransport::Tcp,
                     b"tls" => SipTransport::Tls,

@@ -9,10 +9,10 @@ fn assert_view_matches(frame_body: &[u8], head: &RequestHead) {
     assert_eq!(v.view_version, head.view_version);
     assert_eq!(v.method, head.method);
     assert_eq!(v.uri, head.uri);
-    let headers: Vec<(&str, &[u8])> = head
+    let headers: Vec<(&[u8], &[u8])> = head
         .headers
         .iter()
-        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .map(|(k, v)| (k.as_bytes(), v.as_slice()))
         .collect();
     assert_eq!(v.headers, headers);
     assert_eq!(v.client, head.client);
@@ -330,10 +330,10 @@ fn marked_heads_encode_as_if_the_marks_were_inserted_last() {
     assert_eq!(
         v.headers,
         vec![
-            ("x-user", &b"u1"[..]),
-            ("accept", b"a"),
-            (INFORMATIONAL, b"1"),
-            (TRAILERS, b"te")
+            (&b"x-user"[..], &b"u1"[..]),
+            (b"accept", b"a"),
+            (INFORMATIONAL.as_bytes(), b"1"),
+            (TRAILERS.as_bytes(), b"te")
         ]
     );
 }
@@ -403,14 +403,17 @@ fn a_v2_frame_says_the_kind_with_a_mark_and_decodes_back() {
         let v2 = frame_of(kind, &map, Version::V2);
         let (back, view) = decode_request(&v2[4..], Version::V2).unwrap();
         assert_eq!(back, kind);
-        let want: Vec<(&str, &[u8])> = match kind {
-            StreamKind::Http => vec![(TRAILERS, b"te")],
-            StreamKind::Sip(t) => vec![(TRAILERS, b"te"), (SIP, t.mark().as_bytes())],
-            StreamKind::Admin => vec![(TRAILERS, b"te"), (ADMIN, b"change")],
+        let want: Vec<(&[u8], &[u8])> = match kind {
+            StreamKind::Http => vec![(TRAILERS.as_bytes(), b"te")],
+            StreamKind::Sip(t) => vec![
+                (TRAILERS.as_bytes(), b"te"),
+                (SIP.as_bytes(), t.mark().as_bytes()),
+            ],
+            StreamKind::Admin => vec![(TRAILERS.as_bytes(), b"te"), (ADMIN.as_bytes(), b"change")],
         };
         assert_eq!(view.headers, want, "{kind:?}");
     }
-    let both: Vec<(&str, &[u8])> = vec![(SIP, b"tcp"), (ADMIN, b"change")];
+    let both: Vec<(&[u8], &[u8])> = vec![(SIP.as_bytes(), b"tcp"), (ADMIN.as_bytes(), b"change")];
     assert_eq!(StreamKind::of_marks(&both), StreamKind::Admin);
 }
 
@@ -429,4 +432,45 @@ fn a_v3_frame_ignores_marks_in_its_header_lines() {
     // misreads: the layouts differ in their first byte.
     let v2 = frame_of(StreamKind::Http, &map, Version::V2);
     assert_ne!(v2[4..], v3[4..]);
+}
+
+/// The in-place decoders leave header names unchecked as UTF-8 (the
+/// owned ones' `String` checks them): a name that is not UTF-8 decodes,
+/// and is then refused where it is checked as an HTTP field name: the
+/// owner's request build (`HeaderName::from_bytes`), the entry's response
+/// map (dropped, named lossily).
+#[test]
+fn a_header_name_that_is_not_utf8_is_left_to_the_field_name_check() {
+    // The frame of a head with the name `zz-name`, its first byte made 0xff.
+    fn broken(frame: &[u8]) -> Vec<u8> {
+        let mut body = frame[4..].to_vec();
+        let at = body
+            .windows(7)
+            .position(|w| w == b"zz-name")
+            .expect("the name is in the frame");
+        body[at] = 0xff;
+        body
+    }
+    let mut h = head();
+    h.headers.push(("zz-name".into(), b"v".to_vec()));
+    let req = broken(&encode(&h).unwrap());
+    assert!(decode::<RequestHead>(&req).is_err());
+    let view: RequestHeadView<'_> = decode_view(&req).unwrap();
+    let (name, _) = *view.headers.last().unwrap();
+    assert_eq!(name, b"\xffz-name");
+    assert!(http::HeaderName::from_bytes(name).is_err());
+
+    let resp = ResponseHead {
+        status: 200,
+        headers: vec![
+            ("content-type".into(), b"text/plain".to_vec()),
+            ("zz-name".into(), b"v".to_vec()),
+        ],
+        served_by: "n3".into(),
+    };
+    let frame = broken(&encode(&resp).unwrap());
+    assert!(decode::<ResponseHead>(&frame).is_err());
+    let d = decode_response(&bytes::Bytes::from(frame)).unwrap();
+    assert_eq!(d.headers.len(), 1);
+    assert_eq!(d.dropped, vec!["\u{FFFD}z-name".to_owned()]);
 }

@@ -38,7 +38,11 @@ impl ProxiedHandler for Recorder {
         head: &RequestHeadView<'_>,
         req: Request<Body>,
     ) -> Response<Body> {
-        let names = head.headers.iter().map(|(k, _)| (*k).to_owned()).collect();
+        let names = head
+            .headers
+            .iter()
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect();
         self.seen.lock().unwrap().push((kind, names));
         let user = req
             .headers()
