@@ -280,8 +280,9 @@ pub(crate) struct RequestHeadView<'a> {
     /// See [`RequestHead::headers`], each name's bytes as sent: not
     /// checked as UTF-8 here, as the owned form's `String` is, since the
     /// owner checks every name as an HTTP field name (ASCII) when it
-    /// builds the request, and refuses the stream for one that is not
-    /// (a bad header rather than a malformed frame: the same reset).
+    /// builds the request, and resets the stream for one that is not
+    /// (a bad header rather than a malformed frame: the same code,
+    /// [`RESET_BAD_FRAME`]).
     #[serde(borrow)]
     pub headers: Vec<(&'a [u8], &'a [u8])>,
     /// See [`RequestHead::client`].

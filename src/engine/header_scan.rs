@@ -26,15 +26,12 @@ pub(crate) trait Scan {
     /// Whether `name` is present, as `HeaderMap::contains_key`.
     fn has(&self, name: &HeaderName) -> bool;
     /// Every value of `name` in order, as `HeaderMap::get_all(..).iter()`.
-    fn all_of<'a>(&'a self, name: &'a HeaderName) -> Values<'a>;
+    fn all_of(&self, name: &HeaderName) -> Values<'_>;
 }
 
 impl Scan for HeaderMap {
     fn first(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        // As `all_of`: absence from the names alone (their slice is
-        // cheaper to walk than the lines with their values), a present
-        // name's value by the hashed lookup.
-        if self.keys_len() <= SCAN_UP_TO && !self.keys().any(|k| k == name) {
+        if absent_by_scan(self, name) {
             return None;
         }
         self.get(name)
@@ -47,15 +44,20 @@ impl Scan for HeaderMap {
         self.keys().any(|k| k == name)
     }
 
-    fn all_of<'a>(&'a self, name: &'a HeaderName) -> Values<'a> {
-        // Absent (the usual answer for the names asked): known from the
-        // names alone; present: its values by the hashed lookup (a scan
-        // of every line for them cost more than the hash).
-        if self.keys_len() <= SCAN_UP_TO && !self.keys().any(|k| k == name) {
+    fn all_of(&self, name: &HeaderName) -> Values<'_> {
+        if absent_by_scan(self, name) {
             return Values(None);
         }
         Values(Some(self.get_all(name).iter()))
     }
+}
+
+/// True when `map` is small and its names (a slice cheaper to walk than
+/// its lines with their values) do not include `name`; a present name's
+/// values are then looked up by its hash (a scan of every line for them
+/// cost more than the hash).
+fn absent_by_scan(map: &HeaderMap, name: &HeaderName) -> bool {
+    map.keys_len() <= SCAN_UP_TO && !map.keys().any(|k| k == name)
 }
 
 /// The values of one name ([`Scan::all_of`]): none, without a lookup, when
